@@ -1,0 +1,44 @@
+"""ampdiag: diagnose PyTorch mixed-precision training.
+
+Wrap training in ``with ampdiag.diagnose():`` and open the report it writes::
+
+    import ampdiag
+    with ampdiag.diagnose(out="reports/my-run") as d:
+        for x, y in loader:
+            ...
+    print(d.out / "report.html")
+
+Importing ampdiag is light: torch, matplotlib, pandas and HTA load only when used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ampdiag._version import __version__
+
+if TYPE_CHECKING:
+    from ampdiag.diagnose import Diagnosis, diagnose
+    from ampdiag.session import Finding, Session, load
+
+__all__ = ["Diagnosis", "Finding", "Session", "__version__", "diagnose", "load"]
+
+_LAZY = {
+    "diagnose": "ampdiag.diagnose",
+    "Diagnosis": "ampdiag.diagnose",
+    "Session": "ampdiag.session",
+    "Finding": "ampdiag.session",
+    "load": "ampdiag.session",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy so that `import ampdiag` does not import torch (PEP 562).
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'ampdiag' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,92 @@
+"""The rule registry: pure functions Session -> findings, registered by decorator.
+
+A rule module lives in ``ampdiag/analysis/rules/`` and is listed in that package's
+``RULE_MODULES``; each rule declares the finding ids it may emit, so ids stay unique and
+documented. Rules never touch a live model: they read the Session only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ampdiag.session import SEVERITIES, Finding, Session
+
+log = logging.getLogger("ampdiag")
+
+RuleFunc = Callable[[Session], Iterable[Finding]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A registered rule.
+
+    Attributes:
+        ids: The finding ids it may emit.
+        func: The rule itself.
+        doc: Its docstring (what it detects and its thresholds).
+    """
+
+    ids: tuple[str, ...]
+    func: RuleFunc
+    doc: str
+
+
+_RULES: list[Rule] = []
+
+
+def rule(*ids: str) -> Callable[[RuleFunc], RuleFunc]:
+    """Registers a rule that may emit findings with the given ids."""
+
+    def register(func: RuleFunc) -> RuleFunc:
+        taken = {i for r in _RULES for i in r.ids if r.func is not func}
+        clash = taken.intersection(ids)
+        if clash:
+            raise ValueError(f"finding ids {sorted(clash)} are already emitted by another rule")
+        _RULES.append(Rule(ids=tuple(ids), func=func, doc=(func.__doc__ or "").strip()))
+        return func
+
+    return register
+
+
+def rules() -> list[Rule]:
+    """Every registered rule (importing the rule modules on first use)."""
+    from ampdiag.analysis.rules import RULE_MODULES
+
+    for name in RULE_MODULES:
+        importlib.import_module(f"ampdiag.analysis.rules.{name}")
+    return list(_RULES)
+
+
+def rank(findings: Iterable[Finding]) -> list[Finding]:
+    """Orders findings by severity, then expected impact, then id (stable for a given input)."""
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    return sorted(findings, key=lambda f: (order.get(f.severity, 99), -f.impact, f.id))
+
+
+def run_rules(session: Session) -> list[Finding]:
+    """Runs every rule on the session and returns the findings, ranked.
+
+    A rule that fails is logged and skipped (recorded as an ``analysis-error`` info finding):
+    one broken rule must not cost the user the rest of the report.
+    """
+    found: list[Finding] = []
+    for r in rules():
+        try:
+            for finding in r.func(session):
+                if finding.id not in r.ids:
+                    raise ValueError(f"rule emitted undeclared id {finding.id!r}")
+                found.append(finding)
+        except Exception as exc:
+            log.warning("rule %s failed: %r", r.func.__name__, exc)
+            found.append(
+                Finding(
+                    id="analysis-error",
+                    severity="info",
+                    title=f"An analysis rule failed ({r.func.__name__}); its findings are missing.",
+                    evidence={"rule": r.func.__name__, "error": repr(exc)},
+                )
+            )
+    return rank(found)

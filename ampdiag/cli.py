@@ -1,0 +1,149 @@
+"""The ``ampdiag`` command: ``demo``, ``report PATH``, ``--version``.
+
+Exit codes: 0 success; 1 internal error; 2 bad input (one line on stderr, no traceback);
+3 a finding at or above ``--fail-on`` exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ampdiag._version import __version__
+from ampdiag.errors import InputError
+
+if TYPE_CHECKING:
+    from ampdiag.session import Session
+
+EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_GATE = 0, 1, 2, 3
+FORMATS = ("html", "console", "json", "tensorboard")
+GATES = ("high", "medium", "low")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # argparse's own exit code is 2 too, but it prints usage; one line is the contract.
+        raise InputError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for the docs and tests)."""
+    parser = _Parser(prog="ampdiag", description="Diagnose PyTorch mixed-precision training.")
+    parser.add_argument("--version", action="version", version=f"ampdiag {__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    demo = sub.add_parser("demo", help="train the embedded demo model under diagnose()")
+    demo.add_argument("--out", default="reports/demo", help="output folder (reports/demo)")
+    demo.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when present")
+    demo.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
+    demo.add_argument("--steps", type=int, default=8)
+
+    report = sub.add_parser("report", help="re-render a session, or analyse a trace")
+    report.add_argument("path", help="a session folder, a trace file, or a folder of traces")
+    report.add_argument("--format", choices=FORMATS, default="html")
+    report.add_argument("--out", help="output folder (default: the session folder itself)")
+    report.add_argument("--fail-on", choices=GATES, help="exit 3 if a finding this severe exists")
+    report.add_argument("--hta", action="store_true", help="also run HTA's analyses (traces)")
+    return parser
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ampdiag.demo import run_demo
+
+    if args.steps < 1:
+        raise InputError("--steps must be at least 1")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InputError("--device cuda: no CUDA device is available")
+    out = run_demo(args.out, device=args.device, dtype=args.dtype, steps=args.steps)
+    print(out / "report.html")
+    return EXIT_OK
+
+
+def load_any(path: Path, hta: bool = False) -> Session:
+    """A Session from a session folder/file, or from a trace file or folder of traces."""
+    from ampdiag.session import SESSION_FILE, load
+
+    if not path.exists():
+        raise InputError(f"no such file or folder: {str(path)!r}")
+    if (path.is_dir() and (path / SESSION_FILE).is_file()) or path.name == SESSION_FILE:
+        return load(path)
+    from ampdiag.trace import session_from_traces
+
+    return session_from_traces(path, hta=hta)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from ampdiag.analysis import analyze
+    from ampdiag.session import SEVERITIES, dumps
+
+    path = Path(args.path)
+    session = load_any(path, hta=args.hta)
+    # Re-analyse: rules are pure functions of the session, and a newer ampdiag may know more.
+    session.findings = analyze(session)
+    if args.format == "json":
+        print(dumps(session.to_dict()))
+    elif args.format == "console":
+        from ampdiag.render.console import summary
+
+        print(summary(session))
+    else:
+        out = Path(args.out) if args.out else (session.path or path)
+        if out.is_file():
+            out = out.parent
+        _check_out(out)
+        if args.format == "html":
+            from ampdiag.render.html import write_html
+
+            if session.path is None or Path(out) != session.path:
+                session.save(out)
+            print(write_html(session, out))
+        else:
+            from ampdiag.render.tensorboard import write_tensorboard
+
+            print(write_tensorboard(session, out))
+    if args.fail_on:
+        limit = SEVERITIES.index(args.fail_on)
+        worst = [f for f in session.findings if SEVERITIES.index(f.severity) <= limit]
+        if worst:
+            print(
+                f"ampdiag: {len(worst)} finding(s) at or above {args.fail_on}: "
+                + ", ".join(sorted({f.id for f in worst})),
+                file=sys.stderr,
+            )
+            return EXIT_GATE
+    return EXIT_OK
+
+
+def _check_out(out: Path) -> None:
+    from ampdiag.diagnose import check_writable
+
+    check_writable(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line; returns the exit code."""
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "demo":
+            return _cmd_demo(args)
+        if args.command == "report":
+            return _cmd_report(args)
+        build_parser().print_help()
+        return EXIT_INPUT
+    except InputError as exc:
+        print(f"ampdiag: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print("ampdiag: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as exc:
+        print(f"ampdiag: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_INTERNAL

@@ -1,0 +1,122 @@
+"""What every collector is: a small object with lifecycle callbacks and one Session section.
+
+A collector watches one thing in a live run. `diagnose()` calls its callbacks in this order:
+
+    start(run)                       once, before the user's first step
+    on_model(run, model)             when the model is known (given, or found on first forward)
+    on_optimizer(run, optimizer)     when an optimizer is known (given, or found on first step)
+    before_optimizer_step(run, opt)  before every optimizer.step() (grads final, maybe unscaled)
+    on_step_end(run, step)           at each step boundary (after optimizer.step() or d.step())
+    stop(run)                        once, on exit, error or not; must remove all its hooks
+    section()                        its JSON section for the Session, or None for nothing
+
+A collector never renders and never changes the user's numbers. Callbacks must be cheap on
+steps that are not sampled (`run.is_sampled(step)`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass
+class DiagnoseConfig:
+    """Settings of one diagnose() run (saved in the session's ``config``).
+
+    Attributes:
+        profile: Run torch.profiler at all.
+        profile_skip: Steps skipped at the start before the profiler records (warm-up).
+        profile_warmup: Profiler warm-up steps (traced but discarded), after the skip.
+        profile_active: Steps the profiler records.
+        record_shapes: Record input shapes in the trace.
+        profile_memory: Record allocator events in the trace.
+        with_stack: Record Python stacks in the trace (costly).
+        sample_every: Run the sampled (more expensive) collectors every N steps.
+        max_steps_recorded: Cap on per-step records kept (the first ones are kept).
+        report: Render report.html (and the console summary) on exit.
+        tensorboard: Write TensorBoard event files on exit.
+        console: Print the short console summary on exit.
+    """
+
+    profile: bool = True
+    profile_skip: int = 1
+    profile_warmup: int = 1
+    profile_active: int = 3
+    record_shapes: bool = True
+    profile_memory: bool = True
+    with_stack: bool = False
+    sample_every: int = 1
+    max_steps_recorded: int = 100_000
+    report: bool = True
+    tensorboard: bool = True
+    console: bool = True
+
+
+@dataclass
+class RunContext:
+    """What collectors share about the live run.
+
+    Attributes:
+        out: The output folder.
+        config: The settings.
+        models: Models given or found, root modules first.
+        optimizers: Optimizers given or found.
+        scaler: The GradScaler given or found, if any.
+        step: Index of the step in progress (from 0).
+        autocast: Autocast states seen at the model's forward: "device:dtype" -> count.
+        device_type: "cuda" when CUDA work was seen, else "cpu".
+        extra: Free slots collectors may share facts through (documented by the writer).
+    """
+
+    out: Path
+    config: DiagnoseConfig
+    models: list[torch.nn.Module] = field(default_factory=list)
+    optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
+    scaler: Any = None
+    step: int = 0
+    autocast: dict[str, int] = field(default_factory=dict)
+    device_type: str = "cpu"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def is_sampled(self, step: int | None = None) -> bool:
+        """Whether the sampled collectors run on this step (default: the step in progress)."""
+        s = self.step if step is None else step
+        return s % max(1, self.config.sample_every) == 0
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The main model (the first found), if any."""
+        return self.models[0] if self.models else None
+
+
+class Collector:
+    """Base class: every callback is a no-op, so a collector overrides only what it needs."""
+
+    #: The Session section this collector writes (a top-level key of session.json).
+    name: str = ""
+
+    def start(self, run: RunContext) -> None:
+        """Called once before the first step."""
+
+    def on_model(self, run: RunContext, model: torch.nn.Module) -> None:
+        """Called when a model becomes known."""
+
+    def on_optimizer(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
+        """Called when an optimizer becomes known."""
+
+    def before_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
+        """Called before every optimizer step."""
+
+    def on_step_end(self, run: RunContext, step: int) -> None:
+        """Called at each step boundary with the index of the step that ended."""
+
+    def stop(self, run: RunContext) -> None:
+        """Called once on exit, error or not. Must remove every hook, mode and patch."""
+
+    def section(self) -> dict[str, Any] | None:
+        """Returns this collector's JSON section, or None to write nothing."""
+        return None

@@ -1,0 +1,145 @@
+"""torch.profiler on a schedule: the Kineto trace under out/trace/ and a summary section.
+
+The trace is written gzipped by torch's own ``tensorboard_trace_handler``, so the file names and
+layout are the ones the TensorBoard profiler plugin reads. The section holds the profiled steps,
+the step-time breakdown read back from that trace, and the top ops by self time as the
+profiler's own ``key_averages()`` counts them.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+from ampdiag.collectors.base import Collector, RunContext
+from ampdiag.trace.step_breakdown import breakdown_from_trace_file
+
+TOP_OPS = 25
+TRACE_DIR = "trace"
+
+
+def profiler_activities() -> list[ProfilerActivity]:
+    """CPU always; CUDA when a CUDA device is present (its events are needed for GPU time)."""
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    return activities
+
+
+def make_schedule(skip: int, warmup: int, active: int) -> Any:
+    """The profiler schedule: skip the first steps, warm up, record ``active`` steps once."""
+    return schedule(skip_first=skip, wait=0, warmup=warmup, active=active, repeat=1)
+
+
+class ProfilerCollector(Collector):
+    """Runs torch.profiler over the diagnosed steps on the configured schedule."""
+
+    name = "profiler"
+
+    def __init__(self) -> None:
+        self._prof: profile | None = None
+        self._trace_dir: Path | None = None
+        self._top_ops: list[dict[str, Any]] = []
+        self._recorded_steps: list[int] = []
+        self._first_recorded = 0
+        self._steps_seen = 0
+        self._run: RunContext | None = None
+        self._error: str | None = None
+
+    def start(self, run: RunContext) -> None:
+        """Starts the profiler."""
+        cfg = run.config
+        self._run = run
+        self._trace_dir = run.out / TRACE_DIR
+        self._trace_dir.mkdir(parents=True, exist_ok=True)
+        self._first_recorded = cfg.profile_skip + cfg.profile_warmup
+        handler = tensorboard_trace_handler(
+            str(self._trace_dir), worker_name=_worker_name(), use_gzip=True
+        )
+
+        def on_trace_ready(prof: profile) -> None:
+            handler(prof)
+            self._top_ops = top_ops(prof)
+
+        self._prof = profile(
+            activities=profiler_activities(),
+            schedule=make_schedule(cfg.profile_skip, cfg.profile_warmup, cfg.profile_active),
+            on_trace_ready=on_trace_ready,
+            record_shapes=cfg.record_shapes,
+            profile_memory=cfg.profile_memory,
+            with_stack=cfg.with_stack,
+        )
+        self._prof.start()
+
+    def on_step_end(self, run: RunContext, step: int) -> None:
+        """Advances the profiler's schedule."""
+        if self._prof is None:
+            return
+        self._steps_seen = step + 1
+        if self._first_recorded <= step < self._first_recorded + run.config.profile_active:
+            self._recorded_steps.append(step)
+        self._prof.step()
+
+    def stop(self, run: RunContext) -> None:
+        """Stops the profiler; a trace of a partly recorded window is still written."""
+        prof, self._prof = self._prof, None
+        if prof is not None:
+            try:
+                prof.stop()
+            except Exception as exc:  # a failed trace export must not hide the user's error
+                self._error = f"{type(exc).__name__}: {exc}"
+
+    def trace_files(self) -> list[Path]:
+        """The trace files written so far, oldest first."""
+        if self._trace_dir is None or not self._trace_dir.is_dir():
+            return []
+        return sorted(self._trace_dir.glob("*.pt.trace.json*"), key=lambda p: p.stat().st_mtime)
+
+    def section(self) -> dict[str, Any] | None:
+        """Trace files, profiled steps, step-time breakdown and top ops."""
+        if self._run is None:
+            return None
+        files = self.trace_files()
+        out: dict[str, Any] = {
+            "trace_files": [str(p.relative_to(self._run.out)) for p in files],
+            "schedule": {
+                "skip": self._run.config.profile_skip,
+                "warmup": self._run.config.profile_warmup,
+                "active": self._run.config.profile_active,
+            },
+            "steps_seen": self._steps_seen,
+            "recorded_steps": self._recorded_steps if files else [],
+            "top_ops": self._top_ops,
+            "error": self._error,
+        }
+        if files:
+            out["breakdown"] = breakdown_from_trace_file(files[-1])
+        return out
+
+
+def top_ops(prof: profile, limit: int = TOP_OPS) -> list[dict[str, Any]]:
+    """The ops with the most self CPU time (and their device time) from ``key_averages()``."""
+    rows = []
+    for avg in prof.key_averages():
+        rows.append(
+            {
+                "name": avg.key,
+                "calls": int(avg.count),
+                "self_cpu_us": float(avg.self_cpu_time_total),
+                "cpu_total_us": float(avg.cpu_time_total),
+                "self_device_us": float(getattr(avg, "self_device_time_total", 0.0) or 0.0),
+            }
+        )
+    rows.sort(key=lambda r: r["self_cpu_us"] + r["self_device_us"], reverse=True)
+    return [r for r in rows if not r["name"].startswith("ProfilerStep#")][:limit]
+
+
+def _worker_name() -> str:
+    # The plugin groups traces by worker; host_pid is what torch's handler uses by default.
+    import os
+
+    return f"{socket.gethostname()}_{os.getpid()}"

@@ -1,0 +1,389 @@
+"""``ampdiag.diagnose()``: the context manager that watches a training run and writes the report.
+
+On enter it checks the output folder, attaches the discovery hooks and the collectors; at each
+step boundary it records the step and lets the collectors advance; on exit, error or not, it
+removes every hook, writes the session and renders the report. The user's exception is theirs:
+it propagates unchanged after the session is written with ``status: "error"``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import sys
+import time
+import traceback
+from dataclasses import asdict, fields
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from ampdiag._version import __version__
+from ampdiag.collectors import Collector, DiagnoseConfig, RunContext, default_collectors
+from ampdiag.collectors.discovery import Discovery
+from ampdiag.environment import describe_environment
+from ampdiag.errors import OutputError
+from ampdiag.session import Session, StepRecord
+
+log = logging.getLogger("ampdiag")
+
+DEFAULT_ROOT = Path("reports")
+
+
+def default_out() -> Path:
+    """A fresh folder under reports/ named by the time, e.g. reports/run-20261130-101500."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = DEFAULT_ROOT / f"run-{stamp}"
+    n = 1
+    while out.exists():
+        n += 1
+        out = DEFAULT_ROOT / f"run-{stamp}-{n}"
+    return out
+
+
+def check_writable(out: Path) -> None:
+    """Creates ``out`` and proves it writable, or raises OutputError with one clear line."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".ampdiag-write-test"
+        probe.write_text("ok", encoding="utf-8")
+        probe.unlink()
+    except OSError as exc:
+        raise OutputError(
+            f"cannot write the output folder {str(out)!r}: {exc.strerror or exc}"
+        ) from None
+
+
+class Diagnosis:
+    """The handle ``diagnose()`` yields.
+
+    Attributes:
+        out: The output folder.
+        session: The Session, set on exit.
+        run: What the collectors share about the live run (models, optimizers, scaler, step).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module | None,
+        optimizer: torch.optim.Optimizer | None,
+        scaler: Any,
+        out: str | Path | None,
+        config: DiagnoseConfig,
+        collectors: list[Collector] | None,
+    ) -> None:
+        self.out = Path(out) if out is not None else default_out()
+        self.config = config
+        self.session: Session | None = None
+        self.run = RunContext(out=self.out, config=config)
+        self._given = (model, optimizer, scaler)
+        self._collectors = collectors if collectors is not None else default_collectors(config)
+        self._discovery: Discovery | None = None
+        self._steps: list[StepRecord] = []
+        self._step_start = 0.0
+        self._losses: dict[int, tuple[torch.Tensor, bool]] = {}
+        self._manual_steps = False
+        self._primary_optimizer: int | None = None
+        self._scaler_in_use = False
+        self._warnings: list[str] = []
+        self._started = 0.0
+        self._closed = False
+
+    # --- public ---------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Marks a step boundary by hand (for loops with no optimizer, or several per step).
+
+        Once called, optimizer steps no longer end steps by themselves.
+        """
+        self._manual_steps = True
+        self._end_step()
+
+    @property
+    def report_path(self) -> Path:
+        """Where report.html is (or will be) written."""
+        return self.out / "report.html"
+
+    # --- context manager ------------------------------------------------------------------------
+
+    def __enter__(self) -> Diagnosis:
+        check_writable(self.out)
+        self._started = time.time()
+        model, optimizer, scaler = self._given
+        self._discovery = Discovery(
+            on_model=self._found_model,
+            on_optimizer_pre=self._before_optimizer_step,
+            on_optimizer_post=self._after_optimizer_step,
+            on_loss=self._saw_loss,
+            on_scaler=self._found_scaler,
+            on_scaler_update=self._after_scaler_update,
+            on_autocast=self._saw_autocast,
+        )
+        started: list[Collector] = []
+        try:
+            for collector in self._collectors:
+                collector.start(self.run)
+                started.append(collector)
+            if scaler is not None:
+                self._found_scaler(scaler)
+            if model is not None:
+                self._found_model(model)
+            if optimizer is not None:
+                self._found_optimizer(optimizer)
+        except BaseException:
+            self._collectors = started
+            self._teardown()
+            raise
+        self._step_start = time.perf_counter()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        status = "ok"
+        error = None
+        if exc is not None:
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
+            error = {
+                "type": type(exc).__qualname__,
+                "message": str(exc),
+                "traceback": "".join(traceback.format_exception(exc_type, exc, tb))[-4000:],
+            }
+        # A partial step (the block ended between boundaries) is kept when it did something.
+        if exc is None and self._step_has_activity():
+            self._end_step()
+        self._teardown()
+        self.session = self._build_session(status, error)
+        self._write_outputs()
+        # Returning None lets the user's exception propagate unchanged (the same object).
+
+    # --- callbacks from discovery ---------------------------------------------------------------
+
+    def _found_model(self, model: torch.nn.Module) -> None:
+        if any(m is model for m in self.run.models):
+            return
+        self.run.models.append(model)
+        if self._discovery is not None:
+            self._discovery.watch_root(model)
+        if any(p.is_cuda for p in model.parameters()):
+            self.run.device_type = "cuda"
+        self._each("on_model", model)
+
+    def _found_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        if any(o is optimizer for o in self.run.optimizers):
+            return
+        self.run.optimizers.append(optimizer)
+        if self._primary_optimizer is None:
+            self._primary_optimizer = id(optimizer)
+        self._each("on_optimizer", optimizer)
+
+    def _found_scaler(self, scaler: Any) -> None:
+        self._scaler_in_use = True
+        if self.run.scaler is None:
+            self.run.scaler = scaler
+
+    def _before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self._found_optimizer(optimizer)
+        self._each("before_optimizer_step", optimizer)
+
+    def _after_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # With a GradScaler, scaler.update() ends the step: scaler.step() skips
+        # optimizer.step() on inf/NaN, and a skipped step is still a step.
+        if self._manual_steps or self._scaler_in_use:
+            return
+        if id(optimizer) == self._primary_optimizer:
+            self._end_step()
+
+    def _after_scaler_update(self, scaler: Any) -> None:
+        if not self._manual_steps and scaler is self.run.scaler:
+            self._end_step()
+
+    def _saw_loss(self, loss: torch.Tensor, from_scaler: bool) -> None:
+        # Prefer the unscaled loss given to GradScaler.scale over the scaled one in backward.
+        previous = self._losses.get(self.run.step)
+        if previous is None or from_scaler or not previous[1]:
+            self._losses[self.run.step] = (loss, from_scaler)
+
+    def _saw_autocast(self, state: str | None) -> None:
+        key = state or "none"
+        self.run.autocast[key] = self.run.autocast.get(key, 0) + 1
+
+    # --- steps ------------------------------------------------------------------------------------
+
+    def _step_has_activity(self) -> bool:
+        return self.run.step in self._losses
+
+    def _end_step(self) -> None:
+        now = time.perf_counter()
+        step = self.run.step
+        if len(self._steps) < self.config.max_steps_recorded:
+            self._steps.append(
+                StepRecord(
+                    index=step,
+                    wall_s=now - self._step_start,
+                    profiled=self._is_profiled(step),
+                    sampled=self.run.is_sampled(step),
+                )
+            )
+        if step == 0 and self._discovery is not None:
+            self._discovery.stop_searching_models()
+        self._each("on_step_end", step)
+        self.run.step = step + 1
+        self._step_start = time.perf_counter()
+
+    def _is_profiled(self, step: int) -> bool:
+        first = self.config.profile_skip + self.config.profile_warmup
+        return self.config.profile and first <= step < first + self.config.profile_active
+
+    # --- collectors -------------------------------------------------------------------------------
+
+    def _each(self, method: str, *args: Any) -> None:
+        for collector in self._collectors:
+            try:
+                getattr(collector, method)(self.run, *args)
+            except Exception as exc:  # a collector bug must never break the user's training
+                self._warn(f"collector {collector.name!r} failed in {method}: {exc!r}")
+
+    def _warn(self, message: str) -> None:
+        if message not in self._warnings:
+            self._warnings.append(message)
+            log.warning(message)
+
+    def _teardown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._discovery is not None:
+            self._discovery.close()
+        for collector in reversed(self._collectors):
+            try:
+                collector.stop(self.run)
+            except Exception as exc:
+                self._warn(f"collector {collector.name!r} failed to stop: {exc!r}")
+
+    # --- outputs ----------------------------------------------------------------------------------
+
+    def _build_session(self, status: str, error: dict[str, str] | None) -> Session:
+        for index, (loss, _) in self._losses.items():
+            if index < len(self._steps) and self._steps[index].index == index:
+                self._steps[index].loss = _finite_or_text(loss)
+        sections: dict[str, Any] = {}
+        for collector in self._collectors:
+            try:
+                section = collector.section()
+            except Exception as exc:
+                self._warn(f"collector {collector.name!r} failed to write its section: {exc!r}")
+                continue
+            if section is not None:
+                sections[collector.name] = section
+        sections["run"] = {
+            "models": [_describe_model(m) for m in self.run.models],
+            "optimizers": [type(o).__name__ for o in self.run.optimizers],
+            "scaler": _describe_scaler(self.run.scaler),
+            "autocast_seen": self.run.autocast,
+            "duration_s": time.time() - self._started,
+            "warnings": self._warnings,
+        }
+        session = Session(
+            status=status,  # type: ignore[arg-type]
+            error=error,
+            environment=describe_environment(self.run),
+            config=asdict(self.config),
+            steps=[s.to_dict() for s in self._steps],
+            sections=sections,
+            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            ampdiag_version=__version__,
+        )
+        return session
+
+    def _write_outputs(self) -> None:
+        from ampdiag.analysis import analyze
+        from ampdiag.render import render_all
+
+        assert self.session is not None
+        try:
+            self.session.findings = analyze(self.session)
+        except Exception as exc:
+            self._warn(f"analysis failed: {exc!r}")
+        try:
+            self.session.save(self.out)
+        except OSError as exc:
+            print(f"ampdiag: could not save the session to {self.out}: {exc}", file=sys.stderr)
+            return
+        render_all(self.session, self.out, self.config)
+
+
+def _finite_or_text(loss: torch.Tensor) -> float | None:
+    try:
+        return float(loss.float().item())
+    except Exception:
+        return None
+
+
+def _describe_model(model: torch.nn.Module) -> dict[str, Any]:
+    params = list(model.parameters())
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params})
+    return {
+        "class": type(model).__name__,
+        "parameters": sum(p.numel() for p in params),
+        "param_dtypes": dtypes,
+        "devices": sorted({str(p.device) for p in params}),
+    }
+
+
+def _describe_scaler(scaler: Any) -> dict[str, Any] | None:
+    if scaler is None:
+        return None
+    return {
+        "class": type(scaler).__name__,
+        "enabled": bool(scaler.is_enabled()),
+        "device": str(getattr(scaler, "_device", "")),
+    }
+
+
+def diagnose(
+    model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    scaler: Any = None,
+    *,
+    out: str | Path | None = None,
+    collectors: list[Collector] | None = None,
+    **settings: Any,
+) -> Diagnosis:
+    """Watches the training in a ``with`` block and writes a diagnosis report.
+
+    Args:
+        model: The model; found by itself (global module hooks) when omitted.
+        optimizer: The optimizer; found at its first step when omitted.
+        scaler: The GradScaler; found at its first ``scale()`` when omitted.
+        out: The output folder (default: a new ``reports/run-<time>/``). It is created and
+            checked before the block runs.
+        collectors: Replace the default collectors (advanced).
+        **settings: Any field of `DiagnoseConfig`, e.g. ``profile_active=5``,
+            ``sample_every=10``, ``report=False``.
+
+    Returns:
+        A `Diagnosis` handle: ``d.step()`` marks a step by hand; after the block ``d.session``
+        holds the Session and ``d.out`` the folder with session.json, report.html,
+        tensorboard/ and trace/.
+
+    Raises:
+        TypeError: An unknown setting.
+        OutputError: ``out`` cannot be written (raised on entering the block).
+
+    Example:
+        >>> with ampdiag.diagnose(out="reports/my-run") as d:  # doctest: +SKIP
+        ...     for x, y in loader:
+        ...         train_step(x, y)
+    """
+    names = {f.name for f in fields(DiagnoseConfig)}
+    unknown = sorted(set(settings) - names)
+    if unknown:
+        raise TypeError(f"diagnose() got unknown settings {unknown}; known: {sorted(names)}")
+    config = DiagnoseConfig(**settings)
+    return Diagnosis(model, optimizer, scaler, out, config, collectors)

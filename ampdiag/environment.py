@@ -1,0 +1,69 @@
+"""The environment a run happened in: versions, device, autocast, distributed rank."""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from ampdiag.collectors.base import RunContext
+
+
+def cpu_flags() -> list[str]:
+    """CPU feature flags that matter for low precision (from /proc/cpuinfo where it exists)."""
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile")
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    present = set(line.split(":", 1)[1].split())
+                    return [f for f in wanted if f in present]
+    except OSError:
+        pass
+    return []
+
+
+def distributed_info() -> dict[str, int]:
+    """Rank and world size when torch.distributed is initialised, else rank 0 of 1."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return {"rank": dist.get_rank(), "world_size": dist.get_world_size()}
+    return {
+        "rank": int(os.environ.get("RANK", 0)),
+        "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+    }
+
+
+def describe_environment(run: RunContext | None = None) -> dict[str, Any]:
+    """Returns the session's ``environment`` section."""
+    env: dict[str, Any] = {
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_flags": cpu_flags(),
+        "cuda_available": torch.cuda.is_available(),
+    }
+    env.update(distributed_info())
+    device_type = run.device_type if run is not None else "cpu"
+    env["device_type"] = device_type
+    if device_type == "cuda" and torch.cuda.is_available():
+        index = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        env["device_name"] = props.name
+        env["device_memory_bytes"] = int(props.total_memory)
+        env["device_capability"] = f"{props.major}.{props.minor}"
+        env["bf16_supported"] = bool(torch.cuda.is_bf16_supported())
+    else:
+        env["device_name"] = env["cpu"]
+        flags = env["cpu_flags"]
+        env["bf16_native"] = "avx512_bf16" in flags or "amx_bf16" in flags
+        env["bf16_supported"] = True  # CPU autocast runs bf16 everywhere, natively or not
+    if run is not None:
+        seen = {k: v for k, v in run.autocast.items() if k != "none"}
+        env["autocast"] = max(seen, key=seen.__getitem__) if seen else None
+        env["autocast_seen"] = dict(run.autocast)
+    return env

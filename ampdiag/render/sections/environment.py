@@ -1,0 +1,13 @@
+"""The run's environment, settings and what diagnose() found by itself."""
+
+from __future__ import annotations
+
+from ampdiag.render.sections import ReportSection
+from ampdiag.render.templating import render_template
+from ampdiag.session import Session
+
+
+def build(session: Session) -> ReportSection:
+    """The environment section (always present)."""
+    html = render_template("environment.html.j2", session=session, run=session.section("run"))
+    return ReportSection(id="environment", title="Run and environment", html=html)

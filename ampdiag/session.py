@@ -1,0 +1,228 @@
+"""The Session: everything one diagnosed run (or one analysed trace) produced, as versioned JSON.
+
+A Session is the only thing renderers read. Collectors each contribute one *section* (a JSON
+object under a top-level key named after the collector); the core keys below are reserved.
+Sections a reader does not know are kept as they are, so a newer collector never breaks an
+older reader and an older session still loads in a newer ampdiag.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ampdiag.errors import InputError
+
+SCHEMA_VERSION = 1
+SESSION_FILE = "session.json"
+
+Severity = Literal["high", "medium", "low", "info"]
+SEVERITIES: tuple[Severity, ...] = ("high", "medium", "low", "info")
+Status = Literal["ok", "error", "interrupted"]
+
+# Keys of session.json that are not collector sections.
+CORE_KEYS = frozenset(
+    {
+        "schema_version",
+        "ampdiag_version",
+        "created",
+        "status",
+        "error",
+        "environment",
+        "config",
+        "steps",
+        "findings",
+    }
+)
+
+
+@dataclass
+class Finding:
+    """One diagnosis: a stable id, how bad it is, the measured numbers, and what to change.
+
+    Attributes:
+        id: Stable kebab-case code (like a linter's rule code) that users filter and gate on.
+        severity: "high", "medium", "low" or "info".
+        title: One sentence a user reads first.
+        evidence: The measured numbers the finding rests on (JSON values).
+        fix: Concrete advice; code where code is the fix.
+        section: The report section the finding belongs to (e.g. "time", "numerics").
+        impact: Expected benefit used for ranking (0..1, larger first).
+    """
+
+    id: str
+    severity: Severity
+    title: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    fix: str = ""
+    section: str = "overview"
+    impact: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the JSON form."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Finding:
+        """Builds a finding from its JSON form, ignoring keys it does not know."""
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+
+@dataclass
+class StepRecord:
+    """What was seen of one training step.
+
+    Attributes:
+        index: Step number, from 0, counted from the start of the diagnosed block.
+        wall_s: Wall-clock time from the previous step boundary to this one.
+        loss: The loss value where one was seen (the tensor passed to backward or the scaler).
+        profiled: Whether the profiler was recording this step.
+        sampled: Whether the sampled (more expensive) collectors ran on this step.
+    """
+
+    index: int
+    wall_s: float
+    loss: float | None = None
+    profiled: bool = False
+    sampled: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the JSON form."""
+        return asdict(self)
+
+
+@dataclass
+class Session:
+    """A diagnosed run, ready to analyse and render.
+
+    Attributes:
+        status: "ok", "error" (the block raised) or "interrupted" (KeyboardInterrupt).
+        error: For status "error": {"type", "message"} of the exception.
+        environment: torch version, device and its name, autocast seen, world size, rank.
+        config: The settings diagnose() ran with.
+        steps: One record per step, as dicts (see StepRecord).
+        sections: Collector name -> that collector's JSON section.
+        findings: The analysis results, ranked.
+        path: The folder this session was saved to or loaded from, if any.
+    """
+
+    status: Status = "ok"
+    error: dict[str, str] | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    sections: dict[str, Any] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    created: str = ""
+    schema_version: int = SCHEMA_VERSION
+    ampdiag_version: str = ""
+    path: Path | None = None
+
+    def section(self, name: str) -> dict[str, Any]:
+        """Returns a collector's section, or an empty dict when the run has none."""
+        value = self.sections.get(name)
+        return value if isinstance(value, dict) else {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the session document (what session.json holds)."""
+        doc: dict[str, Any] = {
+            "schema_version": self.schema_version,
+            "ampdiag_version": self.ampdiag_version,
+            "created": self.created,
+            "status": self.status,
+            "error": self.error,
+            "environment": self.environment,
+            "config": self.config,
+            "steps": self.steps,
+        }
+        for name, value in self.sections.items():
+            if name in CORE_KEYS:
+                raise ValueError(f"section name {name!r} is reserved")
+            doc[name] = value
+        doc["findings"] = [f.to_dict() for f in self.findings]
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any], path: Path | None = None) -> Session:
+        """Builds a session from its document; unknown top-level keys become sections."""
+        version = doc.get("schema_version")
+        if not isinstance(version, int):
+            raise InputError("not an ampdiag session: no integer 'schema_version'")
+        if version > SCHEMA_VERSION:
+            raise InputError(
+                f"session schema {version} is newer than this ampdiag reads ({SCHEMA_VERSION}); "
+                "upgrade ampdiag"
+            )
+        status = doc.get("status", "ok")
+        if status not in ("ok", "error", "interrupted"):
+            raise InputError(f"session status {status!r} is not ok, error or interrupted")
+        return cls(
+            status=status,
+            error=doc.get("error"),
+            environment=dict(doc.get("environment") or {}),
+            config=dict(doc.get("config") or {}),
+            steps=list(doc.get("steps") or []),
+            sections={k: v for k, v in doc.items() if k not in CORE_KEYS},
+            findings=[Finding.from_dict(f) for f in doc.get("findings") or []],
+            created=str(doc.get("created", "")),
+            schema_version=version,
+            ampdiag_version=str(doc.get("ampdiag_version", "")),
+            path=path,
+        )
+
+    def save(self, folder: str | os.PathLike[str]) -> Path:
+        """Writes session.json into folder (atomically) and returns its path."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / SESSION_FILE
+        tmp = target.with_suffix(".json.tmp")
+        tmp.write_text(dumps(self.to_dict()), encoding="utf-8")
+        tmp.replace(target)
+        self.path = folder
+        return target
+
+
+def _json_safe(value: Any) -> Any:
+    """Replaces non-finite floats (not valid JSON) with strings that say what they were."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    """Serialises a session document as strict JSON (NaN and inf become strings)."""
+    return json.dumps(_json_safe(doc), indent=1, allow_nan=False, default=str)
+
+
+def load(path: str | os.PathLike[str]) -> Session:
+    """Loads a saved session.
+
+    Args:
+        path: A session folder (holding session.json) or the session.json file itself.
+
+    Returns:
+        The Session, with ``path`` set to its folder.
+
+    Raises:
+        InputError: The path does not exist or does not hold a readable session.
+    """
+    p = Path(path)
+    file = p / SESSION_FILE if p.is_dir() else p
+    if not file.is_file():
+        raise InputError(f"no session at {str(p)!r}: expected a folder with {SESSION_FILE}")
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"cannot read session {str(file)!r}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InputError(f"{str(file)!r} is not an ampdiag session (not a JSON object)")
+    return Session.from_dict(doc, path=file.parent)
