@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ampdiag.render.sections import section_modules
 from ampdiag.session import Session
 
 TB_DIR = "tensorboard"
@@ -40,6 +41,11 @@ def write_tensorboard(session: Session, out: Path) -> Path:
         for name, value in share.items():
             writer.add_scalar(f"time_share/{name}", value, 0)
         writer.add_text("ampdiag/findings", findings_markdown(session), 0)
+        # Each report-section module may add its own scalars/histograms/figures.
+        for module in section_modules():
+            hook = getattr(module, "write_tensorboard", None)
+            if hook is not None:
+                hook(session, writer)
     finally:
         writer.close()
     return folder

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from types import ModuleType
 
 from markupsafe import Markup
 
@@ -35,11 +36,19 @@ class ReportSection:
     figures: list[str] = field(default_factory=list)
 
 
+def section_modules() -> list[ModuleType]:
+    """The section modules, in report order.
+
+    Each has ``build(session) -> ReportSection | None`` and may have
+    ``write_tensorboard(session, writer)`` for its TensorBoard scalars and histograms.
+    """
+    return [importlib.import_module(f"ampdiag.render.sections.{n}") for n in SECTION_MODULES]
+
+
 def build_sections(session: Session) -> list[ReportSection]:
     """Builds every section the session supports, in report order."""
     built = []
-    for name in SECTION_MODULES:
-        module = importlib.import_module(f"ampdiag.render.sections.{name}")
+    for module in section_modules():
         section = module.build(session)
         if section is not None:
             built.append(section)
