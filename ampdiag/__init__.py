@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 from ampdiag._version import __version__
 
 if TYPE_CHECKING:
-    from ampdiag.diagnose import Diagnosis, diagnose
+    from ampdiag.diagnosis import Diagnosis, diagnose
     from ampdiag.session import Finding, Session, load
 
 __all__ = ["Diagnosis", "Finding", "Session", "__version__", "diagnose", "load"]
 
 _LAZY = {
-    "diagnose": "ampdiag.diagnose",
-    "Diagnosis": "ampdiag.diagnose",
+    "diagnose": "ampdiag.diagnosis",
+    "Diagnosis": "ampdiag.diagnosis",
     "Session": "ampdiag.session",
     "Finding": "ampdiag.session",
     "load": "ampdiag.session",

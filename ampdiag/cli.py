@@ -121,7 +121,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _check_out(out: Path) -> None:
-    from ampdiag.diagnose import check_writable
+    from ampdiag.diagnosis import check_writable
 
     check_writable(out)
 

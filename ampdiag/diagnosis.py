@@ -1,5 +1,7 @@
 """``ampdiag.diagnose()``: the context manager that watches a training run and writes the report.
 
+(The module is ``diagnosis``, not ``diagnose``, so that it never shadows the function.)
+
 On enter it checks the output folder, attaches the discovery hooks and the collectors; at each
 step boundary it records the step and lets the collectors advance; on exit, error or not, it
 removes every hook, writes the session and renders the report. The user's exception is theirs:

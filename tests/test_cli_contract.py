@@ -1,0 +1,72 @@
+"""The CLI contract from DESIGN.md: exit codes, one-line errors, demo and report round trip."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def ampdiag_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run(
+        [sys.executable, "-m", "ampdiag", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_version() -> None:
+    from ampdiag import __version__
+
+    r = ampdiag_cli("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"ampdiag {__version__}"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("report", "/no/such/path"), ("report",), ("nonsense",), ("demo", "--steps", "0")],
+)
+def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...]) -> None:
+    r = ampdiag_cli(*args)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ampdiag: ")
+    assert "Traceback" not in r.stderr
+
+
+def test_demo_then_report_rerenders(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    r = ampdiag_cli("demo", "--out", str(out), "--steps", "6")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(out / "report.html")
+    assert "report:" in r.stderr  # the console summary
+    session = json.loads((out / "session.json").read_text())
+    assert session["status"] == "ok" and len(session["steps"]) == 6
+    assert session["environment"]["autocast"] == "cpu:float16"
+    assert session["run"]["scaler"]["class"] == "GradScaler"
+    assert list((out / "trace").glob("*.pt.trace.json.gz"))
+    (out / "report.html").unlink()
+    r = ampdiag_cli("report", str(out))
+    assert r.returncode == 0, r.stderr
+    html = (out / "report.html").read_text()
+    for section in ("overview", "time", "environment"):
+        assert f'<section id="{section}">' in html
+    r = ampdiag_cli("report", str(out), "--format", "json")
+    assert r.returncode == 0 and json.loads(r.stdout)["schema_version"] == 1
+
+
+def test_report_into_unwritable_out_is_exit_2(tmp_path: Path) -> None:
+    from ampdiag.session import Session
+
+    Session().save(tmp_path / "s")
+    (tmp_path / "f").write_text("x")
+    r = ampdiag_cli("report", str(tmp_path / "s"), "--out", str(tmp_path / "f" / "sub"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1

@@ -1,0 +1,174 @@
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn.modules import module as nn_module
+from torch.optim import optimizer as optim_module
+
+import ampdiag
+from ampdiag.errors import OutputError
+from tests.conftest import train
+
+
+def global_hooks() -> dict[str, int]:
+    return {
+        "module_pre": len(nn_module._global_forward_pre_hooks),
+        "module_post": len(nn_module._global_forward_hooks),
+        "optim_pre": len(optim_module._global_optimizer_pre_hooks),
+        "optim_post": len(optim_module._global_optimizer_post_hooks),
+    }
+
+
+ORIGINALS = {
+    "backward": torch.Tensor.backward,
+    "scale": torch.amp.GradScaler.scale,
+    "update": torch.amp.GradScaler.update,
+}
+
+
+def assert_clean(before: dict[str, int]) -> None:
+    assert global_hooks() == before
+    assert torch.Tensor.backward is ORIGINALS["backward"]
+    assert torch.amp.GradScaler.scale is ORIGINALS["scale"]
+    assert torch.amp.GradScaler.update is ORIGINALS["update"]
+    assert not torch.autograd.profiler._is_profiler_enabled
+
+
+@pytest.mark.parametrize(
+    ("dtype", "use_scaler", "autocast"),
+    [
+        (None, False, None),
+        (torch.bfloat16, False, "cpu:bfloat16"),
+        (torch.float16, True, "cpu:float16"),
+    ],
+    ids=["fp32", "bf16", "fp16-scaler"],
+)
+def test_end_to_end(
+    tmp_path: Path, dtype: torch.dtype | None, use_scaler: bool, autocast: str | None
+) -> None:
+    before = global_hooks()
+    out = tmp_path / "run"
+    holder: dict[str, ampdiag.Diagnosis] = {}
+
+    def wrap() -> ampdiag.Diagnosis:
+        holder["d"] = ampdiag.diagnose(out=out, console=False)
+        return holder["d"]
+
+    train(steps=6, dtype=dtype, use_scaler=use_scaler, wrap=wrap)
+    d = holder["d"]
+    assert_clean(before)
+    s = d.session
+    assert s is not None and s.status == "ok"
+    # One step per optimizer step (or per scaler.update()), each with its loss.
+    assert [st["index"] for st in s.steps] == list(range(6))
+    assert all(isinstance(st["loss"], float) and st["loss"] > 0 for st in s.steps)
+    assert s.environment["autocast"] == autocast
+    run = s.section("run")
+    assert run["models"][0]["class"] == "TinyNet"
+    assert run["optimizers"] == ["AdamW"]
+    assert (run["scaler"] is not None) == use_scaler
+    # Files: session, report, tensorboard events, gzipped trace in the plugin's layout.
+    assert (out / "session.json").is_file() and (out / "report.html").is_file()
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    traces = list((out / "trace").glob("*.pt.trace.json.gz"))
+    assert len(traces) == 1
+    trace = json.loads(gzip.decompress(traces[0].read_bytes()))
+    steps_in_trace = {
+        e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")
+    }
+    assert steps_in_trace == {"ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"}
+    prof = s.section("profiler")
+    assert prof["recorded_steps"] == [2, 3, 4]
+    bd = prof["breakdown"]
+    assert [r["step"] for r in bd["steps"]] == [2, 3, 4]
+    for row in bd["steps"]:  # the categories partition the step
+        parts = sum(row[f"{c}_us"] for c in ("forward", "backward", "optimizer", "data", "other"))
+        assert parts == pytest.approx(row["total_us"], rel=1e-6)
+        assert row["forward_us"] > 0 and row["backward_us"] > 0 and row["optimizer_us"] > 0
+    names = {op["name"] for op in prof["top_ops"]}
+    assert "aten::addmm" in names or "aten::linear" in names
+    assert ampdiag.load(out).to_dict() == s.to_dict()
+
+
+def test_parameters_bit_identical_with_and_without(tmp_path: Path) -> None:
+    for dtype, scaler in ((None, False), (torch.float16, True)):
+        plain = train(steps=4, dtype=dtype, use_scaler=scaler)
+        watched = train(
+            steps=4,
+            dtype=dtype,
+            use_scaler=scaler,
+            wrap=lambda: ampdiag.diagnose(out=tmp_path / "x", console=False),
+        )
+        for a, b in zip(plain.parameters(), watched.parameters(), strict=True):
+            assert torch.equal(a, b)
+
+
+def test_exception_is_reraised_unchanged_and_session_written(tmp_path: Path) -> None:
+    before = global_hooks()
+    boom = RuntimeError("boom <b>")
+    out = tmp_path / "err"
+    with pytest.raises(RuntimeError) as info:
+        train(steps=6, fail_at=4, exc=boom, wrap=lambda: ampdiag.diagnose(out=out, console=False))
+    assert info.value is boom
+    assert_clean(before)
+    s = ampdiag.load(out)
+    assert s.status == "error"
+    assert s.error is not None and s.error["type"] == "RuntimeError"
+    assert s.error["message"] == "boom <b>"
+    assert len(s.steps) == 4
+    html = (out / "report.html").read_text()
+    assert "boom &lt;b&gt;" in html and "boom <b>" not in html
+    # The profiler was mid-window when the error came: its trace was still written.
+    assert s.section("profiler")["trace_files"]
+
+
+def test_keyboard_interrupt_is_interrupted(tmp_path: Path) -> None:
+    before = global_hooks()
+    with pytest.raises(KeyboardInterrupt):
+        train(
+            steps=3,
+            fail_at=1,
+            exc=KeyboardInterrupt(),
+            wrap=lambda: ampdiag.diagnose(out=tmp_path, console=False),
+        )
+    assert_clean(before)
+    assert ampdiag.load(tmp_path).status == "interrupted"
+
+
+def test_unwritable_out_fails_before_the_first_step(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    ran = []
+    before = global_hooks()
+    with (
+        pytest.raises(OutputError, match="cannot write the output folder"),
+        ampdiag.diagnose(out=blocker / "sub"),
+    ):
+        ran.append(1)
+    assert ran == []
+    assert_clean(before)
+
+
+def test_manual_steps_without_optimizer(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 4)
+    with ampdiag.diagnose(out=tmp_path, console=False, report=False, tensorboard=False) as d:
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            d.step()
+    assert d.session is not None
+    assert len(d.session.steps) == 3
+    assert d.session.section("run")["models"][0]["class"] == "Linear"
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_unknown_setting_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="unknown settings"):
+        ampdiag.diagnose(profile_steps=3)
+
+
+def test_short_run_says_nothing_was_profiled(tmp_path: Path) -> None:
+    train(steps=1, wrap=lambda: ampdiag.diagnose(out=tmp_path, console=False))
+    s = ampdiag.load(tmp_path)
+    assert [f.id for f in s.findings] == ["profiler-no-steps"]
