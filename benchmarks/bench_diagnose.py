@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch.nn import functional as F  # noqa: N812
+from torch.nn import functional as F
 
 import ampdiag
 from ampdiag.collectors.profiler import make_schedule, profiler_activities
