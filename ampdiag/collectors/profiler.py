@@ -117,7 +117,7 @@ class ProfilerCollector(Collector):
             "error": self._error,
         }
         if files:
-            out["breakdown"] = breakdown_from_trace_file(files[-1])
+            out["breakdown"] = breakdown_from_trace_file(files[-1], self._recorded_steps)
         return out
 
 
@@ -135,7 +135,7 @@ def top_ops(prof: profile, limit: int = TOP_OPS) -> list[dict[str, Any]]:
             }
         )
     rows.sort(key=lambda r: r["self_cpu_us"] + r["self_device_us"], reverse=True)
-    return [r for r in rows if not r["name"].startswith("ProfilerStep#")][:limit]
+    return [r for r in rows if not r["name"].startswith("ProfilerStep")][:limit]
 
 
 def _worker_name() -> str:

@@ -71,6 +71,9 @@ def line(
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     if len(ys) > 1:
         ax.legend(fontsize=8)
     return figure_png(fig)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -75,11 +76,15 @@ def _covered_by_category(
     return totals
 
 
-def breakdown(events: list[dict[str, Any]]) -> dict[str, Any]:
+def breakdown(
+    events: list[dict[str, Any]], only_steps: Collection[int] | None = None
+) -> dict[str, Any]:
     """Per-step and mean host time by category, in microseconds.
 
     Args:
         events: The trace's ``traceEvents``.
+        only_steps: Keep these step numbers only (e.g. drop the stub step the profiler
+            opens after the last ``step()`` when a run ends inside its active window).
 
     Returns:
         ``{"steps": [{"step", "total_us", "forward_us", ...}], "mean": {...},
@@ -97,6 +102,8 @@ def breakdown(events: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         match = _STEP_RE.match(name)
         if match:
+            if only_steps is not None and int(match.group(1)) not in only_steps:
+                continue
             steps.append((int(match.group(1)), ts, ts + dur, ev.get("pid")))
             continue
         cat = str(ev.get("cat", ""))
@@ -120,7 +127,9 @@ def breakdown(events: list[dict[str, Any]]) -> dict[str, Any]:
     return {"steps": rows, "mean": mean, "share": share}
 
 
-def breakdown_from_trace_file(path: str | Path) -> dict[str, Any]:
+def breakdown_from_trace_file(
+    path: str | Path, only_steps: Collection[int] | None = None
+) -> dict[str, Any]:
     """`breakdown` of the events in a trace file."""
     events = load_trace_json(path).get("traceEvents") or []
-    return breakdown([e for e in events if isinstance(e, dict)])
+    return breakdown([e for e in events if isinstance(e, dict)], only_steps)
