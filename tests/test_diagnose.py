@@ -175,7 +175,7 @@ def test_short_run_says_nothing_was_profiled(tmp_path: Path) -> None:
 
 
 def test_run_ending_inside_the_profiler_window_keeps_only_real_steps(tmp_path: Path) -> None:
-    # 3 steps: skip 0, warm up 1, record 2 (the window of 3 active steps is cut short).
+    # 3 steps: skip step 0, warm up on 1, record 2 (the window of 3 active steps is cut short).
     train(steps=3, wrap=lambda: ampdiag.diagnose(out=tmp_path, console=False))
     prof = ampdiag.load(tmp_path).section("profiler")
     assert prof["recorded_steps"] == [2]
