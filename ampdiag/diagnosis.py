@@ -25,7 +25,7 @@ import torch
 from ampdiag._version import __version__
 from ampdiag.collectors import Collector, DiagnoseConfig, RunContext, default_collectors
 from ampdiag.collectors.discovery import Discovery
-from ampdiag.environment import describe_environment
+from ampdiag.environment import describe_environment, distributed_info
 from ampdiag.errors import OutputError
 from ampdiag.session import Session, StepRecord
 
@@ -77,6 +77,10 @@ class Diagnosis:
         collectors: list[Collector] | None,
     ) -> None:
         self.out = Path(out) if out is not None else default_out()
+        ranks = distributed_info()
+        if ranks["world_size"] > 1:
+            # One session per rank, side by side, so a report can merge them.
+            self.out = self.out / f"rank-{ranks['rank']}"
         self.config = config
         self.session: Session | None = None
         self.run = RunContext(out=self.out, config=config)

@@ -181,3 +181,13 @@ def test_run_ending_inside_the_profiler_window_keeps_only_real_steps(tmp_path: P
     assert prof["recorded_steps"] == [2]
     assert [r["step"] for r in prof["breakdown"]["steps"]] == [2]
     assert all(not op["name"].startswith("ProfilerStep") for op in prof["top_ops"])
+
+
+def test_each_rank_writes_its_own_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    d = ampdiag.diagnose(out=tmp_path, console=False, profile=False)
+    train(steps=2, wrap=lambda: d)
+    assert d.out == tmp_path / "rank-3"
+    env = ampdiag.load(tmp_path / "rank-3").environment
+    assert (env["rank"], env["world_size"]) == (3, 4)
