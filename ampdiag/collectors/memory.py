@@ -59,15 +59,17 @@ def _nbytes(t: torch.Tensor) -> int:
 
 def model_state(
     models: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]
-) -> tuple[dict[str, Any], dict[int, str]]:
+) -> tuple[dict[str, Any], dict[int, str], dict[int, int]]:
     """Bytes of parameters, gradients and optimizer state, and their storage addresses.
 
     Returns:
         ``({"parameters", "gradients", "optimizer_state", "optimizer_state_by_key",
-        "parameter_count", "parameter_dtypes"}, {storage address: category})``.
+        "parameter_count", "parameter_dtypes"}, {storage address: category},
+        {storage address: storage bytes})``.
     """
     seen: set[tuple[int, int, int]] = set()
     ptrs: dict[int, str] = {}
+    sizes: dict[int, int] = {}
     out: dict[str, Any] = {"parameters": 0, "gradients": 0, "optimizer_state": 0}
     by_key: Counter[str] = Counter()
     dtypes: Counter[str] = Counter()
@@ -80,6 +82,10 @@ def model_state(
             return 0
         seen.add(key)
         ptrs.setdefault(ptr, cat)
+        try:
+            sizes[ptr] = int(t.untyped_storage().nbytes())
+        except Exception:
+            sizes[ptr] = _nbytes(t)
         n = _nbytes(t)
         out[cat] += n
         return n
@@ -107,7 +113,7 @@ def model_state(
     out["optimizer_state_by_key"] = dict(by_key)
     out["parameter_count"] = count
     out["parameter_dtypes"] = dict(dtypes)
-    return out, ptrs
+    return out, ptrs, sizes
 
 
 def host_memory_bytes() -> int | None:
@@ -131,6 +137,7 @@ class MemoryCollector(Collector):
         self._known_by_step: dict[int, dict[int, str]] = {}
         self._state: dict[str, Any] = {}
         self._known_end: dict[int, str] = {}
+        self._known_sizes: dict[int, int] = {}
         self._cuda_recording = False
         self._cuda: dict[str, Any] | None = None
         self._errors: list[str] = []
@@ -165,8 +172,9 @@ class MemoryCollector(Collector):
         cfg = run.config
         first = cfg.profile_skip + cfg.profile_warmup
         if cfg.profile and first <= step < first + cfg.profile_active:
-            _, ptrs = model_state(run.models, run.optimizers)
+            _, ptrs, sizes = model_state(run.models, run.optimizers)
             self._known_by_step[step] = ptrs
+            self._known_sizes.update(sizes)
 
     def stop(self, run: RunContext) -> None:
         """Removes the hooks, measures the model state, snapshots CUDA memory."""
@@ -176,7 +184,7 @@ class MemoryCollector(Collector):
         if self in _ACTIVE:
             _ACTIVE.remove(self)
         try:
-            self._state, self._known_end = model_state(run.models, run.optimizers)
+            self._state, self._known_end, _ = model_state(run.models, run.optimizers)
         except Exception as exc:
             self._errors.append(f"model state: {exc!r}")
         if self._cuda_recording:
@@ -221,7 +229,9 @@ class MemoryCollector(Collector):
         if not files:
             return None
         doc = tl_mod.read_trace(max(files, key=lambda p: p.stat().st_mtime))
-        return tl_mod.timeline_from_trace(doc, 1 if cuda else 0, self._known_by_step)
+        return tl_mod.timeline_from_trace(
+            doc, 1 if cuda else 0, self._known_by_step, self._known_sizes
+        )
 
     def section(self) -> dict[str, Any] | None:
         """Model state, timeline, peak, batch sizes, probes, CUDA summary, budget."""

@@ -109,6 +109,7 @@ def timeline_from_trace(
     trace: Mapping[str, Any],
     device_type: int,
     known_by_step: Mapping[int, Mapping[int, str]],
+    known_sizes: Mapping[int, int] | None = None,
 ) -> dict[str, Any] | None:
     """Categorises the trace's ``[memory]`` events with the known tensors (module docstring).
 
@@ -116,6 +117,9 @@ def timeline_from_trace(
         trace: A Kineto trace document.
         device_type: 0 for CPU allocations, 1 for CUDA (the trace's ``Device Type``).
         known_by_step: Step index -> {storage address: category} seen at the end of that step.
+        known_sizes: Storage address -> bytes of those tensors. A known tensor with no event
+            in the trace was live throughout it (allocated before, freed after) and is counted
+            from the start.
 
     Returns:
         A timeline (source ``"ampdiag-known-tensors"``), or None without memory events.
@@ -161,6 +165,12 @@ def timeline_from_trace(
                 intervals.append([addr, -size, None, t])  # allocated before the trace began
             else:
                 intervals[j][3] = t
+    in_trace = {iv[0] for iv in intervals}
+    last_known = known_by_step[max(known_by_step)] if known_by_step else {}
+    for addr, cat in last_known.items():
+        size = (known_sizes or {}).get(addr, 0)
+        if addr not in in_trace and size > 0:
+            intervals.append([addr, size, None, None])
     step_end = {}
     for name, _, end in steps:
         try:
