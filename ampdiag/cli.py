@@ -76,7 +76,8 @@ def load_any(path: Path, hta: bool = False) -> Session:
     if path.suffix in (".pickle", ".pkl"):  # a CUDA memory snapshot: loaded without code
         from ampdiag.memory.snapshot import session_from_snapshot
 
-        return session_from_snapshot(path)
+        snapshot_session: Session = session_from_snapshot(path)
+        return snapshot_session
     from ampdiag.trace import session_from_traces
 
     return session_from_traces(path, hta=hta)

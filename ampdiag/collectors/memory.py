@@ -77,7 +77,7 @@ def model_state(
 
     def add(t: torch.Tensor, cat: str) -> int:
         ptr = _storage_ptr(t)
-        key = (ptr, t.storage_offset(), t.numel())
+        key = (ptr, int(t.storage_offset()), int(t.numel()))
         if ptr and key in seen:
             return 0
         seen.add(key)
@@ -150,9 +150,7 @@ class MemoryCollector(Collector):
         _ACTIVE.append(self)
         cfg = run.config
         if cfg.memory_history and compat_memory.cuda_history_available():
-            self._cuda_recording = compat_memory.start_cuda_history(
-                cfg.memory_history_max_entries
-            )
+            self._cuda_recording = compat_memory.start_cuda_history(cfg.memory_history_max_entries)
 
     def on_model(self, run: RunContext, model: torch.nn.Module) -> None:
         """Watches the batch size at the model's forward (reads a shape, nothing else)."""

@@ -114,13 +114,14 @@ def memory_probe(
     sizes = [int(b) for b in batch_sizes]
     if len(set(sizes)) < 2 or min(sizes) < 1:
         raise ValueError("memory_probe needs at least two distinct batch sizes >= 1")
-    if isinstance(autocast_dtype, str):
-        autocast_dtype = getattr(torch, autocast_dtype)
+    dtype: torch.dtype | None = (
+        getattr(torch, autocast_dtype) if isinstance(autocast_dtype, str) else autocast_dtype
+    )
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
     cpu_rng = torch.random.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    autocast = (device.type, autocast_dtype) if autocast_dtype is not None else None
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    autocast = (device.type, dtype) if dtype is not None else None
     points: list[list[int]] = []
     fp32_points: list[list[int]] = []
     peaks: list[list[int]] = []
@@ -149,7 +150,7 @@ def memory_probe(
         "points": points,
         "per_sample_bytes": fit.get("per_sample_bytes"),
         "fixed_bytes": fit.get("fixed_bytes"),
-        "autocast_dtype": str(autocast_dtype).removeprefix("torch.") if autocast_dtype else None,
+        "autocast_dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
     }
     if fp32_points:
         result["fp32_points"] = fp32_points

@@ -101,7 +101,9 @@ def summarize_snapshot(
     check_snapshot(snap)
     known = dict(known or {})
     device = _device_index(snap)
-    segments = [s for s in snap["segments"] if isinstance(s, dict) and s.get("device", device) == device]
+    segments = [
+        s for s in snap["segments"] if isinstance(s, dict) and s.get("device", device) == device
+    ]
     reserved_end = sum(int(s.get("total_size", 0)) for s in segments)
     end_live: dict[int, tuple[int, Any]] = {}
     for seg in segments:

@@ -99,9 +99,12 @@ def thin(tl: Mapping[str, Any], max_points: int = MAX_POINTS) -> dict[str, Any]:
 def read_trace(path: str | Path) -> dict[str, Any]:
     """Reads a Kineto trace (.json or .json.gz)."""
     p = Path(path)
-    raw = gzip.open(p, "rt", encoding="utf-8") if p.name.endswith(".gz") else p.open()
-    with raw as fh:
-        doc = json.load(fh)
+    if p.name.endswith(".gz"):
+        with gzip.open(p, "rt", encoding="utf-8") as fh:
+            doc = json.load(fh)
+    else:
+        with p.open(encoding="utf-8") as fh:
+            doc = json.load(fh)
     return doc if isinstance(doc, dict) else {"traceEvents": doc}
 
 
@@ -126,7 +129,11 @@ def timeline_from_trace(
     """
     events = [e for e in trace.get("traceEvents", []) if isinstance(e, dict)]
     mem = sorted(
-        (e for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == device_type),
+        (
+            e
+            for e in events
+            if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == device_type
+        ),
         key=lambda e: float(e["ts"]),
     )
     if not mem:
@@ -167,7 +174,7 @@ def timeline_from_trace(
                 intervals[j][3] = t
     in_trace = {iv[0] for iv in intervals}
     last_known = known_by_step[max(known_by_step)] if known_by_step else {}
-    for addr, cat in last_known.items():
+    for addr in last_known:
         size = (known_sizes or {}).get(addr, 0)
         if addr not in in_trace and size > 0:
             intervals.append([addr, size, None, None])

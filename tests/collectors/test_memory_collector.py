@@ -8,8 +8,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-import ampdiag
 from ampdiag.compat import memory as compat_memory
+from ampdiag.diagnose import diagnose
 
 QUIET = {"report": False, "tensorboard": False, "console": False}
 BATCHES = [8, 8, 16, 32, 8]  # profiled steps (skip 1, warm-up 1, active 3): 16, 32, 8
@@ -20,7 +20,10 @@ def train(out: Path | None, batches: list[int] = BATCHES, **settings: object):
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
-    data = [(torch.randn(b, 64, generator=gen), torch.randint(0, 10, (b,), generator=gen)) for b in batches]
+    data = [
+        (torch.randn(b, 64, generator=gen), torch.randint(0, 10, (b,), generator=gen))
+        for b in batches
+    ]
 
     def loop() -> None:
         for x, y in data:
@@ -33,7 +36,7 @@ def train(out: Path | None, batches: list[int] = BATCHES, **settings: object):
     if out is None:
         loop()
         return model, opt, None
-    with ampdiag.diagnose(out=out, **{**QUIET, **settings}) as d:
+    with diagnose(out=out, **{**QUIET, **settings}) as d:
         loop()
     return model, opt, d
 
@@ -57,7 +60,7 @@ def test_model_state_is_exact(run) -> None:
 
 
 def test_peak_split_by_category(run) -> None:
-    model, opt, d = run
+    model, _opt, d = run
     mem = d.session.section("memory")
     assert mem["timeline"]["source"] == "torch-memory-profiler"
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -107,7 +110,7 @@ def test_oom_still_writes_session_and_finding(tmp_path: Path) -> None:
     model = nn.Linear(16, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     err = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    with pytest.raises(torch.OutOfMemoryError) as info, ampdiag.diagnose(out=tmp_path, **QUIET):
+    with pytest.raises(torch.OutOfMemoryError) as info, diagnose(out=tmp_path, **QUIET):
         model(torch.randn(2, 16)).sum().backward()
         opt.step()
         raise err

@@ -33,7 +33,10 @@ def test_probe_matches_a_count_of_what_autograd_saves() -> None:
 
 def test_probe_bf16_activations_are_smaller_and_compared_with_fp32() -> None:
     r = ampdiag.memory_probe(
-        mlp(), make_batch, batch_sizes=(4, 16), loss_fn=F.cross_entropy,
+        mlp(),
+        make_batch,
+        batch_sizes=(4, 16),
+        loss_fn=F.cross_entropy,
         autocast_dtype=torch.bfloat16,
     )
     # bf16: input cast (64 x 2 B), ReLU output (256 x 2 B); the loss runs in FP32 (10 x 4 B).

@@ -52,7 +52,10 @@ def test_cli_refuses_with_one_line_exit_2(tmp_path: Path) -> None:
     path, marker = evil_pickle(tmp_path)
     proc = subprocess.run(
         [sys.executable, "-m", "ampdiag", "report", str(path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -61,7 +64,9 @@ def test_cli_refuses_with_one_line_exit_2(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
-def test_cli_reports_a_real_snapshot_pickle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_reports_a_real_snapshot_pickle(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "snapshot.pickle"
     path.write_bytes(pickle.dumps(json.loads(FIXTURE.read_text())))
     assert main(["report", str(path), "--format", "json"]) == 0

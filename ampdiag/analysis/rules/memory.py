@@ -84,9 +84,11 @@ def near_capacity(session: Session) -> Iterator[Finding]:
 
 @rule("use-grad-accumulation")
 def use_grad_accumulation(session: Session) -> Iterator[Finding]:
-    """The target batch (``memory_target_batch``, or the observed batch after an OOM or near
-    capacity) does not fit in 90% of the budget, and a measured per-sample activation size
-    gives the largest micro-batch that fits."""
+    """The target batch does not fit in 90% of the budget (medium).
+
+    The target is ``memory_target_batch``, or the observed batch after an OOM or near capacity;
+    a measured per-sample activation size gives the largest micro-batch that fits.
+    """
     mem = _mem(session)
     fit = estimates.activation_fit(mem)
     cap, source = estimates.capacity(mem)
@@ -141,15 +143,18 @@ def _low_precision(session: Session) -> str | None:
     seen = (session.section("run").get("autocast_seen") or {}).keys()
     for key in seen:
         if key.endswith(("float16", "bfloat16")):
-            return key
+            return str(key)
     env = session.environment.get("autocast")
     return str(env) if env and str(env).endswith("16") else None
 
 
 @rule("amp-memory-not-reduced")
 def amp_memory_not_reduced(session: Session) -> Iterator[Finding]:
-    """Under autocast, the model state (FP32 weights, grads, optimizer state) is >= 50% of the
-    peak, or the probe measured low-precision activations at >= 80% of FP32's."""
+    """Autocast cannot reduce most of the memory (low).
+
+    Under autocast, the model state (FP32 weights, grads, optimizer state) is >= 50% of the
+    peak, or the probe measured low-precision activations at >= 80% of FP32's.
+    """
     mem = _mem(session)
     ms = estimates.model_state_bytes(mem)
     peak = int((mem.get("peak") or {}).get("bytes") or 0)
@@ -205,8 +210,11 @@ def amp_memory_not_reduced(session: Session) -> Iterator[Finding]:
 
 @rule("allocator-fragmentation")
 def allocator_fragmentation(session: Session) -> Iterator[Finding]:
-    """At the CUDA peak, reserved-but-unallocated memory is >= 25% of reserved and >= 256 MiB
-    (medium), or the allocator had to free its cache and retry (num_alloc_retries > 0)."""
+    """The CUDA caching allocator fragments (medium).
+
+    At the CUDA peak, reserved-but-unallocated memory is >= 25% of reserved and >= 256 MiB, or
+    the allocator had to free its cache and retry (num_alloc_retries > 0).
+    """
     cuda = _mem(session).get("cuda") or {}
     peak = cuda.get("peak") or {}
     stats = cuda.get("stats") or {}
@@ -215,8 +223,7 @@ def allocator_fragmentation(session: Session) -> Iterator[Finding]:
     retries = int(stats.get("num_alloc_retries", 0))
     share = frag / reserved if reserved else 0.0
     fragmented = (
-        share >= THRESHOLDS["fragmentation_share"]
-        and frag >= THRESHOLDS["fragmentation_min_bytes"]
+        share >= THRESHOLDS["fragmentation_share"] and frag >= THRESHOLDS["fragmentation_min_bytes"]
     )
     if not fragmented and retries == 0:
         return
@@ -250,9 +257,10 @@ def allocator_fragmentation(session: Session) -> Iterator[Finding]:
 
 def _is_oom(session: Session) -> bool:
     err = session.error or {}
-    return "OutOfMemoryError" in str(err.get("type", "")) or "out of memory" in str(
-        err.get("message", "")
-    ).lower()
+    return (
+        "OutOfMemoryError" in str(err.get("type", ""))
+        or "out of memory" in str(err.get("message", "")).lower()
+    )
 
 
 @rule("out-of-memory")
