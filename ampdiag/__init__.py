@@ -19,9 +19,10 @@ from ampdiag._version import __version__
 
 if TYPE_CHECKING:
     from ampdiag.diagnosis import Diagnosis, diagnose
+    from ampdiag.memory.probe import memory_probe
     from ampdiag.session import Finding, Session, load
 
-__all__ = ["Diagnosis", "Finding", "Session", "__version__", "diagnose", "load"]
+__all__ = ["Diagnosis", "Finding", "Session", "__version__", "diagnose", "load", "memory_probe"]
 
 _LAZY = {
     "diagnose": "ampdiag.diagnosis",
@@ -29,6 +30,7 @@ _LAZY = {
     "Session": "ampdiag.session",
     "Finding": "ampdiag.session",
     "load": "ampdiag.session",
+    "memory_probe": "ampdiag.memory.probe",
 }
 
 

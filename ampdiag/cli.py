@@ -73,6 +73,11 @@ def load_any(path: Path, hta: bool = False) -> Session:
         raise InputError(f"no such file or folder: {str(path)!r}")
     if (path.is_dir() and (path / SESSION_FILE).is_file()) or path.name == SESSION_FILE:
         return load(path)
+    if path.suffix in (".pickle", ".pkl"):  # a CUDA memory snapshot: loaded without code
+        from ampdiag.memory.snapshot import session_from_snapshot
+
+        snapshot_session: Session = session_from_snapshot(path)
+        return snapshot_session
     from ampdiag.trace import session_from_traces
 
     return session_from_traces(path, hta=hta)

@@ -12,6 +12,10 @@ def default_collectors(config: DiagnoseConfig) -> list[Collector]:
     collectors: list[Collector] = []
     if config.profile:
         collectors.append(ProfilerCollector())
+    if config.memory:
+        from ampdiag.collectors.memory import MemoryCollector
+
+        collectors.append(MemoryCollector())
     return collectors
 
 

@@ -40,6 +40,11 @@ class DiagnoseConfig:
         report: Render report.html (and the console summary) on exit.
         tensorboard: Write TensorBoard event files on exit.
         console: Print the short console summary on exit.
+        memory: Run the memory collector (model state, timeline by category, CUDA snapshot).
+        memory_history: On CUDA, record the allocator history and snapshot it at the end.
+        memory_history_max_entries: Allocator events kept by the CUDA history (a ring).
+        memory_target_batch: Effective batch to plan micro-batches and accumulation for.
+        memory_limit_bytes: Memory budget for the plan (default: the device's capacity).
     """
 
     profile: bool = True
@@ -54,6 +59,11 @@ class DiagnoseConfig:
     report: bool = True
     tensorboard: bool = True
     console: bool = True
+    memory: bool = True
+    memory_history: bool = True
+    memory_history_max_entries: int = 100_000
+    memory_target_batch: int | None = None
+    memory_limit_bytes: int | None = None
 
 
 @dataclass

@@ -64,6 +64,8 @@ class ProfilerCollector(Collector):
         def on_trace_ready(prof: profile) -> None:
             handler(prof)
             self._top_ops = top_ops(prof)
+            # For collectors that read the same profile (memory): no second profiler.
+            run.extra["profiler.profile"] = prof
 
         self._prof = profile(
             activities=profiler_activities(),

@@ -1,0 +1,313 @@
+"""Findings from the memory section: capacity, accumulation, AMP's reach, fragmentation, OOM."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ampdiag.analysis.registry import rule
+from ampdiag.memory import estimates
+from ampdiag.session import Finding, Session, Severity
+
+THRESHOLDS = {
+    # Peak (CUDA: reserved peak) over capacity (or the limit given).
+    "near_capacity_medium": 0.85,
+    "near_capacity_high": 0.95,
+    # Model state share of the peak above which AMP cannot reduce memory much.
+    "model_state_share": 0.50,
+    # Activation bytes under autocast over FP32 above which AMP "did not reduce" them.
+    "amp_activation_ratio": 0.80,
+    # Reserved-but-unallocated share of reserved at the peak, and its minimum size.
+    "fragmentation_share": 0.25,
+    "fragmentation_min_bytes": 256 * 1024**2,
+}
+
+MiB = 1024**2
+
+
+def _mib(n: float) -> str:
+    return f"{n / MiB:.1f} MiB"
+
+
+def _mem(session: Session) -> dict[str, Any]:
+    return session.section("memory")
+
+
+def _peak_bytes(mem: dict[str, Any]) -> int:
+    stats = (mem.get("cuda") or {}).get("stats") or {}
+    if stats.get("reserved_peak_bytes"):
+        return int(stats["reserved_peak_bytes"])
+    return int((mem.get("peak") or {}).get("bytes") or 0)
+
+
+def _activation_bytes(mem: dict[str, Any]) -> int:
+    by_cat = (mem.get("peak") or {}).get("by_category") or {}
+    return int(by_cat.get("activations", 0)) + int(by_cat.get("autograd_detail", 0))
+
+
+@rule("memory-near-capacity")
+def near_capacity(session: Session) -> Iterator[Finding]:
+    """The peak uses >= 85% of the capacity or limit (medium), >= 95% (high)."""
+    mem = _mem(session)
+    cap, source = estimates.capacity(mem)
+    peak = _peak_bytes(mem)
+    if not cap or not peak:
+        return
+    share = peak / cap
+    if share < THRESHOLDS["near_capacity_medium"]:
+        return
+    severity: Severity = "high" if share >= THRESHOLDS["near_capacity_high"] else "medium"
+    ms = estimates.model_state_bytes(mem)
+    yield Finding(
+        id="memory-near-capacity",
+        severity=severity,
+        title=f"Peak memory is {share:.0%} of the {source} ({_mib(peak)} of {_mib(cap)}).",
+        evidence={
+            "peak_bytes": peak,
+            "capacity_bytes": cap,
+            "capacity_source": source,
+            "share": round(share, 4),
+            "activation_bytes": _activation_bytes(mem),
+            "model_state_bytes": ms,
+            "threshold": THRESHOLDS["near_capacity_medium"],
+        },
+        fix=(
+            "Lower the activation memory: a smaller micro-batch with gradient accumulation, "
+            "activation checkpointing (torch.utils.checkpoint.checkpoint(block, x, "
+            "use_reentrant=False)), or autocast to bf16/fp16; and free gradients with "
+            "optimizer.zero_grad(set_to_none=True)."
+        ),
+        section="memory",
+        impact=min(1.0, share),
+    )
+
+
+@rule("use-grad-accumulation")
+def use_grad_accumulation(session: Session) -> Iterator[Finding]:
+    """The target batch does not fit in 90% of the budget (medium).
+
+    The target is ``memory_target_batch``, or the observed batch after an OOM or near capacity;
+    a measured per-sample activation size gives the largest micro-batch that fits.
+    """
+    mem = _mem(session)
+    fit = estimates.activation_fit(mem)
+    cap, source = estimates.capacity(mem)
+    if fit is None or not cap:
+        return
+    target = mem.get("target_batch")
+    if not target:
+        pressed = session.status == "error" and _is_oom(session)
+        pressed = pressed or _peak_bytes(mem) >= THRESHOLDS["near_capacity_medium"] * cap
+        target = mem.get("observed_batch") if pressed else None
+    if not target:
+        return
+    plan = estimates.plan_accumulation(mem, int(target), fit, cap)
+    if plan is None or plan["fits_without"]:
+        return
+    micro, steps = plan["micro_batch"], plan["accumulation_steps"]
+    yield Finding(
+        id="use-grad-accumulation",
+        severity="medium",
+        title=(
+            f"Batch {target} does not fit in {_mib(cap)}: use micro-batches of {micro} and "
+            f"accumulate gradients over {steps} steps."
+        ),
+        evidence={
+            "target_batch": int(target),
+            "micro_batch": micro,
+            "accumulation_steps": steps,
+            "per_sample_activation_bytes": round(float(fit["per_sample_bytes"])),
+            "activation_fit_source": fit["source"],
+            "estimated_peak_bytes": plan["estimated_peak_bytes"],
+            "capacity_bytes": cap,
+            "capacity_source": source,
+            "headroom": estimates.HEADROOM,
+        },
+        fix=(
+            f"accum = {steps}\n"
+            "optimizer.zero_grad(set_to_none=True)\n"
+            f"for i, (x, y) in enumerate(loader):  # loader batch_size={micro}\n"
+            "    with torch.autocast(device_type, dtype=torch.bfloat16):\n"
+            "        loss = loss_fn(model(x), y) / accum\n"
+            "    scaler.scale(loss).backward()\n"
+            "    if (i + 1) % accum == 0:\n"
+            "        scaler.step(optimizer); scaler.update()\n"
+            "        optimizer.zero_grad(set_to_none=True)"
+        ),
+        section="memory",
+        impact=0.6,
+    )
+
+
+def _low_precision(session: Session) -> str | None:
+    seen = (session.section("run").get("autocast_seen") or {}).keys()
+    for key in seen:
+        if key.endswith(("float16", "bfloat16")):
+            return str(key)
+    env = session.environment.get("autocast")
+    return str(env) if env and str(env).endswith("16") else None
+
+
+@rule("amp-memory-not-reduced")
+def amp_memory_not_reduced(session: Session) -> Iterator[Finding]:
+    """Autocast cannot reduce most of the memory (low).
+
+    Under autocast, the model state (FP32 weights, grads, optimizer state) is >= 50% of the
+    peak, or the probe measured low-precision activations at >= 80% of FP32's.
+    """
+    mem = _mem(session)
+    ms = estimates.model_state_bytes(mem)
+    peak = int((mem.get("peak") or {}).get("bytes") or 0)
+    amp = estimates.amp_comparison(mem)
+    autocast = _low_precision(session) or (amp or {}).get("dtype")
+    if not autocast or not ms:
+        return
+    share = ms / peak if peak else 0.0
+    ratio = amp.get("ratio") if amp else None
+    state_bound = peak > 0 and share >= THRESHOLDS["model_state_share"]
+    act_bound = ratio is not None and ratio >= THRESHOLDS["amp_activation_ratio"]
+    if not (state_bound or act_bound):
+        return
+    st = mem.get("model_state") or {}
+    if state_bound:
+        title = (
+            f"Autocast cannot shrink most of this memory: the FP32 model state (weights, "
+            f"gradients, optimizer state) is {share:.0%} of the peak."
+        )
+    else:
+        title = (
+            f"Autocast barely reduced activation memory: {ratio:.0%} of FP32's at batch "
+            f"{amp['batch'] if amp else '?'}."
+        )
+    yield Finding(
+        id="amp-memory-not-reduced",
+        severity="low",
+        title=title,
+        evidence={
+            "autocast": autocast,
+            "model_state_bytes": ms,
+            "parameter_bytes": st.get("parameters", 0),
+            "gradient_bytes": st.get("gradients", 0),
+            "optimizer_state_bytes": st.get("optimizer_state", 0),
+            "peak_bytes": peak,
+            "model_state_share": round(share, 4),
+            "activation_ratio_low_vs_fp32": ratio,
+            "threshold": THRESHOLDS["model_state_share"],
+        },
+        fix=(
+            "Autocast keeps FP32 master weights, gradients and optimizer state; it only "
+            "shrinks activations. What shrinks model state: an optimizer with less state "
+            "(SGD with momentum: 1 copy instead of Adam's 2; 8-bit Adam via bitsandbytes), "
+            "sharding it across GPUs (torch.distributed.fsdp.fully_shard / ZeRO), or bf16 "
+            "parameters where bf16 is supported: model.to(torch.bfloat16) with an optimizer "
+            "that keeps FP32 master weights. If activations did not shrink, check that the "
+            "large ops run inside torch.autocast (see the dtype section)."
+        ),
+        section="memory",
+        impact=share if state_bound else 0.2,
+    )
+
+
+@rule("allocator-fragmentation")
+def allocator_fragmentation(session: Session) -> Iterator[Finding]:
+    """The CUDA caching allocator fragments (medium).
+
+    At the CUDA peak, reserved-but-unallocated memory is >= 25% of reserved and >= 256 MiB, or
+    the allocator had to free its cache and retry (num_alloc_retries > 0).
+    """
+    cuda = _mem(session).get("cuda") or {}
+    peak = cuda.get("peak") or {}
+    stats = cuda.get("stats") or {}
+    frag = int(peak.get("fragmentation_bytes", 0))
+    reserved = int(peak.get("reserved_bytes", 0))
+    retries = int(stats.get("num_alloc_retries", 0))
+    share = frag / reserved if reserved else 0.0
+    fragmented = (
+        share >= THRESHOLDS["fragmentation_share"] and frag >= THRESHOLDS["fragmentation_min_bytes"]
+    )
+    if not fragmented and retries == 0:
+        return
+    yield Finding(
+        id="allocator-fragmentation",
+        severity="medium",
+        title=(
+            f"The CUDA allocator held {_mib(frag)} reserved but unused at the peak "
+            f"({share:.0%} of reserved)"
+            + (f" and retried {retries} allocations after freeing its cache." if retries else ".")
+        ),
+        evidence={
+            "fragmentation_bytes": frag,
+            "reserved_bytes": reserved,
+            "allocated_bytes": int(peak.get("allocated_bytes", 0)),
+            "fragmentation_share": round(share, 4),
+            "num_alloc_retries": retries,
+            "threshold": THRESHOLDS["fragmentation_share"],
+        },
+        fix=(
+            "Let the allocator grow segments instead of splitting fixed ones (set before the "
+            "first CUDA call):\n"
+            "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n"
+            "and keep tensor shapes stable between steps (pad variable-length batches to a few "
+            "bucket sizes)."
+        ),
+        section="memory",
+        impact=min(1.0, share),
+    )
+
+
+def _is_oom(session: Session) -> bool:
+    err = session.error or {}
+    return (
+        "OutOfMemoryError" in str(err.get("type", ""))
+        or "out of memory" in str(err.get("message", "")).lower()
+    )
+
+
+@rule("out-of-memory")
+def out_of_memory(session: Session) -> Iterator[Finding]:
+    """The block raised torch.OutOfMemoryError, or the CUDA trace holds an OOM event (high)."""
+    mem = _mem(session)
+    cuda = mem.get("cuda") or {}
+    ooms = cuda.get("ooms") or []
+    if not (_is_oom(session) or ooms or (cuda.get("stats") or {}).get("num_ooms")):
+        return
+    evidence: dict[str, Any] = {}
+    held: dict[str, Any] = {}
+    if ooms:
+        last = ooms[-1]
+        evidence.update(
+            requested_bytes=last["requested_bytes"],
+            device_free_bytes=last["device_free_bytes"],
+            allocated_bytes=last["allocated_bytes"],
+            reserved_bytes=last["reserved_bytes"],
+            ooms=len(ooms),
+        )
+        held = last.get("by_category") or {}
+        sites = last.get("top_sites") or []
+        evidence["top_sites"] = [
+            {"bytes": s["bytes"], "count": s["count"], "site": s["frames"][:2]} for s in sites[:3]
+        ]
+    else:
+        held = dict(mem.get("model_state") or {})
+        held = {k: held[k] for k in ("parameters", "gradients", "optimizer_state") if k in held}
+        pk = mem.get("peak") or {}
+        if pk:
+            evidence["last_profiled_peak_bytes"] = pk.get("bytes")
+            evidence["last_profiled_peak_by_category"] = pk.get("by_category")
+    evidence["held_by_category"] = held
+    evidence["error"] = (session.error or {}).get("message", "")[:300]
+    parts = ", ".join(f"{k} {_mib(v)}" for k, v in sorted(held.items(), key=lambda kv: -kv[1]))
+    yield Finding(
+        id="out-of-memory",
+        severity="high",
+        title="The run ran out of memory" + (f"; memory was held by: {parts}." if parts else "."),
+        evidence=evidence,
+        fix=(
+            "Reduce the peak: a smaller micro-batch with gradient accumulation (see the "
+            "memory section's what-if table), activation checkpointing, autocast to bf16/fp16, "
+            "optimizer.zero_grad(set_to_none=True). Open memory/snapshot.pickle at "
+            "https://pytorch.org/memory_viz to see every allocation at the failure."
+        ),
+        section="memory",
+        impact=1.0,
+    )

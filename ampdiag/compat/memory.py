@@ -1,0 +1,202 @@
+"""Private torch memory APIs: the memory profiler's categories and the CUDA memory history.
+
+Two private torch features live here, and only here:
+
+* ``torch.profiler._memory_profiler.MemoryProfile`` (torch >= 2.1, checked on 2.4 - 2.13; its
+  export is marked deprecated). It replays a profile's op tree and labels every tensor
+  parameter, gradient, optimizer state, activation, temporary, input or autograd detail.
+  `categorized_timeline` returns None when the module or the attributes it reads are missing
+  or changed, and the caller falls back to ampdiag's own categorisation
+  (`ampdiag.memory.timeline`), which needs only the public trace and the known tensors.
+* ``torch.cuda.memory._record_memory_history`` / ``_snapshot`` (torch >= 2.1, the ``enabled=``
+  keyword form). `start_cuda_history` returns False when unavailable; `cuda_snapshot` returns
+  None. The snapshot is a plain dict in torch's documented format (``segments``,
+  ``device_traces``), the same object ``torch.cuda.memory._dump_snapshot`` pickles.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ampdiag.compat import torch_at_least
+
+log = logging.getLogger("ampdiag")
+
+#: Our category names, in plot order (bottom first).
+CATEGORIES: tuple[str, ...] = (
+    "parameters",
+    "optimizer_state",
+    "gradients",
+    "inputs",
+    "activations",
+    "temporaries",
+    "autograd_detail",
+    "unknown",
+)
+
+_TORCH_TO_OURS = {
+    "PARAMETER": "parameters",
+    "OPTIMIZER_STATE": "optimizer_state",
+    "GRADIENT": "gradients",
+    "INPUT": "inputs",
+    "ACTIVATION": "activations",
+    "TEMPORARY": "temporaries",
+    "AUTOGRAD_DETAIL": "autograd_detail",
+}
+
+
+def memory_profiler_available() -> bool:
+    """Whether torch's (private) memory profiler can be used on this torch."""
+    if not torch_at_least(2, 1):
+        return False
+    try:
+        from torch.profiler import _memory_profiler as mp
+    except ImportError:
+        return False
+    return all(hasattr(mp, n) for n in ("MemoryProfile", "Action", "TensorKey", "Category"))
+
+
+def categorized_timeline(
+    prof: Any, device: str, known: Mapping[int, str] | None = None
+) -> dict[str, Any] | None:
+    """The memory timeline of a finished profile, split by category, as torch labels tensors.
+
+    Args:
+        prof: A ``torch.profiler.profile`` whose trace is ready (``profile_memory=True``).
+        device: "cpu" or "cuda:0" etc.: only that device's allocations are counted.
+        known: Storage address -> our category for the tensors ampdiag knows from the live run
+            (parameters, gradients, optimizer state). These override torch's label: without
+            ``with_stack=True`` torch cannot see the optimizer and labels its state "parameter".
+
+    Returns:
+        ``{"t_us": [...], "bytes": {category: [...]}, "steps": [(name, start_us, end_us)],
+        "source": "torch-memory-profiler"}`` with times relative to the first event, or None
+        when torch's memory profiler is missing, changed, or fails on this profile.
+    """
+    if not memory_profiler_available():
+        return None
+    try:
+        from torch.profiler._memory_profiler import Action, MemoryProfile, TensorKey
+
+        result = prof.profiler.kineto_results
+        if result is None:
+            return None
+        profile = MemoryProfile(result)
+        timeline = profile.timeline
+        categories = profile._categories
+        want = torch.device(device)
+        known = dict(known or {})
+        known_params = {p for p, c in known.items() if c in ("parameters", "optimizer_state")}
+
+        def category(key: Any, version: int) -> str:
+            if not isinstance(key, TensorKey):
+                return "unknown"
+            ptr = int(key.storage.ptr)
+            ours = known.get(ptr)
+            if ours is not None:
+                return ours
+            cat = categories.get(key, version)
+            name = _TORCH_TO_OURS.get(cat.name, "unknown") if cat is not None else "unknown"
+            if name == "parameters" and known_params:
+                # torch's data-flow guess; not one of the model's or optimizer's tensors.
+                return "temporaries"
+            return name
+
+        times: list[int] = []
+        sizes: list[dict[str, int]] = []
+        current = dict.fromkeys(CATEGORIES, 0)
+        t_min: int | None = None
+        for t, action, (key, version), nbytes in timeline:
+            if key.device != want:
+                continue
+            if t >= 0 and (t_min is None or t < t_min):
+                t_min = t
+            if action in (Action.PREEXISTING, Action.CREATE):
+                current[category(key, version)] += int(nbytes)
+            elif action == Action.INCREMENT_VERSION:
+                current[category(key, version)] -= int(nbytes)
+                current[category(key, version + 1)] += int(nbytes)
+            elif action == Action.DESTROY:
+                current[category(key, version)] -= int(nbytes)
+            if times and times[-1] == t:
+                sizes[-1] = dict(current)
+            else:
+                times.append(t)
+                sizes.append(dict(current))
+        base = t_min or 0
+        steps = []
+        for node in profile._op_tree.sorted_nodes:
+            if node.name.startswith("ProfilerStep#"):
+                steps.append(
+                    (node.name, (node.start_time_ns - base) / 1e3, (node.end_time_ns - base) / 1e3)
+                )
+        return {
+            "t_us": [max(0.0, (t - base) / 1e3) if t >= 0 else 0.0 for t in times],
+            "bytes": {c: [s[c] for s in sizes] for c in CATEGORIES},
+            "steps": steps,
+            "source": "torch-memory-profiler",
+        }
+    except Exception as exc:  # private API: any change in it means "use the fallback"
+        log.info("torch memory profiler unavailable on this profile: %r", exc)
+        return None
+
+
+def cuda_history_available() -> bool:
+    """Whether CUDA memory history can be recorded here (a CUDA device and the private API)."""
+    if not torch.cuda.is_available() or not torch_at_least(2, 1):
+        return False
+    return hasattr(torch.cuda.memory, "_record_memory_history") and hasattr(
+        torch.cuda.memory, "_snapshot"
+    )
+
+
+def start_cuda_history(max_entries: int) -> bool:
+    """Starts recording CUDA allocations with Python stacks; False when it cannot."""
+    if not cuda_history_available():
+        return False
+    try:
+        torch.cuda.memory._record_memory_history(
+            enabled="all", context="all", stacks="python", max_entries=max_entries
+        )
+    except Exception as exc:
+        log.info("cannot record CUDA memory history: %r", exc)
+        return False
+    return True
+
+
+def stop_cuda_history() -> None:
+    """Stops recording (never raises)."""
+    try:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    except Exception as exc:
+        log.info("cannot stop CUDA memory history: %r", exc)
+
+
+def cuda_snapshot() -> dict[str, Any] | None:
+    """The allocator snapshot (``segments`` and ``device_traces``), or None."""
+    try:
+        snap = torch.cuda.memory._snapshot()
+    except Exception as exc:
+        log.info("cannot take a CUDA memory snapshot: %r", exc)
+        return None
+    return snap if isinstance(snap, dict) else None
+
+
+def cuda_stats(device: int | None = None) -> dict[str, int]:
+    """The allocator counters ampdiag reports (public ``torch.cuda.memory_stats``)."""
+    stats = torch.cuda.memory_stats(device)
+    keys = {
+        "allocated_bytes": "allocated_bytes.all.current",
+        "allocated_peak_bytes": "allocated_bytes.all.peak",
+        "reserved_bytes": "reserved_bytes.all.current",
+        "reserved_peak_bytes": "reserved_bytes.all.peak",
+        "num_alloc_retries": "num_alloc_retries",
+        "num_ooms": "num_ooms",
+    }
+    out = {k: int(stats.get(v, 0)) for k, v in keys.items()}
+    out["capacity_bytes"] = int(torch.cuda.get_device_properties(device or 0).total_memory)
+    return out

@@ -1,0 +1,220 @@
+"""What-if estimates from a memory section: pure arithmetic on measured numbers.
+
+Activation memory is modelled as ``fixed + per_sample * batch``, with both terms fitted to
+activation bytes *measured* at two or more batch sizes (by `ampdiag.memory_probe`, or by the
+live run when its batch size varied). The peak memory at another batch ``b`` is estimated as
+the measured peak at the observed batch ``B`` plus ``per_sample * (b - B)``; without a measured
+peak, as model state + fixed + ``per_sample * b``. Nothing here is assumed: when there are no
+two measured batch sizes, estimates that need ``per_sample`` are absent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: Fraction of the capacity a plan may use (the rest is left for the allocator and spikes).
+HEADROOM = 0.90
+
+
+def fit_linear(points: Sequence[Sequence[float]]) -> dict[str, float] | None:
+    """Least-squares ``bytes = fixed + per_sample * batch`` over [[batch, bytes], ...].
+
+    Returns None with fewer than two distinct batch sizes.
+    """
+    pts = [(float(b), float(v)) for b, v in points]
+    xs = {b for b, _ in pts}
+    if len(xs) < 2:
+        return None
+    n = len(pts)
+    mx = sum(b for b, _ in pts) / n
+    my = sum(v for _, v in pts) / n
+    sxx = sum((b - mx) ** 2 for b, _ in pts)
+    sxy = sum((b - mx) * (v - my) for b, v in pts)
+    slope = sxy / sxx
+    return {"per_sample_bytes": slope, "fixed_bytes": my - slope * mx}
+
+
+def model_state_bytes(section: Mapping[str, Any]) -> int:
+    """Parameters + gradients + optimizer state, from the live tensors."""
+    ms = section.get("model_state") or {}
+    return int(sum(int(ms.get(k, 0)) for k in ("parameters", "gradients", "optimizer_state")))
+
+
+def activation_fit(section: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The activation model: from the probe (preferred) or from the live run's batch sizes."""
+    for probe in reversed(section.get("probes") or []):
+        fit = fit_linear(probe.get("points") or [])
+        if fit is not None:
+            return {**fit, "source": "memory_probe", "points": probe["points"]}
+    live = section.get("live_activation_points") or []
+    fit = fit_linear(live)
+    if fit is not None:
+        return {**fit, "source": "live run", "points": live}
+    return None
+
+
+def estimate_peak(section: Mapping[str, Any], batch: int, fit: Mapping[str, Any]) -> float:
+    """Estimated peak bytes at ``batch`` (module docstring)."""
+    per = float(fit["per_sample_bytes"])
+    observed = section.get("observed_batch")
+    peak = (section.get("peak") or {}).get("bytes")
+    if observed and peak:
+        return float(peak) + per * (batch - int(observed))
+    return model_state_bytes(section) + float(fit["fixed_bytes"]) + per * batch
+
+
+def capacity(section: Mapping[str, Any]) -> tuple[int | None, str]:
+    """The memory budget: the limit given, else the device's capacity; and where it came from."""
+    if section.get("limit_bytes"):
+        return int(section["limit_bytes"]), "limit given"
+    if section.get("capacity_bytes"):
+        return int(section["capacity_bytes"]), str(section.get("capacity_source", "device"))
+    return None, "unknown"
+
+
+def plan_accumulation(
+    section: Mapping[str, Any], target_batch: int, fit: Mapping[str, Any], budget: float
+) -> dict[str, Any] | None:
+    """For a target effective batch: the largest micro-batch that fits and the accumulation.
+
+    Returns ``{micro_batch, accumulation_steps, estimated_peak_bytes, fits_without}`` or None
+    when not even a micro-batch of 1 fits.
+    """
+    per = float(fit["per_sample_bytes"])
+    usable = budget * HEADROOM
+    if estimate_peak(section, target_batch, fit) <= usable:
+        return {
+            "target_batch": target_batch,
+            "micro_batch": target_batch,
+            "accumulation_steps": 1,
+            "estimated_peak_bytes": int(estimate_peak(section, target_batch, fit)),
+            "fits_without": True,
+        }
+    if per <= 0:
+        return None
+    base = estimate_peak(section, 0, fit)
+    largest = math.floor((usable - base) / per)
+    if largest < 1:
+        return None
+    steps = math.ceil(target_batch / largest)
+    micro = math.ceil(target_batch / steps)  # balanced micro-batches, none larger than `largest`
+    return {
+        "target_batch": target_batch,
+        "micro_batch": micro,
+        "accumulation_steps": steps,
+        "largest_fitting_micro_batch": largest,
+        "estimated_peak_bytes": int(estimate_peak(section, micro, fit)),
+        "fits_without": False,
+    }
+
+
+def amp_comparison(section: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Activation bytes with FP32 vs low-precision activations, as the probe measured them."""
+    for probe in reversed(section.get("probes") or []):
+        fp32 = probe.get("fp32_points")
+        low = probe.get("points")
+        if probe.get("autocast_dtype") and fp32 and low:
+            f32 = fit_linear(fp32)
+            lp = fit_linear(low)
+            b = max(int(x) for x, _ in low)
+            f_at = dict((int(x), int(v)) for x, v in fp32)
+            l_at = dict((int(x), int(v)) for x, v in low)
+            if b in f_at and b in l_at:
+                return {
+                    "batch": b,
+                    "dtype": probe["autocast_dtype"],
+                    "fp32_bytes": f_at[b],
+                    "low_precision_bytes": l_at[b],
+                    "ratio": l_at[b] / f_at[b] if f_at[b] else None,
+                    "fp32_per_sample_bytes": f32["per_sample_bytes"] if f32 else None,
+                    "low_per_sample_bytes": lp["per_sample_bytes"] if lp else None,
+                }
+    return None
+
+
+def whatif(section: Mapping[str, Any]) -> dict[str, Any]:
+    """Every estimate the section supports, as rows a table shows, plus the raw numbers."""
+    rows: list[dict[str, Any]] = []
+    ms = model_state_bytes(section)
+    state = section.get("model_state") or {}
+    peak = section.get("peak") or {}
+    by_cat = peak.get("by_category") or {}
+    act_peak = int(by_cat.get("activations", 0)) + int(by_cat.get("autograd_detail", 0))
+    rows.append(
+        {
+            "scenario": "Model state: parameters + gradients + optimizer state",
+            "bytes": ms,
+            "basis": (
+                f"params {state.get('parameters', 0)} B, grads {state.get('gradients', 0)} B, "
+                f"optimizer {state.get('optimizer_state', 0)} B (live tensors)"
+            ),
+        }
+    )
+    if peak.get("bytes"):
+        rows.append(
+            {
+                "scenario": f"Measured peak (batch {section.get('observed_batch') or '?'})",
+                "bytes": int(peak["bytes"]),
+                "basis": f"activations {act_peak} B at the peak",
+            }
+        )
+    fit = activation_fit(section)
+    out: dict[str, Any] = {"model_state_bytes": ms, "activation_bytes_at_peak": act_peak}
+    cap, cap_source = capacity(section)
+    out["capacity_bytes"], out["capacity_source"] = cap, cap_source
+    if fit is not None:
+        out["activation_fit"] = fit
+        rows.append(
+            {
+                "scenario": "Activations per sample",
+                "bytes": int(fit["per_sample_bytes"]),
+                "basis": f"fitted to {len(fit['points'])} measurements ({fit['source']})",
+            }
+        )
+        observed = section.get("observed_batch")
+        if observed:
+            for mult in (2, 4):
+                b = int(observed) * mult
+                rows.append(
+                    {
+                        "scenario": f"Peak at batch {b}",
+                        "bytes": int(estimate_peak(section, b, fit)),
+                        "basis": "measured peak + per-sample activations",
+                    }
+                )
+    amp = amp_comparison(section)
+    if amp is not None:
+        out["amp"] = amp
+        rows.append(
+            {
+                "scenario": f"Activations in FP32 (batch {amp['batch']})",
+                "bytes": amp["fp32_bytes"],
+                "basis": "memory_probe without autocast",
+            }
+        )
+        rows.append(
+            {
+                "scenario": f"Activations in {amp['dtype']} (batch {amp['batch']})",
+                "bytes": amp["low_precision_bytes"],
+                "basis": "memory_probe under autocast",
+            }
+        )
+    target = section.get("target_batch") or None
+    if target and fit is not None and cap:
+        plan = plan_accumulation(section, int(target), fit, cap)
+        out["plan"] = plan
+        if plan is not None:
+            rows.append(
+                {
+                    "scenario": (
+                        f"Target batch {target}: micro-batch {plan['micro_batch']} x "
+                        f"{plan['accumulation_steps']} accumulation steps"
+                    ),
+                    "bytes": plan["estimated_peak_bytes"],
+                    "basis": f"largest that fits {HEADROOM:.0%} of {cap} B ({cap_source})",
+                }
+            )
+    out["rows"] = rows
+    return out

@@ -1,0 +1,211 @@
+"""Summaries of CUDA allocator snapshots (``torch.cuda.memory._snapshot()``), pure Python.
+
+The snapshot format is torch's documented one (torch/cuda/memory.py, "Understanding CUDA
+Memory Usage"): ``{"segments": [Segment], "device_traces": [[TraceEntry]]}`` where a Segment
+has ``address, total_size, allocated_size, blocks: [{address, size, state, frames}]`` and a
+TraceEntry has ``action`` (alloc, free_requested, free_completed, segment_alloc, segment_free,
+segment_map, segment_unmap, oom, snapshot), ``addr``, ``size``, ``frames`` and, for ``oom``,
+``device_free``. The summary replays the trace from the state it implies at its start to find
+the peak of allocated bytes, what was live then (by stack and by category), the reserved bytes
+at that moment, and what was live at each OOM. It stays small: it goes into session.json.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ampdiag.errors import InputError
+
+TOP_SITES = 10
+FRAMES_PER_SITE = 6
+MAX_POINTS = 400
+_INTERNAL = ("/torch/", "\\torch\\", "<frozen", "/site-packages/", "??")
+
+
+def check_snapshot(snap: Any) -> dict[str, Any]:
+    """Returns the snapshot if it has torch's shape, else raises InputError."""
+    if not isinstance(snap, dict) or not isinstance(snap.get("segments"), list):
+        raise InputError("not a PyTorch CUDA memory snapshot: no 'segments' list")
+    traces = snap.get("device_traces", [])
+    if not isinstance(traces, list):
+        raise InputError("not a PyTorch CUDA memory snapshot: 'device_traces' is not a list")
+    return snap
+
+
+def _frame_text(frame: Any) -> str:
+    if not isinstance(frame, dict):
+        return str(frame)
+    name = str(frame.get("filename", "?"))
+    short = "/".join(name.replace("\\", "/").split("/")[-2:])
+    return f"{short}:{frame.get('line', '?')} {frame.get('name', '?')}"
+
+
+def site_of(frames: Any) -> tuple[str, ...]:
+    """The allocation site: the innermost user frames (torch internals dropped)."""
+    if not isinstance(frames, list):
+        return ("<no stack recorded>",)
+    user = [f for f in frames if isinstance(f, dict) and not _is_internal(f)]
+    chosen = user or [f for f in frames if isinstance(f, dict)]
+    if not chosen:
+        return ("<no stack recorded>",)
+    return tuple(_frame_text(f) for f in chosen[:FRAMES_PER_SITE])
+
+
+def _is_internal(frame: Mapping[str, Any]) -> bool:
+    name = str(frame.get("filename", ""))
+    return any(s in name for s in _INTERNAL) and "ampdiag" not in name
+
+
+def _group(live: Mapping[int, tuple[int, Any]], known: Mapping[int, str]) -> dict[str, Any]:
+    sites: dict[tuple[str, ...], list[int]] = {}
+    cats: dict[str, int] = {}
+    for addr, (size, frames) in live.items():
+        s = sites.setdefault(site_of(frames), [0, 0])
+        s[0] += size
+        s[1] += 1
+        cat = known.get(addr, "other")
+        cats[cat] = cats.get(cat, 0) + size
+    top = sorted(sites.items(), key=lambda kv: -kv[1][0])[:TOP_SITES]
+    return {
+        "top_sites": [{"bytes": b, "count": n, "frames": list(site)} for site, (b, n) in top],
+        "by_category": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
+    }
+
+
+def _device_index(snap: Mapping[str, Any]) -> int:
+    traces = snap.get("device_traces") or []
+    best = max(range(len(traces)), key=lambda i: len(traces[i] or []), default=0)
+    if traces and traces[best]:
+        return best
+    devices = [s.get("device", 0) for s in snap["segments"] if isinstance(s, dict)]
+    return int(devices[0]) if devices else 0
+
+
+def summarize_snapshot(
+    snap: Mapping[str, Any], known: Mapping[int, str] | None = None
+) -> dict[str, Any]:
+    """The small JSON summary of a snapshot (see the module docstring).
+
+    Args:
+        snap: A snapshot in torch's format.
+        known: Block address -> category ("parameters", "gradients", "optimizer_state") for the
+            tensors ampdiag knows; other live blocks count as "other".
+
+    Returns:
+        ``device, segments, allocated_bytes, reserved_bytes`` (at the snapshot),
+        ``peak {allocated_bytes, reserved_bytes, fragmentation_bytes, top_sites, by_category}``,
+        ``ooms [...]`` with what was live at each, ``timeline`` and ``trace_events``.
+    """
+    check_snapshot(snap)
+    known = dict(known or {})
+    device = _device_index(snap)
+    segments = [
+        s for s in snap["segments"] if isinstance(s, dict) and s.get("device", device) == device
+    ]
+    reserved_end = sum(int(s.get("total_size", 0)) for s in segments)
+    end_live: dict[int, tuple[int, Any]] = {}
+    for seg in segments:
+        for b in seg.get("blocks", []) or []:
+            if isinstance(b, dict) and b.get("state") == "active_allocated":
+                end_live[int(b.get("address", 0))] = (int(b.get("size", 0)), b.get("frames"))
+    allocated_end = sum(size for size, _ in end_live.values())
+    traces = snap.get("device_traces") or []
+    trace = [e for e in (traces[device] if device < len(traces) else []) if isinstance(e, dict)]
+
+    # The state at the trace's start: end state minus what the trace did.
+    d_alloc = d_res = 0
+    allocated_in_trace: set[int] = set()
+    for e in trace:
+        act, size = e.get("action"), int(e.get("size", 0))
+        if act == "alloc":
+            d_alloc += size
+            allocated_in_trace.add(int(e.get("addr", 0)))
+        elif act == "free_completed":
+            d_alloc -= size
+        elif act in ("segment_alloc", "segment_map"):
+            d_res += size
+        elif act in ("segment_free", "segment_unmap"):
+            d_res -= size
+    start_alloc, start_res = allocated_end - d_alloc, reserved_end - d_res
+
+    def replay(stop: int | None) -> tuple[dict[int, tuple[int, Any]], list[tuple[int, int]]]:
+        live = {a: v for a, v in end_live.items() if a not in allocated_in_trace}
+        alloc, res = start_alloc, start_res
+        points = [(alloc, res)]
+        for i, e in enumerate(trace):
+            if stop is not None and i > stop:
+                break
+            act, size, addr = e.get("action"), int(e.get("size", 0)), int(e.get("addr", 0))
+            if act == "alloc":
+                alloc += size
+                live[addr] = (size, e.get("frames"))
+            elif act == "free_completed":
+                alloc -= size
+                live.pop(addr, None)
+            elif act in ("segment_alloc", "segment_map"):
+                res += size
+            elif act in ("segment_free", "segment_unmap"):
+                res -= size
+            points.append((alloc, res))
+        return live, points
+
+    _, points = replay(None)
+    peak_i = max(range(len(points)), key=lambda i: points[i][0])
+    live_at_peak, _ = replay(peak_i - 1)
+    peak_alloc, peak_res = points[peak_i]
+    peak = {
+        "allocated_bytes": peak_alloc,
+        "reserved_bytes": peak_res,
+        "fragmentation_bytes": max(0, peak_res - peak_alloc),
+        "event_index": peak_i - 1,
+        **_group(live_at_peak, known),
+    }
+    ooms = []
+    for i, e in enumerate(trace):
+        if e.get("action") == "oom":
+            live, pts = replay(i - 1)
+            ooms.append(
+                {
+                    "event_index": i,
+                    "requested_bytes": int(e.get("size", 0)),
+                    "device_free_bytes": int(e.get("device_free", 0)),
+                    "allocated_bytes": pts[-1][0],
+                    "reserved_bytes": pts[-1][1],
+                    "frames": list(site_of(e.get("frames"))),
+                    **_group(live, known),
+                }
+            )
+    step = max(1, len(points) // MAX_POINTS)
+    idx = list(range(0, len(points), step))
+    if peak_i not in idx:
+        idx = sorted([*idx, peak_i])
+    return {
+        "device": device,
+        "segments": len(segments),
+        "allocated_bytes": allocated_end,
+        "reserved_bytes": reserved_end,
+        "trace_events": len(trace),
+        "trace_starts_empty": start_alloc == 0,
+        "peak": peak,
+        "ooms": ooms,
+        "timeline": {
+            "event": idx,
+            "allocated": [points[i][0] for i in idx],
+            "reserved": [points[i][1] for i in idx],
+        },
+    }
+
+
+def session_from_snapshot(path: Path) -> Any:
+    """A Session holding only the memory section of a snapshot pickle (safely unpickled)."""
+    from ampdiag.safe_pickle import load_plain
+    from ampdiag.session import Session
+
+    snap = check_snapshot(load_plain(path))
+    summary = summarize_snapshot(snap)
+    return Session(
+        environment={"device_type": "cuda", "source": str(path)},
+        sections={"memory": {"device": "cuda", "cuda": summary, "snapshot_file": path.name}},
+    )

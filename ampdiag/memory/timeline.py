@@ -1,0 +1,265 @@
+"""Categorised memory timelines: the peak, per-step peaks, thinning, and a fallback categoriser.
+
+A timeline is ``{"t_us": [...], "bytes": {category: [...]}, "steps": [(name, start, end)],
+"source": str}``: after each allocator event, the bytes live in each category. torch's memory
+profiler makes one (`ampdiag.compat.memory.categorized_timeline`); when it is unavailable,
+`timeline_from_trace` makes one from the public Kineto trace's ``[memory]`` events and the
+tensors ampdiag knows from the live run:
+
+* an allocation at the address of a known parameter / gradient / optimizer-state tensor, live
+  at the end of the step where that tensor was seen, takes that tensor's category;
+* any other allocation made before the step's backward began and still live after it is an
+  activation (autograd kept it for the backward);
+* everything else is a temporary.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+CATEGORIES: tuple[str, ...] = (
+    "parameters",
+    "optimizer_state",
+    "gradients",
+    "inputs",
+    "activations",
+    "temporaries",
+    "autograd_detail",
+    "unknown",
+)
+MODEL_STATE = ("parameters", "gradients", "optimizer_state")
+BACKWARD_PREFIX = "autograd::engine::evaluate_function"
+MAX_POINTS = 400
+
+
+def totals(tl: Mapping[str, Any]) -> list[int]:
+    """Total bytes at each point of a timeline."""
+    cols = [tl["bytes"][c] for c in tl["bytes"]]
+    n = len(tl["t_us"])
+    return [sum(col[i] for col in cols) for i in range(n)]
+
+
+def peak(tl: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The point with the most bytes live: its time, total and split by category."""
+    tot = totals(tl)
+    if not tot:
+        return None
+    i = max(range(len(tot)), key=tot.__getitem__)
+    return {
+        "bytes": tot[i],
+        "t_us": tl["t_us"][i],
+        "by_category": {c: int(v[i]) for c, v in tl["bytes"].items()},
+        "step": step_at(tl, tl["t_us"][i]),
+    }
+
+
+def step_at(tl: Mapping[str, Any], t_us: float) -> str | None:
+    """The name of the profiler step (``ProfilerStep#N``) that contains ``t_us``."""
+    for name, start, end in tl.get("steps", []):
+        if start <= t_us <= end:
+            return str(name)
+    return None
+
+
+def step_peaks(tl: Mapping[str, Any], category: str) -> dict[str, int]:
+    """Per profiler step: the most bytes of one category live at once."""
+    out: dict[str, int] = {}
+    values = tl["bytes"].get(category, [])
+    for name, start, end in tl.get("steps", []):
+        inside = [v for t, v in zip(tl["t_us"], values, strict=False) if start <= t <= end]
+        if inside:
+            out[str(name)] = int(max(inside))
+    return out
+
+
+def thin(tl: Mapping[str, Any], max_points: int = MAX_POINTS) -> dict[str, Any]:
+    """At most ``max_points`` points, keeping in each bucket the point with the most bytes."""
+    n = len(tl["t_us"])
+    out = dict(tl)
+    if n <= max_points:
+        return out
+    tot = totals(tl)
+    width = n / max_points
+    keep = []
+    for b in range(max_points):
+        lo, hi = int(b * width), max(int((b + 1) * width), int(b * width) + 1)
+        keep.append(max(range(lo, min(hi, n)), key=tot.__getitem__))
+    out["t_us"] = [tl["t_us"][i] for i in keep]
+    out["bytes"] = {c: [v[i] for i in keep] for c, v in tl["bytes"].items()}
+    return out
+
+
+# --- fallback: our own categorisation from the Kineto trace ------------------------------------
+
+
+def read_trace(path: str | Path) -> dict[str, Any]:
+    """Reads a Kineto trace (.json or .json.gz)."""
+    p = Path(path)
+    if p.name.endswith(".gz"):
+        with gzip.open(p, "rt", encoding="utf-8") as fh:
+            doc = json.load(fh)
+    else:
+        with p.open(encoding="utf-8") as fh:
+            doc = json.load(fh)
+    return doc if isinstance(doc, dict) else {"traceEvents": doc}
+
+
+def timeline_from_trace(
+    trace: Mapping[str, Any],
+    device_type: int,
+    known_by_step: Mapping[int, Mapping[int, str]],
+    known_sizes: Mapping[int, int] | None = None,
+) -> dict[str, Any] | None:
+    """Categorises the trace's ``[memory]`` events with the known tensors (module docstring).
+
+    Args:
+        trace: A Kineto trace document.
+        device_type: 0 for CPU allocations, 1 for CUDA (the trace's ``Device Type``).
+        known_by_step: Step index -> {storage address: category} seen at the end of that step.
+        known_sizes: Storage address -> bytes of those tensors. A known tensor with no event
+            in the trace was live throughout it (allocated before, freed after) and is counted
+            from the start.
+
+    Returns:
+        A timeline (source ``"ampdiag-known-tensors"``), or None without memory events.
+    """
+    events = [e for e in trace.get("traceEvents", []) if isinstance(e, dict)]
+    mem = sorted(
+        (
+            e
+            for e in events
+            if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == device_type
+        ),
+        key=lambda e: float(e["ts"]),
+    )
+    if not mem:
+        return None
+    steps = sorted(
+        (
+            (str(e["name"]), float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+            for e in events
+            if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X"
+        ),
+        key=lambda s: s[1],
+    )
+    backward = sorted(
+        float(e["ts"]) for e in events if str(e.get("name", "")).startswith(BACKWARD_PREFIX)
+    )
+    t0 = min([float(mem[0]["ts"])] + [s[1] for s in steps])
+
+    def bwd_start(t: float) -> float | None:
+        for _, start, end in steps:
+            if start <= t <= end:
+                return next((b for b in backward if start <= b <= end), None)
+        return None
+
+    # Allocation intervals: (addr, size, t_alloc, t_free or None).
+    intervals: list[list[Any]] = []
+    open_at: dict[int, int] = {}
+    for e in mem:
+        a = e["args"]
+        addr, size, t = int(a.get("Addr", 0)), int(a.get("Bytes", 0)), float(e["ts"])
+        if size > 0:
+            open_at[addr] = len(intervals)
+            intervals.append([addr, size, t, None])
+        elif size < 0:
+            j = open_at.pop(addr, None)
+            if j is None:
+                intervals.append([addr, -size, None, t])  # allocated before the trace began
+            else:
+                intervals[j][3] = t
+    in_trace = {iv[0] for iv in intervals}
+    last_known = known_by_step[max(known_by_step)] if known_by_step else {}
+    for addr in last_known:
+        size = (known_sizes or {}).get(addr, 0)
+        if addr not in in_trace and size > 0:
+            intervals.append([addr, size, None, None])
+    step_end = {}
+    for name, _, end in steps:
+        try:
+            step_end[int(name.split("#", 1)[1])] = end
+        except ValueError:
+            continue
+
+    def classify(addr: int, t_alloc: float | None, t_free: float | None) -> str:
+        for step, ptrs in known_by_step.items():
+            cat = ptrs.get(addr)
+            end = step_end.get(step)
+            if cat is None:
+                continue
+            live_at_end = end is None or (
+                (t_alloc is None or t_alloc <= end) and (t_free is None or t_free >= end)
+            )
+            if live_at_end:
+                return cat
+        if t_alloc is not None:
+            b = bwd_start(t_alloc)
+            if b is not None and t_alloc < b and (t_free is None or t_free > b):
+                return "activations"
+        return "temporaries"
+
+    deltas: list[tuple[float, str, int]] = []
+    for addr, size, t_alloc, t_free in intervals:
+        cat = classify(addr, t_alloc, t_free)
+        deltas.append((t_alloc if t_alloc is not None else t0, cat, size))
+        if t_free is not None:
+            deltas.append((t_free, cat, -size))
+    deltas.sort(key=lambda d: (d[0], d[2]))
+    current = dict.fromkeys(CATEGORIES, 0)
+    times: list[float] = []
+    cols: dict[str, list[int]] = {c: [] for c in CATEGORIES}
+    for t, cat, size in deltas:
+        current[cat] += size
+        rel = t - t0
+        if times and times[-1] == rel:
+            for c in CATEGORIES:
+                cols[c][-1] = current[c]
+        else:
+            times.append(rel)
+            for c in CATEGORIES:
+                cols[c].append(current[c])
+    return {
+        "t_us": times,
+        "bytes": cols,
+        "steps": [(n, s - t0, e - t0) for n, s, e in steps],
+        "source": "ampdiag-known-tensors",
+    }
+
+
+def step_number(name: str | None) -> int | None:
+    """``"ProfilerStep#3"`` -> 3."""
+    if not name or "#" not in name:
+        return None
+    try:
+        return int(name.split("#", 1)[1])
+    except ValueError:
+        return None
+
+
+def as_json(tl: Mapping[str, Any]) -> dict[str, Any]:
+    """The timeline in its session form (milliseconds, lists only)."""
+    return {
+        "t_ms": [round(t / 1000, 4) for t in tl["t_us"]],
+        "bytes": {c: [int(x) for x in v] for c, v in tl["bytes"].items()},
+        "steps": [{"name": n, "start_ms": s / 1000, "end_ms": e / 1000} for n, s, e in tl["steps"]],
+        "source": tl.get("source", ""),
+    }
+
+
+def points_by_batch(step_values: Mapping[str, int], batches: Mapping[int, int]) -> list[list[int]]:
+    """[[batch, bytes], ...] for profiler steps whose batch size is known."""
+    out = []
+    for name, value in step_values.items():
+        n = step_number(name)
+        if n is not None and n in batches:
+            out.append([int(batches[n]), int(value)])
+    return out
+
+
+def nonzero_categories(tl: Mapping[str, Any]) -> Sequence[str]:
+    """The categories that ever hold bytes, in plot order."""
+    return [c for c in CATEGORIES if any(tl["bytes"].get(c, []))]
