@@ -12,6 +12,12 @@ def default_collectors(config: DiagnoseConfig) -> list[Collector]:
     collectors: list[Collector] = []
     if config.profile:
         collectors.append(ProfilerCollector())
+    if config.numerics:
+        from ampdiag.collectors.activations import ActivationsCollector
+        from ampdiag.collectors.gradients import GradientsCollector
+        from ampdiag.collectors.scaler import ScalerCollector
+
+        collectors += [ScalerCollector(), GradientsCollector(), ActivationsCollector()]
     return collectors
 
 

@@ -40,6 +40,11 @@ class DiagnoseConfig:
         report: Render report.html (and the console summary) on exit.
         tensorboard: Write TensorBoard event files on exit.
         console: Print the short console summary on exit.
+        numerics: Collect gradient statistics, activation range/underflow, NaN origin and
+            GradScaler telemetry (collectors gradients, activations, scaler).
+        numerics_sample_elements: Values examined per tensor for the exponent histograms
+            (an even, strided spread; 0 = all). Norms and the scaler's inf checks always use all.
+        activation_every: Period of the activation hooks (0 = every sampled step).
     """
 
     profile: bool = True
@@ -54,6 +59,9 @@ class DiagnoseConfig:
     report: bool = True
     tensorboard: bool = True
     console: bool = True
+    numerics: bool = True
+    numerics_sample_elements: int = 16384
+    activation_every: int = 0
 
 
 @dataclass
