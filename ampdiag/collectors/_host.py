@@ -25,7 +25,7 @@ class Deferred:
         if packed.is_cuda:
             host = torch.empty(packed.shape, dtype=torch.float64, pin_memory=True)
             host.copy_(packed, non_blocking=True)
-            self._event = torch.cuda.Event()
+            self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             self._event.record()
             self._host = host
         else:
@@ -33,7 +33,7 @@ class Deferred:
 
     def ready(self) -> bool:
         """Whether reading now would not wait for the device."""
-        return self._event is None or bool(self._event.query())
+        return self._event is None or bool(self._event.query())  # type: ignore[no-untyped-call]
 
     def values(self) -> list[float]:
         """The values (waits for the copy when it is still running)."""

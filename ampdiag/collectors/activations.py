@@ -102,7 +102,7 @@ class ActivationsCollector(Collector):
         amax = torch.linalg.vector_norm(t.detach(), ord=float("inf"))
         self._fwd.append((idx, amax.float()))
         if t.requires_grad and torch.is_grad_enabled():
-            t.register_hook(partial(self._backward, idx))
+            t.register_hook(partial(self._backward, idx))  # type: ignore[no-untyped-call]
 
     def _backward(self, idx: int, grad: torch.Tensor) -> None:
         if not self._active or grad is None or grad.numel() == 0:
@@ -192,12 +192,13 @@ class ActivationsCollector(Collector):
         if bad_fwd is not None or bad_bwd is not None:
             self._nonfinite_steps.append(step)
         if self._origin is None and (bad_fwd is not None or bad_bwd is not None):
-            phase, idx = ("forward", bad_fwd) if bad_fwd is not None else ("backward", bad_bwd)
-            assert idx is not None
+            phase = "forward" if bad_fwd is not None else "backward"
+            where = bad_fwd if bad_fwd is not None else bad_bwd
+            assert where is not None
             self._origin = {
                 "step": step,
                 "phase": phase,
-                "module": self._names[idx],
+                "module": self._names[where],
                 "kind": "output" if phase == "forward" else "incoming gradient",
             }
 

@@ -205,9 +205,10 @@ class ScalerCollector(Collector):
         """Notes an ``optimizer.step()`` that bypasses an active, enabled scaler."""
         self._check_params(optimizer)
         scaler = run.scaler
-        if self._in_step == 0 and scaler is not None and compat_scaler.is_enabled(scaler):
-            if not self._bypassed or self._bypassed[-1] != run.step:
-                self._bypassed.append(run.step)
+        active = scaler is not None and compat_scaler.is_enabled(scaler)
+        new = not self._bypassed or self._bypassed[-1] != run.step
+        if self._in_step == 0 and active and new:
+            self._bypassed.append(run.step)
 
     def on_step_end(self, run: RunContext, step: int) -> None:
         """Queues this step's scale, found-inf and scale-after-update (device tensors)."""
