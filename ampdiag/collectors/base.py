@@ -60,7 +60,7 @@ class DiagnoseConfig:
     tensorboard: bool = True
     console: bool = True
     numerics: bool = True
-    numerics_sample_elements: int = 16384
+    numerics_sample_elements: int = 4096
     activation_every: int = 0
 
 
