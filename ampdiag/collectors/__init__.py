@@ -16,6 +16,12 @@ def default_collectors(config: DiagnoseConfig) -> list[Collector]:
         from ampdiag.collectors.memory import MemoryCollector
 
         collectors.append(MemoryCollector())
+    if config.numerics:
+        from ampdiag.collectors.activations import ActivationsCollector
+        from ampdiag.collectors.gradients import GradientsCollector
+        from ampdiag.collectors.scaler import ScalerCollector
+
+        collectors += [ScalerCollector(), GradientsCollector(), ActivationsCollector()]
     return collectors
 
 

@@ -45,6 +45,11 @@ class DiagnoseConfig:
         memory_history_max_entries: Allocator events kept by the CUDA history (a ring).
         memory_target_batch: Effective batch to plan micro-batches and accumulation for.
         memory_limit_bytes: Memory budget for the plan (default: the device's capacity).
+        numerics: Collect gradient statistics, activation range/underflow, NaN origin and
+            GradScaler telemetry (collectors gradients, activations, scaler).
+        numerics_sample_elements: Values examined per tensor for the exponent histograms
+            (an even, strided spread; 0 = all). Norms and the scaler's inf checks always use all.
+        activation_every: Period of the activation hooks (0 = every sampled step).
     """
 
     profile: bool = True
@@ -64,6 +69,9 @@ class DiagnoseConfig:
     memory_history_max_entries: int = 100_000
     memory_target_batch: int | None = None
     memory_limit_bytes: int | None = None
+    numerics: bool = True
+    numerics_sample_elements: int = 4096
+    activation_every: int = 0
 
 
 @dataclass

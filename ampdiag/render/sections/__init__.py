@@ -14,7 +14,7 @@ from markupsafe import Markup
 
 from ampdiag.session import Session
 
-SECTION_MODULES: tuple[str, ...] = ("overview", "time", "memory", "environment")
+SECTION_MODULES: tuple[str, ...] = ("overview", "time", "numerics", "memory", "environment")
 
 
 @dataclass

@@ -1,0 +1,467 @@
+"""Findings from the numerics sections: gradients, activations and scaler.
+
+Why an FP16 run learns nothing (gradients flushed to zero), diverges (NaN/inf, overflow), or
+misuses the GradScaler. Thresholds are in ``THRESHOLDS``; every rule states its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ampdiag.analysis import fp16range
+from ampdiag.analysis.registry import rule
+from ampdiag.session import Finding, Session, Severity
+
+THRESHOLDS: dict[str, float] = {
+    # Share of nonzero gradient values FP16 holds as zero or subnormal (|g·S| < 2^-14).
+    "underflow_medium": 0.05,
+    "underflow_high": 0.20,
+    # Loss scale collapse: the scale fell below 1, or to 2^-10 of its initial value.
+    "scale_collapse_abs": 1.0,
+    "scale_collapse_ratio": 2.0**-10,
+    # Share of steps the GradScaler skipped (any skip is at least "low").
+    "skipped_medium": 0.05,
+    "skipped_high": 0.25,
+    # Forward output magnitude against FP16's max (65504): overflow, and within 4x of it.
+    "activation_overflow": fp16range.FP16_MAX,
+    "activation_near": fp16range.FP16_MAX / 4,
+}
+
+SECTION = "numerics"
+
+
+def fp16_in_use(session: Session) -> bool:
+    """Whether the run computed in FP16: fp16 autocast seen, or fp16 parameters."""
+    run = session.section("run")
+    autocast = run.get("autocast_seen") or {}
+    if any(str(k).endswith(":float16") for k in autocast):
+        return True
+    if session.section("scaler").get("fp16_params"):
+        return True
+    return any("float16" in (m.get("param_dtypes") or []) for m in run.get("models") or [])
+
+
+def underflow_summary(session: Session) -> dict[str, Any]:
+    """The measured underflow figures (activation gradients and parameter gradients)."""
+    acts = session.section("activations")
+    grads = session.section("gradients")
+    act_nz = act_sub = act_flush = 0
+    worst: tuple[float, str] = (0.0, "")
+    for m in acts.get("modules", []):
+        c = m.get("counts")
+        if not c:
+            continue
+        nz = c["n"] - c["zero"] - c["nonfinite"]
+        act_nz += nz
+        act_sub += c["subnormal"]
+        act_flush += c["flush"]
+        if nz > 0 and m["subnormal_fraction"] > worst[0]:
+            worst = (m["subnormal_fraction"], m["module"])
+    totals = grads.get("totals", {})
+    act_fraction = act_sub / act_nz if act_nz else 0.0
+    grad_fraction = float(totals.get("subnormal_fraction", 0.0))
+    rec = acts.get("recommended_init_scale")
+    if rec is None and grads.get("hist_true"):
+        k = fp16range.recommend_scale_log2({int(e): c for e, c in grads["hist_true"].items()})
+        rec = float(2**k) if k is not None else None
+    return {
+        "underflow_fraction": round(max(act_fraction, grad_fraction), 6),
+        "activation_grad_subnormal_fraction": round(act_fraction, 6),
+        "activation_grad_flush_fraction": round(act_flush / act_nz if act_nz else 0.0, 6),
+        "param_grad_subnormal_fraction": round(grad_fraction, 6),
+        "param_grad_flush_fraction": round(float(totals.get("flush_fraction", 0.0)), 6),
+        "param_grad_zero_fraction": round(float(totals.get("zero_fraction", 0.0)), 6),
+        "worst_module": worst[1] or None,
+        "worst_module_fraction": round(worst[0], 6),
+        "recommended_init_scale": rec,
+        "measured": bool(act_nz or totals.get("n")),
+    }
+
+
+def _scale_in_use(session: Session) -> float | None:
+    history = session.section("scaler").get("history") or []
+    return float(history[-1]["scale"]) if history else None
+
+
+@rule("fp16-grad-underflow")
+def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
+    """FP16 holds >= 5% of nonzero gradient values as zero/subnormal (medium), >= 20% (high).
+
+    Measured on activation gradients (what the FP16 backward holds) and parameter gradients
+    at the loss scale in use; only for runs that compute in FP16.
+    """
+    if not fp16_in_use(session):
+        return
+    u = underflow_summary(session)
+    frac = u["underflow_fraction"]
+    if not u["measured"] or frac < THRESHOLDS["underflow_medium"]:
+        return
+    sev: Severity = "high" if frac >= THRESHOLDS["underflow_high"] else "medium"
+    rec = u["recommended_init_scale"]
+    scale = _scale_in_use(session)
+    ev = {k: v for k, v in u.items() if k != "measured"}
+    ev |= {"scale_in_use": scale if scale is not None else 1.0, "threshold": 0.05}
+    rec_txt = f"{rec:g}" if rec else "2.**16"
+    yield Finding(
+        id="fp16-grad-underflow",
+        severity=sev,
+        title=(
+            f"{frac:.1%} of nonzero gradient values fall below FP16's normal range "
+            f"(zero or subnormal) at loss scale {ev['scale_in_use']:g}."
+        ),
+        evidence=ev,
+        fix=(
+            "Scale the loss so small gradients stay representable (smallest scale that keeps "
+            f"underflow under 1%: {rec_txt}):\n"
+            f'scaler = torch.amp.GradScaler("cuda", init_scale={rec_txt})\n'
+            "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()\n"
+            "or train in bfloat16 (same exponent range as float32): "
+            "torch.autocast('cuda', dtype=torch.bfloat16)"
+        ),
+        section=SECTION,
+        impact=min(1.0, frac),
+    )
+
+
+@rule("grad-scaler-missing")
+def grad_scaler_missing(session: Session) -> Iterator[Finding]:
+    """FP16 autocast without any GradScaler (high): small gradients flush to zero."""
+    run = session.section("run")
+    autocast = run.get("autocast_seen") or {}
+    fp16 = {k: v for k, v in autocast.items() if str(k).endswith(":float16")}
+    if not fp16 or run.get("scaler") is not None or session.section("scaler").get("present"):
+        return
+    u = underflow_summary(session)
+    device = str(next(iter(fp16))).split(":")[0]
+    rec = u["recommended_init_scale"] or 2.0**16
+    yield Finding(
+        id="grad-scaler-missing",
+        severity="high",
+        title="FP16 autocast runs without a GradScaler: gradients below 6e-8 become zero.",
+        evidence={
+            "autocast_seen": fp16,
+            "underflow_fraction": u["underflow_fraction"],
+            "recommended_init_scale": rec,
+        },
+        fix=(
+            f'scaler = torch.amp.GradScaler("{device}", init_scale={rec:g})\n'
+            f"with torch.autocast('{device}', dtype=torch.float16):\n"
+            "    loss = loss_fn(model(x), y)\n"
+            "scaler.scale(loss).backward()\n"
+            "scaler.step(optimizer)\n"
+            "scaler.update()"
+        ),
+        section=SECTION,
+        impact=0.9,
+    )
+
+
+@rule("grad-scaler-disabled")
+def grad_scaler_disabled(session: Session) -> Iterator[Finding]:
+    """A GradScaler exists but is disabled while the run computes in FP16 (high).
+
+    ``torch.amp.GradScaler()`` defaults to "cuda" and disables itself, with only a warning,
+    when the run is on the CPU.
+    """
+    info = session.section("scaler").get("scaler") or session.section("run").get("scaler")
+    if not info or info.get("enabled", True) or not fp16_in_use(session):
+        return
+    env_device = session.environment.get("device_type") or "cpu"
+    scaler_device = info.get("device") or ""
+    yield Finding(
+        id="grad-scaler-disabled",
+        severity="high",
+        title=(
+            f"The GradScaler is disabled (built for {scaler_device or '?'!s}, run on "
+            f"{env_device}): FP16 gradients are not scaled and inf steps are not skipped."
+        ),
+        evidence={
+            "enabled": False,
+            "scaler_device": scaler_device,
+            "run_device": env_device,
+            "underflow_fraction": underflow_summary(session)["underflow_fraction"],
+        },
+        fix=(
+            "Build the scaler for the device the run uses, and enabled:\n"
+            f'scaler = torch.amp.GradScaler("{env_device}")'
+        ),
+        section=SECTION,
+        impact=0.85,
+    )
+
+
+@rule("loss-scale-collapse")
+def loss_scale_collapse(session: Session) -> Iterator[Finding]:
+    """The loss scale fell below 1 (high) or to <= 2^-10 of its initial value (medium)."""
+    history = session.section("scaler").get("history") or []
+    if not history:
+        return
+    initial = float(history[0]["scale"])
+    scales = [float(h["scale"]) for h in history] + [float(h["scale_after"]) for h in history]
+    smin = min(scales)
+    if smin < THRESHOLDS["scale_collapse_abs"]:
+        sev: Severity = "high"
+    elif smin <= initial * THRESHOLDS["scale_collapse_ratio"]:
+        sev = "medium"
+    else:
+        return
+    backoffs = session.section("scaler").get("backoff_steps", [])
+    yield Finding(
+        id="loss-scale-collapse",
+        severity=sev,
+        title=(
+            f"The loss scale collapsed from {initial:g} to {smin:g}: the gradients hold "
+            "inf/NaN on step after step, whatever the scale."
+        ),
+        evidence={
+            "scale_initial": initial,
+            "scale_min": smin,
+            "scale_final": float(history[-1]["scale_after"]),
+            "backoffs": len(backoffs),
+            "steps": len(history),
+        },
+        fix=(
+            "A collapsing scale means a real inf/NaN (not a too-large scale). Find its origin "
+            "(see nonfinite-origin), e.g. an overflowing activation or a log/div of 0; or train "
+            "in bfloat16: torch.autocast('cuda', dtype=torch.bfloat16) with no GradScaler."
+        ),
+        section=SECTION,
+        impact=0.8 if sev == "high" else 0.5,
+    )
+
+
+@rule("skipped-steps")
+def skipped_steps(session: Session) -> Iterator[Finding]:
+    """The GradScaler skipped steps: >= 25% (high), >= 5% (medium), any (low)."""
+    sc = session.section("scaler")
+    history = sc.get("history") or []
+    skipped = sc.get("skipped_steps") or []
+    if not history or not skipped:
+        return
+    share = len(skipped) / len(history)
+    sev: Severity = (
+        "high"
+        if share >= THRESHOLDS["skipped_high"]
+        else "medium"
+        if share >= THRESHOLDS["skipped_medium"]
+        else "low"
+    )
+    yield Finding(
+        id="skipped-steps",
+        severity=sev,
+        title=(
+            f"The GradScaler skipped {len(skipped)} of {len(history)} steps (inf/NaN in the "
+            "gradients): those steps did not update the weights."
+        ),
+        evidence={
+            "skipped": len(skipped),
+            "steps": len(history),
+            "share": round(share, 4),
+            "first_skipped": skipped[:10],
+            "scale_initial": float(history[0]["scale"]),
+        },
+        fix=(
+            "A few skips at the start are the scaler finding its scale; start lower to avoid "
+            "them: torch.amp.GradScaler(init_scale=2.**12). Skips all along mean a real "
+            "overflow: see activation-overflow / nonfinite-origin, or use bfloat16."
+        ),
+        section=SECTION,
+        impact=share,
+    )
+
+
+@rule("activation-overflow")
+def activation_overflow(session: Session) -> Iterator[Finding]:
+    """A module's output reaches FP16's max 65504, or comes within 4x of it (low).
+
+    High in FP16 runs; medium otherwise (a prediction for switching the run to FP16).
+    """
+    modules = [
+        m
+        for m in session.section("activations").get("modules", [])
+        if isinstance(m.get("max_abs"), (int, float)) and m["max_abs"] != float("inf")
+    ]
+    if not modules:
+        return
+    top = max(modules, key=lambda m: m["max_abs"])
+    peak = float(top["max_abs"])
+    fp16 = fp16_in_use(session)
+    if peak >= THRESHOLDS["activation_overflow"]:
+        sev: Severity = "high" if fp16 else "medium"
+    elif peak >= THRESHOLDS["activation_near"]:
+        sev = "low"
+    else:
+        return
+    near = sorted(
+        (m for m in modules if m["max_abs"] >= THRESHOLDS["activation_near"]),
+        key=lambda m: -m["max_abs"],
+    )
+    what = "overflows" if peak >= fp16range.FP16_MAX else "comes within 4x of"
+    yield Finding(
+        id="activation-overflow",
+        severity=sev,
+        title=(
+            f"The output of {top['module']} reaches |x| = {peak:.4g}: it {what} FP16's max "
+            f"(65504){'' if fp16 else ' if this run were switched to FP16'}."
+        ),
+        evidence={
+            "module": top["module"],
+            "max_abs": peak,
+            "fp16_max": fp16range.FP16_MAX,
+            "output_dtype": top.get("output_dtype"),
+            "fp16_in_use": fp16,
+            "modules_near_limit": [m["module"] for m in near[:10]],
+        },
+        fix=(
+            "Keep that module's computation in float32 or bfloat16:\n"
+            "with torch.autocast('cuda', enabled=False):\n"
+            "    y = module(x.float())\n"
+            "or normalise/scale its input (e.g. a LayerNorm before it), or train in bfloat16."
+        ),
+        section=SECTION,
+        impact=0.7 if sev == "high" else 0.3,
+    )
+
+
+@rule("nonfinite-origin")
+def nonfinite_origin(session: Session) -> Iterator[Finding]:
+    """Where inf/NaN first appeared: a module's output (high) or incoming gradient (medium).
+
+    Backward-only inf/NaN is not reported when an enabled GradScaler skipped every such step.
+    """
+    acts = session.section("activations")
+    origin = acts.get("nonfinite_origin")
+    if not origin:
+        return
+    sc = session.section("scaler")
+    enabled = bool((sc.get("scaler") or {}).get("enabled"))
+    bad_steps = acts.get("nonfinite_steps") or [origin["step"]]
+    skipped = set(sc.get("skipped_steps") or [])
+    if origin["phase"] == "backward" and enabled and all(s in skipped for s in bad_steps):
+        return
+    sev: Severity = "high" if origin["phase"] == "forward" else "medium"
+    yield Finding(
+        id="nonfinite-origin",
+        severity=sev,
+        title=(
+            f"inf/NaN first appears at step {origin['step']} in the {origin['kind']} of "
+            f"{origin['module']}."
+        ),
+        evidence={
+            "step": origin["step"],
+            "module": origin["module"],
+            "phase": origin["phase"],
+            "steps_with_nonfinite": len(bad_steps),
+        },
+        fix=(
+            f"Inspect {origin['module']} at step {origin['step']}: a division by ~0, log of 0, "
+            "exp/softmax of large values, or an FP16 overflow. Compute it in float32:\n"
+            "with torch.autocast('cuda', enabled=False):\n"
+            "    y = module(x.float())\n"
+            "or add an epsilon (x / (d + 1e-6), torch.log(x.clamp_min(1e-6)))."
+        ),
+        section=SECTION,
+        impact=0.95 if sev == "high" else 0.6,
+    )
+
+
+@rule("clip-before-unscale")
+def clip_before_unscale(session: Session) -> Iterator[Finding]:
+    """Gradient clipping ran on still-scaled gradients (high).
+
+    The clip threshold is compared against S·|g|, so it clips almost always and far too hard.
+    """
+    events = [e for e in session.section("scaler").get("clip_events", []) if e["grads_scaled"]]
+    if not events:
+        return
+    e = events[0]
+    yield Finding(
+        id="clip-before-unscale",
+        severity="high",
+        title=(
+            f"{e['function']} ran on gradients still multiplied by the loss scale "
+            f"({e['scale']:g}), in {len(events)} step(s)."
+        ),
+        evidence={
+            "clips_on_scaled_grads": len(events),
+            "first_step": e["step"],
+            "limit": e["limit"],
+            "total_norm_seen": e["total_norm"],
+            "scale": e["scale"],
+        },
+        fix=(
+            "Unscale before clipping:\n"
+            "scaler.scale(loss).backward()\n"
+            "scaler.unscale_(optimizer)\n"
+            "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n"
+            "scaler.step(optimizer)\n"
+            "scaler.update()"
+        ),
+        section=SECTION,
+        impact=0.8,
+    )
+
+
+@rule("scaler-step-bypassed")
+def scaler_step_bypassed(session: Session) -> Iterator[Finding]:
+    """optimizer.step() called directly while an enabled GradScaler scales the loss (high).
+
+    The weights are updated with scaled gradients and inf steps are not skipped.
+    """
+    steps = session.section("scaler").get("bypassed_steps") or []
+    if not steps:
+        return
+    yield Finding(
+        id="scaler-step-bypassed",
+        severity="high",
+        title=(
+            f"optimizer.step() bypassed scaler.step() in {len(steps)} step(s): "
+            "the update used scaled (or inf) gradients."
+        ),
+        evidence={"bypassed": len(steps), "first_steps": steps[:10]},
+        fix=(
+            "Step through the scaler:\nscaler.step(optimizer)  # not optimizer.step()\n"
+            "scaler.update()"
+        ),
+        section=SECTION,
+        impact=0.85,
+    )
+
+
+@rule("fp16-params")
+def fp16_params(session: Session) -> Iterator[Finding]:
+    """The optimizer holds fp16 parameters (model.half()) instead of fp32 weights (high).
+
+    Updates smaller than the weight's fp16 spacing are lost.
+    """
+    found = session.section("scaler").get("fp16_params") or []
+    models = [
+        m
+        for m in session.section("run").get("models") or []
+        if "float16" in (m.get("param_dtypes") or [])
+    ]
+    if not found and not models:
+        return
+    count = sum(int(f["fp16_params"]) for f in found)
+    numel = sum(int(f["fp16_numel"]) for f in found)
+    yield Finding(
+        id="fp16-params",
+        severity="high",
+        title="Parameters are stored in fp16 (model.half()): the optimizer updates fp16 weights.",
+        evidence={
+            "fp16_params": count,
+            "fp16_numel": numel,
+            "examples": [x for f in found for x in f.get("examples", [])][:5],
+            "models_with_fp16": [m.get("class") for m in models],
+        },
+        fix=(
+            "Keep fp32 weights and let autocast compute in fp16:\n"
+            "model = model.float()\n"
+            "with torch.autocast('cuda', dtype=torch.float16):\n"
+            "    loss = loss_fn(model(x), y)\n"
+            "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()"
+        ),
+        section=SECTION,
+        impact=0.8,
+    )
