@@ -40,6 +40,9 @@ class DiagnoseConfig:
         report: Render report.html (and the console summary) on exit.
         tensorboard: Write TensorBoard event files on exit.
         console: Print the short console summary on exit.
+        precision: Audit the dtype of every op of one step (forward and backward).
+        precision_step: The step the precision audit runs on (default the second, index 1:
+            the first pays for lazy initialisation).
     """
 
     profile: bool = True
@@ -54,6 +57,8 @@ class DiagnoseConfig:
     report: bool = True
     tensorboard: bool = True
     console: bool = True
+    precision: bool = True
+    precision_step: int = 1
 
 
 @dataclass
