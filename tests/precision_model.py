@@ -13,6 +13,15 @@ def mix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.tanh(a @ b)
 
 
+@torch.library.custom_op("ampdiag_test::halve", mutates_args=())
+def halve(a: torch.Tensor) -> torch.Tensor:
+    """A custom op autocast knows nothing about: it runs in its input's dtype."""
+    return a * 0.5
+
+
+halve.register_autograd(lambda ctx, grad: grad * 0.5)
+
+
 def _mix_setup(ctx, inputs, output):  # type: ignore[no-untyped-def]
     a, b = inputs
     ctx.save_for_backward(a, b, output)
@@ -60,7 +69,10 @@ class Stem(nn.Module):
         self.bn = nn.BatchNorm2d(channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.bn(self.conv(x)))
+        y = torch.relu(self.bn(self.conv(x)))
+        # A penalty autocast computes in FP32 (mse_loss is on CPU autocast's FP32 list).
+        self.penalty = F.mse_loss(y, torch.zeros_like(y)).detach()
+        return y
 
 
 class Head(nn.Module):
@@ -92,6 +104,7 @@ class AuditNet(nn.Module):
         t = h.flatten(2).transpose(1, 2)  # (b, 16, c)
         z = self.embed(t) + self.pos  # bf16 + FP32 parameter -> FP32 (promotion)
         z = self.block(z)
+        z = halve(z)  # unknown to autocast, FP32 input -> FP32
         z = mix(z, self.mix_w)  # custom op: autocast must reach its body
         return self.head(z.mean(dim=1))
 
