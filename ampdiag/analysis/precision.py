@@ -1,5 +1,7 @@
-"""Pure summaries of the precision audit section (no torch): shares, top FP32 ops, casts,
-per-module work and the ops that would run differently under CUDA autocast.
+"""Pure summaries of the precision audit section (no torch).
+
+Shares, top FP32 ops, casts, per-module work and the ops that would run differently under CUDA
+autocast.
 
 Only the forward and backward of the audited step count (``phase`` forward/backward); ops after
 the backward (GradScaler unscale, gradient clipping) are left out. Casts are overhead, counted
@@ -74,9 +76,13 @@ def summarize(section: dict[str, Any], top: int = 10) -> dict[str, Any]:
     flops = {"low": 0, "fp32": 0, "cast": 0}
     time_us = {"low": 0.0, "fp32": 0.0, "cast": 0.0}
     matmul = {"low": 0, "fp32": 0, "autocast": 0}
-    reasons: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0, "flops": 0, "time_us": 0.0})
+    reasons: dict[str, dict[str, float]] = defaultdict(
+        lambda: {"count": 0, "flops": 0, "time_us": 0.0}
+    )
     fp32_ops: dict[tuple[str, str, str, str], dict[str, Any]] = {}
-    casts: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0, "bytes": 0, "time_us": 0.0})
+    casts: dict[str, dict[str, float]] = defaultdict(
+        lambda: {"count": 0, "bytes": 0, "time_us": 0.0}
+    )
     modules: dict[str, dict[str, float]] = defaultdict(
         lambda: {"low_time_us": 0.0, "fp32_time_us": 0.0, "low_flops": 0, "fp32_flops": 0}
     )

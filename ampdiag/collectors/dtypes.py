@@ -55,8 +55,14 @@ CAST_METHODS = ("float", "double", "to", "type")
 _REASON_RANK = {"user-cast": 0, "autocast-fp32-policy": 1, "unknown-op": 2}
 
 
+_DT_NAMES: dict[torch.dtype, str] = {}
+
+
 def _dt(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    name = _DT_NAMES.get(dtype)
+    if name is None:
+        name = _DT_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
 
 
 def _tensors(obj: Any) -> Iterator[torch.Tensor]:
@@ -124,8 +130,10 @@ class ModuleTracker:
             self.stack.append(name)
 
     def push_backward(self, name: str) -> None:
-        """Marks a module entered by the backward: below any of its submodules already entered
-        (a module and its last submodule share an output, whose grad hooks fire outer last)."""
+        """Marks a module entered by the backward, below its submodules already entered.
+
+        A module and its last submodule share an output, whose grad hooks fire outer last.
+        """
         if not self.active:
             return
         i = len(self.stack)
@@ -147,9 +155,7 @@ class ModuleTracker:
 
         grads = [t for t in tensors if t.requires_grad]
         if grads and torch.is_grad_enabled():
-            self._grad_handles.append(
-                register_multi_grad_hook(grads, lambda _g: fn(), mode="any")
-            )
+            self._grad_handles.append(register_multi_grad_hook(grads, lambda _g: fn(), mode="any"))
 
     def enter_root(self, module: torch.nn.Module, args: Any) -> None:
         """The root's own entry (its pre-hook ran before our global hooks existed)."""
@@ -299,8 +305,8 @@ class DtypeAudit:
         backward = ac.in_backward()
         start_ev = end_ev = None
         if device == "cuda":
-            start_ev = torch.cuda.Event(enable_timing=True)
-            end_ev = torch.cuda.Event(enable_timing=True)
+            start_ev = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end_ev = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             start_ev.record()
         t0 = time.perf_counter_ns()
         if reenable:
@@ -460,7 +466,7 @@ class DtypeAudit:
         for t in tensors:
             if t.dtype not in FP32:
                 continue
-            tag = self.tags.get(t)
+            tag = self.tags.get(t)  # type: ignore[no-untyped-call]
             if tag in _REASON_RANK and _REASON_RANK[tag] < _REASON_RANK.get(best, 9):
                 best = tag
         return best

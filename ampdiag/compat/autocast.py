@@ -1,5 +1,7 @@
-"""Private torch APIs the precision audit needs: autocast state at an op's entry, autocast
-kernels in the dispatcher, the CUDA autocast policy torch ships, and "is backward running".
+"""Private torch APIs the precision audit needs.
+
+The autocast state at an op's entry, autocast kernels in the dispatcher, the CUDA autocast
+policy torch ships, and "is backward running".
 
 Checked on torch 2.4-2.13. Every function has a fallback when the private API is missing:
 
@@ -67,8 +69,11 @@ def entry_autocast_state(devices: Iterable[str]) -> dict[str, bool] | None:
 
 @lru_cache(maxsize=4096)
 def has_autocast_kernel(qualified_name: str, device_type: str) -> bool | None:
-    """Whether ``Autocast<device>`` has a kernel for an op (``"aten::layer_norm"``, with overload
-    as ``"aten::softmax.int"``). None when the dispatcher cannot be asked."""
+    """Whether ``Autocast<device>`` has a kernel for an op.
+
+    The op is named ``"aten::layer_norm"``, with an overload ``"aten::softmax.int"``. None when
+    the dispatcher cannot be asked.
+    """
     probe = getattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", None)
     if probe is None:
         return None
@@ -107,7 +112,7 @@ def parse_autocast_header(text: str) -> dict[str, str]:
     """Op name (with overload, ``"softmax.int"``) -> policy, from the ``AT_FORALL_*`` macros."""
     policy: dict[str, str] = {}
     for macro, name in HEADER_LISTS.items():
-        match = re.search(r"#define\s+" + macro + r"\(_\)(.*?)(?:\n\s*\n|\n#)", text, re.S)
+        match = re.search(r"#define\s+" + macro + r"\(_\)(.*?)(?:\n\s*\n|\n#|\Z)", text, re.S)
         if not match:
             continue
         body = match.group(1).replace("\\\n", " ")
@@ -122,6 +127,22 @@ def parse_autocast_header(text: str) -> dict[str, str]:
             else:
                 policy.setdefault(f"{op}.{overload}", name)
     return policy
+
+
+def _registered_any_overload(op: str, device_type: str) -> bool | None:
+    """`has_autocast_kernel` for ``name.overload``, or for any overload of a bare name."""
+    if "." in op:
+        return has_autocast_kernel(f"aten::{op}", device_type)
+    packet = getattr(torch.ops.aten, op, None)
+    if packet is None:
+        return None
+    answers = [
+        has_autocast_kernel(f"aten::{op}" if ov == "default" else f"aten::{op}.{ov}", device_type)
+        for ov in packet.overloads()
+    ]
+    if any(answers):
+        return True
+    return None if all(a is None for a in answers) else False
 
 
 @lru_cache(maxsize=1)
@@ -144,7 +165,7 @@ def cuda_policy() -> tuple[dict[str, str], str]:
     checked: dict[str, str] = {}
     verified = False
     for op, pol in parsed.items():
-        known = has_autocast_kernel(f"aten::{op}", "cuda")
+        known = _registered_any_overload(op, "cuda")
         if known is None:
             checked[op] = pol
             continue
@@ -154,6 +175,7 @@ def cuda_policy() -> tuple[dict[str, str], str]:
     return checked, ("header+dispatcher" if verified else "header")
 
 
+@lru_cache(maxsize=4096)
 def cuda_policy_for(op_name: str, overload: str = "default") -> str | None:
     """CUDA autocast's policy for an op as the dispatch mode sees it (after decomposition).
 
@@ -222,7 +244,7 @@ def autocast_registered(op_name: str, overload: str, device_type: str) -> bool |
 
 
 def dispatch_mode_class() -> Any:
-    """torch's TorchDispatchMode base class (``torch.utils._python_dispatch``)."""
+    """Torch's TorchDispatchMode base class (``torch.utils._python_dispatch``)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     return TorchDispatchMode

@@ -59,7 +59,9 @@ def test_without_reenabling_autocast_a_custom_op_would_change(
     plain, audited, _, _, d = _pair(torch.bfloat16, tmp_path)
     mix = [r for r in d.session.sections["precision"]["ops"] if r["op"] == "ampdiag_test::mix"]
     assert mix[0]["out_dtypes"] == ["float32"]
-    assert any(not torch.equal(p, q) for p, q in zip(plain.parameters(), audited.parameters()))
+    assert any(
+        not torch.equal(p, q) for p, q in zip(plain.parameters(), audited.parameters(), strict=True)
+    )
 
 
 EXPECTED = {
@@ -94,8 +96,12 @@ def test_every_fp32_op_has_its_module_and_reason(dtype: torch.dtype, tmp_path: P
         if r["module"] == "head":
             assert r["reason"] == "user-cast", r
     # Matmuls and convolutions ran in low precision, under autocast, in their modules.
-    for module, op in [("block.attn.qkv", "addmm"), ("stem.conv", "convolution"),
-                       ("block.attn", "bmm"), ("head.proj", "addmm")]:
+    for module, op in [
+        ("block.attn.qkv", "addmm"),
+        ("stem.conv", "convolution"),
+        ("block.attn", "bmm"),
+        ("head.proj", "addmm"),
+    ]:
         rows = [r for r in ops if r["module"] == module and r["op"] == op]
         assert rows and all(r["precision"] == "low" and r["autocast"] for r in rows), module
         assert rows[0]["out_dtypes"] == [low]
@@ -106,7 +112,9 @@ def test_every_fp32_op_has_its_module_and_reason(dtype: torch.dtype, tmp_path: P
     # The user's .float() is a user cast in the head; autocast's weight casts are its own.
     casts = [r for r in ops if r["precision"] == "cast" and r["phase"] == "forward"]
     assert {(r["module"], r["cast_origin"]) for r in casts} >= {
-        ("head", "user"), ("block.attn.qkv", "autocast"), ("stem.conv", "autocast")
+        ("head", "user"),
+        ("block.attn.qkv", "autocast"),
+        ("stem.conv", "autocast"),
     }
 
 

@@ -42,8 +42,10 @@ def _top(summary: dict[str, object], n: int = 5) -> list[dict[str, object]]:
 
 @rule("fp32-ops-in-autocast")
 def fp32_ops_in_autocast(session: Session) -> Iterator[Finding]:
-    """With autocast on, >= 10% of the audited FLOPs (high: >= 30%) or >= 30% of the op time
-    ran in FP32. Names the top FP32 ops with their module and reason, and a fix per reason."""
+    """With autocast on, >= 10% of FLOPs (high: >= 30%) or >= 30% of op time ran in FP32.
+
+    Names the top FP32 ops with their module and reason, and gives a fix per reason.
+    """
     sec = session.section("precision")
     if not sec.get("audited"):
         return
@@ -90,8 +92,10 @@ def fp32_ops_in_autocast(session: Session) -> Iterator[Finding]:
 
 @rule("low-precision-inactive")
 def low_precision_inactive(session: Session) -> Iterator[Finding]:
-    """Less than 50% of the matmul/conv FLOPs ran with autocast active, or 50% or more of them
-    ran in FP32: the step does not get the low-precision speed-up."""
+    """Under 50% of matmul/conv FLOPs ran with autocast active, or >= 50% ran in FP32.
+
+    Either way the step does not get the low-precision speed-up.
+    """
     sec = session.section("precision")
     if not sec.get("audited"):
         return

@@ -38,16 +38,12 @@ def build(session: Session) -> ReportSection | None:
         return None
     if not sec.get("audited"):
         html = render_template("precision.html.j2", sec=sec, s=None, figures={}, fixes={})
-        return ReportSection(
-            id="precision", title="Precision", html=html, summary="not audited"
-        )
+        return ReportSection(id="precision", title="Precision", html=html, summary="not audited")
     s = summarize(sec)
     figures: dict[str, str] = {}
     if s["modules"]:
         figures["precision-modules"] = plots.data_uri(module_bars(s["modules"]))
-    html = render_template(
-        "precision.html.j2", sec=sec, s=s, figures=figures, fixes=REASON_FIXES
-    )
+    html = render_template("precision.html.j2", sec=sec, s=s, figures=figures, fixes=REASON_FIXES)
     summary = (
         f"FP32 {s['fp32_flops_share']:.0%} of FLOPs, {s['fp32_time_share']:.0%} of op time; "
         f"{s['casts']['total']['count']} casts"
