@@ -16,6 +16,10 @@ def default_collectors(config: DiagnoseConfig) -> list[Collector]:
         from ampdiag.collectors.memory import MemoryCollector
 
         collectors.append(MemoryCollector())
+    if config.precision:
+        from ampdiag.collectors.dtypes import DtypeAuditCollector
+
+        collectors.append(DtypeAuditCollector())
     if config.numerics:
         from ampdiag.collectors.activations import ActivationsCollector
         from ampdiag.collectors.gradients import GradientsCollector

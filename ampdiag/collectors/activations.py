@@ -23,7 +23,7 @@ import torch
 from ampdiag.analysis import fp16range
 from ampdiag.collectors._exponents import BINS, raw_histogram
 from ampdiag.collectors._host import Deferred, pack
-from ampdiag.collectors.base import Collector, RunContext
+from ampdiag.collectors.base import Collector, RunContext, internal_work
 from ampdiag.compat import scaler as compat_scaler
 
 #: Unscaled histograms cover exponents -127-OFF .. 256-127-OFF+... (see _shift_index).
@@ -99,7 +99,8 @@ class ActivationsCollector(Collector):
         if t is None or not t.is_floating_point() or t.numel() == 0:
             return
         self._out_dtype.setdefault(idx, str(t.dtype).removeprefix("torch."))
-        amax = torch.linalg.vector_norm(t.detach(), ord=float("inf"))
+        with internal_work():
+            amax = torch.linalg.vector_norm(t.detach(), ord=float("inf"))
         self._fwd.append((idx, amax.float()))
         if t.requires_grad and torch.is_grad_enabled():
             t.register_hook(partial(self._backward, idx))  # type: ignore[no-untyped-call]
@@ -107,6 +108,10 @@ class ActivationsCollector(Collector):
     def _backward(self, idx: int, grad: torch.Tensor) -> None:
         if not self._active or grad is None or grad.numel() == 0:
             return
+        with internal_work():
+            self._record_grad(idx, grad)
+
+    def _record_grad(self, idx: int, grad: torch.Tensor) -> None:
         if self._scale is None:
             run = self._run
             live = compat_scaler.scale_tensor(run.scaler if run is not None else None)

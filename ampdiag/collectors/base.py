@@ -16,6 +16,9 @@ steps that are not sampled (`run.is_sampled(step)`).
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +53,9 @@ class DiagnoseConfig:
         numerics_sample_elements: Values examined per tensor for the exponent histograms
             (an even, strided spread; 0 = all). Norms and the scaler's inf checks always use all.
         activation_every: Period of the activation hooks (0 = every sampled step).
+        precision: Audit the dtype of every op of one step (forward and backward).
+        precision_step: The step the precision audit runs on (default the second, index 1:
+            the first pays for lazy initialisation).
     """
 
     profile: bool = True
@@ -72,6 +78,8 @@ class DiagnoseConfig:
     numerics: bool = True
     numerics_sample_elements: int = 4096
     activation_every: int = 0
+    precision: bool = True
+    precision_step: int = 1
 
 
 @dataclass
@@ -138,3 +146,26 @@ class Collector:
     def section(self) -> dict[str, Any] | None:
         """Returns this collector's JSON section, or None to write nothing."""
         return None
+
+
+_internal = threading.local()
+
+
+@contextmanager
+def internal_work() -> Iterator[None]:
+    """Marks tensor work done by ampdiag itself (statistics in hooks), not by the user's model.
+
+    Observers of the user's ops (the precision audit's dispatch mode) skip what runs inside, so
+    one collector's measurements never show up as the model's ops in another's.
+    """
+    previous = getattr(_internal, "active", False)
+    _internal.active = True
+    try:
+        yield
+    finally:
+        _internal.active = previous
+
+
+def is_internal_work() -> bool:
+    """Whether the current thread is inside `internal_work()`."""
+    return bool(getattr(_internal, "active", False))

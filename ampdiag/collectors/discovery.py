@@ -14,6 +14,7 @@ import torch
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
+from ampdiag.collectors.base import internal_work
 from ampdiag.patching import Patches
 
 AUTOCAST_DEVICES = ("cuda", "cpu")
@@ -121,7 +122,8 @@ class Discovery:
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
                 if self.numel() == 1:
-                    on_loss(self.detach(), False)
+                    with internal_work():
+                        on_loss(self.detach(), False)
                 return original(self, *args, **kwargs)
 
             backward.__doc__ = original.__doc__
@@ -140,7 +142,8 @@ class Discovery:
                     seen.add(id(self))
                     on_scaler(self)
                 if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
-                    on_loss(outputs.detach(), True)
+                    with internal_work():
+                        on_loss(outputs.detach(), True)
                 return original(self, outputs)
 
             return scale

@@ -22,7 +22,7 @@ import torch
 from ampdiag.analysis import fp16range
 from ampdiag.collectors._exponents import raw_histograms
 from ampdiag.collectors._host import Deferred, pack
-from ampdiag.collectors.base import Collector, RunContext
+from ampdiag.collectors.base import Collector, RunContext, internal_work
 from ampdiag.compat import scaler as compat_scaler
 
 #: Key in RunContext.extra: callbacks the scaler collector calls before ``GradScaler.step``.
@@ -89,10 +89,11 @@ class GradientsCollector(Collector):
         scaled = scale is not None and compat_scaler.stage(scaler, optimizer) == "ready"
         for dev, idx in by_device.items():
             group = [grads[i] for i in idx]
-            norms = torch.stack([n.float() for n in torch._foreach_norm(group)])
-            hists = raw_histograms(group, self._limit, self._cache)
-            s = scale if scale is not None else torch.ones((), device=dev)
-            packed = pack([hists, norms, s], dev)
+            with internal_work():
+                norms = torch.stack([n.float() for n in torch._foreach_norm(group)])
+                hists = raw_histograms(group, self._limit, self._cache)
+                s = scale if scale is not None else torch.ones((), device=dev)
+                packed = pack([hists, norms, s], dev)
             names = [self._names.get(id(params[i]), f"param{id(params[i]) % 100000}") for i in idx]
             self._pending.append((run.step, names, scaled, Deferred(packed)))
 

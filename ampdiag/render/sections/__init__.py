@@ -14,7 +14,14 @@ from markupsafe import Markup
 
 from ampdiag.session import Session
 
-SECTION_MODULES: tuple[str, ...] = ("overview", "time", "numerics", "memory", "environment")
+SECTION_MODULES: tuple[str, ...] = (
+    "overview",
+    "time",
+    "precision",
+    "numerics",
+    "memory",
+    "environment",
+)
 
 
 @dataclass

@@ -1,0 +1,202 @@
+"""Pure summaries of the precision audit section (no torch).
+
+Shares, top FP32 ops, casts, per-module work and the ops that would run differently under CUDA
+autocast.
+
+Only the forward and backward of the audited step count (``phase`` forward/backward); ops after
+the backward (GradScaler unscale, gradient clipping) are left out. Casts are overhead, counted
+apart from the low-precision and FP32 work.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+#: CUDA autocast policies that run an op in FP32 whatever its input dtype.
+FP32_POLICIES = frozenset({"fp32", "fp32_set_opt_dtype", "fp32_append_dtype"})
+
+#: The fix for each reason an op ran in FP32.
+REASON_FIXES: dict[str, str] = {
+    "autocast-fp32-policy": (
+        "Expected: autocast keeps this op in FP32 for accuracy. Fuse it or use a fused "
+        "kernel (e.g. F.scaled_dot_product_attention instead of a hand-written softmax "
+        "attention); do not force it to low precision."
+    ),
+    "promotion": (
+        "An FP32 input promotes the op to FP32. Keep the tensors it mixes in the same dtype, "
+        "e.g. add an FP32 parameter after casting it: x + self.pos.to(x.dtype)."
+    ),
+    "user-cast": (
+        "The code casts to FP32 by hand (.float()). Keep the cast only where accuracy needs "
+        "it (the loss), and cast as late as possible: logits = self.head(x); "
+        "loss = F.cross_entropy(logits.float(), y)."
+    ),
+    "outside-autocast": (
+        "The op runs outside the autocast region. Move the work inside it:\n"
+        "with torch.autocast(device_type, dtype=torch.bfloat16):\n"
+        "    out = model(x)\n"
+        "    loss = loss_fn(out, y)"
+    ),
+    "unknown-op": (
+        "Autocast has no rule for this op (custom or non-ATen op): it runs in its input "
+        "dtype. Register one: torch.library.register_autocast('ns::op', device_type, "
+        "torch.bfloat16), or cast its inputs inside the op."
+    ),
+}
+
+_WORK = ("low", "fp32")
+
+
+def _work_rows(section: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in section.get("ops", []) if r.get("phase") in ("forward", "backward")]
+
+
+def _time(r: dict[str, Any]) -> float:
+    return float(r.get("device_time_us", r.get("time_us", 0.0)))
+
+
+def _share(part: float, whole: float) -> float:
+    return part / whole if whole > 0 else 0.0
+
+
+def summarize(section: dict[str, Any], top: int = 10) -> dict[str, Any]:
+    """The precision summary of an audit section.
+
+    Returns:
+        A dict with ``flops`` and ``time_us`` ({low, fp32, cast}), ``fp32_flops_share`` and
+        ``fp32_time_share`` (of low + FP32 work), ``matmul`` (FLOP-counted ops: low/fp32
+        FLOPs, ``fp32_share``, ``autocast_share`` of their FLOPs run with autocast active),
+        ``top_fp32_by_flops`` / ``top_fp32_by_time`` (op, module, reason, phase, count, flops,
+        time_us), ``reasons`` (reason -> count, flops, time_us), ``casts`` (origin -> count,
+        bytes, time_us, plus ``total``), ``modules`` (module -> low/fp32 time and FLOPs) and
+        ``device_differences``.
+    """
+    rows = _work_rows(section)
+    flops = {"low": 0, "fp32": 0, "cast": 0}
+    time_us = {"low": 0.0, "fp32": 0.0, "cast": 0.0}
+    matmul = {"low": 0, "fp32": 0, "autocast": 0}
+    reasons: dict[str, dict[str, float]] = defaultdict(
+        lambda: {"count": 0, "flops": 0, "time_us": 0.0}
+    )
+    fp32_ops: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    casts: dict[str, dict[str, float]] = defaultdict(
+        lambda: {"count": 0, "bytes": 0, "time_us": 0.0}
+    )
+    modules: dict[str, dict[str, float]] = defaultdict(
+        lambda: {"low_time_us": 0.0, "fp32_time_us": 0.0, "low_flops": 0, "fp32_flops": 0}
+    )
+    for r in rows:
+        prec = r.get("precision")
+        t = _time(r)
+        f = int(r.get("flops", 0))
+        if prec == "cast":
+            c = casts[str(r.get("cast_origin"))]
+            c["count"] += r.get("count", 0)
+            c["bytes"] += r.get("cast_bytes", 0)
+            c["time_us"] += t
+            time_us["cast"] += t
+            continue
+        if prec not in _WORK:
+            continue
+        flops[prec] += f
+        time_us[prec] += t
+        mod = modules[str(r.get("module"))]
+        mod[f"{prec}_time_us"] += t
+        mod[f"{prec}_flops"] += f
+        if f > 0:
+            matmul[prec] += f
+            if r.get("autocast"):
+                matmul["autocast"] += f
+        if prec == "fp32":
+            reason = str(r.get("reason"))
+            reasons[reason]["count"] += r.get("count", 0)
+            reasons[reason]["flops"] += f
+            reasons[reason]["time_us"] += t
+            key = (str(r.get("op")), str(r.get("module")), reason, str(r.get("phase")))
+            agg = fp32_ops.setdefault(
+                key,
+                {
+                    "op": key[0],
+                    "module": key[1],
+                    "reason": reason,
+                    "phase": key[3],
+                    "count": 0,
+                    "flops": 0,
+                    "time_us": 0.0,
+                },
+            )
+            agg["count"] += r.get("count", 0)
+            agg["flops"] += f
+            agg["time_us"] += t
+    work_flops = flops["low"] + flops["fp32"]
+    work_time = time_us["low"] + time_us["fp32"]
+    mm_total = matmul["low"] + matmul["fp32"]
+    ops_list = list(fp32_ops.values())
+    total_casts = {
+        "count": sum(c["count"] for c in casts.values()),
+        "bytes": sum(c["bytes"] for c in casts.values()),
+        "time_us": sum(c["time_us"] for c in casts.values()),
+    }
+    return {
+        "flops": flops,
+        "time_us": time_us,
+        "fp32_flops_share": _share(flops["fp32"], work_flops),
+        "fp32_time_share": _share(time_us["fp32"], work_time),
+        "cast_time_share": _share(time_us["cast"], work_time + time_us["cast"]),
+        "matmul": {
+            "low_flops": matmul["low"],
+            "fp32_flops": matmul["fp32"],
+            "fp32_share": _share(matmul["fp32"], mm_total),
+            "autocast_share": _share(matmul["autocast"], mm_total),
+        },
+        "top_fp32_by_flops": sorted(
+            (o for o in ops_list if o["flops"] > 0), key=lambda o: -o["flops"]
+        )[:top],
+        "top_fp32_by_time": sorted(ops_list, key=lambda o: -o["time_us"])[:top],
+        "reasons": dict(reasons),
+        "casts": {**dict(casts), "total": total_casts},
+        "modules": dict(modules),
+        "device_differences": device_differences(section),
+    }
+
+
+def device_differences(section: dict[str, Any]) -> list[dict[str, Any]]:
+    """Forward ops of a CPU run inside autocast that CUDA autocast would run in another dtype.
+
+    Uses each op's ``cuda_policy`` (derived by the collector from torch's own autocast header
+    and dispatcher registrations): an FP32 policy on an op that ran in low precision on CPU
+    (layer_norm, softmax, ...), or a low-precision policy on an op that ran in FP32 on CPU.
+    """
+    if section.get("device_type") != "cpu":
+        return []
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in section.get("ops", []):
+        if r.get("phase") != "forward" or not r.get("autocast"):
+            continue
+        policy = r.get("cuda_policy")
+        prec = r.get("precision")
+        if policy is None or prec not in _WORK:
+            continue
+        if policy in FP32_POLICIES and prec == "low":
+            cuda = "float32"
+        elif policy == "lower_precision_fp" and prec == "fp32":
+            cuda = "low precision"
+        else:
+            continue
+        key = (str(r.get("op")), str(r.get("module")))
+        agg = found.setdefault(
+            key,
+            {
+                "op": key[0],
+                "module": key[1],
+                "cpu_dtype": (r.get("out_dtypes") or ["?"])[0],
+                "cuda_policy": policy,
+                "cuda_dtype": cuda,
+                "count": 0,
+                "time_us": 0.0,
+            },
+        )
+        agg["count"] += r.get("count", 0)
+        agg["time_us"] += _time(r)
+    return sorted(found.values(), key=lambda d: -d["time_us"])

@@ -1,0 +1,143 @@
+"""Findings from the precision audit: how much of the step autocast left in FP32, and why."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ampdiag.analysis.precision import REASON_FIXES, summarize
+from ampdiag.analysis.registry import rule
+from ampdiag.session import Finding, Session, Severity
+
+THRESHOLDS = {
+    # Share of the audited step's low-precision + FP32 FLOPs that ran in FP32.
+    "fp32_flops_share_medium": 0.10,
+    "fp32_flops_share_high": 0.30,
+    # Share of the audited step's low-precision + FP32 op time that ran in FP32.
+    "fp32_time_share_medium": 0.30,
+    # Matmul/conv FLOPs (ops with a FLOP formula): below this share run with autocast active,
+    # or at least this share run in FP32 -> low precision is not in effect.
+    "matmul_autocast_share_min": 0.50,
+    "matmul_fp32_share_max": 0.50,
+}
+
+
+def _top(summary: dict[str, object], n: int = 5) -> list[dict[str, object]]:
+    seen: dict[tuple[object, object, object], dict[str, object]] = {}
+    for key in ("top_fp32_by_flops", "top_fp32_by_time"):
+        for o in summary.get(key, []):  # type: ignore[attr-defined]
+            seen.setdefault((o["op"], o["module"], o["reason"]), o)
+    rows = list(seen.values())[:n]
+    return [
+        {
+            "op": o["op"],
+            "module": o["module"],
+            "reason": o["reason"],
+            "phase": o["phase"],
+            "flops": o["flops"],
+            "time_us": round(float(o["time_us"]), 1),  # type: ignore[arg-type]
+        }
+        for o in rows
+    ]
+
+
+@rule("fp32-ops-in-autocast")
+def fp32_ops_in_autocast(session: Session) -> Iterator[Finding]:
+    """With autocast on, >= 10% of FLOPs (high: >= 30%) or >= 30% of op time ran in FP32.
+
+    Names the top FP32 ops with their module and reason, and gives a fix per reason.
+    """
+    sec = session.section("precision")
+    if not sec.get("audited"):
+        return
+    if not any(r.get("autocast") for r in sec.get("ops", [])):
+        return
+    s = summarize(sec)
+    fshare, tshare = float(s["fp32_flops_share"]), float(s["fp32_time_share"])
+    if (
+        fshare < THRESHOLDS["fp32_flops_share_medium"]
+        and tshare < THRESHOLDS["fp32_time_share_medium"]
+    ):
+        return
+    severity: Severity = "high" if fshare >= THRESHOLDS["fp32_flops_share_high"] else "medium"
+    top = _top(s)
+    reasons = sorted(s["reasons"].items(), key=lambda kv: -kv[1]["time_us"])
+    fixes = [f"[{reason}] {REASON_FIXES.get(reason, '')}" for reason, _ in reasons]
+    names = ", ".join(f"{o['op']} in {o['module']} ({o['reason']})" for o in top[:3])
+    yield Finding(
+        id="fp32-ops-in-autocast",
+        severity=severity,
+        title=(
+            f"{fshare:.0%} of the FLOPs and {tshare:.0%} of the op time ran in FP32 under "
+            f"autocast: {names}."
+        ),
+        evidence={
+            "fp32_flops_share": round(fshare, 4),
+            "fp32_time_share": round(tshare, 4),
+            "top_ops": top,
+            "reasons": {
+                k: {"count": v["count"], "flops": v["flops"], "time_us": round(v["time_us"], 1)}
+                for k, v in reasons
+            },
+            "step": sec.get("step"),
+            "thresholds": {
+                "flops_share": THRESHOLDS["fp32_flops_share_medium"],
+                "time_share": THRESHOLDS["fp32_time_share_medium"],
+            },
+        },
+        fix="\n".join(fixes),
+        section="precision",
+        impact=max(fshare, tshare),
+    )
+
+
+@rule("low-precision-inactive")
+def low_precision_inactive(session: Session) -> Iterator[Finding]:
+    """Under 50% of matmul/conv FLOPs ran with autocast active, or >= 50% ran in FP32.
+
+    Either way the step does not get the low-precision speed-up.
+    """
+    sec = session.section("precision")
+    if not sec.get("audited"):
+        return
+    mm = summarize(sec)["matmul"]
+    total = mm["low_flops"] + mm["fp32_flops"]
+    if total <= 0:
+        return
+    inactive = mm["autocast_share"] < THRESHOLDS["matmul_autocast_share_min"]
+    fp32 = mm["fp32_share"] >= THRESHOLDS["matmul_fp32_share_max"]
+    if not (inactive or fp32):
+        return
+    if inactive:
+        title = (
+            f"Autocast was not active for {1 - mm['autocast_share']:.0%} of the matmul FLOPs: "
+            "they ran in the parameters' dtype."
+        )
+    else:
+        title = f"{mm['fp32_share']:.0%} of the matmul FLOPs ran in FP32 despite autocast."
+    device = sec.get("device_type", "cuda")
+    dtype = "torch.bfloat16" if device == "cpu" else "torch.float16"
+    yield Finding(
+        id="low-precision-inactive",
+        severity="high",
+        title=title,
+        evidence={
+            "matmul_autocast_share": round(mm["autocast_share"], 4),
+            "matmul_fp32_share": round(mm["fp32_share"], 4),
+            "matmul_fp32_flops": mm["fp32_flops"],
+            "matmul_low_flops": mm["low_flops"],
+            "step": sec.get("step"),
+            "thresholds": {
+                "autocast_share_min": THRESHOLDS["matmul_autocast_share_min"],
+                "fp32_share_max": THRESHOLDS["matmul_fp32_share_max"],
+            },
+        },
+        fix=(
+            "Run the model's forward (and the loss) inside autocast:\n"
+            f"with torch.autocast(device_type={device!r}, dtype={dtype}):\n"
+            "    out = model(x)\n"
+            "    loss = loss_fn(out, y)\n"
+            "and check no enclosing torch.autocast(enabled=False) or .float() covers the matmuls."
+        ),
+        section="precision",
+        impact=max(1 - mm["autocast_share"], mm["fp32_share"]),
+    )
