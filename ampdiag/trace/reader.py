@@ -191,7 +191,8 @@ class _Sink:
         raw_args = ev.get("args")
         if cat in _ARG_CATS and isinstance(raw_args, dict):
             stream, corr = _arg_int(raw_args.get("stream")), _arg_int(raw_args.get("correlation"))
-        self.add(cat, name, ev.get("pid"), ts, dur, stream, corr)
+        pid = ev.get("pid")
+        self.add(cat, name, pid if isinstance(pid, str) else json.dumps(pid), ts, dur, stream, corr)
 
 
 def _arg_int(value: Any) -> int:
@@ -211,6 +212,7 @@ class _Stream:
         self.buf = ""
         self.pos = 0
         self.base = 0  # offset of buf[0] in the file's text
+        self.fills = 0  # how many times the buffer grew
         self.eof = False
 
     def fill(self) -> bool:
@@ -230,6 +232,7 @@ class _Stream:
         self.buf = self.buf[self.pos :] + data
         self.base += self.pos
         self.pos = 0
+        self.fills += 1
         return True
 
     def peek(self) -> str:
@@ -294,7 +297,7 @@ def _fast_region(region: str, sink: _Sink) -> bool:
             continue
         if "\\" in name:
             name = json.loads(f'"{name}"')
-        add(cat, name, pid, float(ts_s), float(dur_s), -1, -1)
+        add(cat, name, pid.strip('"'), float(ts_s), float(dur_s), -1, -1)
     find_ints = _ARG_INT.findall
     for cat, name, pid, ts_s, dur_s, args in with_args:
         if "\\" in name:
@@ -305,7 +308,7 @@ def _fast_region(region: str, sink: _Sink) -> bool:
         except ValueError:  # too many digits to convert
             sink.skip("invalid stream or correlation")
             continue
-        add(cat, name, pid, float(ts_s), float(dur_s), stream, corr)
+        add(cat, name, pid.strip('"'), float(ts_s), float(dur_s), stream, corr)
     return True
 
 
@@ -327,6 +330,7 @@ def _last_event_start(buf: str, lo: int) -> int:
 def _read_events(stream: _Stream, sink: _Sink) -> None:
     """Reads the traceEvents array (the '[' already consumed)."""
     first = True
+    no_cut_in = -1  # the buffer (by fill count) in which no event start was found
     while True:
         char = stream.peek()
         if char == "]":
@@ -339,8 +343,12 @@ def _read_events(stream: _Stream, sink: _Sink) -> None:
             stream.peek()
         first = False
         # Fast path over the complete events already in the buffer.
-        cut = _last_event_start(stream.buf, stream.pos)
-        if cut > stream.pos and stream.buf[stream.pos] == "{":
+        cut = -1
+        if no_cut_in != stream.fills and stream.buf[stream.pos] == "{":
+            cut = _last_event_start(stream.buf, stream.pos)
+            if cut <= stream.pos:
+                no_cut_in = stream.fills
+        if cut > stream.pos:
             region = stream.buf[stream.pos : cut]
             if _fast_region(region, sink):
                 stream.pos = cut
@@ -383,6 +391,8 @@ def read_trace(path: str | Path, index: int = 0) -> RankTrace:
     with fh:
         stream = _Stream(fh, label)
         first = stream.peek()
+        if first == "":
+            raise InputError(f"{label} is empty: not a Kineto trace")
         if first != "{":
             if first == "[":
                 raise InputError(
