@@ -88,16 +88,17 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
         "world_size": world or len(ranks),
         "ranks_in_trace": len(ranks),
     }
+    sections: dict[str, Any] = {"timeline": timeline}
+    if first["host"].get("steps"):
+        # the host step breakdown, where the trace has ProfilerStep spans (the time section)
+        sections["profiler"] = {
+            "trace_files": [str(f) for f in files],
+            "breakdown": first["host"],
+            "top_ops": [],
+        }
     return Session(
         environment=env,
-        sections={
-            "profiler": {
-                "trace_files": [str(f) for f in files],
-                "breakdown": first["host"],
-                "top_ops": [],
-            },
-            "timeline": timeline,
-        },
+        sections=sections,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         ampdiag_version=__version__,
         path=None,
