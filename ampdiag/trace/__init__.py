@@ -83,7 +83,9 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
     env = {
         "source": "trace",
         "device_type": "cuda" if has_gpu or devices else "cpu",
-        "device_name": devices[0] if devices else ("GPU (unnamed in the trace)" if has_gpu else "cpu"),
+        "device_name": devices[0]
+        if devices
+        else ("GPU (unnamed in the trace)" if has_gpu else "cpu"),
         "rank": first["rank"],
         "world_size": world or len(ranks),
         "ranks_in_trace": len(ranks),

@@ -61,7 +61,12 @@ def run_hta(path: Path, files: list[Path]) -> dict[str, Any]:
     try:
         from hta.trace_analysis import TraceAnalysis
     except Exception as exc:
-        return {"load": {"ok": False, "error": f"HTA is not installed ({exc}): pip install ampdiag[hta]"}}
+        return {
+            "load": {
+                "ok": False,
+                "error": f"HTA is not installed ({exc}): pip install ampdiag[hta]",
+            }
+        }
     logging.getLogger("hta").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="ampdiag-hta-") as tmp:
         # HTA reads a folder; link the files into one so a single file or a nested folder works.

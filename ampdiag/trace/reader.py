@@ -221,7 +221,9 @@ class _Stream:
         try:
             data = self.fh.read(CHUNK_CHARS)
         except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-            raise InputError(f"cannot read trace {self.label}: truncated or corrupt ({exc})") from None
+            raise InputError(
+                f"cannot read trace {self.label}: truncated or corrupt ({exc})"
+            ) from None
         except UnicodeDecodeError as exc:
             raise InputError(f"cannot read trace {self.label}: not UTF-8 text ({exc})") from None
         except OSError as exc:
@@ -278,8 +280,8 @@ class _Stream:
 def _open_text(path: Path) -> IO[str]:
     with open(path, "rb") as probe:
         magic = probe.read(2)
-    raw: IO[bytes] = gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")  # noqa: SIM115
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="strict")  # type: ignore[arg-type]
+    raw: Any = gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")  # noqa: SIM115
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="strict")
 
 
 def _fast_region(region: str, sink: _Sink) -> bool:

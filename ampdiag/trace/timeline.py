@@ -248,7 +248,9 @@ def precision_summary(acts: Sequence[GpuActivity]) -> dict[str, Any]:
 _HOST_PRIORITY = ("data", "optimizer", "backward", "forward")
 
 
-def host_cover(spans: Iterable[tuple[float, float, str]], start: float, end: float) -> dict[str, float]:
+def host_cover(
+    spans: Iterable[tuple[float, float, str]], start: float, end: float
+) -> dict[str, float]:
     """Time of [start, end] covered by each host category, higher priority winning overlaps.
 
     Same result as ``step_breakdown._covered_by_category``, by interval unions: each category
@@ -355,7 +357,9 @@ def analyse_rank(rt: RankTrace) -> dict[str, Any]:
     kernel_durs = [g[1] for g in acts if g[5] == "kernel"]
     out["kernel_duration"] = _stats(kernel_durs)
     out["short_kernel_share"] = (
-        sum(1 for d in kernel_durs if d < SHORT_KERNEL_US) / len(kernel_durs) if kernel_durs else 0.0
+        sum(1 for d in kernel_durs if d < SHORT_KERNEL_US) / len(kernel_durs)
+        if kernel_durs
+        else 0.0
     )
     comm = types.get(K.COMMUNICATION, [])
     comp = types.get(K.COMPUTATION, [])
@@ -388,7 +392,9 @@ def summarise(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     out["slowest_compute_us"] = slow["compute_us"]
     out["fastest_compute_us"] = fast["compute_us"]
     out["compute_spread"] = (
-        (slow["compute_us"] - fast["compute_us"]) / slow["compute_us"] if slow["compute_us"] else 0.0
+        (slow["compute_us"] - fast["compute_us"]) / slow["compute_us"]
+        if slow["compute_us"]
+        else 0.0
     )
     comm = [r["communication"] for r in gpu if r.get("communication", {}).get("comm_us")]
     if comm:

@@ -38,21 +38,41 @@ def manifest(root: Path) -> list[dict[str, str]]:
 
 def kernel(ts: float, dur: float, name: str, corr: int, stream: int = 7) -> dict[str, Any]:
     return {
-        "ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
+        "ph": "X",
+        "cat": "kernel",
+        "name": name,
+        "pid": 0,
+        "tid": stream,
+        "ts": ts,
+        "dur": dur,
         "args": {"stream": stream, "correlation": corr, "device": 0},
     }
 
 
 def launch(ts: float, corr: int, dur: float = 2.0) -> dict[str, Any]:
     return {
-        "ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 10, "tid": 10,
-        "ts": ts, "dur": dur, "args": {"correlation": corr},
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": "cudaLaunchKernel",
+        "pid": 10,
+        "tid": 10,
+        "ts": ts,
+        "dur": dur,
+        "args": {"correlation": corr},
     }
 
 
 def step(n: int, ts: float, dur: float) -> dict[str, Any]:
-    return {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 10,
-            "tid": 10, "ts": ts, "dur": dur, "args": {}}
+    return {
+        "ph": "X",
+        "cat": "user_annotation",
+        "name": f"ProfilerStep#{n}",
+        "pid": 10,
+        "tid": 10,
+        "ts": ts,
+        "dur": dur,
+        "args": {},
+    }
 
 
 def write_trace(path: Path, events: list[Any], **top: Any) -> Path:

@@ -13,20 +13,48 @@ from ampdiag.trace.kernels import kernel_type, precision, short_name
         ("turing_fp16_s1688gemm_fp16_128x128_ldg8_f2f_nn", "fp16", True, True),
         ("ampere_fp16_s16816gemm_fp16_128x64_ldg8_f2f_stages_64x4_tn", "fp16", True, True),
         ("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn", "bf16", True, True),
-        ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4>(T1::Params)",
-         "tf32", True, True),
+        (
+            "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4>(T1::Params)",
+            "tf32",
+            True,
+            True,
+        ),
         ("ampere_s16816gemm_128x64_ldg8_stages_32x5_tn", "tf32", True, True),
-        ("sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw", "tf32", True, True),
+        (
+            "sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw",
+            "tf32",
+            True,
+            True,
+        ),
         ("sm80_xmma_gemm_bf16bf16_bf16f32_f32_nn_n_tilesize96x128x32", "bf16", True, True),
         ("sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n_tilesize128x128x64", "fp8", True, True),
-        ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
-         "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>)", "fp32", False, False),
-        ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::Half>>",
-         "fp16", False, False),
-        ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<c10::BFloat16, Sum>>",
-         "bf16", False, False),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+            "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>)",
+            "fp32",
+            False,
+            False,
+        ),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, "
+            "at::native::CUDAFunctor_add<c10::Half>>",
+            "fp16",
+            False,
+            False,
+        ),
+        (
+            "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<c10::BFloat16, Sum>>",
+            "bf16",
+            False,
+            False,
+        ),
         ("triton_poi_fused_add_cos_sin_0", "unknown", False, False),
-        ("void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 128, true, 1>", "fp32", False, False),
+        (
+            "void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 128, true, 1>",
+            "fp32",
+            False,
+            False,
+        ),
     ],
 )
 def test_precision_from_names(name, prec, tc, mm):

@@ -6,7 +6,7 @@ import gzip
 import json
 import math
 import warnings
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ def gpu_dirs() -> list[str]:
     return sorted({str(Path(r["path"]).parent) for r in manifest(root) if int(r["gpu_kernels"])})
 
 
-@lru_cache(maxsize=None)
+@cache
 def hta_results(folder: str) -> tuple[dict[int, dict[str, float]], dict[str, float]]:
     pytest.importorskip("hta")
     import logging
@@ -105,9 +105,9 @@ def test_temporal_breakdown_agrees_with_hta(traces, folder):
             my_types[k] = my_types.get(k, 0.0) + v
     span_all = sum(h["span_us"] for h in theirs.values())
     for label in set(their_types) | set(my_types):
-        assert abs(my_types.get(label, 0.0) - their_types.get(label, 0.0)) <= TOLERANCE * span_all, (
-            label
-        )
+        assert (
+            abs(my_types.get(label, 0.0) - their_types.get(label, 0.0)) <= TOLERANCE * span_all
+        ), label
 
 
 def test_float_timestamps_differ_from_hta_only_by_its_rounding(traces):
@@ -136,7 +136,7 @@ def test_triton_where_hta_counts_a_cpu_op_as_a_kernel(traces):
     folder = "triton_example"
     theirs, _ = hta_results(folder)
     assert theirs[0]["compute_us"] > 50  # HTA's wrong answer, still as documented
-    (start, end, name), = _direct_gpu_intervals(traces / folder / "triton_example.json.gz")
+    ((start, end, name),) = _direct_gpu_intervals(traces / folder / "triton_example.json.gz")
     r = ours(folder)[0]
     assert r["compute_us"] == pytest.approx(end - start)  # the one kernel, counted directly
     assert r["span_us"] == pytest.approx(end - start) and r["idle_us"] == 0

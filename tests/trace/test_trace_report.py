@@ -11,8 +11,15 @@ from tests.trace.conftest import REPO, kernel, launch, step, write_trace
 
 
 def _user_annotation(name, ts, dur):
-    return {"ph": "X", "cat": "user_annotation", "name": name, "pid": 10, "tid": 10,
-            "ts": ts, "dur": dur}
+    return {
+        "ph": "X",
+        "cat": "user_annotation",
+        "name": name,
+        "pid": 10,
+        "tid": 10,
+        "ts": ts,
+        "dur": dur,
+    }
 
 
 def launch_bound_trace(tmp_path):
@@ -21,7 +28,9 @@ def launch_bound_trace(tmp_path):
     t = 10.0
     for i in range(100):
         ev.append(launch(t, i))
-        ev.append(kernel(t + 5, 2, "void at::native::vectorized_elementwise_kernel<4, add<float>>", i))
+        ev.append(
+            kernel(t + 5, 2, "void at::native::vectorized_elementwise_kernel<4, add<float>>", i)
+        )
         t += 20
     return write_trace(tmp_path / "rank0.json", ev, distributedInfo={"rank": 0, "world_size": 1})
 
@@ -47,8 +56,10 @@ def test_fp32_and_comm_findings(tmp_path):
     for i in range(10):
         t = i * 100.0
         ev += [launch(t, 2 * i), kernel(t + 1, 50, "volta_sgemm_128x64_nn", 2 * i)]
-        ev += [launch(t, 2 * i + 1),
-               kernel(t + 51, 40, "ncclKernel_AllReduce_RING_LL_Sum_float", 2 * i + 1, stream=20)]
+        ev += [
+            launch(t, 2 * i + 1),
+            kernel(t + 51, 40, "ncclKernel_AllReduce_RING_LL_Sum_float", 2 * i + 1, stream=20),
+        ]
     session = session_from_traces(write_trace(tmp_path / "t.json.gz", ev))
     r = session.section("timeline")["ranks"][0]
     assert r["precision"]["fp32_matmul_share"] == 1.0
@@ -116,7 +127,10 @@ def test_bad_input_exits_2_with_one_line(tmp_path, make):
     path = make(tmp_path)
     proc = subprocess.run(
         [sys.executable, "-m", "ampdiag", "report", str(path)],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("ampdiag: ")

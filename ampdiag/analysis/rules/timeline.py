@@ -139,8 +139,11 @@ def fp32_kernels_dominant(session: Session) -> Iterator[Finding]:
 
 @rule("launch-bound")
 def launch_bound(session: Session) -> Iterator[Finding]:
-    """Most kernels (>= 50%) are shorter than 10 µs and the GPU waits on the host >= 20% of
-    its span (medium; >= 40% high)."""
+    """Most kernels are short and the GPU waits on the host.
+
+    Fires when >= 50% of kernels run under 10 µs and host wait is >= 20% of the GPU span
+    (medium; >= 40% high).
+    """
     ranks = [r for r in _ranks(session) if r.get("idle_breakdown")]
     if not ranks:
         return
@@ -148,7 +151,10 @@ def launch_bound(session: Session) -> Iterator[Finding]:
     span = float(r["span_us"]) or 1.0
     host_share = float(r["idle_breakdown"]["host_wait_us"]) / span
     short = float(r.get("short_kernel_share", 0.0))
-    if short < THRESHOLDS["short_kernel_share"] or host_share < THRESHOLDS["host_wait_share_medium"]:
+    if (
+        short < THRESHOLDS["short_kernel_share"]
+        or host_share < THRESHOLDS["host_wait_share_medium"]
+    ):
         return
     severity: Severity = "high" if host_share >= THRESHOLDS["host_wait_share_high"] else "medium"
     dur = r.get("kernel_duration", {})
@@ -157,7 +163,8 @@ def launch_bound(session: Session) -> Iterator[Finding]:
         id="launch-bound",
         severity=severity,
         title=(
-            f"Launch-bound: {short:.0%} of kernels run under {THRESHOLDS['short_kernel_us']:.0f} µs "
+            f"Launch-bound: {short:.0%} of kernels run under "
+            f"{THRESHOLDS['short_kernel_us']:.0f} µs "
             f"and the GPU waits on the host {host_share:.0%} of the time (rank {r['rank']})."
         ),
         evidence={
@@ -183,8 +190,11 @@ def launch_bound(session: Session) -> Iterator[Finding]:
 
 @rule("comm-not-overlapped")
 def comm_not_overlapped(session: Session) -> Iterator[Finding]:
-    """Communication kernels overlap computation < 50% of their time and the exposed part is
-    >= 10% of the GPU span (medium; >= 30% high)."""
+    """Communication is not hidden under computation.
+
+    Fires when communication kernels overlap computation < 50% of their time and the exposed
+    part is >= 10% of the GPU span (medium; >= 30% high).
+    """
     ranks = [r for r in _ranks(session) if r.get("communication", {}).get("comm_us")]
     if not ranks:
         return
@@ -220,7 +230,8 @@ def comm_not_overlapped(session: Session) -> Iterator[Finding]:
             "# fewer syncs: accumulate gradients and skip the all-reduce on micro-steps\n"
             "with model.no_sync():\n"
             "    loss.backward()\n"
-            "# compress what is sent: model.register_comm_hook(None, default_hooks.bf16_compress_hook)"
+            "# compress what is sent:\n"
+            "model.register_comm_hook(None, default_hooks.bf16_compress_hook)"
         ),
         section="timeline",
         impact=exposed,
