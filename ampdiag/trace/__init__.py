@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ampdiag.errors import InputError
 
@@ -24,48 +24,83 @@ def trace_files(path: Path) -> list[Path]:
 
 
 def session_from_traces(path: Path, hta: bool = False) -> Session:
-    """A Session analysing existing trace file(s), with the sections a trace supports."""
+    """A Session analysing existing trace file(s), with the sections a trace supports.
+
+    Args:
+        path: A trace file (.json / .json.gz) or a folder of them (one per rank).
+        hta: Also run HTA's own analyses (critical path, queue length, launch statistics) where
+            HTA is installed and they succeed; their results go under ``timeline.hta``.
+
+    Returns:
+        A Session whose ``timeline`` section holds one entry per rank (``ranks``: ``idle_us``,
+        ``compute_us``, ``non_compute_us`` and the rest, in HTA's definitions) and a ``summary``;
+        its ``profiler`` section holds the host step breakdown of the first rank.
+
+    Raises:
+        InputError: No trace files, or a file that is unreadable or not a Kineto trace.
+    """
     import datetime as _dt
-    import gzip
-    import json
 
     from ampdiag._version import __version__
     from ampdiag.session import Session
-    from ampdiag.trace.step_breakdown import breakdown, load_trace_json
+    from ampdiag.trace.reader import read_trace
+    from ampdiag.trace.timeline import analyse_rank, summarise
 
     files = trace_files(path)
-    first = files[0]
-    try:
-        doc = load_trace_json(first)
-    except (
-        OSError,
-        EOFError,
-        gzip.BadGzipFile,
-        UnicodeDecodeError,
-        json.JSONDecodeError,
-        ValueError,
-    ) as exc:
-        raise InputError(f"cannot read trace {str(first)!r}: {exc}") from None
-    events = doc.get("traceEvents")
-    if not isinstance(events, list):
-        raise InputError(f"{str(first)!r} is not a Kineto trace: no 'traceEvents' list")
-    props = doc.get("deviceProperties") or []
+    ranks = []
+    devices: list[str] = []
+    world: int | None = None
+    seen: set[int] = set()
+    warnings: list[str] = []
+    for index, file in enumerate(files):
+        rt = read_trace(file, index)
+        if rt.rank in seen:
+            warnings.append(f"{file.name}: rank {rt.rank} appears twice; using {index}")
+            rt.rank, rt.rank_source = index, "position"
+        seen.add(rt.rank)
+        devices = devices or rt.devices
+        world = world or rt.world_size
+        ranks.append(analyse_rank(rt))
+        del rt
+    ranks.sort(key=lambda r: r["rank"])
+    for r in ranks:
+        warnings.extend(f"rank {r['rank']}: {w}" for w in r["warnings"])
+        if not r["has_gpu"]:
+            warnings.append(f"rank {r['rank']}: no GPU kernels in the trace (CPU side only)")
+    first = ranks[0]
+    timeline: dict[str, Any] = {
+        "source": "trace",
+        "trace_files": [str(f) for f in files],
+        "ranks": ranks,
+        "summary": summarise(ranks),
+        "warnings": warnings,
+    }
+    if hta:
+        from ampdiag.trace.hta_extra import run_hta
+
+        timeline["hta"] = run_hta(path, files)
+    has_gpu = any(r["has_gpu"] for r in ranks)
     env = {
         "source": "trace",
-        "device_type": "cuda" if props else "cpu",
-        "device_name": props[0].get("name") if props and isinstance(props[0], dict) else "cpu",
-        "rank": (doc.get("distributedInfo") or {}).get("rank", 0),
-        "world_size": (doc.get("distributedInfo") or {}).get("world_size", 1),
+        "device_type": "cuda" if has_gpu or devices else "cpu",
+        "device_name": devices[0]
+        if devices
+        else ("GPU (unnamed in the trace)" if has_gpu else "cpu"),
+        "rank": first["rank"],
+        "world_size": world or len(ranks),
+        "ranks_in_trace": len(ranks),
     }
+    sections: dict[str, Any] = {"timeline": timeline}
+    if first["host"].get("steps"):
+        # the host step breakdown, where the trace has ProfilerStep spans (the time section)
+        sections["profiler"] = {
+            "trace_files": [str(f) for f in files],
+            "breakdown": first["host"],
+            "top_ops": [],
+        }
     return Session(
         environment=env,
-        sections={
-            "profiler": {
-                "trace_files": [str(f) for f in files],
-                "breakdown": breakdown([e for e in events if isinstance(e, dict)]),
-                "top_ops": [],
-            }
-        },
+        sections=sections,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         ampdiag_version=__version__,
         path=None,

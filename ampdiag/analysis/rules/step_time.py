@@ -16,23 +16,40 @@ THRESHOLDS = {
 
 @rule("dataloader-bound")
 def dataloader_bound(session: Session) -> Iterator[Finding]:
-    """Data loading takes >= 10% of the step (medium), >= 30% (high)."""
-    share = session.section("profiler").get("breakdown", {}).get("share", {})
-    data = float(share.get("data", 0.0))
+    """Data loading takes >= 10% of the step (medium), >= 30% (high).
+
+    The share comes from the profiler section's host breakdown of the profiled steps; where a
+    ``timeline`` section (a trace of one or more ranks) gives each rank's share of step time in
+    ``enumerate(DataLoader)`` annotations, the worst rank counts when it is larger.
+    """
+    bd = session.section("profiler").get("breakdown", {})
+    data = float(bd.get("share", {}).get("data", 0.0))
+    mean = bd.get("mean", {})
+    data_us, step_us = float(mean.get("data_us", 0.0)), float(mean.get("total_us", 0.0))
+    rank = None
+    for r in session.section("timeline").get("ranks", []):
+        share = float(r.get("data_share", 0.0)) if isinstance(r, dict) else 0.0
+        if share > data:
+            host_mean = r.get("host", {}).get("mean", {})
+            data, rank = share, r.get("rank")
+            data_us = float(host_mean.get("data_us", 0.0))
+            step_us = float(host_mean.get("total_us", 0.0))
     if data < THRESHOLDS["dataloader_share_medium"]:
         return
-    mean = session.section("profiler")["breakdown"]["mean"]
     severity: Severity = "high" if data >= THRESHOLDS["dataloader_share_high"] else "medium"
+    evidence = {
+        "data_share": round(data, 4),
+        "data_ms_per_step": round(data_us / 1000, 3),
+        "step_ms": round(step_us / 1000, 3),
+        "threshold": THRESHOLDS["dataloader_share_medium"],
+    }
+    if rank is not None:
+        evidence["rank"] = rank
     yield Finding(
         id="dataloader-bound",
         severity=severity,
         title=f"Data loading takes {data:.0%} of each step: the model waits for its input.",
-        evidence={
-            "data_share": round(data, 4),
-            "data_ms_per_step": round(mean["data_us"] / 1000, 3),
-            "step_ms": round(mean["total_us"] / 1000, 3),
-            "threshold": THRESHOLDS["dataloader_share_medium"],
-        },
+        evidence=evidence,
         fix=(
             "Load batches in worker processes and overlap the copy to the device:\n"
             "loader = DataLoader(dataset, batch_size=..., num_workers=4, pin_memory=True,\n"

@@ -17,6 +17,7 @@ from ampdiag.session import Session
 SECTION_MODULES: tuple[str, ...] = (
     "overview",
     "time",
+    "timeline",
     "precision",
     "numerics",
     "memory",

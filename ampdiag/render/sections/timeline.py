@@ -1,0 +1,81 @@
+"""The GPU timeline: idle / compute / non-compute per rank, kernels, precision, idle causes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ampdiag.render import plots
+from ampdiag.render.sections import ReportSection
+from ampdiag.render.templating import render_template
+from ampdiag.session import Session
+
+DETAIL_RANKS = 2
+
+
+def build(session: Session) -> ReportSection | None:
+    """The timeline section, when the session has a ``timeline`` section with ranks."""
+    tl = session.section("timeline")
+    ranks: list[dict[str, Any]] = [r for r in tl.get("ranks", []) if isinstance(r, dict)]
+    if not ranks:
+        return None
+    summary = tl.get("summary", {})
+    gpu = [r for r in ranks if r.get("activities_in_window")]
+    detail = gpu[:1]
+    slow = next((r for r in gpu if r["rank"] == summary.get("slowest_rank")), None)
+    if slow is not None and slow not in detail and len(detail) < DETAIL_RANKS:
+        detail.append(slow)
+    figures: dict[str, str] = {}
+    if gpu:
+        shown = gpu[:32]
+        figures["gpu-time"] = plots.data_uri(
+            plots.stacked_bar(
+                [f"rank {r['rank']}" for r in shown],
+                {
+                    "compute": [r["compute_us"] / 1000 for r in shown],
+                    "non-compute": [r["non_compute_us"] / 1000 for r in shown],
+                    "idle": [r["idle_us"] / 1000 for r in shown],
+                },
+                "ms",
+                "GPU time by rank",
+            )
+        )
+        top = detail[0]["top_kernels"][:10]
+        if top:
+            figures["top-kernels"] = plots.data_uri(
+                plots.hbar(
+                    [k["short_name"][:50] for k in top],
+                    [k["total_us"] / 1000 for k in top],
+                    "ms",
+                    f"Top kernels, rank {detail[0]['rank']}",
+                )
+            )
+    cpu_only = [r for r in ranks if not r.get("activities_in_window")][:2]
+    html = render_template(
+        "timeline.html.j2",
+        tl=tl,
+        ranks=ranks,
+        summary=summary,
+        detail=detail,
+        cpu_only=cpu_only,
+        figures=figures,
+        hta=tl.get("hta") or {},
+    )
+    if gpu:
+        r = gpu[0]
+        text = (
+            f"rank {r['rank']}: idle {r['idle_share']:.0%}, compute {r['compute_share']:.0%}, "
+            f"non-compute {r['non_compute_share']:.0%}"
+        )
+    else:
+        text = "no GPU kernels (CPU side only)"
+    return ReportSection(
+        id="timeline", title="GPU timeline", html=html, summary=text, figures=list(figures)
+    )
+
+
+def write_tensorboard(session: Session, writer: Any) -> None:
+    """Per-rank idle / compute / non-compute shares as scalars (step = rank)."""
+    for r in session.section("timeline").get("ranks", []):
+        if isinstance(r, dict) and r.get("activities_in_window"):
+            for key in ("idle", "compute", "non_compute"):
+                writer.add_scalar(f"timeline/{key}_share", r[f"{key}_share"], int(r["rank"]))

@@ -1,0 +1,85 @@
+"""What GPU kernel names say: HTA's kernel types, and the precision the kernel computed in.
+
+Kernel types follow HTA 0.5 (``hta.utils.utils.get_kernel_type``) exactly, so the timeline's
+compute / non-compute split is HTA's:
+
+- COMMUNICATION: the name matches ``^nccl.*Kernel``;
+- MEMORY: ``^Memcpy``, ``^Memset`` or ``^dma``;
+- COMPUTATION: anything else, except names matching ``.*Memcpy``, ``^Memset`` or ``.*Sync``
+  (those are OTHER).
+
+Precision is read from the names the libraries give their kernels: cuBLAS/cuDNN
+(``volta_sgemm_*`` FP32 SIMT, ``volta_h884gemm`` FP16 tensor cores, ``ampere_s16816gemm`` /
+``cutlass_80_tensorop_s1688gemm`` TF32 tensor cores, ``ampere_fp16_s16816gemm_fp16``,
+``ampere_bf16_*``), CUTLASS and XMMA (``sm80_xmma_gemm_bf16bf16_*``, ``*_tf32f32_*``), and the
+template arguments of ATen kernels (``<float>``, ``c10::Half``, ``c10::BFloat16``).
+A name that says nothing is "unknown"; nothing is guessed.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+COMPUTATION, COMMUNICATION, MEMORY, OTHER = "COMPUTATION", "COMMUNICATION", "MEMORY", "OTHER"
+KERNEL_TYPES = (COMPUTATION, COMMUNICATION, MEMORY)
+
+_NCCL = re.compile(r"^nccl.*Kernel")
+_MEMORY = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
+_NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+
+PRECISIONS = ("fp8", "int8", "bf16", "fp16", "tf32", "fp32", "fp64", "unknown")
+_PRECISION_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("fp8", re.compile(r"e4m3|e5m2|fp8|float8")),
+    ("bf16", re.compile(r"bf16|bfloat16")),
+    ("fp16", re.compile(r"fp16|f16f16|_f16|h884|h1688|h16816|hgemm|hcudnn|c10::half|__half")),
+    ("tf32", re.compile(r"tf32|(?<![a-z0-9])s1688gemm|_s1688gemm|_s16816gemm|tensorop_s")),
+    ("int8", re.compile(r"int8|i8816|imma|s8s8")),
+    ("fp64", re.compile(r"dgemm|double|fp64|f64")),
+    ("fp32", re.compile(r"sgemm|cgemm|scudnn|sgemv|float|f32|fp32")),
+)
+_MATMUL = re.compile(r"gemm|gemv|conv|scudnn|hcudnn|winograd|fprop|dgrad|wgrad|xmma|fft")
+_TENSOR_CORE = re.compile(
+    r"h884|h1688|h16816|s1688|s16816|i8816|161616|tensorop|xmma|hmma|wmma|imma|_mma|gmma"
+)
+
+
+@lru_cache(maxsize=65536)
+def kernel_type(name: str) -> str:
+    """HTA's kernel type of a GPU activity name (COMPUTATION, COMMUNICATION, MEMORY, OTHER)."""
+    if _NCCL.match(name):
+        return COMMUNICATION
+    if _MEMORY.match(name):
+        return MEMORY
+    if not _NOT_COMPUTE.match(name):
+        return COMPUTATION
+    return OTHER
+
+
+@lru_cache(maxsize=65536)
+def precision(name: str) -> tuple[str, bool, bool]:
+    """(precision, runs on tensor cores, is a GEMM/convolution) as far as the name says.
+
+    Args:
+        name: A computation kernel's name.
+
+    Returns:
+        precision in PRECISIONS; tensor cores only where the name names a tensor-core
+        instruction shape or library path; GEMM/conv for matrix-multiply-like kernels.
+    """
+    low = name.lower()
+    prec = "unknown"
+    for label, pattern in _PRECISION_RULES:
+        if pattern.search(low):
+            prec = label
+            break
+    matmul = bool(_MATMUL.search(low))
+    tensor_core = bool(_TENSOR_CORE.search(low))
+    return prec, tensor_core, matmul
+
+
+def short_name(name: str, width: int = 90) -> str:
+    """A kernel name without its argument list, cut to width characters."""
+    cut = name.split("(", 1)[0] if not name.startswith(("Memcpy", "Memset")) else name
+    cut = cut.removeprefix("void ")
+    return cut if len(cut) <= width else cut[: width - 1] + "…"

@@ -1,0 +1,153 @@
+"""Speed and peak memory of ampdiag's trace analysis vs HTA 0.5 (load + temporal breakdown).
+
+Inputs: df_index_resolver (54 MB of JSON) from ../shared/traces (or $AMPDIAG_TRACES) and a 4x
+larger trace made from it in a temporary folder (four copies of its events, shifted in time and
+correlation id; never committed). Each measurement runs in a fresh subprocess (peak RSS from
+resource.getrusage), ours and HTA's interleaved, ``--repeat`` times; medians are printed.
+
+    python benchmarks/bench_trace.py [--repeat 3] [--skip-hta-4x]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# Linux-only: peak RSS is read from /proc/self/status (VmHWM), which restarts at exec.
+
+OURS = """
+import sys, time
+sys.path.insert(0, {repo!r})
+t = time.perf_counter()
+from ampdiag.trace import session_from_traces
+from pathlib import Path
+s = session_from_traces(Path({path!r}))
+r = s.sections["timeline"]["ranks"][0]
+dt = time.perf_counter() - t
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+print(dt, int(hwm) * 1024, r["idle_us"], r["compute_us"])
+"""
+
+HTA = """
+import sys, time, warnings, logging, io, contextlib
+warnings.simplefilter("ignore")
+logging.disable(logging.CRITICAL)
+t = time.perf_counter()
+from hta.trace_analysis import TraceAnalysis
+with contextlib.redirect_stdout(io.StringIO()):
+    ta = TraceAnalysis(trace_dir={path!r})
+    tb = ta.get_temporal_breakdown(visualize=False)
+dt = time.perf_counter() - t
+row = tb.iloc[0]
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+print(dt, int(hwm) * 1024, row["idle_time(us)"], row["compute_time(us)"])
+"""
+
+
+def traces_root() -> Path:
+    env = os.environ.get("AMPDIAG_TRACES")
+    root = Path(env) if env else REPO.parent / "shared" / "traces"
+    if not (root / "MANIFEST.tsv").is_file():
+        sys.exit(f"traces not found at {root}: set AMPDIAG_TRACES")
+    return root
+
+
+def make_4x(src: Path, out_dir: Path) -> tuple[Path, int]:
+    """Four copies of the trace's events, shifted in time and ids; returns (folder, JSON bytes)."""
+    doc = json.loads(gzip.decompress(src.read_bytes()))
+    events = doc["traceEvents"]
+    ts = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
+    shift = max(ts) - min(ts) + 1000
+    out = []
+    for k in range(4):
+        for e in events:
+            e2 = dict(e)
+            if isinstance(e2.get("ts"), (int, float)):
+                e2["ts"] = e2["ts"] + k * shift
+            args = e2.get("args")
+            if isinstance(args, dict) and "correlation" in args:
+                args = dict(args)
+                args["correlation"] = args["correlation"] + k * 10_000_000
+                e2["args"] = args
+            if e2.get("ph") in ("s", "f") and isinstance(e2.get("id"), int):
+                e2["id"] += k * 10_000_000
+            name = e2.get("name")
+            if isinstance(name, str) and name.startswith("ProfilerStep#"):
+                e2["name"] = f"ProfilerStep#{int(name.split('#')[1]) + 10 * k}"
+            out.append(e2)
+    doc["traceEvents"] = out
+    text = json.dumps(doc, indent=2).encode()
+    folder = out_dir / "df_index_4x"
+    folder.mkdir()
+    (folder / "df_index_4x.json.gz").write_bytes(gzip.compress(text, compresslevel=1))
+    return folder, len(text)
+
+
+def run(code: str) -> tuple[float, int, float, float]:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    dt, rss, idle, comp = proc.stdout.strip().splitlines()[-1].split()
+    return float(dt), int(rss), float(idle), float(comp)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--skip-hta-4x", action="store_true", help="HTA on 216 MB needs ~1.5 GB")
+    ap.add_argument("--make-4x", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.make_4x:
+        folder, size = make_4x(Path(args.make_4x[0]), Path(args.make_4x[1]))
+        print(folder, size)
+        return
+    root = traces_root()
+    src_dir = root / "df_index_resolver"
+    src = src_dir / "df_index_resolver.json.gz"
+    size1 = len(gzip.decompress(src.read_bytes()))
+    with tempfile.TemporaryDirectory(prefix="bench-trace-") as tmp:
+        # made in a child process so that this one stays small (children inherit nothing big)
+        made = subprocess.run(
+            [sys.executable, __file__, "--make-4x", str(src), tmp],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        big_dir, size4 = Path(made[0]), int(made[1])
+        results = {}
+        for label, folder, size in (("1x", src_dir, size1), ("4x", big_dir, size4)):
+            ours_t, ours_m, hta_t, hta_m = [], [], [], []
+            for _ in range(args.repeat):
+                dt, rss, idle, comp = run(OURS.format(repo=str(REPO), path=str(folder)))
+                ours_t.append(dt)
+                ours_m.append(rss)
+                if label == "4x" and args.skip_hta_4x:
+                    continue
+                hdt, hrss, hidle, hcomp = run(HTA.format(path=str(folder)))
+                hta_t.append(hdt)
+                hta_m.append(hrss)
+                assert abs(idle - hidle) < 1 and abs(comp - hcomp) < 1, (idle, hidle, comp, hcomp)
+            o_t, o_m = statistics.median(ours_t), max(ours_m)
+            line = (
+                f"{label}: JSON {size / 1e6:.0f} MB | ampdiag {o_t:.2f} s, peak RSS "
+                f"{o_m / 1e6:.0f} MB ({o_m / size:.2f}x JSON)"
+            )
+            if hta_t:
+                h_t, h_m = statistics.median(hta_t), max(hta_m)
+                line += (
+                    f" | HTA {h_t:.2f} s, peak RSS {h_m / 1e6:.0f} MB ({h_m / size:.2f}x JSON)"
+                    f" | speed-up {h_t / o_t:.1f}x"
+                )
+            print(line, flush=True)
+            results[label] = o_t
+        print(f"ampdiag time 4x / 1x: {results['4x'] / results['1x']:.2f} (linear = 4.0)")
+
+
+if __name__ == "__main__":
+    main()

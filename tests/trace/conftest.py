@@ -1,0 +1,85 @@
+"""Shared fixtures for the trace tests: the real traces in ../shared/traces, tiny synthetic ones."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def shared_traces() -> Path | None:
+    """The shared real traces: $AMPDIAG_TRACES, else <repo>/../shared/traces; None if absent."""
+    env = os.environ.get("AMPDIAG_TRACES")
+    for cand in ([Path(env)] if env else []) + [REPO.parent / "shared" / "traces"]:
+        if (cand / "MANIFEST.tsv").is_file():
+            return cand
+    return None
+
+
+@pytest.fixture(scope="session")
+def traces() -> Path:
+    root = shared_traces()
+    if root is None:
+        pytest.skip("real traces not found: set AMPDIAG_TRACES or put them at ../shared/traces")
+    return root
+
+
+def manifest(root: Path) -> list[dict[str, str]]:
+    with open(root / "MANIFEST.tsv", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh, delimiter="\t"))
+
+
+def kernel(ts: float, dur: float, name: str, corr: int, stream: int = 7) -> dict[str, Any]:
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": name,
+        "pid": 0,
+        "tid": stream,
+        "ts": ts,
+        "dur": dur,
+        "args": {"stream": stream, "correlation": corr, "device": 0},
+    }
+
+
+def launch(ts: float, corr: int, dur: float = 2.0) -> dict[str, Any]:
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": "cudaLaunchKernel",
+        "pid": 10,
+        "tid": 10,
+        "ts": ts,
+        "dur": dur,
+        "args": {"correlation": corr},
+    }
+
+
+def step(n: int, ts: float, dur: float) -> dict[str, Any]:
+    return {
+        "ph": "X",
+        "cat": "user_annotation",
+        "name": f"ProfilerStep#{n}",
+        "pid": 10,
+        "tid": 10,
+        "ts": ts,
+        "dur": dur,
+        "args": {},
+    }
+
+
+def write_trace(path: Path, events: list[Any], **top: Any) -> Path:
+    doc = {"schemaVersion": 1, **top, "traceEvents": events}
+    text = json.dumps(doc)
+    if path.name.endswith(".gz"):
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+    return path
