@@ -40,6 +40,9 @@ class DiagnoseConfig:
         report: Render report.html (and the console summary) on exit.
         tensorboard: Write TensorBoard event files on exit.
         console: Print the short console summary on exit.
+        speed_probe: At the end of the run, time the model's forward + backward in FP32 and
+            under the run's autocast (see collectors/speed_probe.py; changes nothing).
+        speed_probe_repeats: Interleaved timed pairs of the speed probe.
     """
 
     profile: bool = True
@@ -54,6 +57,8 @@ class DiagnoseConfig:
     report: bool = True
     tensorboard: bool = True
     console: bool = True
+    speed_probe: bool = True
+    speed_probe_repeats: int = 3
 
 
 @dataclass
