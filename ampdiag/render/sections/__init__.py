@@ -14,7 +14,7 @@ from markupsafe import Markup
 
 from ampdiag.session import Session
 
-SECTION_MODULES: tuple[str, ...] = ("overview", "time", "environment")
+SECTION_MODULES: tuple[str, ...] = ("overview", "time", "gradscaler", "environment")
 
 
 @dataclass
