@@ -28,14 +28,13 @@ def test_every_section_in_order_even_without_data() -> None:
 
 def test_findings_live_in_their_section_and_the_overview_links_them() -> None:
     session = cuda_session(True)
-    session.findings = advise(session, fp16_findings()) + [
-        Finding("x-odd", "low", "A finding of an unknown section.", section="nowhere"),
-    ]
+    odd = Finding("x-odd", "low", "A finding of an unknown section.", section="nowhere")
+    session.findings = [*advise(session, fp16_findings()), odd]
     html = render_html(session)
     precision = html.split('<section id="precision">')[1].split("</section>")[0]
     assert 'id="finding-prefer-bf16"' in precision
     # The merged findings are cited inside, as details, once, not as findings of their own.
-    assert precision.count("<details class=\"merged\">") == 4
+    assert precision.count('<details class="merged">') == 4
     assert 'id="finding-fp16-grad-underflow"' not in html
     overview = html.split('<section id="overview">')[1].split("</section>")[0]
     assert 'href="#finding-prefer-bf16"' in overview
@@ -54,11 +53,18 @@ def test_user_strings_are_escaped_and_nothing_loads_from_the_network() -> None:
         error={"type": "RuntimeError", "message": EVIL_MESSAGE, "traceback": EVIL_MESSAGE},
         environment={"device_name": EVIL_MODULE},
         sections={
-            "profiler": {"top_ops": [{"name": EVIL_MODULE, "calls": 1, "self_cpu_us": 1.0,
-                                      "self_device_us": 0.0}], "trace_files": [EVIL_MODULE]},
-            "speed_probe": {"fp32_ms": 1.0, "autocast_ms": 2.0, "autocast": "cpu:bfloat16",
-                            "modules": [{"module": EVIL_MODULE, "fp32_ms": 1.0,
-                                         "autocast_ms": 2.0}]},
+            "profiler": {
+                "top_ops": [
+                    {"name": EVIL_MODULE, "calls": 1, "self_cpu_us": 1.0, "self_device_us": 0.0}
+                ],
+                "trace_files": [EVIL_MODULE],
+            },
+            "speed_probe": {
+                "fp32_ms": 1.0,
+                "autocast_ms": 2.0,
+                "autocast": "cpu:bfloat16",
+                "modules": [{"module": EVIL_MODULE, "fp32_ms": 1.0, "autocast_ms": 2.0}],
+            },
         },
         findings=[Finding("x", "high", EVIL_MODULE, {EVIL_MODULE: EVIL_MESSAGE}, EVIL_MODULE)],
     )
