@@ -4,7 +4,8 @@ Written here: step wall time and loss per step, the host time shares, the summar
 the findings that carry them (underflow fraction, skipped steps, loss scale, memory peak), the
 findings as a Markdown table and one text entry per finding (tags ``ampdiag/findings`` and
 ``findings/<id>``; torch's SummaryWriter stores text tag T as ``T/text_summary``). Each
-report-section module adds its own scalars, histograms and figures through its ``write_tensorboard(session, writer)``.
+report-section module adds its own scalars, histograms and figures through its
+``write_tensorboard(session, writer)``.
 
 The profiler trace under out/trace/ is already in the layout of TensorBoard's profiler plugin
 (``torch-tb-profiler``: ``<run>/<worker>.<time>.pt.trace.json.gz``), so ``tensorboard --logdir
