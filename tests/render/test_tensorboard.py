@@ -56,8 +56,19 @@ def served(tmp_path_factory: pytest.TempPathFactory, evil_run: Session) -> Itera
     write_tensorboard(session, out)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", str(out), "--host", "127.0.0.1",
-         "--port", str(port), "--load_fast=false", "--reload_interval=1"],
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(out),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--load_fast=false",
+            "--reload_interval=1",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
