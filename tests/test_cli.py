@@ -112,7 +112,7 @@ def test_html_in_place_and_elsewhere(tmp_path, capsys) -> None:
 
 def test_tensorboard_format(tmp_path, capsys) -> None:
     folder = saved(tmp_path, 0.2)
-    code, out, _ = run(["report", str(folder), "--format", "tensorboard"], capsys)
+    code, _, _ = run(["report", str(folder), "--format", "tensorboard"], capsys)
     assert code == 0
     assert list((folder / "tensorboard").glob("events.out.tfevents.*"))
 
@@ -145,7 +145,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, needle) -> Non
         "EMPTYDIR": str(empty),
         "NOTSESSION": str(foreign),
     }
-    code, out, err = run([subst.get(a, a) for a in argv], capsys)
+    code, _, err = run([subst.get(a, a) for a in argv], capsys)
     assert code == 2
     assert needle in err and err.startswith("ampdiag: ")
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
