@@ -27,8 +27,8 @@ def median_step_ms(session: Session) -> float | None:
 def autocast_slower(session: Session) -> Iterator[Finding]:
     """The probe's step under autocast takes >= 1.10x (medium), >= 1.50x (high) its FP32 time.
 
-    Evidence: both times (median of interleaved forward + backward passes on the run's own
-    model and batch), the ratio, the run's median step time and the step time FP32 would give
+    Evidence: both times (best of interleaved forward + backward passes on the run's own model
+    and batch), the ratio, the run's median step time and the step time FP32 would give
     at the measured ratio, and the leaf modules that slowed down most.
     """
     probe = session.section("speed_probe")
@@ -47,7 +47,7 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
         "fp32_ms": fp32,
         "autocast_ms": amp,
         "slowdown": round(ratio, 3),
-        "measured": f"{probe.get('measured', 'forward + backward')}, median of "
+        "measured": f"{probe.get('measured', 'forward + backward')}, best of "
         f"{probe.get('repeats', '?')} interleaved pairs",
         "threshold": THRESHOLDS["slowdown_medium"],
     }

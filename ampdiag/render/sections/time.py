@@ -39,7 +39,7 @@ def figures(session: Session) -> dict[str, bytes]:
         out["speed-probe"] = plots.hbar(
             ["FP32", str(probe.get("autocast") or "autocast")],
             [float(probe["fp32_ms"]), float(probe.get("autocast_ms") or 0.0)],
-            "ms per forward + backward (median)",
+            "ms per forward + backward (best of the samples)",
             "Speed probe: the same step in FP32 and under autocast",
         )
     return out
