@@ -163,6 +163,7 @@ class Diagnosis:
         # A partial step (the block ended between boundaries) is kept when it did something.
         if exc is None and self._step_has_activity():
             self._end_step()
+        self.run.extra["block_raised"] = exc is not None  # collectors' stop() may ask
         self._teardown()
         self.session = self._build_session(status, error)
         self._write_outputs()

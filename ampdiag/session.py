@@ -128,6 +128,21 @@ class Session:
         value = self.sections.get(name)
         return value if isinstance(value, dict) else {}
 
+    def all_findings(self) -> list[Finding]:
+        """Every finding, including those a recommendation merged (kept in its evidence).
+
+        A recommendation that explains other findings (say ``prefer-bf16`` for an FP16 run
+        that underflows and skips steps) lists them under ``evidence["merged"]``; filter or
+        gate on an id with this list to see them too.
+        """
+        out: list[Finding] = []
+        for finding in self.findings:
+            out.append(finding)
+            for merged in finding.evidence.get("merged") or []:
+                if isinstance(merged, dict) and "id" in merged:
+                    out.append(Finding.from_dict(merged))
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         """Returns the session document (what session.json holds)."""
         doc: dict[str, Any] = {

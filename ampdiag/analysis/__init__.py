@@ -7,8 +7,14 @@ from ampdiag.session import Finding, Session
 
 
 def analyze(session: Session) -> list[Finding]:
-    """Runs every registered rule on the session and returns the ranked findings."""
-    return run_rules(session)
+    """Runs every registered rule, then the advisors, and returns the ranked findings.
+
+    The advisors (`ampdiag.analysis.advice`) run after all rules: they weigh every finding and
+    merge the ones that one recommendation explains.
+    """
+    from ampdiag.analysis.advice import advise
+
+    return advise(session, run_rules(session))
 
 
 __all__ = ["Rule", "analyze", "rule", "rules", "run_rules"]

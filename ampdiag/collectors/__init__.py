@@ -8,8 +8,12 @@ from ampdiag.collectors.base import Collector, DiagnoseConfig, RunContext
 def default_collectors(config: DiagnoseConfig) -> list[Collector]:
     """The collectors diagnose() attaches by default, in callback order."""
     from ampdiag.collectors.profiler import ProfilerCollector
+    from ampdiag.collectors.speed_probe import SpeedProbe
 
     collectors: list[Collector] = []
+    # SpeedProbe stays FIRST: collectors stop in reverse order, so its stop() (which runs the
+    # probe's extra forward/backward) comes after every other collector removed its hooks.
+    collectors.append(SpeedProbe(repeats=config.speed_probe_repeats))
     if config.profile:
         collectors.append(ProfilerCollector())
     if config.memory:

@@ -56,6 +56,9 @@ class DiagnoseConfig:
         precision: Audit the dtype of every op of one step (forward and backward).
         precision_step: The step the precision audit runs on (default the second, index 1:
             the first pays for lazy initialisation).
+        speed_probe: At the end of the run, time the model's forward + backward in FP32 and
+            under the run's autocast (see collectors/speed_probe.py; changes nothing).
+        speed_probe_repeats: Interleaved timed pairs of the speed probe.
     """
 
     profile: bool = True
@@ -80,6 +83,8 @@ class DiagnoseConfig:
     activation_every: int = 0
     precision: bool = True
     precision_step: int = 1
+    speed_probe: bool = True
+    speed_probe_repeats: int = 3
 
 
 @dataclass

@@ -1,21 +1,91 @@
-"""The HTML report: one self-contained file (inline CSS, figures as data URIs, no network)."""
+"""The HTML report: one self-contained file (inline CSS, figures as data URIs, no network).
+
+Layout: the overview first (the verdict in a sentence, the top recommendations with their fixes,
+every finding in a table that links to it), then one section per topic -- time, precision,
+numerics, memory, GradScaler -- and the environment. A topic no collector filled still gets its
+section, saying what it would need, so the report's shape (and its anchors) never change. Each
+finding is shown in full in its topic's section (anchor ``#finding-<id>``). No scripts: the
+navigation is anchors, the details are ``<details>`` elements; the Content-Security-Policy
+forbids every network access and every script.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from ampdiag.render.sections import ReportSection, build_sections
 from ampdiag.render.templating import render_template
-from ampdiag.session import Session
+from ampdiag.session import Finding, Session
 
 REPORT_FILE = "report.html"
+
+#: Topic sections every report has, in order, with what fills them when a run has no data.
+TOPICS: tuple[tuple[str, str, str], ...] = (
+    ("time", "Step time", "a profiled step (run at least skip + warm-up + 1 steps)"),
+    ("precision", "Precision", "the dtype audit of a sampled step under autocast"),
+    ("numerics", "Numerics", "gradient and activation statistics of sampled steps"),
+    ("memory", "Memory", "the memory collector (allocator events or a CUDA snapshot)"),
+    ("gradscaler", "GradScaler", "a GradScaler in the run (scale history, skipped steps)"),
+)
+_ORDER = ("overview", "time", "timeline", "precision", "numerics", "memory", "gradscaler")
+TOP_RECOMMENDATIONS = 3
+
+
+@dataclass
+class ShownFinding:
+    """A finding with its anchor in the report and the section that shows it in full."""
+
+    f: Finding
+    anchor: str
+    section: str
+
+
+def anchors(findings: list[Finding], shown_in: set[str]) -> list[ShownFinding]:
+    """Unique anchors (``finding-<id>``, ``finding-<id>-2``...) and where each finding lives."""
+    seen: dict[str, int] = {}
+    out = []
+    for f in findings:
+        n = seen[f.id] = seen.get(f.id, 0) + 1
+        anchor = f"finding-{f.id}" if n == 1 else f"finding-{f.id}-{n}"
+        out.append(ShownFinding(f, anchor, f.section if f.section in shown_in else "overview"))
+    return out
+
+
+def _placeholder(topic: str, title: str, needs: str, session: Session) -> ReportSection:
+    html = render_template("placeholder.html.j2", needs=needs, source=session.environment)
+    return ReportSection(id=topic, title=title, html=html, summary="no data")
+
+
+def arrange(session: Session, built: list[ReportSection]) -> list[ReportSection]:
+    """Adds the missing topic sections and puts them in report order."""
+    sections = list(built)
+    have = {s.id for s in sections}
+    for topic, title, needs in TOPICS:
+        if topic not in have:
+            sections.append(_placeholder(topic, title, needs, session))
+
+    def key(item: tuple[int, ReportSection]) -> tuple[int, int]:
+        index, s = item
+        if s.id == "environment":
+            return (2, index)
+        if s.id in _ORDER:
+            return (0, _ORDER.index(s.id))
+        return (1, index)
+
+    return [s for _, s in sorted(enumerate(sections), key=key)]
 
 
 def render_html(session: Session, sections: list[ReportSection] | None = None) -> str:
     """Returns the report as one HTML document."""
     css = resources.files("ampdiag.render").joinpath("templates/report.css").read_text("utf-8")
-    sections = build_sections(session) if sections is None else sections
+    sections = arrange(session, build_sections(session) if sections is None else sections)
+    shown = anchors(session.findings, {s.id for s in sections} - {"overview"})
+    by_section: dict[str, list[ShownFinding]] = {}
+    for item in shown:
+        by_section.setdefault(item.section, []).append(item)
+    titles = {s.id: s.title for s in sections}
     env = session.environment
     title = " · ".join(str(x) for x in (env.get("device_name"), env.get("autocast") or None) if x)
     folder = str(session.path) if session.path is not None else "DIR"
@@ -24,6 +94,10 @@ def render_html(session: Session, sections: list[ReportSection] | None = None) -
             "report.html.j2",
             session=session,
             sections=sections,
+            shown=shown,
+            by_section=by_section,
+            titles=titles,
+            top=[s for s in shown if s.f.severity != "info"][:TOP_RECOMMENDATIONS],
             css=css,
             title=title,
             folder=folder,

@@ -40,6 +40,25 @@ def _fmt_pct(value: Any) -> str:
         return str(value)
 
 
+def _fmt_evidence(value: Any) -> str:
+    """An evidence value as text: numbers short, lists and objects as compact JSON."""
+    import json
+
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) < 1e15:
+            return str(int(value))
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, str) for v in value):
+            return "; ".join(value)
+        return json.dumps(value, default=str)
+    if isinstance(value, dict):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
 @lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
     """The shared environment (templates from ampdiag/render/templates, autoescape on)."""
@@ -53,6 +72,7 @@ def environment() -> jinja2.Environment:
     env.filters["us"] = _fmt_us
     env.filters["bytes"] = _fmt_bytes
     env.filters["pct"] = _fmt_pct
+    env.filters["evidence"] = _fmt_evidence
     return env
 
 

@@ -14,7 +14,8 @@ FIXTURE = Path(__file__).parent.parent / "data" / "cuda" / "snapshot_documented_
 
 def ids(section: dict, **kw: object) -> dict:
     session = Session(sections={"memory": section, **kw.pop("sections", {})}, **kw)  # type: ignore[arg-type]
-    return {f.id: f for f in analyze(session)}
+    session.findings = analyze(session)
+    return {f.id: f for f in session.all_findings()}
 
 
 def base(peak: int, cap: int, **extra: object) -> dict:

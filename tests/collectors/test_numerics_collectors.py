@@ -191,13 +191,13 @@ def run_fp16(tmp_path: Path, scaler: Any, loss_mul: float, **kw: Any) -> ampdiag
 
 
 def ids(session: ampdiag.Session) -> set[str]:
-    return {f.id for f in session.findings}
+    return {f.id for f in session.all_findings()}
 
 
 def test_tiny_gradients_without_scaler_flag_underflow_and_missing_scaler(tmp_path: Path) -> None:
     s = run_fp16(tmp_path / "a", None, 1e-4)
     assert {"fp16-grad-underflow", "grad-scaler-missing"} <= ids(s)
-    f = next(f for f in s.findings if f.id == "fp16-grad-underflow")
+    f = next(f for f in s.all_findings() if f.id == "fp16-grad-underflow")
     assert f.evidence["underflow_fraction"] > 0.2
     assert f.evidence["recommended_init_scale"] >= 2.0**8
     s2 = run_fp16(tmp_path / "b", torch.amp.GradScaler("cpu", init_scale=2.0**16), 1e-4)
@@ -227,7 +227,7 @@ def test_an_inf_injected_into_one_step_is_one_skipped_step(tmp_path: Path, fused
     assert sc["skipped_steps"] == [1]
     assert sc["backoff_steps"] == [1]
     assert [h["scale"] for h in sc["history"]] == [256.0, 256.0, 128.0, 128.0]
-    f = next(f for f in d.session.findings if f.id == "skipped-steps")
+    f = next(f for f in d.session.all_findings() if f.id == "skipped-steps")
     assert (f.evidence["skipped"], f.evidence["steps"]) == (1, 4)
     assert d.session.section("gradients")["totals"]["nonfinite"] == 1
 
@@ -236,7 +236,7 @@ def test_disabled_scaler_is_flagged(tmp_path: Path) -> None:
     with pytest.warns(UserWarning):
         scaler = torch.amp.GradScaler()  # "cuda" by default: disables itself on a CPU run
     s = run_fp16(tmp_path, scaler, 1.0)
-    f = next(f for f in s.findings if f.id == "grad-scaler-disabled")
+    f = next(f for f in s.all_findings() if f.id == "grad-scaler-disabled")
     assert f.evidence["enabled"] is False
     assert "grad-scaler-missing" not in ids(s)
 
@@ -251,7 +251,7 @@ def test_clip_before_unscale_is_flagged_and_after_is_not(tmp_path: Path) -> None
 
     original = torch.nn.utils.clip_grad_norm_
     s = run_fp16(tmp_path / "a", torch.amp.GradScaler("cpu"), 1.0, hook=clip_first)
-    f = next(f for f in s.findings if f.id == "clip-before-unscale")
+    f = next(f for f in s.all_findings() if f.id == "clip-before-unscale")
     assert f.evidence["clips_on_scaled_grads"] == 3
     assert f.evidence["scale"] == 2.0**16
     s2 = run_fp16(tmp_path / "b", torch.amp.GradScaler("cpu"), 1.0, hook=clip_after)
@@ -282,7 +282,7 @@ def test_nan_produced_in_a_known_module_is_located_there(tmp_path: Path) -> None
     assert d.session is not None
     origin = d.session.section("activations")["nonfinite_origin"]
     assert origin == {"step": 2, "phase": "forward", "module": "2", "kind": "output"}
-    f = next(f for f in d.session.findings if f.id == "nonfinite-origin")
+    f = next(f for f in d.session.all_findings() if f.id == "nonfinite-origin")
     assert (f.evidence["module"], f.evidence["step"]) == ("2", 2)
 
 
@@ -300,7 +300,7 @@ def test_optimizer_step_bypassing_the_scaler_is_flagged(tmp_path: Path) -> None:
             opt.step()
             d.step()
     assert d.session is not None
-    f = next(f for f in d.session.findings if f.id == "scaler-step-bypassed")
+    f = next(f for f in d.session.all_findings() if f.id == "scaler-step-bypassed")
     assert f.evidence["bypassed"] == 2
 
 
@@ -314,7 +314,7 @@ def test_fp16_parameters_are_flagged(tmp_path: Path) -> None:
             model(torch.randn(4, 8).half()).float().pow(2).mean().backward()
             opt.step()
     assert d.session is not None
-    f = next(f for f in d.session.findings if f.id == "fp16-params")
+    f = next(f for f in d.session.all_findings() if f.id == "fp16-params")
     assert f.evidence["fp16_params"] == 4
     assert f.evidence["fp16_numel"] == sum(p.numel() for p in model.parameters())
 

@@ -44,7 +44,8 @@ def test_launch_bound_trace_findings(tmp_path):
     # each 18 us gap: launch came 13 us after the previous kernel ended, then 5 us of latency
     assert r["idle_breakdown"] == {"host_wait_us": 99 * 13, "kernel_wait_us": 99 * 5, "other_us": 0}
     assert r["launch_latency"]["median_us"] == 5
-    ids = {f.id: f for f in analyze(session)}
+    session.findings = analyze(session)
+    ids = {f.id: f for f in session.all_findings()}
     assert {"gpu-idle", "launch-bound"} <= set(ids)
     assert ids["gpu-idle"].evidence["idle_share"] == pytest.approx(r["idle_share"], abs=1e-4)
     assert ids["gpu-idle"].severity == "high"
@@ -65,7 +66,8 @@ def test_fp32_and_comm_findings(tmp_path):
     assert r["precision"]["fp32_matmul_share"] == 1.0
     assert r["communication"]["overlap_share"] == 0.0
     assert r["communication"]["comm_us"] == 400
-    ids = {f.id: f for f in analyze(session)}
+    session.findings = analyze(session)
+    ids = {f.id: f for f in session.all_findings()}
     assert ids["fp32-kernels-dominant"].severity == "high"
     assert ids["comm-not-overlapped"].evidence["exposed_us"] == 400
 
@@ -78,7 +80,8 @@ def test_dataloader_bound_from_trace_ranks(tmp_path):
     session = session_from_traces(write_trace(tmp_path / "cpu.json", ev))
     # a session where only the timeline knows: drop the profiler section
     del session.sections["profiler"]
-    found = [f for f in analyze(session) if f.id == "dataloader-bound"]
+    session.findings = analyze(session)
+    found = [f for f in session.all_findings() if f.id == "dataloader-bound"]
     assert found and found[0].evidence["data_share"] == pytest.approx(0.4)
     assert found[0].severity == "high"
 

@@ -20,6 +20,7 @@ SECTION_MODULES: tuple[str, ...] = (
     "timeline",
     "precision",
     "numerics",
+    "gradscaler",
     "memory",
     "environment",
 )

@@ -95,7 +95,6 @@ def build(session: Session) -> ReportSection | None:
         params=sorted(grads.get("params", []), key=lambda p: -p["subnormal_fraction"])[:TABLE_ROWS],
         predictions=[p for p in acts.get("predictions", []) if p["scale_log2"] % 4 == 0],
         figures=figures,
-        findings=[f for f in session.findings if f.section == "numerics"],
     )
     parts = [f"underflow {u['underflow_fraction']:.1%}"]
     if history:

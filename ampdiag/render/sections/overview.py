@@ -1,10 +1,15 @@
-"""The overview: the verdict in a sentence and the findings, most important first."""
+"""The overview: the verdict in a sentence.
+
+The report adds the top recommendations and the table of every finding below it (html.py).
+"""
 
 from __future__ import annotations
 
+import statistics
+
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
-from ampdiag.session import Finding, Session
+from ampdiag.session import SEVERITIES, Finding, Session
 
 
 def verdict(session: Session) -> str:
@@ -19,13 +24,40 @@ def verdict(session: Session) -> str:
     if not actionable:
         return head + "No problem above the documented thresholds was found."
     top: Finding = actionable[0]
+    explains = top.evidence.get("explains") if isinstance(top.evidence, dict) else None
+    because = (
+        f" (this explains {len(explains)} finding{'s' if len(explains) != 1 else ''})"
+        if isinstance(explains, list) and explains
+        else ""
+    )
     more = len(actionable) - 1
-    tail = f" ({more} more finding{'s' if more != 1 else ''} below.)" if more else ""
-    return head + top.title + tail
+    tail = f" {more} more finding{'s' if more != 1 else ''} below." if more else ""
+    title = top.title.rstrip(".")
+    return f"{head}{title}{because}.{tail}"
+
+
+def counts(session: Session) -> str:
+    """The findings counted by severity, e.g. "2 high, 1 medium findings"."""
+    parts = []
+    for sev in SEVERITIES:
+        n = sum(1 for f in session.findings if f.severity == sev)
+        if n:
+            parts.append(f"{n} {sev}")
+    if not parts:
+        return "no findings"
+    return ", ".join(parts) + " finding" + ("s" if len(session.findings) != 1 else "")
 
 
 def build(session: Session) -> ReportSection:
     """The overview section (always present)."""
     text = verdict(session)
-    html = render_template("overview.html.j2", session=session, verdict=text)
+    walls = [s.get("wall_s") for s in session.steps[1:] or session.steps]
+    values = [float(w) * 1000 for w in walls if isinstance(w, (int, float))]
+    html = render_template(
+        "overview.html.j2",
+        session=session,
+        verdict=text,
+        median_ms=statistics.median(values) if values else None,
+        counts=counts(session),
+    )
     return ReportSection(id="overview", title="Overview", html=html, summary=text)

@@ -1,0 +1,293 @@
+"""Is mixed precision faster here? The model's step timed in FP32 and under the run's autocast.
+
+Autocast is not always a speed-up: a CPU without native BF16 (no AVX512_BF16/AMX) emulates it,
+and small GPU matmuls can lose more to casts than they gain. The probe measures it, on the
+user's own model and batch, instead of assuming it.
+
+How it measures, observing and never changing:
+
+- During the run a forward pre-hook on the root model keeps a reference to the inputs of the
+  last forward that ran under autocast on a sampled step (no copy, no compute), and the batch
+  size (the leading dimension of the first tensor input).
+- At ``stop()``, once the block has ended without an error and every other collector has
+  removed its hooks (this collector is first in the list, so it stops last), it runs the
+  model's forward and a backward of a surrogate loss (the sum of the floating outputs) with
+  ``torch.autograd.grad`` -- which returns gradients without touching any ``.grad`` -- once
+  under ``torch.autocast(enabled=False)`` and once under the autocast the run used, warm-up
+  first, then ``repeats`` interleaved pairs (ABBA order). The headline times are the best of
+  the samples (timeit's convention: other load on the machine only ever adds time), the
+  medians are kept beside them. One more
+  forward of each, with timing hooks on the leaf modules, gives the per-module times.
+- Parameters are never written; every buffer (BatchNorm running statistics,
+  ``num_batches_tracked``) is saved before and copied back after; the CPU and CUDA random
+  number generators are forked (``torch.random.fork_rng``), so dropout draws nothing the
+  training would see. Training after the block is bit-identical to training without it.
+
+It does not run under torch.distributed with several ranks (extra forwards on one rank would
+desynchronise DDP/FSDP collectives), when the block raised, or with ``speed_probe=False``.
+User forward hooks on the model do see the probe's extra forwards.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from ampdiag.collectors.base import Collector, RunContext
+from ampdiag.collectors.discovery import autocast_state
+
+TOP_MODULES = 15
+
+
+def _floating_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    """The floating-point tensors in a model output (tensor, sequence, mapping, dataclass)."""
+    if depth > 4:
+        return
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point():
+            yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _floating_tensors(v, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _floating_tensors(v, depth + 1)
+    elif hasattr(value, "__dataclass_fields__"):
+        for name in value.__dataclass_fields__:
+            yield from _floating_tensors(getattr(value, name, None), depth + 1)
+
+
+def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
+
+
+def _is_distributed(model: torch.nn.Module) -> bool:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return True
+    return "DistributedDataParallel" in type(model).__name__ or "FullyShard" in str(type(model))
+
+
+class SpeedProbe(Collector):
+    """Times the model's forward + backward in FP32 and under the run's autocast, once."""
+
+    name = "speed_probe"
+
+    def __init__(self, repeats: int = 3) -> None:
+        self.repeats = max(1, repeats)
+        self._run: RunContext | None = None
+        self._model: torch.nn.Module | None = None
+        self._handle: Any = None
+        self._inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+        self._autocast: str | None = None
+        self._batch: int | None = None
+        self._probing = False
+        self._result: dict[str, Any] = {}
+        self._skipped: str | None = None
+
+    def start(self, run: RunContext) -> None:
+        """Remembers the run (for the sampling schedule)."""
+        self._run = run
+
+    def on_model(self, run: RunContext, model: torch.nn.Module) -> None:
+        """Watches the first (root) model's forward inputs."""
+        if self._handle is not None:
+            return
+        self._model = model
+        self._handle = model.register_forward_pre_hook(self._pre, with_kwargs=True)
+
+    def _pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self._probing:
+            return
+        if self._batch is None:
+            first = _first_tensor(args, kwargs)
+            if first is not None and first.dim() > 0:
+                self._batch = int(first.shape[0])
+        state = autocast_state()
+        if state is not None and (self._run is None or self._run.is_sampled()):
+            self._inputs = (args, kwargs)
+            self._autocast = state
+
+    def stop(self, run: RunContext) -> None:
+        """Removes the hook, then runs the probe unless the block failed or it cannot."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        inputs, self._inputs = self._inputs, None
+        raised = run.extra.get("block_raised")
+        if raised is None:
+            raised = sys.exc_info()[1] is not None
+        model = self._model
+        if not run.config.speed_probe:
+            self._skipped = "disabled (speed_probe=False)"
+        elif raised:
+            self._skipped = "the block raised: no extra work after an error"
+        elif model is None:
+            self._skipped = "no model was found"
+        elif inputs is None or self._autocast is None:
+            self._skipped = "no forward ran under autocast on a sampled step"
+        elif _is_distributed(model):
+            self._skipped = "distributed run: extra forwards would desynchronise the ranks"
+        if self._skipped is not None or model is None or inputs is None or self._autocast is None:
+            return
+        device, dtype_name = self._autocast.split(":", 1)
+        self._probing = True
+        try:
+            self._result = probe(
+                model, inputs[0], inputs[1], device, getattr(torch, dtype_name), self.repeats
+            )
+            self._result["autocast"] = self._autocast
+        except Exception as exc:  # the probe must never cost the user the report
+            self._result = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            self._probing = False
+
+    def section(self) -> dict[str, Any] | None:
+        """The timings (or why there are none) and the batch size seen."""
+        if self._run is None:
+            return None
+        out: dict[str, Any] = {"batch_size": self._batch, "skipped": self._skipped}
+        out.update(self._result)
+        return out
+
+
+def probe(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    device: str,
+    dtype: torch.dtype,
+    repeats: int = 3,
+) -> dict[str, Any]:
+    """Times ``model(*args, **kwargs)`` + a surrogate backward in FP32 and under autocast.
+
+    Parameters, their ``.grad``, buffers and the RNG state are unchanged afterwards.
+
+    Args:
+        model: The model (left in its train/eval mode).
+        args: Positional inputs of a real forward.
+        kwargs: Keyword inputs of a real forward.
+        device: The autocast device type ("cpu" or "cuda").
+        dtype: The autocast dtype.
+        repeats: Interleaved timed pairs after one warm-up pair.
+
+    Returns:
+        ``fp32_ms``, ``autocast_ms`` (best of the samples), their medians, all samples,
+        ``ratio`` (autocast / FP32), ``measured`` (what was timed) and ``modules`` (per leaf
+        module forward times).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    cuda_devices = sorted({t.device.index or 0 for t in model.parameters() if t.is_cuda})
+    use_cuda = bool(cuda_devices) or device == "cuda"
+
+    def sync() -> None:
+        if use_cuda and torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    backward = bool(params)
+
+    def once(amp: bool) -> float:
+        sync()
+        t0 = time.perf_counter()
+        with torch.autocast(device, dtype=dtype, enabled=amp):
+            out = model(*args, **kwargs)
+        if backward:
+            loss = sum(t.float().sum() for t in _floating_tensors(out) if t.requires_grad)
+            if isinstance(loss, torch.Tensor):
+                torch.autograd.grad(loss, params, allow_unused=True)
+        del out
+        sync()
+        return time.perf_counter() - t0
+
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    fp32: list[float] = []
+    amp: list[float] = []
+    with torch.random.fork_rng(devices=cuda_devices if torch.cuda.is_available() else []):
+        try:
+            once(False)
+            once(True)
+            for i in range(repeats):
+                order = (False, True) if i % 2 == 0 else (True, False)
+                for a in order:
+                    (amp if a else fp32).append(once(a) * 1000)
+            modules = _module_times(model, args, kwargs, device, dtype, sync)
+        finally:
+            with torch.no_grad():
+                for buf, value in saved:
+                    buf.copy_(value)
+    fp32_ms, amp_ms = min(fp32), min(amp)
+    return {
+        "measured": "forward + backward" if backward else "forward",
+        "repeats": repeats,
+        "fp32_ms": round(fp32_ms, 4),
+        "autocast_ms": round(amp_ms, 4),
+        "fp32_ms_median": round(statistics.median(fp32), 4),
+        "autocast_ms_median": round(statistics.median(amp), 4),
+        "fp32_ms_all": [round(x, 4) for x in fp32],
+        "autocast_ms_all": [round(x, 4) for x in amp],
+        "ratio": round(amp_ms / fp32_ms, 4) if fp32_ms > 0 else None,
+        "modules": modules,
+    }
+
+
+def _module_times(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    device: str,
+    dtype: torch.dtype,
+    sync: Callable[[], None],
+) -> list[dict[str, Any]]:
+    """Forward time of each leaf module in FP32 and under autocast (one pass each, no grad)."""
+    leaves = [
+        (n or type(model).__name__, m)
+        for n, m in model.named_modules()
+        if not any(True for _ in m.children())
+    ]
+    times: dict[str, list[float]] = {n: [0.0, 0.0] for n, _ in leaves}
+    started: dict[int, float] = {}
+    slot = [0]
+    handles = []
+
+    def pre(module: torch.nn.Module, inputs: Any) -> None:
+        sync()
+        started[id(module)] = time.perf_counter()
+
+    def make_post(name: str) -> Callable[..., None]:
+        def post(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+            sync()
+            t0 = started.pop(id(module), None)
+            if t0 is not None:
+                times[name][slot[0]] += (time.perf_counter() - t0) * 1000
+
+        return post
+
+    try:
+        for name, module in leaves:
+            handles.append(module.register_forward_pre_hook(pre))
+            handles.append(module.register_forward_hook(make_post(name)))
+        with torch.no_grad():
+            for index, amp in enumerate((False, True)):
+                slot[0] = index
+                with torch.autocast(device, dtype=dtype, enabled=amp):
+                    model(*args, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    ranked = sorted(
+        ((n, t) for n, t in times.items() if t[0] > 0 or t[1] > 0),
+        key=lambda item: item[1][1] - item[1][0],
+        reverse=True,
+    )
+    return [
+        {"module": n, "fp32_ms": round(t[0], 4), "autocast_ms": round(t[1], 4)}
+        for n, t in ranked[:TOP_MODULES]
+    ]

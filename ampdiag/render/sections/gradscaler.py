@@ -1,0 +1,75 @@
+"""The GradScaler: which scaler the run used, its settings, and the loss scale over the steps.
+
+The scale history is read from the ``scaler`` section when a collector wrote one, as
+``history: [{"step": int, "scale": float, "skipped": bool}, ...]``; the findings about the
+scaler (missing, disabled, skipped steps, collapse, settings) are added by the report.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ampdiag.render import plots
+from ampdiag.render.sections import ReportSection
+from ampdiag.render.templating import render_template
+from ampdiag.session import Session
+
+
+def scale_history(session: Session) -> list[dict[str, Any]]:
+    """The per-step loss scale records that have a numeric scale."""
+    rows = session.section("scaler").get("history", [])
+    if not isinstance(rows, list):
+        return []
+    return [
+        r
+        for r in rows
+        if isinstance(r, dict)
+        and isinstance(r.get("scale"), (int, float))
+        and isinstance(r.get("step"), int)
+    ]
+
+
+def build(session: Session) -> ReportSection | None:
+    """The GradScaler section, when the run had a scaler or fp16 autocast or scaler data."""
+    run = session.section("run")
+    scaler = run.get("scaler")
+    history = scale_history(session)
+    autocast = str(session.environment.get("autocast") or "")
+    if not scaler and not history and not autocast.endswith("float16"):
+        return None
+    figures: dict[str, str] = {}
+    if len(history) >= 2:
+        figures["loss-scale"] = plots.data_uri(
+            plots.line(
+                [r["step"] for r in history],
+                {"loss scale": [float(r["scale"]) for r in history]},
+                "step",
+                "scale",
+                "Loss scale per step (dashed: skipped steps)",
+                marks=[r["step"] for r in history if r.get("skipped")],
+                logy=True,
+            )
+        )
+    skipped = sum(1 for r in history if r.get("skipped"))
+    html = render_template(
+        "gradscaler.html.j2",
+        scaler=scaler,
+        autocast=autocast,
+        history=history,
+        skipped=skipped,
+        figures=figures,
+    )
+    state = {True: "enabled", False: "disabled"}
+    summary = state[bool(scaler.get("enabled"))] if scaler else "no GradScaler"
+    if history:
+        summary += f", {skipped} skipped step{'s' if skipped != 1 else ''}"
+    return ReportSection(
+        id="gradscaler", title="GradScaler", html=html, summary=summary, figures=list(figures)
+    )
+
+
+def write_tensorboard(session: Session, writer: Any) -> None:
+    """Loss scale and skipped steps per step, when the run recorded them."""
+    for r in scale_history(session):
+        writer.add_scalar("scaler/loss_scale", float(r["scale"]), r["step"])
+        writer.add_scalar("scaler/skipped", 1.0 if r.get("skipped") else 0.0, r["step"])

@@ -1,0 +1,174 @@
+"""The speed probe: FP32 vs autocast times measured on the user's model, changing nothing."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import ampdiag
+from ampdiag.analysis import analyze
+from ampdiag.session import Session
+
+QUIET = {"profile": False, "report": False, "tensorboard": False, "console": False}
+
+
+def matmul_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)])
+
+
+def train(
+    model: nn.Module, data: list[torch.Tensor], dtype: torch.dtype, out: Path | None, **kw: int
+):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def steps() -> None:
+        for x in data:
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=dtype):
+                loss = model(x).float().pow(2).mean()
+            loss.backward()
+            opt.step()
+
+    if out is None:
+        steps()
+        return None
+    with ampdiag.diagnose(out=out, **QUIET, **kw) as d:
+        steps()
+    return d.session
+
+
+def direct_ratio(model: nn.Module, x: torch.Tensor, dtype: torch.dtype, n: int = 7) -> float:
+    """The same comparison made another way: whole training-style passes timed in a loop."""
+    params = list(model.parameters())
+
+    def run(amp: bool) -> float:
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=dtype, enabled=amp):
+            y = model(x)
+        torch.autograd.grad(y.float().sum(), params)
+        return time.perf_counter() - t0
+
+    run(False), run(True)
+    fp32 = min(run(False) for _ in range(n))
+    amp = min(run(True) for _ in range(n))
+    return amp / fp32
+
+
+@pytest.fixture()
+def one_thread():
+    # On a shared 2-core machine, multi-threaded GEMMs stall on thread barriers whenever another
+    # process runs; one thread makes both timings (probe and direct) comparable.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_autocast_slower_fires_on_a_matmul_model_on_this_cpu(tmp_path: Path, one_thread) -> None:
+    torch.manual_seed(1)
+    data = [torch.randn(64, 256) for _ in range(3)]
+    model = matmul_model()
+    session = train(model, data, torch.float16, tmp_path / "run", speed_probe_repeats=5)
+    probe = session.section("speed_probe")
+    assert probe["autocast"] == "cpu:float16"
+    assert probe["batch_size"] == 64
+    assert probe["measured"] == "forward + backward"
+    assert len(probe["fp32_ms_all"]) == len(probe["autocast_ms_all"]) == 5
+    assert probe["fp32_ms"] == min(probe["fp32_ms_all"])
+    ratio = probe["autocast_ms"] / probe["fp32_ms"]
+    direct = direct_ratio(model, data[0], torch.float16)
+    # CPU fp16 autocast (no native fp16 GEMM in the default CPU path) is slower than FP32 here,
+    # and the probe agrees with the direct measurement within a factor of 2.
+    assert direct > 1.1, direct
+    assert 0.5 < ratio / direct < 2.0, (ratio, direct)
+    names = {m["module"] for m in probe["modules"]}
+    assert names <= {"0", "1", "2", "3"} and names
+    found = [f for f in analyze(session) if f.id == "autocast-slower"]
+    assert len(found) == 1
+    ev = found[0].evidence
+    assert ev["fp32_ms"] == probe["fp32_ms"] and ev["autocast_ms"] == probe["autocast_ms"]
+    assert ev["slowdown"] == pytest.approx(ratio, rel=1e-3)
+    assert ev["estimated_fp32_step_ms"] < ev["step_ms"]
+    assert "enabled=use_amp" in found[0].fix
+
+
+def test_training_is_bit_identical_with_the_probe(tmp_path: Path) -> None:
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(
+            nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 4)
+        )
+
+    torch.manual_seed(5)
+    data = [torch.randn(8, 16) for _ in range(3)]
+    plain, watched = model(), model()
+    torch.manual_seed(7)
+    train(plain, data, torch.bfloat16, None)
+    after_plain = torch.get_rng_state()
+    torch.manual_seed(7)
+    session = train(watched, data, torch.bfloat16, tmp_path / "run")
+    after_watched = torch.get_rng_state()
+    assert session.section("speed_probe")["fp32_ms"] > 0  # the probe did run
+    assert torch.equal(after_plain, after_watched)
+    for a, b in zip(plain.state_dict().values(), watched.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(plain.parameters(), watched.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)  # .grad untouched by the probe's backward
+    # And training on after the block stays identical (dropout draws, BN statistics).
+    torch.set_rng_state(after_plain)
+    train(plain, data[:1], torch.bfloat16, None)
+    torch.set_rng_state(after_watched)
+    train(watched, data[:1], torch.bfloat16, None)
+    for a, b in zip(plain.state_dict().values(), watched.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_probe_skips_after_an_error_and_without_autocast(tmp_path: Path) -> None:
+    model = nn.Linear(4, 4)
+    with pytest.raises(ValueError), ampdiag.diagnose(out=tmp_path / "err", **QUIET) as d:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(torch.randn(2, 4)).sum().backward()
+        raise ValueError("user error")
+    assert "raised" in d.session.section("speed_probe")["skipped"]
+    with ampdiag.diagnose(out=tmp_path / "fp32", **QUIET) as d:
+        model(torch.randn(2, 4)).sum().backward()
+    probe = d.session.section("speed_probe")
+    assert "autocast" in probe["skipped"] and "fp32_ms" not in probe
+    off = ampdiag.diagnose(out=tmp_path / "off", speed_probe=False, **QUIET)
+    with off as d, torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.randn(2, 4)).sum().backward()
+    assert "disabled" in d.session.section("speed_probe")["skipped"]
+
+
+def probe_session(fp32: float, amp: float) -> Session:
+    return Session(
+        environment={"device_type": "cpu", "bf16_native": False, "cpu_flags": ["avx2"]},
+        steps=[{"index": i, "wall_s": 0.05} for i in range(4)],
+        sections={
+            "speed_probe": {
+                "autocast": "cpu:bfloat16",
+                "fp32_ms": fp32,
+                "autocast_ms": amp,
+                "repeats": 3,
+                "measured": "forward + backward",
+                "modules": [{"module": "<b>x</b>", "fp32_ms": 1.0, "autocast_ms": 4.0}],
+            }
+        },
+    )
+
+
+def test_autocast_slower_thresholds_from_constructed_sessions() -> None:
+    assert not [f for f in analyze(probe_session(10.0, 6.0)) if f.id == "autocast-slower"]
+    assert not [f for f in analyze(probe_session(10.0, 10.5)) if f.id == "autocast-slower"]
+    (medium,) = [f for f in analyze(probe_session(10.0, 12.0)) if f.id == "autocast-slower"]
+    assert medium.severity == "medium"
+    (high,) = [f for f in analyze(probe_session(10.0, 40.0)) if f.id == "autocast-slower"]
+    assert high.severity == "high"
+    assert high.evidence["step_ms"] == 50.0 and high.evidence["estimated_fp32_step_ms"] == 12.5
+    assert high.evidence["slowest_modules"] == ["<b>x</b>: 1 -> 4 ms"]
+    assert "AVX512_BF16" in high.fix

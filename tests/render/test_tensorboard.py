@@ -1,0 +1,139 @@
+"""TensorBoard output read back by a real ``tensorboard`` server over its HTTP API."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ampdiag.render.tensorboard import write_tensorboard
+from ampdiag.session import Finding, Session
+
+RUN = "tensorboard"  # the run name: out/tensorboard/ under --logdir out
+DEADLINE_S = 90.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get_json(base: str, path: str, **params: str) -> Any:
+    url = f"{base}{path}" + (("?" + urllib.parse.urlencode(params)) if params else "")
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read().decode("utf-8"))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, evil_run: Session) -> Iterator[tuple]:
+    """A tensorboard server on the evil run's folder, with extra findings written too."""
+    assert evil_run.path is not None
+    out = tmp_path_factory.mktemp("tb") / "run"
+    session = Session.from_dict(evil_run.to_dict())
+    session.findings.append(
+        Finding(
+            "fp16-grad-underflow",
+            "high",
+            "31% of gradients underflow",
+            {"underflow_fraction": 0.31, "recommended_init_scale": 2.0**20},
+            fix="scaler = torch.amp.GradScaler('cuda', init_scale=2.0**20)",
+        )
+    )
+    session.sections["scaler"] = {
+        "history": [{"step": i, "scale": 2.0 ** (16 - i), "skipped": i < 2} for i in range(4)]
+    }
+    write_tensorboard(session, out)
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(out),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--load_fast=false",
+            "--reload_interval=1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            if proc.poll() is not None:
+                err = proc.stderr.read().decode() if proc.stderr else ""
+                pytest.fail(f"tensorboard exited with {proc.returncode}: {err[-2000:]}")
+            try:
+                tags = get_json(base, "/data/plugin/scalars/tags")
+                if RUN in tags and "step/wall_time_ms" in tags[RUN]:
+                    break
+            except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("tensorboard did not serve the scalars in time")
+            time.sleep(0.5)
+        yield base, session
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        if proc.stderr:
+            proc.stderr.close()
+
+
+def scalars(base: str, tag: str) -> list[tuple[int, float]]:
+    rows = get_json(base, "/data/plugin/scalars/scalars", run=RUN, tag=tag)
+    return [(int(step), float(value)) for _, step, value in rows]
+
+
+def test_scalars_read_back_equal_the_session(served: tuple) -> None:
+    base, session = served
+    walls = scalars(base, "step/wall_time_ms")
+    assert [s for s, _ in walls] == [s["index"] for s in session.steps]
+    for (_, got), step in zip(walls, session.steps, strict=True):
+        assert got == pytest.approx(step["wall_s"] * 1000, rel=1e-6)
+    assert scalars(base, "summary/underflow_fraction") == [(0, pytest.approx(0.31))]
+    scale = scalars(base, "scaler/loss_scale")
+    assert [v for _, v in scale] == [65536.0, 32768.0, 16384.0, 8192.0]
+    assert [v for _, v in scalars(base, "scaler/skipped")] == [1.0, 1.0, 0.0, 0.0]
+    probe = session.section("speed_probe")
+    assert scalars(base, "speed_probe/fp32_ms") == [(0, pytest.approx(probe["fp32_ms"]))]
+
+
+def test_findings_text_and_figures_read_back(served: tuple) -> None:
+    base, _ = served
+    # torch's SummaryWriter.add_text stores tag T as "T/text_summary".
+    tags = get_json(base, "/data/plugin/text/tags")[RUN]
+    assert "ampdiag/findings/text_summary" in tags
+    table = get_json(base, "/data/plugin/text/text", run=RUN, tag="ampdiag/findings/text_summary")
+    assert "fp16-grad-underflow" in table[0]["text"]
+    one = get_json(
+        base, "/data/plugin/text/text", run=RUN, tag="findings/fp16-grad-underflow/text_summary"
+    )
+    assert "init_scale=2.0**20" in one[0]["text"] and "0.31" in one[0]["text"]
+    images = get_json(base, "/data/plugin/images/tags")[RUN]
+    assert {"figures/time/step-times", "figures/time/speed-probe"} <= set(images)
+
+
+def test_tensorboard_output_without_optional_data(tmp_path: Path) -> None:
+    folder = write_tensorboard(Session(), tmp_path)
+    assert list(folder.glob("events.out.tfevents.*"))
