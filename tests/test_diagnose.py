@@ -191,3 +191,12 @@ def test_each_rank_writes_its_own_session(tmp_path: Path, monkeypatch: pytest.Mo
     assert d.out == tmp_path / "rank-3"
     env = ampdiag.load(tmp_path / "rank-3").environment
     assert (env["rank"], env["world_size"]) == (3, 4)
+
+
+def test_a_second_run_into_the_same_folder_lists_only_its_own_trace(tmp_path: Path) -> None:
+    for _ in range(2):
+        train(steps=6, wrap=lambda: ampdiag.diagnose(out=tmp_path, console=False))
+    s = ampdiag.load(tmp_path)
+    assert len(list((tmp_path / "trace").glob("*.pt.trace.json.gz"))) == 2
+    assert len(s.section("profiler")["trace_files"]) == 1
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 1

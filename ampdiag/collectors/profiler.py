@@ -43,6 +43,7 @@ class ProfilerCollector(Collector):
     def __init__(self) -> None:
         self._prof: profile | None = None
         self._trace_dir: Path | None = None
+        self._earlier: set[Path] = set()
         self._top_ops: list[dict[str, Any]] = []
         self._recorded_steps: list[int] = []
         self._first_recorded = 0
@@ -56,6 +57,7 @@ class ProfilerCollector(Collector):
         self._run = run
         self._trace_dir = run.out / TRACE_DIR
         self._trace_dir.mkdir(parents=True, exist_ok=True)
+        self._earlier = set(self._trace_dir.glob("*.pt.trace.json*"))
         self._first_recorded = cfg.profile_skip + cfg.profile_warmup
         handler = tensorboard_trace_handler(
             str(self._trace_dir), worker_name=_worker_name(), use_gzip=True
@@ -96,10 +98,11 @@ class ProfilerCollector(Collector):
                 self._error = f"{type(exc).__name__}: {exc}"
 
     def trace_files(self) -> list[Path]:
-        """The trace files written so far, oldest first."""
+        """The trace files this run wrote, oldest first (not those of an earlier run)."""
         if self._trace_dir is None or not self._trace_dir.is_dir():
             return []
-        return sorted(self._trace_dir.glob("*.pt.trace.json*"), key=lambda p: p.stat().st_mtime)
+        files = [p for p in self._trace_dir.glob("*.pt.trace.json*") if p not in self._earlier]
+        return sorted(files, key=lambda p: p.stat().st_mtime)
 
     def section(self) -> dict[str, Any] | None:
         """Trace files, profiled steps, step-time breakdown and top ops."""

@@ -97,6 +97,10 @@ def write_tensorboard(session: Session, out: Path) -> Path:
     from torch.utils.tensorboard import SummaryWriter
 
     folder = out / TB_DIR
+    # One session, one event file: an earlier render of this folder would show every point
+    # twice in TensorBoard, so ampdiag's own previous event files go first.
+    for old in folder.glob("events.out.tfevents.*") if folder.is_dir() else []:
+        old.unlink()
     writer: Any = SummaryWriter(log_dir=str(folder))
     try:
         for step in session.steps:
