@@ -28,6 +28,7 @@ import torch
 from ampdiag.collectors.base import Collector, RunContext
 from ampdiag.compat import memory as compat_memory
 from ampdiag.memory import timeline as tl_mod
+from ampdiag.trace.step_breakdown import load_trace_json
 
 log = logging.getLogger("ampdiag")
 
@@ -226,7 +227,7 @@ class MemoryCollector(Collector):
         files = sorted((run.out / "trace").glob("*.pt.trace.json*"))
         if not files:
             return None
-        doc = tl_mod.read_trace(max(files, key=lambda p: p.stat().st_mtime))
+        doc = load_trace_json(max(files, key=lambda p: p.stat().st_mtime))
         return tl_mod.timeline_from_trace(
             doc, 1 if cuda else 0, self._known_by_step, self._known_sizes
         )

@@ -23,20 +23,10 @@ from typing import Any
 import torch
 
 from ampdiag.compat import torch_at_least
+from ampdiag.memory.timeline import CATEGORIES  # our category names, in plot order
 
 log = logging.getLogger("ampdiag")
 
-#: Our category names, in plot order (bottom first).
-CATEGORIES: tuple[str, ...] = (
-    "parameters",
-    "optimizer_state",
-    "gradients",
-    "inputs",
-    "activations",
-    "temporaries",
-    "autograd_detail",
-    "unknown",
-)
 
 _TORCH_TO_OURS = {
     "PARAMETER": "parameters",

@@ -15,12 +15,10 @@ tensors ampdiag knows from the live run:
 
 from __future__ import annotations
 
-import gzip
-import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
+#: Our memory category names, in plot order (bottom first).
 CATEGORIES: tuple[str, ...] = (
     "parameters",
     "optimizer_state",
@@ -94,18 +92,6 @@ def thin(tl: Mapping[str, Any], max_points: int = MAX_POINTS) -> dict[str, Any]:
 
 
 # --- fallback: our own categorisation from the Kineto trace ------------------------------------
-
-
-def read_trace(path: str | Path) -> dict[str, Any]:
-    """Reads a Kineto trace (.json or .json.gz)."""
-    p = Path(path)
-    if p.name.endswith(".gz"):
-        with gzip.open(p, "rt", encoding="utf-8") as fh:
-            doc = json.load(fh)
-    else:
-        with p.open(encoding="utf-8") as fh:
-            doc = json.load(fh)
-    return doc if isinstance(doc, dict) else {"traceEvents": doc}
 
 
 def timeline_from_trace(
