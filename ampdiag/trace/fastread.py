@@ -22,7 +22,6 @@ read stops the standard-library decoder ("cannot decode a value"); here it is sk
 
 from __future__ import annotations
 
-import array
 import codecs
 import gzip
 import json
@@ -118,23 +117,9 @@ class _Builder:
         self.pids: dict[str, int] = {}
         self.pid_raw: dict[Any, int] = {}
         self.events = 0
-        self.g_ts = array.array("d")
-        self.g_dur = array.array("d")
-        self.g_stream = array.array("q")
-        self.g_corr = array.array("q")
-        self.g_name = array.array("q")
-        self.g_kind = array.array("q")
-        self.l_corr = array.array("q")
-        self.l_ts = array.array("d")
-        self.l_dur = array.array("d")
-        self.l_name = array.array("q")
-        # host-side events: ops (cpu_op, ...) and the rest (annotations, other categories)
-        self.h_ts = array.array("d")
-        self.h_dur = array.array("d")
-        self.h_name = array.array("q")
-        self.h_pid = array.array("q")
-        self.h_kind = array.array("q")  # 0: op, 1: annotation, 2: other category
-
+        # column name -> arrays, one per chunk: g_* GPU activities, l_* launch calls, h_* host
+        # events (h_kind 0: op such as cpu_op, 1: annotation, 2: any other category)
+        self.parts: dict[str, list[Any]] = {}
         # per-chunk groups, emptied after each chunk; routed by category
         self._gpu: list[_Complete] = []
         self._launch: list[_Complete] = []
@@ -142,6 +127,15 @@ class _Builder:
         self._rest: list[_Complete] = []
         groups = {"gpu": self._gpu, "launch": self._launch, "op": self._ops}
         self._route = {cat: groups[g].append for cat, g in _GROUP.items()}
+
+    def _put(self, key: str, values: list[Any], dtype: Any) -> None:
+        self.parts.setdefault(key, []).append(np.fromiter(values, dtype, len(values)))
+
+    def _col(self, key: str, dtype: Any) -> Any:
+        parts = self.parts.get(key)
+        if not parts:
+            return np.empty(0, dtype=dtype)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     @staticmethod
     def _ids(table: dict[Any, int], keys: list[Any], text: dict[str, int] | None = None) -> list[int]:
@@ -162,6 +156,7 @@ class _Builder:
         return ids
 
     def add(self, evs: list[Any]) -> None:
+        """Routes one chunk's events and appends their columns."""
         self.events += len(evs)
         route = self._route
         other = self._rest.append
@@ -170,61 +165,66 @@ class _Builder:
             if e.__class__ is complete:
                 route.get(e.cat, other)(e)
         names = self.names
+        put, f64, i64 = self._put, np.float64, np.int64
         gpu, launch = self._gpu, self._launch
         if gpu:
-            self.g_ts.extend([e.ts for e in gpu])
-            self.g_dur.extend([e.dur for e in gpu])
+            put("g_ts", [e.ts for e in gpu], f64)
+            put("g_dur", [e.dur for e in gpu], f64)
             args = [e.args for e in gpu]
-            self.g_stream.extend([-1 if a is None else a.stream for a in args])
-            self.g_corr.extend([-1 if a is None else a.correlation for a in args])
-            self.g_name.extend(self._ids(names, [e.name for e in gpu]))
-            self.g_kind.extend([_KIND[e.cat] for e in gpu])
+            put("g_stream", [-1 if a is None else a.stream for a in args], i64)
+            put("g_corr", [-1 if a is None else a.correlation for a in args], i64)
+            put("g_name", self._ids(names, [e.name for e in gpu]), i64)
+            put("g_kind", [_KIND[e.cat] for e in gpu], i64)
             gpu.clear()
         if launch:
             corr = [-1 if a is None else a.correlation for a in [e.args for e in launch]]
             if min(corr) < 0:
                 launch = [e for e, c in zip(launch, corr, strict=True) if c >= 0]
                 corr = [c for c in corr if c >= 0]
-            self.l_corr.extend(corr)
-            self.l_ts.extend([e.ts for e in launch])
-            self.l_dur.extend([e.dur for e in launch])
-            self.l_name.extend(self._ids(names, [e.name for e in launch]))
+            put("l_corr", corr, i64)
+            put("l_ts", [e.ts for e in launch], f64)
+            put("l_dur", [e.dur for e in launch], f64)
+            put("l_name", self._ids(names, [e.name for e in launch]), i64)
             self._launch.clear()
         for kind, host in enumerate((self._ops, self._rest)):
             if not host:
                 continue
-            self.h_ts.extend([e.ts for e in host])
-            self.h_dur.extend([e.dur for e in host])
-            self.h_name.extend(self._ids(names, [e.name for e in host]))
-            self.h_pid.extend(self._ids(self.pid_raw, [e.pid for e in host], self.pids))
+            put("h_ts", [e.ts for e in host], f64)
+            put("h_dur", [e.dur for e in host], f64)
+            put("h_name", self._ids(names, [e.name for e in host]), i64)
+            put("h_pid", self._ids(self.pid_raw, [e.pid for e in host], self.pids), i64)
             if kind == 0:
-                self.h_kind.extend([0] * len(host))
+                self.parts.setdefault("h_kind", []).append(np.zeros(len(host), dtype=i64))
             else:
-                self.h_kind.extend([1 if e.cat in ANNOTATION_CATS else 2 for e in host])
+                put("h_kind", [1 if e.cat in ANNOTATION_CATS else 2 for e in host], i64)
             host.clear()
 
     def finish(self, out: RankTrace) -> None:
+        """Puts the columns, steps and CPU op totals into ``out``."""
         names = list(self.names)
         pids = list(self.pids)
+        f64, i64 = np.float64, np.int64
         # GPU activities, sorted by start (stable, as the general path sorts them)
-        g_ts = np.frombuffer(self.g_ts, dtype=np.float64)
+        g_ts = self._col("g_ts", f64)
         order = np.argsort(g_ts, kind="stable")
         # launches: the last call of a correlation id wins, as in a dict
-        l_corr = np.frombuffer(self.l_corr, dtype=np.int64)
-        rev = l_corr[::-1]
-        uniq, first_in_rev = np.unique(rev, return_index=True)
-        last = len(l_corr) - 1 - first_in_rev
+        l_corr = self._col("l_corr", i64)
+        by_corr = np.argsort(l_corr, kind="stable")
+        sorted_corr = l_corr[by_corr]
+        last_of_run = np.ones(len(sorted_corr), dtype=bool)
+        np.not_equal(sorted_corr[:-1], sorted_corr[1:], out=last_of_run[:-1])
+        last = by_corr[last_of_run]
         # host events: steps, CPU op totals and the spans the step breakdown counts
-        h_name = np.frombuffer(self.h_name, dtype=np.int64)
-        h_kind = np.frombuffer(self.h_kind, dtype=np.int64)
-        h_ts = np.frombuffer(self.h_ts, dtype=np.float64)
-        h_dur = np.frombuffer(self.h_dur, dtype=np.float64)
-        h_pid = np.frombuffer(self.h_pid, dtype=np.int64)
+        h_name = self._col("h_name", i64)
+        h_kind = self._col("h_kind", i64)
+        h_ts = self._col("h_ts", f64)
+        h_dur = self._col("h_dur", f64)
+        h_pid = self._col("h_pid", i64)
         n_names = len(names)
         step_no = np.full(n_names, -1, dtype=np.int64)
         cat_op = np.full(n_names, -1, dtype=np.int64)
         cat_ann = np.full(n_names, -1, dtype=np.int64)
-        for i in np.unique(h_name).tolist():
+        for i in np.flatnonzero(np.bincount(h_name, minlength=n_names)).tolist():
             name = names[i]
             if name.startswith("ProfilerStep"):
                 m = _STEP_RE.match(name)
@@ -260,15 +260,15 @@ class _Builder:
         out._cols = Columns(
             names=names,
             gpu_ts=g_ts[order],
-            gpu_dur=np.frombuffer(self.g_dur, dtype=np.float64)[order],
-            gpu_stream=np.frombuffer(self.g_stream, dtype=np.int64)[order],
-            gpu_corr=np.frombuffer(self.g_corr, dtype=np.int64)[order],
-            gpu_name=np.frombuffer(self.g_name, dtype=np.int64)[order],
-            gpu_kind=np.frombuffer(self.g_kind, dtype=np.int64)[order],
-            launch_corr=uniq.astype(np.int64),
-            launch_ts=np.frombuffer(self.l_ts, dtype=np.float64)[last],
-            launch_dur=np.frombuffer(self.l_dur, dtype=np.float64)[last],
-            launch_name=np.frombuffer(self.l_name, dtype=np.int64)[last],
+            gpu_dur=self._col("g_dur", f64)[order],
+            gpu_stream=self._col("g_stream", i64)[order],
+            gpu_corr=self._col("g_corr", i64)[order],
+            gpu_name=self._col("g_name", i64)[order],
+            gpu_kind=self._col("g_kind", i64)[order],
+            launch_corr=sorted_corr[last_of_run],
+            launch_ts=self._col("l_ts", f64)[last],
+            launch_dur=self._col("l_dur", f64)[last],
+            launch_name=self._col("l_name", i64)[last],
             host_start=h_ts[keep],
             host_end=h_ts[keep] + h_dur[keep],
             host_cat=host_cat[keep].astype(np.int64),

@@ -157,7 +157,7 @@ def breakdown(acts: _Acts) -> dict[str, Any]:
     start, end = float(merged[0][0]), float(merged[1][-1])
     busy = total(merged)
     types: dict[str, Intervals] = {}
-    for code in np.unique(acts.type).tolist():
+    for code in np.flatnonzero(np.bincount(acts.type, minlength=len(TYPE_ORDER))).tolist():
         sel = acts.type == code
         types[TYPE_ORDER[code]] = union(acts.ts[sel], acts.end[sel])
     comp = types.get(K.COMPUTATION)
@@ -212,15 +212,18 @@ def _per_name(acts: _Acts) -> tuple[I64, F64, F64, F64, F64]:
     """(names in first-appearance order, calls, total, min, max of duration) of each name."""
     names = acts.cols.gpu_name
     dur = acts.cols.gpu_dur
-    uniq, first, inverse = np.unique(names, return_index=True, return_inverse=True)
-    calls = np.bincount(inverse, minlength=len(uniq)).astype(np.float64)
-    tot = np.bincount(inverse, weights=dur, minlength=len(uniq))
-    lo = np.full(len(uniq), np.inf)
-    hi = np.full(len(uniq), -np.inf)
-    np.minimum.at(lo, inverse, dur)
-    np.maximum.at(hi, inverse, dur)
-    order = np.argsort(first, kind="stable")
-    return uniq[order], calls[order], tot[order], lo[order], hi[order]
+    n = len(acts.cols.names)
+    calls = np.bincount(names, minlength=n).astype(np.float64)
+    tot = np.bincount(names, weights=dur, minlength=n)
+    lo = np.full(n, np.inf)
+    hi = np.full(n, -np.inf)
+    first = np.full(n, len(names), dtype=np.int64)
+    np.minimum.at(lo, names, dur)
+    np.maximum.at(hi, names, dur)
+    np.minimum.at(first, names, np.arange(len(names)))
+    ids = np.flatnonzero(calls)
+    ids = ids[np.argsort(first[ids], kind="stable")]
+    return ids, calls[ids], tot[ids], lo[ids], hi[ids]
 
 
 def top_kernels(acts: _Acts, n: int = TOP_KERNELS) -> list[dict[str, Any]]:
