@@ -36,10 +36,10 @@ from ampdiag.trace.columns import HOST_CATEGORIES, Columns
 from ampdiag.trace.reader import (
     ANNOTATION_CATS,
     HOST_OP_CATS,
+    KERNEL_CATS,
     LAUNCH_CATS,
     MEMCPY_CATS,
     MEMSET_CATS,
-    KERNEL_CATS,
     RankTrace,
     _apply_meta,
     _meta_value,
@@ -72,7 +72,8 @@ class _Complete(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
 
 
 # Every other phase of the Chrome trace format: decoded to an empty struct (all fields skipped).
-_PHASES = "B E i I C b n e s t f P O N D M V v R c ( ) T S p F".split()
+_PHASES: tuple[str, ...] = ("B", "E", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "O")
+_PHASES += ("N", "D", "M", "V", "v", "R", "c", "(", ")", "T", "S", "p", "F")
 _OTHER = tuple(
     msgspec.defstruct(f"_Phase{i}", [], gc=False, tag_field="ph", tag=ph)
     for i, ph in enumerate(_PHASES)
@@ -100,13 +101,14 @@ def _open_binary(path: Path) -> IO[bytes]:
     with open(path, "rb") as probe:
         magic = probe.read(2)
     if magic != b"\x1f\x8b":
-        return open(path, "rb")  # noqa: SIM115
+        return open(path, "rb")
     try:
         from isal import igzip_threaded
 
-        return igzip_threaded.open(path, "rb", threads=1)  # type: ignore[no-any-return]
+        opened: Any = igzip_threaded.open(path, "rb", threads=1)  # type: ignore[no-untyped-call]
     except ImportError:
-        return gzip.open(path, "rb")  # noqa: SIM115
+        opened = gzip.open(path, "rb")  # noqa: SIM115
+    return opened  # type: ignore[no-any-return]
 
 
 class _Builder:
@@ -138,7 +140,9 @@ class _Builder:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     @staticmethod
-    def _ids(table: dict[Any, int], keys: list[Any], text: dict[str, int] | None = None) -> list[int]:
+    def _ids(
+        table: dict[Any, int], keys: list[Any], text: dict[str, int] | None = None
+    ) -> list[int]:
         """Dense ids of keys, new keys getting the next ones.
 
         With ``text`` (pids), keys are told apart by their JSON text (1 and "1" are one pid):
@@ -250,9 +254,7 @@ class _Builder:
             np.minimum.at(first, op_names, np.arange(len(ops)))
             used = np.flatnonzero(calls)
             used = used[np.argsort(first[used], kind="stable")]
-            out.cpu_ops = {
-                names[i]: [int(calls[i]), float(inclusive[i])] for i in used.tolist()
-            }
+            out.cpu_ops = {names[i]: [int(calls[i]), float(inclusive[i])] for i in used.tolist()}
         host_cat = np.where(h_kind == 0, cat_op[h_name], np.where(h_kind == 1, cat_ann[h_name], -1))
         host_cat[is_step] = -1
         keep = np.flatnonzero(host_cat >= 0)

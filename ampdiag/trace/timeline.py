@@ -214,15 +214,15 @@ def _per_name(acts: _Acts) -> tuple[I64, F64, F64, F64, F64]:
     dur = acts.cols.gpu_dur
     n = len(acts.cols.names)
     calls = np.bincount(names, minlength=n).astype(np.float64)
-    tot = np.bincount(names, weights=dur, minlength=n)
+    tot: F64 = np.asarray(np.bincount(names, weights=dur, minlength=n), dtype=np.float64)
     lo = np.full(n, np.inf)
     hi = np.full(n, -np.inf)
     first = np.full(n, len(names), dtype=np.int64)
     np.minimum.at(lo, names, dur)
     np.maximum.at(hi, names, dur)
     np.minimum.at(first, names, np.arange(len(names)))
-    ids = np.flatnonzero(calls)
-    ids = ids[np.argsort(first[ids], kind="stable")]
+    used = np.flatnonzero(calls)
+    ids: I64 = used[np.argsort(first[used], kind="stable")].astype(np.int64)
     return ids, calls[ids], tot[ids], lo[ids], hi[ids]
 
 
@@ -291,8 +291,7 @@ def precision_summary(acts: _Acts) -> dict[str, Any]:
         "fp32_matmul_share": fp32_mm_us / mm_denom if matmul_us else 0.0,
         "tf32_matmul_us": tf32_mm_us,
         "fp32_matmul_kernels": [
-            {"name": n, "short_name": K.short_name(n), "calls": c, "total_us": t}
-            for n, c, t in top
+            {"name": n, "short_name": K.short_name(n), "calls": c, "total_us": t} for n, c, t in top
         ],
     }
 
@@ -408,9 +407,7 @@ def analyse_rank(rt: RankTrace) -> dict[str, Any]:
         return out
     types = b["_types"]
     out["kernel_types"] = type_overlap(types)
-    out["kernel_type_totals"] = {
-        k: total(types[k]) if k in types else 0.0 for k in K.KERNEL_TYPES
-    }
+    out["kernel_type_totals"] = {k: total(types[k]) if k in types else 0.0 for k in K.KERNEL_TYPES}
     counts = np.bincount(acts.type, minlength=len(TYPE_ORDER))
     out["kernel_counts"] = {k: int(counts[i]) for i, k in enumerate(TYPE_ORDER)}
     out["top_kernels"] = top_kernels(acts)
