@@ -50,6 +50,14 @@ ANNOTATION_CATS = frozenset({"user_annotation", "python_function"})
 _GPU_KIND = {**dict.fromkeys(KERNEL_CATS, "kernel"), **dict.fromkeys(MEMCPY_CATS, "memcpy")}
 _GPU_KIND.update(dict.fromkeys(MEMSET_CATS, "memset"))
 
+_GZIP_ERRORS: tuple[type[Exception], ...] = (EOFError, zlib.error, gzip.BadGzipFile)
+try:
+    from isal import isal_zlib
+
+    _GZIP_ERRORS += (isal_zlib.error,)  # type: ignore[operator]
+except ImportError:  # pragma: no cover - isal is optional
+    pass
+
 _STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _WS = re.compile(r"[ \t\n\r]*")
@@ -315,7 +323,7 @@ class _Stream:
             return False
         try:
             data = self.fh.read(CHUNK_CHARS)
-        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        except _GZIP_ERRORS as exc:
             raise InputError(
                 f"cannot read trace {self.label}: truncated or corrupt ({exc})"
             ) from None
@@ -375,7 +383,16 @@ class _Stream:
 def _open_text(path: Path) -> IO[str]:
     with open(path, "rb") as probe:
         magic = probe.read(2)
-    raw: Any = gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")  # noqa: SIM115
+    raw: Any
+    if magic != b"\x1f\x8b":
+        raw = open(path, "rb")  # noqa: SIM115
+    else:
+        try:  # ISA-L's gunzip where installed: 2-3x faster than zlib's
+            from isal import igzip
+
+            raw = igzip.open(path, "rb")  # type: ignore[no-untyped-call]
+        except ImportError:
+            raw = gzip.open(path, "rb")  # noqa: SIM115
     return io.TextIOWrapper(raw, encoding="utf-8", errors="strict")
 
 
