@@ -2,10 +2,14 @@
 
 Inputs: df_index_resolver (54 MB of JSON) from ../shared/traces (or $AMPDIAG_TRACES) and a 4x
 larger trace made from it in a temporary folder (four copies of its events, shifted in time and
-correlation id; never committed). Each measurement runs in a fresh subprocess (peak RSS from
-resource.getrusage), ours and HTA's interleaved, ``--repeat`` times; medians are printed.
+correlation id; never committed). Each measurement runs in a fresh subprocess (wall time from
+before the imports to the finished session; peak RSS = VmHWM of that process), interleaved:
+ampdiag, HTA, and ampdiag with its standard-library reader only (the path taken when msgspec is
+not installed, or for a file the fast path does not handle), ``--repeat`` times. Medians of the
+times are printed, the largest peak RSS, and the ratios: HTA time / ampdiag time, peak RSS /
+uncompressed JSON size, ampdiag time per MB of JSON, and 4x time / 1x time (linear = 4).
 
-    python benchmarks/bench_trace.py [--repeat 3] [--skip-hta-4x]
+    python benchmarks/bench_trace.py [--repeat 5] [--skip-hta-4x] [--skip-stdlib]
 """
 
 from __future__ import annotations
@@ -29,7 +33,11 @@ sys.path.insert(0, {repo!r})
 t = time.perf_counter()
 from ampdiag.trace import session_from_traces
 from pathlib import Path
+if {stdlib!r}:
+    import ampdiag.trace.reader as R
+    R.FAST = False
 s = session_from_traces(Path({path!r}))
+assert {stdlib!r} or s.sections["timeline"]["ranks"][0]["file"]
 r = s.sections["timeline"]["ranks"][0]
 dt = time.perf_counter() - t
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
@@ -97,10 +105,19 @@ def run(code: str) -> tuple[float, int, float, float]:
     return float(dt), int(rss), float(idle), float(comp)
 
 
+def _fmt(label: str, times: list[float], rss: list[int], size: int) -> str:
+    t, m = statistics.median(times), max(rss)
+    return (
+        f"  {label:<16} {t:6.2f} s  ({t / (size / 1e6) * 1e3:5.1f} ms/MB)"
+        f"  peak RSS {m / 1e6:6.0f} MB = {m / size:4.2f}x JSON"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--skip-hta-4x", action="store_true", help="HTA on 216 MB needs ~1.5 GB")
+    ap.add_argument("--skip-stdlib", action="store_true", help="no standard-library-path row")
     ap.add_argument("--make-4x", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.make_4x:
@@ -120,33 +137,43 @@ def main() -> None:
             check=True,
         ).stdout.split()
         big_dir, size4 = Path(made[0]), int(made[1])
-        results = {}
+        medians = {}
         for label, folder, size in (("1x", src_dir, size1), ("4x", big_dir, size4)):
-            ours_t, ours_m, hta_t, hta_m = [], [], [], []
+            runs: dict[str, tuple[list[float], list[int]]] = {}
+            ref: tuple[float, float] | None = None
+            kinds = ["ampdiag", "HTA 0.5"]
+            if label == "4x" and args.skip_hta_4x:
+                kinds.remove("HTA 0.5")
+            if not args.skip_stdlib and label == "1x":
+                kinds.append("ampdiag (stdlib)")
             for _ in range(args.repeat):
-                dt, rss, idle, comp = run(OURS.format(repo=str(REPO), path=str(folder)))
-                ours_t.append(dt)
-                ours_m.append(rss)
-                if label == "4x" and args.skip_hta_4x:
-                    continue
-                hdt, hrss, hidle, hcomp = run(HTA.format(path=str(folder)))
-                hta_t.append(hdt)
-                hta_m.append(hrss)
-                assert abs(idle - hidle) < 1 and abs(comp - hcomp) < 1, (idle, hidle, comp, hcomp)
-            o_t, o_m = statistics.median(ours_t), max(ours_m)
-            line = (
-                f"{label}: JSON {size / 1e6:.0f} MB | ampdiag {o_t:.2f} s, peak RSS "
-                f"{o_m / 1e6:.0f} MB ({o_m / size:.2f}x JSON)"
-            )
-            if hta_t:
-                h_t, h_m = statistics.median(hta_t), max(hta_m)
-                line += (
-                    f" | HTA {h_t:.2f} s, peak RSS {h_m / 1e6:.0f} MB ({h_m / size:.2f}x JSON)"
-                    f" | speed-up {h_t / o_t:.1f}x"
-                )
-            print(line, flush=True)
-            results[label] = o_t
-        print(f"ampdiag time 4x / 1x: {results['4x'] / results['1x']:.2f} (linear = 4.0)")
+                for kind in kinds:
+                    if kind == "HTA 0.5":
+                        code = HTA.format(path=str(folder))
+                    else:
+                        stdlib = kind != "ampdiag"
+                        code = OURS.format(repo=str(REPO), path=str(folder), stdlib=stdlib)
+                    dt, rss, idle, comp = run(code)
+                    times, peaks = runs.setdefault(kind, ([], []))
+                    times.append(dt)
+                    peaks.append(rss)
+                    # every tool, every run: the same idle and compute time (within 1 us)
+                    ref = ref or (idle, comp)
+                    agree = abs(idle - ref[0]) < 1 and abs(comp - ref[1]) < 1
+                    assert agree, (kind, idle, comp, ref)
+            name = "df_index_resolver" + ("" if label == "1x" else " x4")
+            print(f"{label}: {name}, JSON {size / 1e6:.0f} MB")
+            for kind in kinds:
+                print(_fmt(kind, *runs[kind], size), flush=True)
+            ours = statistics.median(runs["ampdiag"][0])
+            medians[label] = ours
+            if "HTA 0.5" in runs:
+                hta = statistics.median(runs["HTA 0.5"][0])
+                print(f"  speed-up vs HTA (median times): {hta / ours:.1f}x")
+            if "ampdiag (stdlib)" in runs:
+                slow = statistics.median(runs["ampdiag (stdlib)"][0])
+                print(f"  fast path vs standard-library path: {slow / ours:.1f}x")
+        print(f"ampdiag time 4x / 1x: {medians['4x'] / medians['1x']:.2f} (linear = 4.0)")
 
 
 if __name__ == "__main__":

@@ -25,81 +25,122 @@ no launch record.
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ampdiag.trace import kernels as K
-from ampdiag.trace.reader import GpuActivity, RankTrace
+from ampdiag.trace.columns import GPU_KINDS, HOST_CATEGORIES, Columns
+from ampdiag.trace.reader import RankTrace
 from ampdiag.trace.step_breakdown import CATEGORIES
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    F64 = NDArray[np.float64]
+    I64 = NDArray[np.int64]
 
 TOP_KERNELS = 15
 SHORT_KERNEL_US = 10.0
 
-Interval = tuple[float, float]
+TYPE_ORDER = (*K.KERNEL_TYPES, K.OTHER)
+_KERNEL = GPU_KINDS.index("kernel")
+
+Intervals = tuple["F64", "F64"]
+"""Sorted, disjoint intervals as (starts, ends)."""
 
 
-def merge(intervals: Iterable[Interval]) -> list[Interval]:
-    """The union of intervals, as sorted, disjoint intervals."""
-    out: list[list[float]] = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            if e > out[-1][1]:
-                out[-1][1] = e
-        else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
+def union(starts: F64, ends: F64) -> Intervals:
+    """The union of intervals as sorted, disjoint intervals (touching ones are joined)."""
+    if not len(starts):
+        return np.empty(0), np.empty(0)
+    order = np.lexsort((ends, starts))
+    s, e = starts[order], ends[order]
+    reach = np.maximum.accumulate(e)
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    np.greater(s[1:], reach[:-1], out=new[1:])
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, len(s) - 1)
+    return s[first], reach[last]
 
 
-def total(intervals: Iterable[Interval]) -> float:
-    """Summed length of (disjoint) intervals."""
-    return sum(e - s for s, e in intervals)
+def total(iv: Intervals) -> float:
+    """Summed length of disjoint intervals."""
+    return float(np.sum(iv[1] - iv[0]))
 
 
-def intersect(a: Sequence[Interval], b: Sequence[Interval]) -> float:
-    """Length of the intersection of two sorted disjoint interval lists."""
-    i = j = 0
-    out = 0.0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if hi > lo:
-            out += hi - lo
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
+def coverage(groups: list[Intervals]) -> F64:
+    """Time covered by each combination of groups: ``out[mask]``, bit k set for group k.
+
+    Each group must be disjoint intervals (a union). Segments covered by no group are mask 0.
+    """
+    times = [iv[0] for iv in groups] + [iv[1] for iv in groups]
+    deltas = [np.full(len(iv[0]), 1 << k, dtype=np.int64) for k, iv in enumerate(groups)]
+    deltas += [np.full(len(iv[1]), -(1 << k), dtype=np.int64) for k, iv in enumerate(groups)]
+    t = np.concatenate(times) if times else np.empty(0)
+    d = np.concatenate(deltas) if deltas else np.empty(0, dtype=np.int64)
+    out = np.zeros(1 << len(groups))
+    if len(t) < 2:
+        return out
+    order = np.lexsort((-d, t))  # at equal times starts first: no group goes below zero
+    t, d = t[order], d[order]
+    running = np.cumsum(d)[:-1]
+    out += np.bincount(running, weights=np.diff(t), minlength=len(out))
     return out
 
 
-def type_overlap(by_type: dict[str, list[Interval]]) -> dict[str, float]:
+def intersect(a: Intervals, b: Intervals) -> float:
+    """Length of the intersection of two unions."""
+    return float(coverage([a, b])[3])
+
+
+def _type_codes(cols: Columns) -> I64:
+    """HTA kernel type (index into TYPE_ORDER) of every name."""
+    index = {t: i for i, t in enumerate(TYPE_ORDER)}
+    return np.array([index[K.kernel_type(n)] for n in cols.names], dtype=np.int64).reshape(-1)
+
+
+class _Acts:
+    """The GPU activities being analysed (a selection of a rank's columns)."""
+
+    def __init__(self, cols: Columns, name_type: I64, mask: Any = None) -> None:
+        self.cols = cols if mask is None else cols.take_gpu(mask)
+        c = self.cols
+        self.name_type = name_type
+        self.ts = c.gpu_ts
+        self.end = c.gpu_ts + c.gpu_dur
+        self.type = name_type[c.gpu_name] if len(c.gpu_name) else np.empty(0, dtype=np.int64)
+        self.launch = c.launch_index(c.gpu_corr)
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+
+def type_overlap(types: dict[str, Intervals]) -> dict[str, float]:
     """HTA's kernel-type breakdown: time by combination of types running ("A overlapping B")."""
-    points: list[tuple[float, int]] = []
-    for bit, ktype in enumerate(K.KERNEL_TYPES):
-        for s, e in by_type.get(ktype, []):
-            points.append((s, 1 << bit))
-            points.append((e, -(1 << bit)))
-    points.sort()
+    empty: Intervals = (np.empty(0), np.empty(0))
+    cov = coverage([types.get(k, empty) for k in K.KERNEL_TYPES])
     out: dict[str, float] = {}
-    running = 0
-    last = 0.0
-    for t, delta in points:
-        if running > 0 and t > last:
+    for mask in range(1, len(cov)):
+        if cov[mask] > 0:
             label = " overlapping ".join(
-                k for bit, k in enumerate(K.KERNEL_TYPES) if running & (1 << bit)
+                k for bit, k in enumerate(K.KERNEL_TYPES) if mask & (1 << bit)
             )
-            out[label] = out.get(label, 0.0) + (t - last)
-        running += delta
-        last = t
+            out[label] = float(cov[mask])
     return out
 
 
-def window(rt: RankTrace) -> tuple[list[GpuActivity], dict[str, Any]]:
-    """The GPU activities HTA's temporal breakdown counts, and a description of the window."""
+def window(rt: RankTrace) -> tuple[Any, dict[str, Any]]:
+    """Which GPU activities HTA's temporal breakdown counts (a bool mask or None: all)."""
     if len(rt.steps) < 2:
-        return list(rt.gpu), {"kind": "whole trace", "steps": len(rt.steps)}
+        return None, {"kind": "whole trace", "steps": len(rt.steps)}
+    cols = rt.columns()
     cutoff = rt.steps[-1][1]
-    launches = rt.launches
-    kept = [g for g in rt.gpu if g[3] in launches and launches[g[3]][0] < cutoff]
+    li = cols.launch_index(cols.gpu_corr)
+    has = li >= 0
+    kept = has.copy()
+    kept[has] = cols.launch_ts[li[has]] < cutoff
     return kept, {
         "kind": "launched before the last ProfilerStep",
         "steps": len(rt.steps),
@@ -108,91 +149,102 @@ def window(rt: RankTrace) -> tuple[list[GpuActivity], dict[str, Any]]:
     }
 
 
-def breakdown(acts: Sequence[GpuActivity]) -> dict[str, Any]:
+def breakdown(acts: _Acts) -> dict[str, Any]:
     """Span, idle, compute and non-compute time of a set of GPU activities (HTA's definitions)."""
-    if not acts:
+    if not len(acts):
         return {"span_us": 0.0, "idle_us": 0.0, "compute_us": 0.0, "non_compute_us": 0.0}
-    by_type: dict[str, list[Interval]] = {}
-    for ts, dur, _s, _c, name, _k in acts:
-        by_type.setdefault(K.kernel_type(name), []).append((ts, ts + dur))
-    merged = merge(iv for ivs in by_type.values() for iv in ivs)
-    span = merged[-1][1] - merged[0][0]
+    merged = union(acts.ts, acts.end)
+    start, end = float(merged[0][0]), float(merged[1][-1])
     busy = total(merged)
-    compute = total(merge(by_type.get(K.COMPUTATION, [])))
-    merged_types = {k: merge(v) for k, v in by_type.items()}
+    types: dict[str, Intervals] = {}
+    for code in np.flatnonzero(np.bincount(acts.type, minlength=len(TYPE_ORDER))).tolist():
+        sel = acts.type == code
+        types[TYPE_ORDER[code]] = union(acts.ts[sel], acts.end[sel])
+    comp = types.get(K.COMPUTATION)
+    compute = total(comp) if comp is not None else 0.0
     return {
-        "start_us": merged[0][0],
-        "end_us": merged[-1][1],
-        "span_us": span,
+        "start_us": start,
+        "end_us": end,
+        "span_us": end - start,
         "busy_us": busy,
-        "idle_us": span - busy,
+        "idle_us": end - start - busy,
         "compute_us": compute,
         "non_compute_us": busy - compute,
         "_merged": merged,
-        "_types": merged_types,
+        "_types": types,
     }
 
 
-def idle_attribution(acts: Sequence[GpuActivity], rt: RankTrace) -> dict[str, float]:
+def idle_attribution(acts: _Acts) -> dict[str, float]:
     """Each gap in GPU activity split into host wait, kernel wait and other (see module doc)."""
-    host = kern = other = 0.0
-    busy_until = None
-    for ts, dur, _s, corr, _n, _k in sorted(acts, key=lambda g: g[0]):
-        end = ts + dur
-        if busy_until is not None and ts > busy_until:
-            gap = ts - busy_until
-            launch = rt.launches.get(corr)
-            if launch is None:
-                other += gap
-            else:
-                waited = min(max(launch[0] - busy_until, 0.0), gap)
-                host += waited
-                kern += gap - waited
-        busy_until = end if busy_until is None else max(busy_until, end)
-    return {"host_wait_us": host, "kernel_wait_us": kern, "other_us": other}
+    if len(acts) < 2:
+        return {"host_wait_us": 0.0, "kernel_wait_us": 0.0, "other_us": 0.0}
+    busy_until = np.maximum.accumulate(acts.end)[:-1]
+    ts = acts.ts[1:]
+    gap_at = np.flatnonzero(ts > busy_until)
+    gap = ts[gap_at] - busy_until[gap_at]
+    li = acts.launch[1:][gap_at]
+    has = li >= 0
+    cols = acts.cols
+    waited = np.clip(cols.launch_ts[li[has]] - busy_until[gap_at][has], 0.0, gap[has])
+    return {
+        "host_wait_us": float(np.sum(waited)),
+        "kernel_wait_us": float(np.sum(gap[has] - waited)),
+        "other_us": float(np.sum(gap[~has])),
+    }
 
 
-def _stats(values: list[float]) -> dict[str, float]:
-    if not values:
+def _stats(values: F64) -> dict[str, float]:
+    if not len(values):
         return {"count": 0}
-    values = sorted(values)
+    values = np.sort(values)
     n = len(values)
     return {
         "count": n,
-        "mean_us": sum(values) / n,
-        "median_us": statistics.median(values),
-        "p95_us": values[min(n - 1, int(0.95 * n))],
-        "max_us": values[-1],
+        "mean_us": float(np.sum(values)) / n,
+        "median_us": float(np.median(values)),
+        "p95_us": float(values[min(n - 1, int(0.95 * n))]),
+        "max_us": float(values[-1]),
     }
 
 
-def top_kernels(acts: Sequence[GpuActivity], n: int = TOP_KERNELS) -> list[dict[str, Any]]:
+def _per_name(acts: _Acts) -> tuple[I64, F64, F64, F64, F64]:
+    """(names in first-appearance order, calls, total, min, max of duration) of each name."""
+    names = acts.cols.gpu_name
+    dur = acts.cols.gpu_dur
+    n = len(acts.cols.names)
+    calls = np.bincount(names, minlength=n).astype(np.float64)
+    tot: F64 = np.asarray(np.bincount(names, weights=dur, minlength=n), dtype=np.float64)
+    lo = np.full(n, np.inf)
+    hi = np.full(n, -np.inf)
+    first = np.full(n, len(names), dtype=np.int64)
+    np.minimum.at(lo, names, dur)
+    np.maximum.at(hi, names, dur)
+    np.minimum.at(first, names, np.arange(len(names)))
+    used = np.flatnonzero(calls)
+    ids: I64 = used[np.argsort(first[used], kind="stable")].astype(np.int64)
+    return ids, calls[ids], tot[ids], lo[ids], hi[ids]
+
+
+def top_kernels(acts: _Acts, n: int = TOP_KERNELS) -> list[dict[str, Any]]:
     """The kernels with the most total time: name, type, calls, total/mean/min/max, precision."""
-    agg: dict[str, list[float]] = {}
-    for _ts, dur, _s, _c, name, _k in acts:
-        a = agg.get(name)
-        if a is None:
-            agg[name] = [1, dur, dur, dur]
-        else:
-            a[0] += 1
-            a[1] += dur
-            a[2] = min(a[2], dur)
-            a[3] = max(a[3], dur)
-    grand = sum(a[1] for a in agg.values()) or 1.0
+    ids, calls, tot, lo, hi = _per_name(acts)
+    grand = float(np.sum(tot)) or 1.0
     rows = []
-    for name, (calls, tot, lo, hi) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:n]:
+    for j in np.argsort(-tot, kind="stable")[:n].tolist():
+        name = acts.cols.names[int(ids[j])]
         prec, tc, mm = K.precision(name)
         rows.append(
             {
                 "name": name,
                 "short_name": K.short_name(name),
                 "type": K.kernel_type(name),
-                "calls": int(calls),
-                "total_us": tot,
-                "mean_us": tot / calls,
-                "min_us": lo,
-                "max_us": hi,
-                "share": tot / grand,
+                "calls": int(calls[j]),
+                "total_us": float(tot[j]),
+                "mean_us": float(tot[j]) / float(calls[j]),
+                "min_us": float(lo[j]),
+                "max_us": float(hi[j]),
+                "share": float(tot[j]) / grand,
                 "precision": prec,
                 "tensor_core": tc,
                 "matmul": mm,
@@ -201,12 +253,14 @@ def top_kernels(acts: Sequence[GpuActivity], n: int = TOP_KERNELS) -> list[dict[
     return rows
 
 
-def precision_summary(acts: Sequence[GpuActivity]) -> dict[str, Any]:
+def precision_summary(acts: _Acts) -> dict[str, Any]:
     """Share of computation-kernel time by precision; tensor cores; FP32 GEMMs/convs."""
     by_prec = dict.fromkeys(K.PRECISIONS, 0.0)
     tc_us = matmul_us = fp32_mm_us = tf32_mm_us = comp_us = 0.0
-    fp32_mm: dict[str, list[float]] = {}
-    for _ts, dur, _s, _c, name, _k in acts:
+    fp32_mm: list[tuple[str, int, float]] = []
+    ids, calls, tot, _lo, _hi = _per_name(acts)
+    for i, c, dur in zip(ids.tolist(), calls.tolist(), tot.tolist(), strict=True):
+        name = acts.cols.names[i]
         if K.kernel_type(name) != K.COMPUTATION:
             continue
         prec, tc, mm = K.precision(name)
@@ -218,14 +272,12 @@ def precision_summary(acts: Sequence[GpuActivity]) -> dict[str, Any]:
             matmul_us += dur
             if prec == "fp32" and not tc:
                 fp32_mm_us += dur
-                a = fp32_mm.setdefault(name, [0, 0.0])
-                a[0] += 1
-                a[1] += dur
+                fp32_mm.append((name, int(c), dur))
             elif prec == "tf32":
                 tf32_mm_us += dur
     denom = comp_us or 1.0
     mm_denom = matmul_us or 1.0
-    top = sorted(fp32_mm.items(), key=lambda kv: -kv[1][1])[:10]
+    top = sorted(fp32_mm, key=lambda r: -r[2])[:10]
     return {
         "compute_kernel_us": comp_us,
         "by_precision_us": by_prec,
@@ -239,8 +291,7 @@ def precision_summary(acts: Sequence[GpuActivity]) -> dict[str, Any]:
         "fp32_matmul_share": fp32_mm_us / mm_denom if matmul_us else 0.0,
         "tf32_matmul_us": tf32_mm_us,
         "fp32_matmul_kernels": [
-            {"name": n, "short_name": K.short_name(n), "calls": int(c), "total_us": t}
-            for n, (c, t) in top
+            {"name": n, "short_name": K.short_name(n), "calls": c, "total_us": t} for n, c, t in top
         ],
     }
 
@@ -248,35 +299,42 @@ def precision_summary(acts: Sequence[GpuActivity]) -> dict[str, Any]:
 _HOST_PRIORITY = ("data", "optimizer", "backward", "forward")
 
 
-def host_cover(
-    spans: Iterable[tuple[float, float, str]], start: float, end: float
-) -> dict[str, float]:
+def host_cover(cols: Columns, sel: Any, start: float, end: float) -> dict[str, float]:
     """Time of [start, end] covered by each host category, higher priority winning overlaps.
 
-    Same result as ``step_breakdown._covered_by_category``, by interval unions: each category
-    gets its union minus what the categories above it already cover.
+    Same result as ``step_breakdown._covered_by_category``: each elementary segment of the step
+    goes to the highest-priority category covering it; what none covers is "other".
     """
-    by_cat: dict[str, list[Interval]] = {}
-    for s, e, c in spans:
-        s, e = max(s, start), min(e, end)
-        if e > s:
-            by_cat.setdefault(c, []).append((s, e))
+    s = np.maximum(cols.host_start[sel], start)
+    e = np.minimum(cols.host_end[sel], end)
+    cat = cols.host_cat[sel]
+    ok = e > s
+    s, e, cat = s[ok], e[ok], cat[ok]
+    groups = []
+    for name in _HOST_PRIORITY:
+        k = HOST_CATEGORIES.index(name)
+        groups.append(union(s[cat == k], e[cat == k]))
+    cov = coverage(groups)
     out = dict.fromkeys(CATEGORIES, 0.0)
-    above: list[Interval] = []
-    for cat in _HOST_PRIORITY:
-        mine = merge(by_cat.get(cat, []))
-        out[cat] = total(mine) - intersect(mine, above)
-        above = merge([*above, *mine])
-    out["other"] = max(0.0, (end - start) - total(above))
+    covered = 0.0
+    for mask in range(1, len(cov)):
+        winner = _HOST_PRIORITY[(mask & -mask).bit_length() - 1]
+        out[winner] += float(cov[mask])
+        covered += float(cov[mask])
+    out["other"] = max(0.0, (end - start) - covered)
     return out
 
 
 def host_breakdown(rt: RankTrace) -> dict[str, Any]:
     """The host step-time breakdown (forward/backward/optimizer/data/other) of the steps."""
     rows = []
+    cols = rt.columns() if rt.steps else None
     for number, start, end, pid in rt.steps:
-        spans = [(s, e, c) for s, e, c, p in rt.host if p == pid and e > start and s < end]
-        totals = host_cover(spans, start, end)
+        assert cols is not None
+        key = pid if isinstance(pid, str) else str(pid)
+        pid_id = cols.pids.index(key) if key in cols.pids else -1
+        sel = (cols.host_pid == pid_id) & (cols.host_end > start) & (cols.host_start < end)
+        totals = host_cover(cols, sel, start, end)
         row: dict[str, Any] = {"step": number, "total_us": end - start}
         row.update({f"{c}_us": totals[c] for c in CATEGORIES})
         rows.append(row)
@@ -287,29 +345,29 @@ def host_breakdown(rt: RankTrace) -> dict[str, Any]:
     return {"steps": rows, "mean": mean, "share": {c: mean[f"{c}_us"] / tot for c in CATEGORIES}}
 
 
-def per_step(rt: RankTrace) -> list[dict[str, Any]]:
+def per_step(rt: RankTrace, name_type: I64) -> list[dict[str, Any]]:
     """GPU breakdown of each ProfilerStep: the activities its host work launched."""
     if not rt.steps:
         return []
-    starts = [s[1] for s in rt.steps]
-    groups: list[list[GpuActivity]] = [[] for _ in rt.steps]
-    import bisect
-
-    for g in rt.gpu:
-        launch = rt.launches.get(g[3])
-        t = launch[0] if launch is not None else g[0]
-        i = bisect.bisect_right(starts, t) - 1
-        if i >= 0 and t < rt.steps[i][2]:
-            groups[i].append(g)
+    cols = rt.columns()
+    starts = np.array([s[1] for s in rt.steps], dtype=np.float64)
+    ends = np.array([s[2] for s in rt.steps], dtype=np.float64)
+    li = cols.launch_index(cols.gpu_corr)
+    t = np.where(li >= 0, cols.launch_ts[np.maximum(li, 0)] if len(li) else 0.0, cols.gpu_ts)
+    i = np.searchsorted(starts, t, side="right") - 1
+    ok = i >= 0
+    ok[ok] = t[ok] < ends[i[ok]]
+    group = np.where(ok, i, -1)
     out = []
-    for (number, start, end, _pid), acts in zip(rt.steps, groups, strict=True):
+    for k, (number, start, end, _pid) in enumerate(rt.steps):
+        acts = _Acts(cols, name_type, group == k)
         b = breakdown(acts)
         out.append(
             {
                 "step": number,
                 "host_us": end - start,
                 "kernels": len(acts),
-                **{k: v for k, v in b.items() if not k.startswith("_")},
+                **{key: v for key, v in b.items() if not key.startswith("_")},
             }
         )
     return out
@@ -317,7 +375,10 @@ def per_step(rt: RankTrace) -> list[dict[str, Any]]:
 
 def analyse_rank(rt: RankTrace) -> dict[str, Any]:
     """Everything the timeline section holds for one rank (JSON-serialisable)."""
-    acts, win = window(rt)
+    cols = rt.columns()
+    name_type = _type_codes(cols)
+    mask, win = window(rt)
+    acts = _Acts(cols, name_type, mask)
     b = breakdown(acts)
     span = b["span_us"] or 0.0
     out: dict[str, Any] = {
@@ -326,8 +387,8 @@ def analyse_rank(rt: RankTrace) -> dict[str, Any]:
         "file": str(rt.path),
         "device": rt.devices[rt.rank % len(rt.devices)] if rt.devices else None,
         "events": rt.events,
-        "gpu_activities": len(rt.gpu),
-        "has_gpu": bool(rt.gpu),
+        "gpu_activities": len(cols.gpu_ts),
+        "has_gpu": bool(len(cols.gpu_ts)),
         "window": win,
         "activities_in_window": len(acts),
         **{k: v for k, v in b.items() if not k.startswith("_")},
@@ -342,27 +403,28 @@ def analyse_rank(rt: RankTrace) -> dict[str, Any]:
         for n, (c, t) in sorted(rt.cpu_ops.items(), key=lambda kv: -kv[1][1])[:10]
     ]
     out["warnings"] = rt.warnings
-    if not acts:
+    if not len(acts):
         return out
     types = b["_types"]
     out["kernel_types"] = type_overlap(types)
-    out["kernel_type_totals"] = {k: total(types.get(k, [])) for k in K.KERNEL_TYPES}
-    out["kernel_counts"] = {
-        k: sum(1 for g in acts if K.kernel_type(g[4]) == k) for k in (*K.KERNEL_TYPES, K.OTHER)
-    }
+    out["kernel_type_totals"] = {k: total(types[k]) if k in types else 0.0 for k in K.KERNEL_TYPES}
+    counts = np.bincount(acts.type, minlength=len(TYPE_ORDER))
+    out["kernel_counts"] = {k: int(counts[i]) for i, k in enumerate(TYPE_ORDER)}
     out["top_kernels"] = top_kernels(acts)
-    out["idle_breakdown"] = idle_attribution(acts, rt)
-    latencies = [g[0] - rt.launches[g[3]][0] for g in acts if g[3] in rt.launches]
+    out["idle_breakdown"] = idle_attribution(acts)
+    has = acts.launch >= 0
+    latencies = acts.ts[has] - acts.cols.launch_ts[acts.launch[has]]
     out["launch_latency"] = _stats(latencies)
-    kernel_durs = [g[1] for g in acts if g[5] == "kernel"]
+    kernel_durs = acts.cols.gpu_dur[acts.cols.gpu_kind == _KERNEL]
     out["kernel_duration"] = _stats(kernel_durs)
     out["short_kernel_share"] = (
-        sum(1 for d in kernel_durs if d < SHORT_KERNEL_US) / len(kernel_durs)
-        if kernel_durs
+        float(np.count_nonzero(kernel_durs < SHORT_KERNEL_US)) / len(kernel_durs)
+        if len(kernel_durs)
         else 0.0
     )
-    comm = types.get(K.COMMUNICATION, [])
-    comp = types.get(K.COMPUTATION, [])
+    empty: Intervals = (np.empty(0), np.empty(0))
+    comm = types.get(K.COMMUNICATION, empty)
+    comp = types.get(K.COMPUTATION, empty)
     comm_us = total(comm)
     overlapped = intersect(comm, comp)
     out["communication"] = {
@@ -373,7 +435,7 @@ def analyse_rank(rt: RankTrace) -> dict[str, Any]:
         "exposed_share_of_span": (comm_us - overlapped) / span if span else 0.0,
     }
     out["precision"] = precision_summary(acts)
-    out["steps"] = per_step(rt)
+    out["steps"] = per_step(rt, name_type)
     n_steps = max(1, len(rt.steps) - 1) if len(rt.steps) >= 2 else max(1, len(rt.steps))
     out["kernels_per_step"] = len(acts) / n_steps
     return out

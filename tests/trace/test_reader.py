@@ -71,7 +71,7 @@ def test_general_path_equals_fast_path(traces, tmp_path, monkeypatch):
     monkeypatch.setattr(
         R, "_fast_region", lambda region, sink: orig(region, sink) or refused.append(1)
     )
-    assert _records(read_trace(mixed)) == _records(fast)
+    assert _records(R.read_trace_stdlib(mixed)) == _records(fast)
     assert refused
 
 
