@@ -119,6 +119,11 @@ def breakdown(
         row: dict[str, Any] = {"step": number, "total_us": end - start}
         row.update({f"{c}_us": totals[c] for c in CATEGORIES})
         rows.append(row)
+    return summarize(rows)
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-step rows -> ``{"steps", "mean", "share"}`` (the shape every breakdown has)."""
     if not rows:
         return {"steps": [], "mean": {}, "share": {}}
     mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0] if k != "step"}

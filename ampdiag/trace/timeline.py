@@ -32,7 +32,7 @@ import numpy as np
 from ampdiag.trace import kernels as K
 from ampdiag.trace.columns import GPU_KINDS, HOST_CATEGORIES, Columns
 from ampdiag.trace.reader import RankTrace
-from ampdiag.trace.step_breakdown import CATEGORIES
+from ampdiag.trace.step_breakdown import CATEGORIES, summarize
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -338,11 +338,7 @@ def host_breakdown(rt: RankTrace) -> dict[str, Any]:
         row: dict[str, Any] = {"step": number, "total_us": end - start}
         row.update({f"{c}_us": totals[c] for c in CATEGORIES})
         rows.append(row)
-    if not rows:
-        return {"steps": [], "mean": {}, "share": {}}
-    mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0] if k != "step"}
-    tot = mean["total_us"] or 1.0
-    return {"steps": rows, "mean": mean, "share": {c: mean[f"{c}_us"] / tot for c in CATEGORIES}}
+    return summarize(rows)
 
 
 def per_step(rt: RankTrace, name_type: I64) -> list[dict[str, Any]]:
