@@ -17,8 +17,6 @@ steps that are not sampled (`run.is_sampled(step)`).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,19 +184,27 @@ class Collector:
 _internal = threading.local()
 
 
-@contextmanager
-def internal_work() -> Iterator[None]:
+class _InternalWork:
+    """The context manager `internal_work()` returns (cheaper than a generator in hooks)."""
+
+    __slots__ = ("_previous",)
+
+    def __enter__(self) -> None:
+        self._previous = getattr(_internal, "active", False)
+        _internal.active = True
+
+    def __exit__(self, *exc: object) -> None:
+        _internal.active = self._previous
+
+
+def internal_work() -> _InternalWork:
     """Marks tensor work done by ampdiag itself (statistics in hooks), not by the user's model.
 
     Observers of the user's ops (the precision audit's dispatch mode) skip what runs inside, so
-    one collector's measurements never show up as the model's ops in another's.
+    one collector's measurements never show up as the model's ops in another's. Use as
+    ``with internal_work(): ...``.
     """
-    previous = getattr(_internal, "active", False)
-    _internal.active = True
-    try:
-        yield
-    finally:
-        _internal.active = previous
+    return _InternalWork()
 
 
 def is_internal_work() -> bool:

@@ -3,9 +3,9 @@
 Just before the optimizer uses the gradients (``scaler.step`` or ``optimizer.step``), on a
 sampled step: one ``torch._foreach_norm`` pass for the per-parameter norms (stacked with the
 loss scale), and one exponent histogram of every gradient at once
-(``_exponents.sampled_signed_histograms``:
-one strided view per gradient, a cat, two in-place bit operations and a bincount over at
-most ``numerics_sample_elements`` values per tensor). The two result tensors go to the host
+(``_exponents.sampled_signed_histograms``: one strided view per matrix, a cat into a reused
+buffer, two in-place bit operations and a bincount over at most ``numerics_sample_elements``
+values per tensor). The two result tensors go to the host
 in one transfer per sampled step (without stalling on CUDA, see ``_host.Deferred``), where
 numpy turns them into the figures (no Python loop over values or bins).
 
