@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import tempfile
@@ -93,13 +94,20 @@ def main() -> None:
     }
     plain: list[tuple[float, float]] = []
     watched: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
+    names = ["plain", *variants]
     with tempfile.TemporaryDirectory() as tmp:
         for b in range(args.blocks):
-            plain.append(run(period))
-            for name, (settings, untimed) in variants.items():
+            # Rotate the order each round, so drift and the previous block's leftovers
+            # (a diagnose() exit's garbage) favour none; collect garbage before timing.
+            for name in names[b % len(names) :] + names[: b % len(names)]:
+                gc.collect()
+                if name == "plain":
+                    plain.append(run(period))
+                    continue
+                settings, untimed = variants[name]
                 collectors = [ScalerCollector(), GradientsCollector(), ActivationsCollector()]
                 with ampdiag.diagnose(
-                    out=Path(tmp) / f"b{b}-{len(watched[name])}-{settings}",
+                    out=Path(tmp) / f"b{b}-{names.index(name)}",
                     collectors=collectors,  # type: ignore[arg-type]
                     profile=False,
                     report=False,
@@ -108,6 +116,7 @@ def main() -> None:
                     **settings,
                 ):
                     run(untimed)
+                    gc.collect()
                     watched[name].append(run(period))
     print(
         f"device {dev}, TinyGPT {sum(p.numel() for p in model.parameters())} params, "
@@ -144,11 +153,11 @@ def main() -> None:
     def stats() -> None:
         device_stats(grads, limit, cache, scale).arrays()
 
-    gc = GradientsCollector()
-    names = [str(i) for i in range(len(grads))]
+    grad_collector = GradientsCollector()
+    labels = [str(i) for i in range(len(grads))]
 
     def stats_and_bookkeeping() -> None:
-        gc._absorb(0, names, False, device_stats(grads, limit, cache, scale))
+        grad_collector._absorb(0, labels, False, device_stats(grads, limit, cache, scale))
 
     t_norm: list[float] = []
     t_stats: list[float] = []

@@ -48,6 +48,9 @@ class DiagnoseConfig:
             the automatic schedule the steps the profiler records (``profile_skip +
             profile_warmup`` up to ``+ profile_active``) are never sampled, so the trace
             shows the user's step unperturbed by ampdiag's own statistics.
+            The scaler's telemetry (scale, skipped steps) covers every step whatever the
+            schedule; to locate a NaN's origin at the very step it first appears, use
+            ``sample_every=1``.
         max_steps_recorded: Cap on per-step records kept (the first ones are kept).
         report: Render report.html (and the console summary) on exit.
         tensorboard: Write TensorBoard event files on exit.
