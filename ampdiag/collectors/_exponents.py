@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import torch
 
@@ -231,21 +232,26 @@ def count(codes: torch.Tensor, bins: int) -> torch.Tensor:
 
 
 def sampled_signed_histograms(
-    tensors: list[torch.Tensor], limit: int, cache: dict[tuple[object, ...], torch.Tensor]
+    tensors: list[torch.Tensor], limit: int, cache: dict[Any, Any]
 ) -> torch.Tensor:
     """Per-tensor exponent histograms by sign of at most ``limit`` values each (n, 2, 256).
 
-    The fast path of the gradient statistics: the plan (cached by the shapes) holds the
-    views' geometry, the bin offsets and a reused buffer, so a call is the strided views, a
-    cat into the buffer (and one of the small vectors behind it), two in-place bit
-    operations and a bincount. ``cache`` is unused (kept for the signature).
+    The fast path of the gradient statistics: the plan (kept in ``cache`` by the shapes, so
+    its device memory goes with the caller) holds the views' geometry, the bin offsets and a
+    reused buffer, so a call is the strided views, a cat into the buffer (and one of the
+    small vectors behind it), two in-place bit operations and a bincount.
     """
     if not tensors:
         return torch.zeros(0, 2, BINS, dtype=torch.int64)
-    plan = _gather_plan(tuple([t.shape for t in tensors]), limit)
+    key = (tuple([t.shape for t in tensors]), limit)
+    plan = cache.get(key)
+    if plan is None:
+        if len(cache) > 16:
+            cache.clear()
+        plan = cache[key] = _GatherPlan(*key)
     device = tensors[0].device
     if plan.narrow or any(t.dtype != torch.float32 for t in tensors):
-        flat, plan = _gather(tensors, limit)
+        flat, _ = _gather(tensors, limit)  # the same geometry and order as ``plan``
         codes = flat.view(torch.int32)
     else:
         wide_out, rest_out, codes = plan.buffer(device)
@@ -264,9 +270,7 @@ def sampled_signed_histograms(
     return count(codes, len(tensors) * 2 * BINS).view(len(tensors), 2, BINS)
 
 
-def raw_histograms(
-    tensors: list[torch.Tensor], limit: int, cache: dict[tuple[object, ...], torch.Tensor]
-) -> torch.Tensor:
+def raw_histograms(tensors: list[torch.Tensor], limit: int, cache: dict[Any, Any]) -> torch.Tensor:
     """Per-tensor exponent histograms, shape (len(tensors), 256), int64, on the device.
 
     Args:

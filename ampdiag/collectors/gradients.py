@@ -44,7 +44,7 @@ class GradientsCollector(Collector):
     def __init__(self) -> None:
         self._run: RunContext | None = None
         self._names: dict[int, str] = {}
-        self._cache: dict[tuple[object, ...], torch.Tensor] = {}
+        self._cache: dict[Any, Any] = {}  # the sampling plans and their buffers
         self._done: set[tuple[int, int]] = set()
         self._pending: list[tuple[int, list[str], bool, Deferred]] = []
         self._steps: dict[int, dict[str, Any]] = {}
@@ -245,7 +245,7 @@ class GradientsCollector(Collector):
 def device_stats(
     grads: list[torch.Tensor],
     limit: int,
-    cache: dict[tuple[object, ...], torch.Tensor],
+    cache: dict[Any, Any],
     scale: torch.Tensor | None = None,
 ) -> Deferred:
     """A sampled step's device work for gradients on one device, on its way to the host.
