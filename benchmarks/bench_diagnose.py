@@ -26,7 +26,7 @@ from torch.nn import functional as F
 import ampdiag
 from ampdiag.collectors.profiler import make_schedule, profiler_activities
 from ampdiag.demo import GPTConfig, TinyGPT, synthetic_batches
-from benchmarks.common import ratio_line
+from benchmarks.common import median, ratio_line
 
 SKIP, WARMUP, ACTIVE = 1, 1, 4
 STEPS = SKIP + WARMUP + ACTIVE + 1
@@ -97,6 +97,7 @@ def main() -> None:
     ours: list[tuple[float, float]] = []
     base: list[tuple[float, float]] = []
     exits: list[float] = []
+    paired: list[float] = []  # per round: median diagnosed step / median bare step
     with tempfile.TemporaryDirectory() as tmp:
         run_bare(Path(tmp) / "warm")  # warm-up both paths once (imports, allocator)
         run_diagnose(Path(tmp) / "warm-d")
@@ -105,11 +106,14 @@ def main() -> None:
             order = ("bare", "diag") if r % 2 == 0 else ("diag", "bare")
             for which in order:
                 if which == "bare":
-                    base += run_bare(Path(tmp) / f"b{r}")
+                    bare_round = run_bare(Path(tmp) / f"b{r}")
+                    base += bare_round
                 else:
                     t, e = run_diagnose(Path(tmp) / f"d{r}")
                     ours += t
+                    diag_round = t
                     exits.append(e)
+            paired.append(median([w for w, _ in diag_round]) / median([w for w, _ in bare_round]))
     print(
         ratio_line(
             "profiled step, diagnose() vs bare torch.profiler (wall)",
@@ -123,6 +127,10 @@ def main() -> None:
             [c for _, c in ours],
             [c for _, c in base],
         )
+    )
+    print(
+        f"paired (per-round ratio of medians, wall): median {median(paired):.3f}x, "
+        f"rounds {' '.join(f'{p:.2f}' for p in paired)}"
     )
     print(
         f"diagnose() exit (analysis + session + report + tensorboard): median "

@@ -103,6 +103,8 @@ def main() -> None:
             for name in names[b % len(names) :] + names[: b % len(names)]:
                 gc.collect()
                 if name == "plain":
+                    run(2)  # untimed, as the diagnosed blocks warm up inside their block
+                    gc.collect()
                     plain.append(run(period))
                     continue
                 settings, untimed = variants[name]
@@ -135,9 +137,12 @@ def main() -> None:
     for name, times in watched.items():
         mw = statistics.median(w for w, _ in times)
         mc = statistics.median(c for _, c in times)
+        # paired: each round's diagnosed block against the same round's plain block
+        pair = statistics.median(w / p for (w, _), (p, _) in zip(times, plain, strict=True))
         print(
             f"{name:16s} {mw / period * 1e3:8.3f} ms/step wall, {mc / period * 1e3:8.3f} "
-            f"ms/step CPU: overhead {mw / pw:.3f}x wall, {mc / pc:.3f}x CPU"
+            f"ms/step CPU: overhead {mw / pw:.3f}x wall, {mc / pc:.3f}x CPU, "
+            f"{pair:.3f}x paired by round"
         )
 
     # --- 2. sampled-step statistics vs one _foreach_norm pass ---
