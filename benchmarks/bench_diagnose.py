@@ -2,10 +2,14 @@
 
 Both run the demo workload (TinyGPT, fp16 autocast + GradScaler, CPU) with the same profiler
 settings (schedule, shapes, memory, gzipped trace handler); the two are interleaved round by
-round in one process, and the per-step wall time of the profiled (active) steps is compared.
+round in one process (alternating which goes first), and the per-step time of the profiled
+(active) steps is compared, the last active step excluded (it exports the trace).
+``diagnose()`` runs with all its default collectors (profiler, memory, precision audit,
+numerics, speed probe). Wall-clock and this thread's CPU time are both printed (one torch
+thread; CPU time is what other load on a shared machine disturbs least).
 Goal (issue 2): median ratio at most 1.1x.
 
-Run: .venv/bin/python benchmarks/bench_diagnose.py [--rounds 6]
+Run: .venv/bin/python -m benchmarks.bench_diagnose [--rounds 10]
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ from torch.nn import functional as F
 import ampdiag
 from ampdiag.collectors.profiler import make_schedule, profiler_activities
 from ampdiag.demo import GPTConfig, TinyGPT, synthetic_batches
-from benchmarks.common import ratio_line
+from benchmarks.common import median, ratio_line
 
-SKIP, WARMUP, ACTIVE = 1, 1, 3
+SKIP, WARMUP, ACTIVE = 1, 1, 4
 STEPS = SKIP + WARMUP + ACTIVE + 1
 
 
@@ -48,7 +52,7 @@ def make_step(seed: int) -> tuple[Callable[[int], None], int]:
     return step, cfg.vocab
 
 
-def run_bare(tmp: Path) -> list[float]:
+def run_bare(tmp: Path) -> list[tuple[float, float]]:
     step, _ = make_step(0)
     times = []
     with torch.profiler.profile(
@@ -59,14 +63,14 @@ def run_bare(tmp: Path) -> list[float]:
         profile_memory=True,
     ) as prof:
         for i in range(STEPS):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             step(i)
             prof.step()
-            times.append(time.perf_counter() - t0)
+            times.append((time.perf_counter() - t0, time.thread_time() - c0))
     return times[SKIP + WARMUP : SKIP + WARMUP + ACTIVE - 1]  # the last active step exports
 
 
-def run_diagnose(tmp: Path) -> tuple[list[float], float]:
+def run_diagnose(tmp: Path) -> tuple[list[tuple[float, float]], float]:
     step, _ = make_step(0)
     times = []
     d = ampdiag.diagnose(
@@ -74,9 +78,9 @@ def run_diagnose(tmp: Path) -> tuple[list[float], float]:
     )
     with d:
         for i in range(STEPS):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             step(i)  # diagnose() advances the profiler at scaler.update()
-            times.append(time.perf_counter() - t0)
+            times.append((time.perf_counter() - t0, time.thread_time() - c0))
         t_exit = time.perf_counter()
     exit_s = time.perf_counter() - t_exit
     return times[SKIP + WARMUP : SKIP + WARMUP + ACTIVE - 1], exit_s
@@ -84,12 +88,16 @@ def run_diagnose(tmp: Path) -> tuple[list[float], float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: default)")
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    ours: list[float] = []
-    base: list[float] = []
+    if args.threads:
+        # A shared CPU makes the intra-op thread pool's timings erratic; one thread is stable.
+        torch.set_num_threads(args.threads)
+    ours: list[tuple[float, float]] = []
+    base: list[tuple[float, float]] = []
     exits: list[float] = []
+    paired: list[float] = []  # per round: median diagnosed step / median bare step
     with tempfile.TemporaryDirectory() as tmp:
         run_bare(Path(tmp) / "warm")  # warm-up both paths once (imports, allocator)
         run_diagnose(Path(tmp) / "warm-d")
@@ -98,12 +106,32 @@ def main() -> None:
             order = ("bare", "diag") if r % 2 == 0 else ("diag", "bare")
             for which in order:
                 if which == "bare":
-                    base += run_bare(Path(tmp) / f"b{r}")
+                    bare_round = run_bare(Path(tmp) / f"b{r}")
+                    base += bare_round
                 else:
                     t, e = run_diagnose(Path(tmp) / f"d{r}")
                     ours += t
+                    diag_round = t
                     exits.append(e)
-    print(ratio_line("profiled step, diagnose() vs bare torch.profiler", ours, base))
+            paired.append(median([w for w, _ in diag_round]) / median([w for w, _ in bare_round]))
+    print(
+        ratio_line(
+            "profiled step, diagnose() vs bare torch.profiler (wall)",
+            [w for w, _ in ours],
+            [w for w, _ in base],
+        )
+    )
+    print(
+        ratio_line(
+            "profiled step, diagnose() vs bare torch.profiler (CPU)",
+            [c for _, c in ours],
+            [c for _, c in base],
+        )
+    )
+    print(
+        f"paired (per-round ratio of medians, wall): median {median(paired):.3f}x, "
+        f"rounds {' '.join(f'{p:.2f}' for p in paired)}"
+    )
     print(
         f"diagnose() exit (analysis + session + report + tensorboard): median "
         f"{sorted(exits)[len(exits) // 2] * 1000:.0f} ms"

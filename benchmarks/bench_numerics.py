@@ -1,23 +1,33 @@
 """Cost of the numerics collectors (gradients, activations, scaler) on the demo model.
 
 1. Step-time overhead: plain fp16-autocast + GradScaler training steps of TinyGPT against the
-   same steps inside ``ampdiag.diagnose()`` with only the numerics collectors, at the default
-   sampling period, interleaved block by block in one process. Prints the medians and ratio.
-2. A sampled step's gradient statistics (one ``_foreach_norm`` + the fused exponent
-   histograms + the one host copy) against one ``torch._foreach_norm`` pass over the same
-   gradients, interleaved. Prints the medians and ratio (and the host-side bookkeeping).
+   same steps inside ``ampdiag.diagnose()`` with only the numerics collectors, interleaved
+   block by block in one process. Each block times ``--period`` consecutive steps (default:
+   the automatic schedule's ``sample_period``, so one block holds exactly one sampled step in
+   the steady state), and the ratio of the median block totals is the amortised overhead.
+   Compared: the default schedule (``sample_every=0``, timed after its first
+   ``sample_first`` dense steps), and ``sample_every=1`` (every step sampled: the cost of a
+   sampled step) and ``sample_every=10``. Wall-clock and this thread's CPU time (one torch
+   thread: all the compute) are both printed; CPU time is what other load on a shared
+   machine disturbs least.
+2. A sampled step's gradient statistics (``gradients.device_stats``: one ``_foreach_norm`` +
+   the fused exponent histograms + the one host transfer) against one ``torch._foreach_norm``
+   pass over the same gradients, interleaved. Prints the medians and ratio (and with the
+   host-side bookkeeping, ``GradientsCollector._absorb``).
 
-    python benchmarks/bench_numerics.py [--device cpu|cuda] [--blocks 8] [--steps 5]
+    python benchmarks/bench_numerics.py [--device cpu|cuda] [--blocks 8]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.nn import functional as F
@@ -25,11 +35,9 @@ from torch.nn import functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ampdiag
-from ampdiag.collectors._exponents import raw_histograms
-from ampdiag.collectors._host import Deferred, pack
 from ampdiag.collectors.activations import ActivationsCollector
 from ampdiag.collectors.base import DiagnoseConfig
-from ampdiag.collectors.gradients import GradientsCollector
+from ampdiag.collectors.gradients import GradientsCollector, device_stats
 from ampdiag.collectors.scaler import ScalerCollector
 from ampdiag.demo import GPTConfig, TinyGPT, synthetic_batches
 
@@ -43,7 +51,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--blocks", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--period", type=int, default=0, help="steps per block (0: sample_period)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: default)")
     args = ap.parse_args()
@@ -51,12 +59,14 @@ def main() -> None:
         # A shared CPU makes the intra-op thread pool's timings erratic; one thread is stable.
         torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
+    defaults = DiagnoseConfig()
+    period = args.period or defaults.sample_period
     torch.manual_seed(0)
     cfg = GPTConfig()
     model = TinyGPT(cfg).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     scaler = torch.amp.GradScaler(dev.type, init_scale=2.0**12)
-    data = synthetic_batches(cfg, args.batch, args.steps, dev)
+    data = synthetic_batches(cfg, args.batch, 4, dev)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
         opt.zero_grad(set_to_none=True)
@@ -66,76 +76,94 @@ def main() -> None:
         scaler.step(opt)
         scaler.update()
 
-    def timed_steps() -> list[float]:
-        out = []
-        for x, y in data:
-            sync(dev)
-            t0 = time.perf_counter()
-            step(x, y)
-            sync(dev)
-            out.append(time.perf_counter() - t0)
-        return out
+    def run(n: int) -> tuple[float, float]:
+        """n steps; their wall and CPU seconds."""
+        sync(dev)
+        w0, c0 = time.perf_counter(), time.thread_time()
+        for i in range(n):
+            step(*data[i % len(data)])
+        sync(dev)
+        return time.perf_counter() - w0, time.thread_time() - c0
 
-    for x, y in data[:2]:  # warm-up
+    for x, y in data:  # warm-up
         step(x, y)
-    defaults = DiagnoseConfig()
-    plain: list[float] = []
-    periods = (defaults.sample_every, 10)
-    watched: dict[int, list[float]] = {p: [] for p in periods}
+    # name -> (diagnose settings, untimed steps inside the block before the timed ones)
+    variants: dict[str, tuple[dict[str, int], int]] = {
+        "default (auto)": ({}, defaults.sample_first),
+        "sample_every=1": ({"sample_every": 1}, 2),
+        "sample_every=10": ({"sample_every": 10}, 0),
+    }
+    plain: list[tuple[float, float]] = []
+    watched: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
+    names = ["plain", *variants]
     with tempfile.TemporaryDirectory() as tmp:
         for b in range(args.blocks):
-            plain += timed_steps()
-            for period in periods:
+            # Rotate the order each round, so drift and the previous block's leftovers
+            # (a diagnose() exit's garbage) favour none; collect garbage before timing.
+            for name in names[b % len(names) :] + names[: b % len(names)]:
+                gc.collect()
+                if name == "plain":
+                    run(2)  # untimed, as the diagnosed blocks warm up inside their block
+                    gc.collect()
+                    plain.append(run(period))
+                    continue
+                settings, untimed = variants[name]
                 collectors = [ScalerCollector(), GradientsCollector(), ActivationsCollector()]
                 with ampdiag.diagnose(
-                    out=Path(tmp) / f"b{b}-{period}",
+                    out=Path(tmp) / f"b{b}-{names.index(name)}",
                     collectors=collectors,  # type: ignore[arg-type]
                     profile=False,
                     report=False,
                     tensorboard=False,
                     console=False,
-                    sample_every=period,
+                    **settings,
                 ):
-                    # steady state: run past step 0 (always sampled) before timing
-                    timed_steps()
-                    watched[period] += timed_steps()
-    mp = statistics.median(plain)
+                    run(untimed)
+                    gc.collect()
+                    watched[name].append(run(period))
     print(
         f"device {dev}, TinyGPT {sum(p.numel() for p in model.parameters())} params, "
         f"batch {args.batch}, threads {torch.get_num_threads()}, "
-        f"numerics_sample_elements={defaults.numerics_sample_elements}"
+        f"numerics_sample_elements={defaults.numerics_sample_elements}, "
+        f"auto schedule: every step for {defaults.sample_first}, then every "
+        f"{defaults.sample_period}"
     )
-    print(f"plain step      median {mp * 1e3:8.3f} ms  ({len(plain)} steps)")
-    for period, times in watched.items():
-        mw = statistics.median(times)
-        tag = " (default)" if period == defaults.sample_every else ""
+    pw = statistics.median(w for w, _ in plain)
+    pc = statistics.median(c for _, c in plain)
+    print(
+        f"plain            {pw / period * 1e3:8.3f} ms/step wall, {pc / period * 1e3:8.3f} "
+        f"ms/step CPU  ({args.blocks} blocks of {period} steps)"
+    )
+    for name, times in watched.items():
+        mw = statistics.median(w for w, _ in times)
+        mc = statistics.median(c for _, c in times)
+        # paired: each round's diagnosed block against the same round's plain block
+        pair = statistics.median(w / p for (w, _), (p, _) in zip(times, plain, strict=True))
         print(
-            f"diagnosed step  median {mw * 1e3:8.3f} ms  sample_every={period}{tag}: "
-            f"overhead {mw / mp:.3f}x  "
-            f"(means: {statistics.mean(times) / statistics.mean(plain):.3f}x)"
+            f"{name:16s} {mw / period * 1e3:8.3f} ms/step wall, {mc / period * 1e3:8.3f} "
+            f"ms/step CPU: overhead {mw / pw:.3f}x wall, {mc / pc:.3f}x CPU, "
+            f"{pair:.3f}x paired by round"
         )
 
     # --- 2. sampled-step statistics vs one _foreach_norm pass ---
     step(*data[0])
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    cache: dict[tuple[object, ...], torch.Tensor] = {}
+    cache: dict[Any, Any] = {}
     limit = defaults.numerics_sample_elements
-    scale = torch.ones((), device=dev)
+    scale = torch.full((), 2.0**12, device=dev)
 
     def foreach_norm() -> None:
         torch._foreach_norm(grads)
         sync(dev)
 
-    def stats() -> list[float]:
-        norms = torch.stack([n.float() for n in torch._foreach_norm(grads)])
-        hists = raw_histograms(grads, limit, cache)
-        return Deferred(pack([hists, norms, scale], dev)).values()
+    def stats() -> None:
+        device_stats(grads, limit, cache, scale).arrays()
 
-    gc = GradientsCollector()
+    grad_collector = GradientsCollector()
+    labels = [str(i) for i in range(len(grads))]
 
     def stats_and_bookkeeping() -> None:
-        values = stats()
-        gc._absorb(0, [str(i) for i in range(len(grads))], False, _Ready(values))
+        grad_collector._absorb(0, labels, False, device_stats(grads, limit, cache, scale))
 
     t_norm: list[float] = []
     t_stats: list[float] = []
@@ -143,27 +171,19 @@ def main() -> None:
     for _ in range(5):
         foreach_norm()
         stats()
-    for _ in range(60):
+    for _ in range(300):
         for fn, bucket in (
             (foreach_norm, t_norm),
             (stats, t_stats),
             (stats_and_bookkeeping, t_full),
         ):
             t0 = time.perf_counter()
-            fn()  # type: ignore[operator]
+            fn()
             bucket.append(time.perf_counter() - t0)
     n, s, full = (statistics.median(t) for t in (t_norm, t_stats, t_full))
     print(f"_foreach_norm pass           median {n * 1e6:9.1f} us  ({len(grads)} grads)")
     print(f"sampled-step statistics      median {s * 1e6:9.1f} us  -> {s / n:.2f}x (goal <= 2x)")
     print(f"  + host bookkeeping         median {full * 1e6:9.1f} us  -> {full / n:.2f}x")
-
-
-class _Ready(Deferred):
-    def __init__(self, values: list[float]) -> None:
-        self._values = values
-
-    def values(self) -> list[float]:
-        return self._values
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 FP16_MAX = 65504.0
 FP16_MIN_NORMAL_LOG2 = -14
@@ -59,6 +60,29 @@ def range_counts(hist: Sequence[float], shift: int = 0) -> dict[str, int]:
             if log2 >= FP16_OVERFLOW_LOG2:
                 out["overflow"] += c
     return out
+
+
+def range_counts_rows(hists: Any, shift: int = 0) -> dict[str, Any]:
+    """`range_counts` for every row of a (rows, 256) array at once (numpy; int64 arrays).
+
+    Returns:
+        The same keys as `range_counts`, each an int64 array with one value per row.
+    """
+    import numpy as np
+
+    h = np.asarray(hists, dtype=np.int64).reshape(-1, 256)
+    # Normal bin e holds log2 = e - BIAS; with the shift it crosses a limit L at e = L + BIAS - s.
+    flush_end = min(max(FP16_MIN_SUBNORMAL_LOG2 + BIAS - shift, 1), 255)
+    sub_end = min(max(FP16_MIN_NORMAL_LOG2 + BIAS - shift, 1), 255)
+    over_start = min(max(FP16_OVERFLOW_LOG2 + BIAS - shift, 1), 255)
+    return {
+        "n": h.sum(axis=1),
+        "zero": h[:, 0].copy(),
+        "nonfinite": h[:, 255].copy(),
+        "flush": h[:, 1:flush_end].sum(axis=1),
+        "subnormal": h[:, 1:sub_end].sum(axis=1),
+        "overflow": h[:, over_start:255].sum(axis=1),
+    }
 
 
 def predict(exponents: Mapping[int, int], scale_log2: int) -> dict[str, float]:

@@ -1,42 +1,276 @@
 """Exponent histograms on the device: a few fused kernels for any number of tensors.
 
-Each value is viewed as float32 bits; ``bits >> 23`` (an arithmetic shift) is its sign and
-exponent field in one int (-256..255), so one ``bincount`` over ``shift + offset`` counts every
-tensor's values by exponent at once. No host sync: the result stays on the device.
+Each value is viewed as float32 bits; ``bits >> 23`` is its sign and exponent field
+(-256..255), so one ``bincount`` over it plus ``512 * row + 256`` counts every tensor's values
+by sign and exponent at once (the sign is folded afterwards, on the host where possible). No
+host sync: on CUDA the counting is a scatter-add (``torch.bincount`` on CUDA reads its input's
+range on the host).
 See ``ampdiag.analysis.fp16range`` for what the bins mean.
+
+Sampling: a tensor with more than ``limit`` values is read through one strided view of
+``limit // CHUNK`` runs of ``CHUNK`` consecutive values spread evenly over it (the run starts
+step by an amount coprime with the last dimension, so the runs sit at every column offset).
+The view costs one call and no copy; the runs are cache-friendly to gather.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Any
 
 import torch
 
 BINS = 256
+#: Consecutive values per run of a sample (one 64-byte cache line of float32).
+CHUNK = 16
 
 
-def sample_flat(t: torch.Tensor, limit: int) -> torch.Tensor:
-    """The values of ``t`` as a 1-D float32 tensor: all of them, or an even spread of ``limit``.
+@functools.lru_cache(maxsize=4096)
+def _plan(shape: tuple[int, ...], limit: int) -> tuple[int, int, int] | None:
+    """(runs, run length, run step) to sample a contiguous tensor of ``shape``; None: all."""
+    n = math.prod(shape)
+    if limit <= 0 or n <= limit:
+        return None
+    length = max(1, min(CHUNK, limit))
+    runs = max(1, limit // length)
+    if runs == 1:
+        return 1, length, 0
+    step = (n - length) // (runs - 1)  # >= length because n > runs * length
+    last = shape[-1] if shape else 1
+    while step > length and math.gcd(step, last) != 1:
+        step -= 1
+    return runs, length, step
 
-    The stride is chosen coprime with the last dimension, so a strided sample of a matrix
-    visits every column rather than the same few.
+
+def sample_view(t: torch.Tensor, limit: int) -> torch.Tensor:
+    """At most ``limit`` values of ``t`` (all when ``limit`` is 0), as a 1-D or 2-D view.
+
+    No copy for a contiguous tensor (the usual case): a strided view into its storage. Keep
+    the view only as long as ``t`` may be kept; copy it (``.clone()``) otherwise.
     """
-    flat = t.detach().reshape(-1)
-    n = flat.numel()
-    if limit > 0 and n > limit:
-        stride = math.ceil(n / limit)
-        last = t.shape[-1] if t.dim() > 0 else 1
-        while math.gcd(stride, last) != 1:
-            stride += 1
-        flat = flat[::stride][:limit]
+    if not t.is_contiguous():
+        t = t.contiguous()
+    plan = _plan(tuple(t.shape), limit)
+    if plan is None:
+        n = t.numel()
+        return t.view(-1, CHUNK) if n % CHUNK == 0 and n else t.reshape(-1)
+    runs, length, step = plan
+    return torch.as_strided(t, (runs, length), (step, 1))
+
+
+class _GatherPlan:
+    """How to sample a list of tensors of given shapes (see `gather`).
+
+    Attributes:
+        wide: (index, size, stride) of the 2-D views of width CHUNK (one cat gathers them).
+        whole: Indices of 1-D tensors taken whole, as they are, into the final cat.
+        narrow: Indices of the rest (flattened samples; rare).
+        order: The tensor index of each sample in gathered order.
+        sizes: The sample sizes in gathered order.
+        offsets: Per device, the bin offsets of the gathered values (row = tensor index).
+        buffers: Per device, a reused float32 buffer the samples are gathered into, with its
+            views (wide part as rows of CHUNK, the rest, the whole as int32).
+    """
+
+    __slots__ = ("buffers", "narrow", "offsets", "order", "sizes", "whole", "wide")
+
+    def __init__(self, shapes: tuple[torch.Size, ...], limit: int) -> None:
+        self.wide: list[tuple[int, tuple[int, int], tuple[int, int]]] = []
+        self.whole: list[int] = []
+        self.narrow: list[int] = []
+        sizes_w: list[int] = []
+        sizes_h: list[int] = []
+        sizes_r: list[int] = []
+        for i, shape in enumerate(shapes):
+            n = math.prod(shape)
+            plan = _plan(tuple(shape), limit)
+            if plan is None and len(shape) == 1:
+                self.whole.append(i)
+                sizes_h.append(n)
+            elif plan is None and n % CHUNK == 0 and n:
+                self.wide.append((i, (n // CHUNK, CHUNK), (CHUNK, 1)))
+                sizes_w.append(n)
+            elif plan is not None and plan[1] == CHUNK:
+                self.wide.append((i, (plan[0], CHUNK), (plan[2], 1)))
+                sizes_w.append(plan[0] * CHUNK)
+            else:
+                self.narrow.append(i)
+                sizes_r.append(n if plan is None else plan[0] * plan[1])
+        self.order = tuple([w[0] for w in self.wide] + self.whole + self.narrow)
+        self.sizes = tuple(sizes_w + sizes_h + sizes_r)
+        self.offsets: dict[torch.device, torch.Tensor] = {}
+        self.buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def buffer(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(wide part as (rows, CHUNK), the rest (1-D), everything as int32) on ``device``."""
+        found = self.buffers.get(device)
+        if found is None:
+            total = sum(self.sizes)
+            nwide = sum(self.sizes[: len(self.wide)])
+            buf = torch.empty(total, dtype=torch.float32, device=device)
+            found = (buf[:nwide].view(-1, CHUNK), buf[nwide:], buf.view(torch.int32))
+            self.buffers[device] = found
+        return found
+
+
+@functools.lru_cache(maxsize=256)
+def _gather_plan(shapes: tuple[torch.Size, ...], limit: int) -> _GatherPlan:
+    return _GatherPlan(shapes, limit)
+
+
+def _gather(tensors: list[torch.Tensor], limit: int) -> tuple[torch.Tensor, _GatherPlan]:
+    plan = _gather_plan(tuple([t.shape for t in tensors]), limit)
+    parts = []
+    if plan.wide:
+        views = [
+            torch.as_strided(t if t.is_contiguous() else t.contiguous(), size, stride)
+            for t, size, stride in ((tensors[i], size, stride) for i, size, stride in plan.wide)
+        ]
+        parts.append(torch.cat(views).view(-1))
+    if plan.whole:
+        parts += [tensors[i] for i in plan.whole]
+    if plan.narrow:
+        parts += [sample_view(tensors[i], limit).reshape(-1) for i in plan.narrow]
+    flat = parts[0] if len(parts) == 1 and plan.wide else torch.cat(parts)
     if flat.dtype != torch.float32:
         flat = flat.float()
-    return flat
+    return flat, plan
 
 
-def raw_histograms(
-    tensors: list[torch.Tensor], limit: int, cache: dict[tuple[object, ...], torch.Tensor]
+def gather(
+    tensors: list[torch.Tensor], limit: int
+) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
+    """The samples of ``tensors`` (``sample_view``) in one new 1-D float32 tensor.
+
+    Few calls per tensor: a matrix's sample is one strided view, and a small vector (a bias, a
+    norm's weight) goes into the final cat as it is. Two cats gather everything.
+
+    Returns:
+        (values, the tensor index of each sample in gathered order, the sample sizes).
+    """
+    flat, plan = _gather(tensors, limit)
+    return flat, plan.order, plan.sizes
+
+
+def _offsets(rows: tuple[int, ...], sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    base = torch.tensor(rows, dtype=torch.int32) * (2 * BINS) + BINS
+    return torch.repeat_interleave(base, torch.tensor(sizes, dtype=torch.int64)).to(device)
+
+
+def signed_histograms(
+    flat: torch.Tensor,
+    rows: tuple[int, ...],
+    sizes: tuple[int, ...],
+    nrows: int,
+    cache: dict[tuple[object, ...], torch.Tensor] | None = None,
 ) -> torch.Tensor:
+    """Exponent histograms by sign, shape (nrows, 2, 256), int64: [row, 0] negative values.
+
+    ``flat`` (our own float32 copy, rewritten in place) holds ``sizes[i]`` values for row
+    ``rows[i]`` in order. ``bits >> 23`` (arithmetic) is ``exponent - 256`` for a negative
+    value and ``exponent`` for a positive one, so ``+ 512 * row + 256`` is the bin: two
+    in-place passes and a bincount. Sum over the sign axis for `raw_histograms`' form.
+    """
+    key = (sizes, rows, flat.device)
+    offsets = cache.get(key) if cache is not None else None
+    if offsets is None:
+        offsets = _offsets(rows, sizes, flat.device)
+        if cache is not None:
+            if len(cache) > 16:
+                cache.clear()
+            cache[key] = offsets
+    return _count_codes(flat, offsets, nrows)
+
+
+def _count_codes(flat: torch.Tensor, offsets: torch.Tensor, nrows: int) -> torch.Tensor:
+    codes = flat.view(torch.int32).bitwise_right_shift_(23).add_(offsets)
+    return count(codes, nrows * 2 * BINS).view(nrows, 2, BINS)
+
+
+def histograms(
+    samples: list[torch.Tensor],
+    rows: list[int] | None = None,
+    nrows: int | None = None,
+    cache: dict[tuple[object, ...], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Exponent histograms of whole tensors (samples), shape (nrows, 256), int64, on device.
+
+    Args:
+        samples: Floating tensors on one device (e.g. copies of ``sample_view``s).
+        rows: The histogram row each sample counts into (default: its position). Samples
+            sharing a row add up.
+        nrows: Rows of the result (default ``max(rows) + 1``).
+        cache: Holds the per-value row offsets between calls (same sizes -> reused).
+    """
+    return signed_histograms_of(samples, rows, nrows, cache).sum(dim=1)
+
+
+def signed_histograms_of(
+    samples: list[torch.Tensor],
+    rows: list[int] | None = None,
+    nrows: int | None = None,
+    cache: dict[tuple[object, ...], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """`histograms` by sign, shape (nrows, 2, 256) (fold the sign on the host: cheaper)."""
+    if rows is None:
+        rows = list(range(len(samples)))
+    if nrows is None:
+        nrows = max(rows) + 1 if rows else 0
+    if not samples:
+        return torch.zeros(nrows, 2, BINS, dtype=torch.int64)
+    flat, plan = _gather(samples, 0)
+    return signed_histograms(flat, tuple([rows[i] for i in plan.order]), plan.sizes, nrows, cache)
+
+
+def count(codes: torch.Tensor, bins: int) -> torch.Tensor:
+    """``torch.bincount(codes, minlength=bins)`` without a host sync on CUDA (int64)."""
+    if codes.device.type == "cpu":
+        return torch.bincount(codes, minlength=bins)
+    out = torch.zeros(bins, dtype=torch.int64, device=codes.device)
+    return out.index_add_(0, codes, torch.ones_like(codes, dtype=torch.int64))
+
+
+def sampled_signed_histograms(
+    tensors: list[torch.Tensor], limit: int, cache: dict[Any, Any]
+) -> torch.Tensor:
+    """Per-tensor exponent histograms by sign of at most ``limit`` values each (n, 2, 256).
+
+    The fast path of the gradient statistics: the plan (kept in ``cache`` by the shapes, so
+    its device memory goes with the caller) holds the views' geometry, the bin offsets and a
+    reused buffer, so a call is the strided views, a cat into the buffer (and one of the
+    small vectors behind it), two in-place bit operations and a bincount.
+    """
+    if not tensors:
+        return torch.zeros(0, 2, BINS, dtype=torch.int64)
+    key = (tuple([t.shape for t in tensors]), limit)
+    plan = cache.get(key)
+    if plan is None:
+        if len(cache) > 16:
+            cache.clear()
+        plan = cache[key] = _GatherPlan(*key)
+    device = tensors[0].device
+    if plan.narrow or any(t.dtype != torch.float32 for t in tensors):
+        flat, _ = _gather(tensors, limit)  # the same geometry and order as ``plan``
+        codes = flat.view(torch.int32)
+    else:
+        wide_out, rest_out, codes = plan.buffer(device)
+        if plan.wide:
+            views = [
+                torch.as_strided(t if t.is_contiguous() else t.contiguous(), size, stride)
+                for t, size, stride in ((tensors[i], size, stride) for i, size, stride in plan.wide)
+            ]
+            torch.cat(views, out=wide_out)
+        if plan.whole:
+            torch.cat([tensors[i] for i in plan.whole], out=rest_out)
+    offsets = plan.offsets.get(device)
+    if offsets is None:
+        offsets = plan.offsets[device] = _offsets(plan.order, plan.sizes, device)
+    codes = codes.bitwise_right_shift_(23).add_(offsets)
+    return count(codes, len(tensors) * 2 * BINS).view(len(tensors), 2, BINS)
+
+
+def raw_histograms(tensors: list[torch.Tensor], limit: int, cache: dict[Any, Any]) -> torch.Tensor:
     """Per-tensor exponent histograms, shape (len(tensors), 256), int64, on the device.
 
     Args:
@@ -44,26 +278,9 @@ def raw_histograms(
         limit: Values examined per tensor (0: all).
         cache: Holds the offsets tensor between calls (same sizes -> reused).
     """
-    flats = [sample_flat(t, limit) for t in tensors]
-    sizes = tuple(f.numel() for f in flats)
-    device = flats[0].device
-    key = (sizes, str(device))
-    offsets = cache.get(key)
-    if offsets is None:
-        base = torch.arange(len(flats), dtype=torch.int32) * (2 * BINS) + BINS
-        counts = torch.tensor(sizes, dtype=torch.int64)
-        offsets = torch.repeat_interleave(base, counts).to(device)
-        cache.clear()
-        cache[key] = offsets
-    bits = torch.cat(flats).view(torch.int32)
-    codes = torch.bitwise_right_shift(bits, 23).add_(offsets)
-    counts2 = torch.bincount(codes, minlength=len(flats) * 2 * BINS)
-    # Fold the sign: (tensor, sign, exponent) -> (tensor, exponent).
-    return counts2.view(len(flats), 2, BINS).sum(dim=1)
+    return sampled_signed_histograms([t.detach() for t in tensors], limit, cache).sum(dim=1)
 
 
 def raw_histogram(t: torch.Tensor, limit: int) -> torch.Tensor:
     """One tensor's exponent histogram (256 bins, int64, on its device)."""
-    bits = sample_flat(t, limit).view(torch.int32)
-    codes = torch.bitwise_right_shift(bits, 23).add_(BINS)
-    return torch.bincount(codes, minlength=2 * BINS).view(2, BINS).sum(dim=0)
+    return raw_histograms([t], limit, {})[0]

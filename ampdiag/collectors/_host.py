@@ -1,45 +1,73 @@
 """Device -> host copies that do not stall the training loop.
 
-A collector packs a step's small device results into one float64 tensor and hands it to
-`Deferred`. On CUDA the copy goes to pinned memory with ``non_blocking=True`` and an event;
-the values are read at a later step (the copy is long finished by then), so the host never
-waits on the device mid-step. On the CPU the copy is immediate. Either way: one transfer per
-sampled step.
+A collector hands a step's small device results to `Deferred` (one packed tensor, or a few).
+On CUDA each goes to pinned memory with ``non_blocking=True`` and one event is recorded; the
+values are read at a later step (the copy is long finished by then), so the host never waits
+on the device mid-step. On the CPU there is nothing to copy. Either way: one transfer (one
+event) per sampled step.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 
 class Deferred:
-    """One packed device tensor on its way to the host.
+    """Device tensors on their way to the host.
 
     Args:
-        packed: A 1-D tensor (any dtype convertible to float64).
+        packed: A tensor, or a list of tensors (any shapes and dtypes).
+        copy: Snapshot CPU tensors (clone). Pass False for tensors made for this transfer
+            that nothing else writes to (saves a copy); a live tensor (a GradScaler's scale)
+            must be snapshotted.
     """
 
-    def __init__(self, packed: torch.Tensor) -> None:
-        packed = packed.detach().reshape(-1).to(torch.float64)
+    def __init__(self, packed: torch.Tensor | list[torch.Tensor], copy: bool = True) -> None:
         self._event: torch.cuda.Event | None = None
-        if packed.is_cuda:
-            host = torch.empty(packed.shape, dtype=torch.float64, pin_memory=True)
-            host.copy_(packed, non_blocking=True)
+        self._host: list[torch.Tensor] = []
+        cuda = False
+        for part in [packed] if isinstance(packed, torch.Tensor) else packed:
+            if part.requires_grad:
+                part = part.detach()
+            if part.is_cpu:
+                self._host.append(part.clone() if copy else part)
+            elif part.is_cuda:
+                host = torch.empty(part.shape, dtype=part.dtype, pin_memory=True)
+                host.copy_(part, non_blocking=True)
+                self._host.append(host)
+                cuda = True
+            else:
+                self._host.append(part.cpu())
+        if cuda:
             self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             self._event.record()
-            self._host = host
-        else:
-            self._host = packed.clone() if packed.device.type == "cpu" else packed.cpu()
 
     def ready(self) -> bool:
         """Whether reading now would not wait for the device."""
         return self._event is None or bool(self._event.query())  # type: ignore[no-untyped-call]
 
-    def values(self) -> list[float]:
-        """The values (waits for the copy when it is still running)."""
+    def _wait(self) -> None:
         if self._event is not None:
             self._event.synchronize()
-        return [float(v) for v in self._host.tolist()]
+
+    def arrays(self) -> list[npt.NDArray[np.generic]]:
+        """The parts as numpy arrays, in the given order (waits for a running copy)."""
+        self._wait()
+        return [(p.float() if p.dtype == torch.bfloat16 else p).numpy() for p in self._host]
+
+    def values(self) -> list[float]:
+        """All values as floats, parts concatenated flat (waits for a running copy)."""
+        self._wait()
+        out: list[float] = []
+        for p in self._host:
+            out += [float(v) for v in p.reshape(-1).to(torch.float64).tolist()]
+        return out
 
 
 def pack(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:

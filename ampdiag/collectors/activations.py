@@ -1,30 +1,37 @@
 """Per-module forward range, activation-gradient underflow and where NaN/inf first appears.
 
-On sampled steps, a forward hook on every module of the model records the absolute max of its
-output (one reduction, kept on the device; a NaN propagates through it) and registers a tensor
-hook on that output, which sees the gradient entering the module in the backward. That
-gradient's exponent histogram (``_exponents.raw_histogram``; at most
-``numerics_sample_elements`` values) tells which share FP16 holds as zero or subnormal at the
-scale in use, and, shifted by the scale, predicts the share at any candidate scale 2^0..2^24.
+On sampled steps only (the hooks are registered for a sampled step and removed after it, so
+other steps run without them), a forward hook on every module of the model records the range
+of its output (one ``aminmax``, kept on the device; a NaN propagates through it) and registers
+a tensor hook on that output, which sees the gradient entering the module in the backward and
+keeps a small copy of a sample of it (at most ``numerics_sample_elements`` values,
+``_exponents.sample_view``). At the end of the step one exponent histogram of all those
+samples (``_exponents.histograms``) tells which share FP16 holds as zero or subnormal at the
+scale in use and, shifted by the scale, predicts the share at any candidate scale 2^0..2^24.
 
-At the end of a sampled step the step's results are stacked and accumulated on the device and
-copied to the host once (`_host.Deferred`). The first module, in execution order, whose output
-(forward) or incoming gradient (backward) holds inf/NaN is the NaN origin, with its step.
-Hooks never change a tensor: they return None.
+The step's results (the ranges, the histograms, the scale) go to the host in one transfer
+(`_host.Deferred`) and are accumulated there with numpy. The first module, in execution
+order, whose output (forward) or incoming gradient (backward) holds inf/NaN is the NaN
+origin, with its step. Hooks never change a tensor: they return None.
 """
 
 from __future__ import annotations
 
+import math
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ampdiag.analysis import fp16range
-from ampdiag.collectors._exponents import BINS, raw_histogram
-from ampdiag.collectors._host import Deferred, pack
+from ampdiag.collectors._exponents import BINS, sample_view, signed_histograms_of
+from ampdiag.collectors._host import Deferred
 from ampdiag.collectors.base import Collector, RunContext, internal_work
 from ampdiag.compat import scaler as compat_scaler
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 #: Unscaled histograms cover exponents -127-OFF .. 256-127-OFF+... (see _shift_index).
 OFF = 64
@@ -49,15 +56,20 @@ class ActivationsCollector(Collector):
     def __init__(self) -> None:
         self._run: RunContext | None = None
         self._names: list[str] = []
+        self._modules: list[torch.nn.Module] = []
         self._index: dict[int, int] = {}
         self._handles: list[Any] = []
         self._active = False
         self._limit = 0
-        self._fwd: list[tuple[int, torch.Tensor]] = []
-        self._bwd: list[tuple[int, torch.Tensor]] = []
+        self._cache: dict[tuple[object, ...], torch.Tensor] = {}
+        self._fwd_idx: list[int] = []
+        self._fwd_min: list[torch.Tensor] = []
+        self._fwd_max: list[torch.Tensor] = []
+        self._bwd_idx: list[int] = []
+        self._bwd: list[torch.Tensor] = []
         self._scale: torch.Tensor | None = None
-        self._acc_raw: torch.Tensor | None = None
-        self._acc_unscaled: torch.Tensor | None = None
+        self._acc_raw: npt.NDArray[np.int64] | None = None
+        self._acc_unscaled: npt.NDArray[np.int64] | None = None
         self._pending: list[tuple[int, list[int], list[int], Deferred]] = []
         self._max_abs: dict[int, float] = {}
         self._out_dtype: dict[int, str] = {}
@@ -75,12 +87,13 @@ class ActivationsCollector(Collector):
 
     @staticmethod
     def _wants(run: RunContext, step: int) -> bool:
-        every = int(getattr(run.config, "activation_every", 0)) or max(1, run.config.sample_every)
-        return step % every == 0
+        every = int(getattr(run.config, "activation_every", 0))
+        return step % every == 0 if every > 0 else run.is_sampled(step)
 
     def on_model(self, run: RunContext, model: torch.nn.Module) -> None:
-        """Hooks every module of the model (forward hooks; cheap when the step is not sampled)."""
+        """Learns every module of the model; hooks them when the step is sampled."""
         prefix = "" if len(run.models) <= 1 else f"model{len(run.models) - 1}."
+        added = []
         for name, module in model.named_modules():
             if id(module) in self._index:
                 continue
@@ -88,7 +101,20 @@ class ActivationsCollector(Collector):
             self._index[id(module)] = idx
             label = prefix + name if name else prefix + f"({type(module).__name__})"
             self._names.append(label)
-            self._handles.append(module.register_forward_hook(partial(self._forward, idx)))
+            self._modules.append(module)
+            added.append(idx)
+        if self._active:
+            self._hook(added)
+
+    def _hook(self, indices: list[int]) -> None:
+        for idx in indices:
+            hook = partial(self._forward, idx)
+            self._handles.append(self._modules[idx].register_forward_hook(hook))
+
+    def _unhook(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
 
     # --- hooks ------------------------------------------------------------------------------
 
@@ -98,10 +124,13 @@ class ActivationsCollector(Collector):
         t = _first_tensor(output)
         if t is None or not t.is_floating_point() or t.numel() == 0:
             return
-        self._out_dtype.setdefault(idx, str(t.dtype).removeprefix("torch."))
+        if idx not in self._out_dtype:
+            self._out_dtype[idx] = str(t.dtype).removeprefix("torch.")
         with internal_work():
-            amax = torch.linalg.vector_norm(t.detach(), ord=float("inf"))
-        self._fwd.append((idx, amax.float()))
+            lo, hi = torch.aminmax(t.detach())
+        self._fwd_idx.append(idx)
+        self._fwd_min.append(lo)
+        self._fwd_max.append(hi)
         if t.requires_grad and torch.is_grad_enabled():
             t.register_hook(partial(self._backward, idx))  # type: ignore[no-untyped-call]
 
@@ -116,58 +145,56 @@ class ActivationsCollector(Collector):
             run = self._run
             live = compat_scaler.scale_tensor(run.scaler if run is not None else None)
             self._scale = (
-                live.detach().clone().float()
+                live.detach().float().clone()
                 if live is not None
                 else torch.ones((), device=grad.device)
             )
-        self._grad_dtype.setdefault(idx, str(grad.dtype).removeprefix("torch."))
-        self._bwd.append((idx, raw_histogram(grad, self._limit)))
+        if idx not in self._grad_dtype:
+            self._grad_dtype[idx] = str(grad.dtype).removeprefix("torch.")
+        # A copy: the gradient itself is freed as the backward moves on.
+        sample = sample_view(grad.detach(), self._limit)
+        self._bwd.append(sample.clone(memory_format=torch.contiguous_format))
+        self._bwd_idx.append(idx)
 
     # --- steps ------------------------------------------------------------------------------
 
     def on_step_end(self, run: RunContext, step: int) -> None:
-        """Accumulates the step's results on the device and queues one copy to the host."""
-        if self._active and (self._fwd or self._bwd):
-            self._finish_step(step)
-        self._fwd, self._bwd, self._scale = [], [], None
-        self._active = self._wants(run, step + 1)
-        self._resolve(wait=False)
-
-    def _ensure_acc(self, device: torch.device) -> None:
-        m = len(self._names)
-        if self._acc_raw is None or self._acc_unscaled is None:
-            self._acc_raw = torch.zeros(m, BINS, dtype=torch.int64, device=device)
-            self._acc_unscaled = torch.zeros(m, UBINS, dtype=torch.int64, device=device)
-        elif self._acc_raw.shape[0] < m:
-            extra = m - self._acc_raw.shape[0]
-            self._acc_raw = torch.cat([self._acc_raw, self._acc_raw.new_zeros(extra, BINS)])
-            self._acc_unscaled = torch.cat(
-                [self._acc_unscaled, self._acc_unscaled.new_zeros(extra, UBINS)]
-            )
+        """Queues the step's results for the host; hooks or unhooks for the next step."""
+        if self._active and (self._fwd_idx or self._bwd_idx):
+            with internal_work():
+                self._finish_step(step)
+        self._fwd_idx, self._fwd_min, self._fwd_max = [], [], []
+        self._bwd_idx, self._bwd, self._scale = [], [], None
+        active = self._wants(run, step + 1)
+        if active and not self._handles:
+            self._hook(list(range(len(self._modules))))
+        elif not active and self._handles:
+            self._unhook()
+        self._active = active
+        if self._pending:
+            self._resolve(wait=False)
 
     def _finish_step(self, step: int) -> None:
         self._sampled_steps += 1
-        fwd_idx = [i for i, _ in self._fwd]
-        bwd_idx = [i for i, _ in self._bwd]
+        fwd_idx, bwd_idx = self._fwd_idx, self._bwd_idx
+        device = (self._fwd_min[0] if self._fwd_min else self._bwd[0]).device
         parts: list[torch.Tensor] = []
-        device = (self._fwd[0][1] if self._fwd else self._bwd[0][1]).device
-        if self._fwd:
-            parts.append(torch.stack([a.to(device) for _, a in self._fwd]))
-        if self._bwd:
-            hists = torch.stack([h.to(device) for _, h in self._bwd])
-            self._ensure_acc(device)
-            assert self._acc_raw is not None and self._acc_unscaled is not None
-            index = torch.tensor(bwd_idx, device=device)
-            self._acc_raw.index_add_(0, index, hists)
-            scale = self._scale if self._scale is not None else torch.ones((), device=device)
-            shifted = hists.new_zeros(len(bwd_idx), UBINS).index_add_(
-                1, _shift_index(scale.to(device)), hists
-            )
-            self._acc_unscaled.index_add_(0, index, shifted)
-            parts.append(hists[:, BINS - 1])
-            parts.append(scale.to(device))
-        packed = pack(parts, device)
-        self._pending.append((step, fwd_idx, bwd_idx, Deferred(packed)))
+        scalars = [*self._fwd_min, *self._fwd_max]
+        if bwd_idx:
+            scalars.append(self._scale if self._scale is not None else torch.ones(()))
+        if scalars:
+            if any(t.device != device for t in scalars):
+                scalars = [t.to(device) for t in scalars]
+            values = torch.stack(scalars)
+            parts.append(values if values.dtype == torch.float32 else values.float())
+        else:
+            parts.append(torch.zeros(0, device=device))
+        if bwd_idx:
+            samples = self._bwd
+            if any(t.device != device for t in samples):
+                samples = [t.to(device) for t in samples]
+            parts.append(signed_histograms_of(samples, bwd_idx, len(self._names), self._cache))
+        self._pending.append((step, fwd_idx, bwd_idx, Deferred(parts, copy=False)))
 
     def _resolve(self, wait: bool) -> None:
         keep = []
@@ -178,22 +205,46 @@ class ActivationsCollector(Collector):
                 keep.append(item)
         self._pending = keep
 
+    def _accumulate(self, hist: Any, scale: float) -> None:
+        import numpy as np
+
+        m = hist.shape[0]
+        if self._acc_raw is None or self._acc_unscaled is None:
+            self._acc_raw = np.zeros((m, BINS), dtype=np.int64)
+            self._acc_unscaled = np.zeros((m, UBINS), dtype=np.int64)
+        elif self._acc_raw.shape[0] < m:
+            extra = m - self._acc_raw.shape[0]
+            self._acc_raw = np.concatenate([self._acc_raw, np.zeros((extra, BINS), np.int64)])
+            self._acc_unscaled = np.concatenate(
+                [self._acc_unscaled, np.zeros((extra, UBINS), np.int64)]
+            )
+        self._acc_raw[:m] += hist
+        np.add.at(self._acc_unscaled[:m].T, _shift_index(scale), hist.T)
+
     def _absorb(self, step: int, fwd: list[int], bwd: list[int], deferred: Deferred) -> None:
-        values = deferred.values()
-        amax = values[: len(fwd)]
-        nonfinite = values[len(fwd) : len(fwd) + len(bwd)]
-        if bwd:
-            self._scales.append(values[-1])
+        import numpy as np
+
+        arrays = deferred.arrays()
+        values = arrays[0].astype(np.float64)
+        k = len(fwd)
+        with np.errstate(invalid="ignore"):
+            amax = np.maximum(-values[:k], values[k : 2 * k]).tolist()
         bad_fwd = None
         for idx, a in zip(fwd, amax, strict=True):
-            finite = a == a and a not in (float("inf"), float("-inf"))
-            if finite:
+            if math.isfinite(a):
                 self._max_abs[idx] = max(self._max_abs.get(idx, 0.0), a)
             else:
                 self._max_abs[idx] = float("inf") if a == a else self._max_abs.get(idx, 0.0)
                 if bad_fwd is None:
                     bad_fwd = idx
-        bad_bwd = next((i for i, c in zip(bwd, nonfinite, strict=True) if c > 0), None)
+        bad_bwd = None
+        if bwd:
+            scale = float(values[2 * k])
+            self._scales.append(scale)
+            hist = arrays[1].reshape(-1, 2, BINS).sum(axis=1)
+            self._accumulate(hist, scale)
+            nonfinite = hist[:, BINS - 1]
+            bad_bwd = next((i for i in bwd if nonfinite[i] > 0), None)
         if bad_fwd is not None or bad_bwd is not None:
             self._nonfinite_steps.append(step)
         if self._origin is None and (bad_fwd is not None or bad_bwd is not None):
@@ -209,9 +260,7 @@ class ActivationsCollector(Collector):
 
     def stop(self, run: RunContext) -> None:
         """Removes every hook and reads what is still on the device."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self._unhook()
         self._active = False
         self._resolve(wait=True)
 
@@ -222,8 +271,8 @@ class ActivationsCollector(Collector):
         self._resolve(wait=True)
         if not self._sampled_steps:
             return None
-        raw = self._acc_raw.tolist() if self._acc_raw is not None else []
-        uns = self._acc_unscaled.tolist() if self._acc_unscaled is not None else []
+        raw: list[list[int]] = self._acc_raw.tolist() if self._acc_raw is not None else []
+        uns: list[list[int]] = self._acc_unscaled.tolist() if self._acc_unscaled is not None else []
         modules = []
         all_exps: dict[int, int] = {}
         for idx, name in enumerate(self._names):
@@ -233,7 +282,7 @@ class ActivationsCollector(Collector):
                 seen = True
                 row["max_abs"] = self._max_abs[idx]
                 row["output_dtype"] = self._out_dtype.get(idx)
-            if idx < len(raw) and sum(raw[idx]):
+            if idx < len(raw) and any(raw[idx]):
                 seen = True
                 counts = fp16range.range_counts(raw[idx])
                 nz = counts["n"] - counts["zero"] - counts["nonfinite"]
@@ -274,14 +323,16 @@ class ActivationsCollector(Collector):
         }
 
 
-def _shift_index(scale: torch.Tensor) -> torch.Tensor:
+def _shift_index(scale: float) -> Any:
     """Column map raw exponent bin -> unscaled bin (divide by the scale: e - log2 S + OFF).
 
     Bin 0 (zeros) goes to 0, bin 255 (inf/NaN) to the last; the rest are clamped inside.
     """
-    s = torch.log2(scale.float().clamp_min(2.0**-60)).round().long().clamp(-OFF + 1, OFF - 1)
-    idx = torch.arange(BINS, device=scale.device) - s + OFF
-    idx = idx.clamp(1, UBINS - 2)
+    import numpy as np
+
+    s = round(math.log2(max(scale, 2.0**-60))) if math.isfinite(scale) else 0
+    s = min(max(s, -OFF + 1), OFF - 1)
+    idx = np.clip(np.arange(BINS) - s + OFF, 1, UBINS - 2)
     idx[0] = 0
     idx[BINS - 1] = UBINS - 1
     return idx

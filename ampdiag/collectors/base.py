@@ -17,8 +17,6 @@ steps that are not sampled (`run.is_sampled(step)`).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +36,21 @@ class DiagnoseConfig:
         record_shapes: Record input shapes in the trace.
         profile_memory: Record allocator events in the trace.
         with_stack: Record Python stacks in the trace (costly).
-        sample_every: Run the sampled (more expensive) collectors every N steps.
+        sample_every: Which steps the sampled (more expensive) collectors run on: the numerics
+            statistics (gradients, activations) and the speed probe's input capture. ``N > 0``:
+            exactly every N-th step (0, N, 2N, ...), profiled steps included. ``0`` (the
+            default): automatic, see ``sample_first`` and ``sample_period``.
+        sample_first: Automatic schedule: every one of the first ``sample_first`` steps is
+            sampled, so a short run is measured on every step ...
+        sample_period: ... and after them every ``sample_period``-th step (steps
+            ``sample_first``, ``sample_first + sample_period``, ...), which keeps the
+            amortised cost of the statistics within a few percent of the step time. Under
+            the automatic schedule the steps the profiler records (``profile_skip +
+            profile_warmup`` up to ``+ profile_active``) are never sampled, so the trace
+            shows the user's step unperturbed by ampdiag's own statistics.
+            The scaler's telemetry (scale, skipped steps) covers every step whatever the
+            schedule; to locate a NaN's origin at the very step it first appears, use
+            ``sample_every=1``.
         max_steps_recorded: Cap on per-step records kept (the first ones are kept).
         report: Render report.html (and the console summary) on exit.
         tensorboard: Write TensorBoard event files on exit.
@@ -51,7 +63,8 @@ class DiagnoseConfig:
         numerics: Collect gradient statistics, activation range/underflow, NaN origin and
             GradScaler telemetry (collectors gradients, activations, scaler).
         numerics_sample_elements: Values examined per tensor for the exponent histograms
-            (an even, strided spread; 0 = all). Norms and the scaler's inf checks always use all.
+            (runs of 16 consecutive values spread evenly over the tensor; 0 = all). Norms,
+            the forward range and the scaler's inf checks always use all values.
         activation_every: Period of the activation hooks (0 = every sampled step).
         precision: Audit the dtype of every op of one step (forward and backward).
         precision_step: The step the precision audit runs on (default the second, index 1:
@@ -68,7 +81,9 @@ class DiagnoseConfig:
     record_shapes: bool = True
     profile_memory: bool = True
     with_stack: bool = False
-    sample_every: int = 1
+    sample_every: int = 0
+    sample_first: int = 10
+    sample_period: int = 20
     max_steps_recorded: int = 100_000
     report: bool = True
     tensorboard: bool = True
@@ -79,12 +94,29 @@ class DiagnoseConfig:
     memory_target_batch: int | None = None
     memory_limit_bytes: int | None = None
     numerics: bool = True
-    numerics_sample_elements: int = 4096
+    numerics_sample_elements: int = 1024
     activation_every: int = 0
     precision: bool = True
     precision_step: int = 1
     speed_probe: bool = True
     speed_probe_repeats: int = 3
+
+
+def is_sampled_step(config: DiagnoseConfig, step: int) -> bool:
+    """Whether ``step`` is sampled under ``config`` (see `DiagnoseConfig.sample_every`).
+
+    ``sample_every=N > 0``: every N-th step. ``0`` (automatic): every one of the first
+    ``sample_first`` steps, then every ``sample_period``-th, never a step the profiler records.
+    """
+    if config.sample_every > 0:
+        return step % config.sample_every == 0
+    if config.profile:
+        first = config.profile_skip + config.profile_warmup
+        if first <= step < first + config.profile_active:
+            return False
+    if step < config.sample_first:
+        return True
+    return (step - config.sample_first) % max(1, config.sample_period) == 0
 
 
 @dataclass
@@ -115,8 +147,7 @@ class RunContext:
 
     def is_sampled(self, step: int | None = None) -> bool:
         """Whether the sampled collectors run on this step (default: the step in progress)."""
-        s = self.step if step is None else step
-        return s % max(1, self.config.sample_every) == 0
+        return is_sampled_step(self.config, self.step if step is None else step)
 
     @property
     def model(self) -> torch.nn.Module | None:
@@ -156,19 +187,27 @@ class Collector:
 _internal = threading.local()
 
 
-@contextmanager
-def internal_work() -> Iterator[None]:
+class _InternalWork:
+    """The context manager `internal_work()` returns (cheaper than a generator in hooks)."""
+
+    __slots__ = ("_previous",)
+
+    def __enter__(self) -> None:
+        self._previous = getattr(_internal, "active", False)
+        _internal.active = True
+
+    def __exit__(self, *exc: object) -> None:
+        _internal.active = self._previous
+
+
+def internal_work() -> _InternalWork:
     """Marks tensor work done by ampdiag itself (statistics in hooks), not by the user's model.
 
     Observers of the user's ops (the precision audit's dispatch mode) skip what runs inside, so
-    one collector's measurements never show up as the model's ops in another's.
+    one collector's measurements never show up as the model's ops in another's. Use as
+    ``with internal_work(): ...``.
     """
-    previous = getattr(_internal, "active", False)
-    _internal.active = True
-    try:
-        yield
-    finally:
-        _internal.active = previous
+    return _InternalWork()
 
 
 def is_internal_work() -> bool:

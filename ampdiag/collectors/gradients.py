@@ -1,11 +1,13 @@
 """Parameter-gradient statistics on sampled steps, measured on the device in a few fused passes.
 
 Just before the optimizer uses the gradients (``scaler.step`` or ``optimizer.step``), on a
-sampled step: one ``torch._foreach_norm`` pass for the per-parameter norms, and one exponent
-histogram of every gradient at once (``_exponents.raw_histograms``: a cat, a shift, an add
-and a bincount over at most ``numerics_sample_elements`` values per tensor). Everything is
-packed into one tensor and copied to the host once per sampled step (without stalling on
-CUDA, see ``_host.Deferred``).
+sampled step: one ``torch._foreach_norm`` pass for the per-parameter norms (stacked with the
+loss scale), and one exponent histogram of every gradient at once
+(``_exponents.sampled_signed_histograms``: one strided view per matrix, a cat into a reused
+buffer, two in-place bit operations and a bincount over at most ``numerics_sample_elements``
+values per tensor). The two result tensors go to the host
+in one transfer per sampled step (without stalling on CUDA, see ``_host.Deferred``), where
+numpy turns them into the figures (no Python loop over values or bins).
 
 From the histograms and the loss scale S: per parameter and in total, the zero share, the
 shares of nonzero values FP16 would flush (|g·S| < 2^-24) or hold as subnormal
@@ -15,15 +17,19 @@ shares of nonzero values FP16 would flush (|g·S| < 2^-24) or hold as subnormal
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ampdiag.analysis import fp16range
-from ampdiag.collectors._exponents import raw_histograms
-from ampdiag.collectors._host import Deferred, pack
+from ampdiag.collectors._exponents import sampled_signed_histograms
+from ampdiag.collectors._host import Deferred
 from ampdiag.collectors.base import Collector, RunContext, internal_work
 from ampdiag.compat import scaler as compat_scaler
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 #: Key in RunContext.extra: callbacks the scaler collector calls before ``GradScaler.step``.
 BEFORE_SCALER_STEP = "numerics.before_scaler_step"
@@ -38,11 +44,16 @@ class GradientsCollector(Collector):
     def __init__(self) -> None:
         self._run: RunContext | None = None
         self._names: dict[int, str] = {}
-        self._cache: dict[tuple[object, ...], torch.Tensor] = {}
+        self._cache: dict[Any, Any] = {}  # the sampling plans and their buffers
         self._done: set[tuple[int, int]] = set()
         self._pending: list[tuple[int, list[str], bool, Deferred]] = []
         self._steps: dict[int, dict[str, Any]] = {}
-        self._params: dict[str, dict[str, Any]] = {}
+        # Per parameter (one row each, in order of first sight): FIELDS sums, norms, steps.
+        self._rows: dict[str, int] = {}
+        self._acc: npt.NDArray[np.int64] | None = None
+        self._norm_last: npt.NDArray[np.float64] | None = None
+        self._norm_max: npt.NDArray[np.float64] | None = None
+        self._nsteps: npt.NDArray[np.int64] | None = None
         self._hist_held: dict[int, int] = {}
         self._hist_true: dict[int, int] = {}
         self._last_hist: dict[str, Any] = {}
@@ -88,19 +99,19 @@ class GradientsCollector(Collector):
         # Gradients still hold g·S until unscale_ ran (a fused optimizer unscales inside step).
         scaled = scale is not None and compat_scaler.stage(scaler, optimizer) == "ready"
         for dev, idx in by_device.items():
-            group = [grads[i] for i in idx]
+            group = grads if len(idx) == len(grads) else [grads[i] for i in idx]
+            s = scale if scale is None or scale.device == dev else scale.to(dev)
             with internal_work():
-                norms = torch.stack([n.float() for n in torch._foreach_norm(group)])
-                hists = raw_histograms(group, self._limit, self._cache)
-                s = scale if scale is not None else torch.ones((), device=dev)
-                packed = pack([hists, norms, s], dev)
+                deferred = device_stats(group, self._limit, self._cache, s)
             names = [self._names.get(id(params[i]), f"param{id(params[i]) % 100000}") for i in idx]
-            self._pending.append((run.step, names, scaled, Deferred(packed)))
+            self._pending.append((run.step, names, scaled, deferred))
 
     def on_step_end(self, run: RunContext, step: int) -> None:
         """Reads the previous steps' results that are ready (never waits mid-run on CUDA)."""
-        self._done = {k for k in self._done if k[0] > step}
-        self._resolve(wait=False)
+        if self._done:
+            self._done = {k for k in self._done if k[0] > step}
+        if self._pending:
+            self._resolve(wait=False)
 
     def _resolve(self, wait: bool) -> None:
         keep = []
@@ -111,40 +122,59 @@ class GradientsCollector(Collector):
                 keep.append(item)
         self._pending = keep
 
+    def _param_rows(self, names: list[str]) -> npt.NDArray[np.intp]:
+        import numpy as np
+
+        for name in names:
+            if name not in self._rows:
+                self._rows[name] = len(self._rows)
+        total = len(self._rows)
+        if self._acc is None or self._acc.shape[0] < total:
+            grow = total - (0 if self._acc is None else self._acc.shape[0])
+            self._acc = _grown(self._acc, grow, (len(FIELDS),), np.int64)
+            self._norm_last = _grown(self._norm_last, grow, (), np.float64)
+            self._norm_max = _grown(self._norm_max, grow, (), np.float64)
+            self._nsteps = _grown(self._nsteps, grow, (), np.int64)
+        return np.fromiter((self._rows[n] for n in names), dtype=np.intp, count=len(names))
+
     def _absorb(self, step: int, names: list[str], scaled: bool, deferred: Deferred) -> None:
-        values = deferred.values()
-        p = len(names)
-        hists = [values[i * 256 : (i + 1) * 256] for i in range(p)]
-        norms = values[p * 256 : p * 256 + p]
-        scale = values[-1]
+        import numpy as np
+
+        signed, tail = deferred.arrays()
+        hists = signed.reshape(-1, 2, 256).sum(axis=1)
+        norms = tail[:-1].astype(np.float64)
+        scale = float(tail[-1])
         s = fp16range.log2_or_none(scale) or 0
         # held: the value as the (FP16) backward held it, g·S; true: the gradient g.
         held_shift, true_shift = (0, -s) if scaled else (s, 0)
-        true_norm_factor = 1.0 / scale if scaled and scale else 1.0
+        true_norms = norms * (1.0 / scale if scaled and scale else 1.0)
+        counts = fp16range.range_counts_rows(hists, held_shift)
+        table = np.stack([counts[f] for f in FIELDS], axis=1)  # (params, FIELDS)
+        rows = self._param_rows(names)
+        assert self._acc is not None and self._norm_last is not None
+        assert self._norm_max is not None and self._nsteps is not None
+        np.add.at(self._acc, rows, table)
+        self._norm_last[rows] = true_norms
+        np.fmax.at(self._norm_max, rows, true_norms)  # a NaN norm does not erase the max
+        np.add.at(self._nsteps, rows, 1)
         rec = self._steps.setdefault(
             step,
             {"step": step, "scale": scale, "grads_scaled": scaled, "norm_sq": 0.0}
             | dict.fromkeys(FIELDS, 0),
         )
-        step_held: dict[int, int] = {}
-        for name, hist, norm in zip(names, hists, norms, strict=True):
-            counts = fp16range.range_counts(hist, held_shift)
-            true_norm = norm * true_norm_factor
-            for f in FIELDS:
-                rec[f] += counts[f]
-            rec["norm_sq"] += true_norm * true_norm
-            prm = self._params.setdefault(
-                name, dict.fromkeys(FIELDS, 0) | {"norm_last": 0.0, "norm_max": 0.0, "steps": 0}
-            )
-            for f in FIELDS:
-                prm[f] += counts[f]
-            prm["norm_last"] = true_norm
-            prm["norm_max"] = max(prm["norm_max"], true_norm)
-            prm["steps"] += 1
-            exps = fp16range.exponent_counts(hist)
-            fp16range.merge(step_held, {e + held_shift: c for e, c in exps.items()})
-            fp16range.merge(self._hist_true, {e + true_shift: c for e, c in exps.items()})
+        for f, total in zip(FIELDS, table.sum(axis=0).tolist(), strict=True):
+            rec[f] += int(total)
+        rec["norm_sq"] += float(np.dot(true_norms, true_norms))
+        agg = hists.sum(axis=0)
+        bins = np.flatnonzero(agg[1:255]) + 1  # normal bins only (as exponent_counts)
+        exps = bins - fp16range.BIAS
+        counts_list = agg[bins].tolist()
+        step_held = dict(zip((exps + held_shift).tolist(), counts_list, strict=True))
+        true = dict(zip((exps + true_shift).tolist(), counts_list, strict=True))
+        fp16range.merge(self._hist_true, true)
         fp16range.merge(self._hist_held, step_held)
+        if self._last_hist.get("step") == step:  # a second optimizer in the same step
+            fp16range.merge(step_held, self._last_hist["held"])
         self._last_hist = {"step": step, "held": step_held}
 
     def stop(self, run: RunContext) -> None:
@@ -165,16 +195,27 @@ class GradientsCollector(Collector):
             out["norm"] = rec["norm_sq"] ** 0.5
             steps.append(out)
         params = []
-        for name, prm in self._params.items():
-            nz = prm["n"] - prm["zero"] - prm["nonfinite"]
-            params.append(
-                {"name": name, **prm}
-                | {
-                    "zero_fraction": prm["zero"] / prm["n"] if prm["n"] else 0.0,
-                    "flush_fraction": prm["flush"] / nz if nz > 0 else 0.0,
-                    "subnormal_fraction": prm["subnormal"] / nz if nz > 0 else 0.0,
-                }
+        if self._acc is not None:
+            assert self._norm_last is not None and self._norm_max is not None
+            assert self._nsteps is not None
+            acc, last, top, nst = (
+                self._acc.tolist(),
+                self._norm_last.tolist(),
+                self._norm_max.tolist(),
+                self._nsteps.tolist(),
             )
+            for name, row in self._rows.items():
+                prm: dict[str, Any] = dict(zip(FIELDS, acc[row], strict=True))
+                prm |= {"norm_last": last[row], "norm_max": top[row], "steps": nst[row]}
+                nz = prm["n"] - prm["zero"] - prm["nonfinite"]
+                params.append(
+                    {"name": name, **prm}
+                    | {
+                        "zero_fraction": prm["zero"] / prm["n"] if prm["n"] else 0.0,
+                        "flush_fraction": prm["flush"] / nz if nz > 0 else 0.0,
+                        "subnormal_fraction": prm["subnormal"] / nz if nz > 0 else 0.0,
+                    }
+                )
         totals = dict.fromkeys(FIELDS, 0)
         for rec in steps:
             for f in FIELDS:
@@ -199,3 +240,31 @@ class GradientsCollector(Collector):
                 "held": {str(k): v for k, v in sorted(self._last_hist.get("held", {}).items())},
             },
         }
+
+
+def device_stats(
+    grads: list[torch.Tensor],
+    limit: int,
+    cache: dict[Any, Any],
+    scale: torch.Tensor | None = None,
+) -> Deferred:
+    """A sampled step's device work for gradients on one device, on its way to the host.
+
+    One ``_foreach_norm`` pass stacked with the loss scale (float32, ``len(grads) + 1``) and
+    the exponent histograms by sign (``(len(grads), 2, 256)`` int64; the host folds the
+    sign): two tensors, one transfer.
+    """
+    tail = list(torch._foreach_norm(grads))
+    tail.append(scale if scale is not None else torch.ones((), device=grads[0].device))
+    stacked = torch.stack(tail)
+    if stacked.dtype != torch.float32:
+        stacked = stacked.float()
+    hists = sampled_signed_histograms(grads, limit, cache)
+    return Deferred([hists, stacked], copy=False)
+
+
+def _grown(arr: Any, extra: int, tail: tuple[int, ...], dtype: Any) -> Any:
+    import numpy as np
+
+    more = np.zeros((extra, *tail), dtype=dtype)
+    return more if arr is None else np.concatenate([arr, more])
