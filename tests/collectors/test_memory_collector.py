@@ -1,5 +1,6 @@
 """The memory collector on real CPU runs: exact model state, categorised peak, OOM handling."""
 
+import gc
 import json
 from pathlib import Path
 
@@ -36,6 +37,7 @@ def train(out: Path | None, batches: list[int] = BATCHES, **settings: object):
     if out is None:
         loop()
         return model, opt, None
+    gc.collect()  # no earlier test's tensors freed inside the profiled window
     with diagnose(out=out, **{**QUIET, **settings}) as d:
         loop()
     return model, opt, d
