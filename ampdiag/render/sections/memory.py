@@ -15,6 +15,7 @@ from ampdiag.session import Session
 MiB = 1024**2
 
 
+@plots.memoized
 def stacked_area(
     x: Sequence[float], series: Mapping[str, Sequence[float]], xlabel: str, title: str
 ) -> bytes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ampdiag.analysis import fp16range
+from ampdiag.render import plots
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
@@ -21,10 +22,9 @@ def _hist_items(hist: dict[str, int]) -> tuple[list[int], list[int]]:
     return keys, [int(hist[str(k)]) for k in keys]
 
 
+@plots.memoized
 def histogram_png(series: dict[str, dict[str, int]], title: str) -> bytes:
     """Bars of value counts per log2 exponent, with FP16's limits marked."""
-    from ampdiag.render import plots
-
     plt = plots._pyplot()
     fig, ax = plt.subplots(figsize=(7, 3))
     width = 0.8 / max(1, len(series))
@@ -48,7 +48,6 @@ def histogram_png(series: dict[str, dict[str, int]], title: str) -> bytes:
 def build(session: Session) -> ReportSection | None:
     """The numerics section, when any numerics collector wrote something."""
     from ampdiag.analysis.rules.numerics import fp16_in_use, underflow_summary
-    from ampdiag.render import plots
 
     grads = session.section("gradients")
     acts = session.section("activations")

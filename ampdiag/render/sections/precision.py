@@ -14,6 +14,7 @@ from ampdiag.session import Session
 MAX_MODULES = 20
 
 
+@plots.memoized
 def module_bars(modules: dict[str, dict[str, float]], limit: int = MAX_MODULES) -> bytes:
     """Horizontal stacked bars: per module, op time in low precision and in FP32."""
     plt = plots._pyplot()
