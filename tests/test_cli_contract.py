@@ -70,3 +70,28 @@ def test_report_into_unwritable_out_is_exit_2(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     r = ampdiag_cli("report", str(tmp_path / "s"), "--out", str(tmp_path / "f" / "sub"))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_report_merges_the_ranks_of_a_distributed_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    import ampdiag
+    from ampdiag.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        model = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with ampdiag.diagnose(out=tmp_path, console=False, report=False, speed_probe=False):
+            for _ in range(6):
+                opt.zero_grad()
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank-0", "rank-1"]
+    assert main(["report", str(tmp_path), "--format", "json"]) == 0
+    ranks = json.loads(capsys.readouterr().out)["timeline"]["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert [Path(r["file"]).parts[-3] for r in ranks] == ["rank-0", "rank-1"]

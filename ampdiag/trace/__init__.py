@@ -6,18 +6,29 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ampdiag.errors import InputError
+from ampdiag.session import SESSION_FILE
 
 if TYPE_CHECKING:
     from ampdiag.session import Session
 
 TRACE_SUFFIXES = (".json", ".json.gz")
+NOT_TRACE_DIRS = frozenset({"tensorboard", "memory"})
 
 
 def trace_files(path: Path) -> list[Path]:
     """The trace files at a path: the file itself, or the traces in a folder (sorted)."""
     if path.is_file():
         return [path]
-    found = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+    # A folder of diagnose() outputs (rank-N/ sessions) holds other JSON: session files and
+    # TensorBoard/memory folders are not traces.
+    found = sorted(
+        p
+        for p in path.rglob("*")
+        if p.is_file()
+        and p.name.endswith(TRACE_SUFFIXES)
+        and p.name != SESSION_FILE
+        and not NOT_TRACE_DIRS.intersection(p.relative_to(path).parts[:-1])
+    )
     if not found:
         raise InputError(f"no trace files (*.json, *.json.gz) in {str(path)!r}")
     return found
