@@ -9,7 +9,8 @@ event) per sampled step.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -75,3 +76,20 @@ def pack(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     if not parts:
         return torch.zeros(0, dtype=torch.float64, device=device)
     return torch.cat([p.detach().reshape(-1).to(device=device, dtype=torch.float64) for p in parts])
+
+
+def absorb_ready(
+    pending: list[tuple[Any, ...]], absorb: Callable[..., None], wait: bool
+) -> list[tuple[Any, ...]]:
+    """Calls ``absorb(*item)`` for each pending item whose copy is done; returns the others.
+
+    Each item's last element is its `Deferred`. With ``wait`` every item is absorbed (at the
+    end of the run), waiting for copies still running.
+    """
+    keep = []
+    for item in pending:
+        if wait or item[-1].ready():
+            absorb(*item)
+        else:
+            keep.append(item)
+    return keep

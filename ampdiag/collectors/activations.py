@@ -25,7 +25,7 @@ import torch
 
 from ampdiag.analysis import fp16range
 from ampdiag.collectors._exponents import BINS, sample_view, signed_histograms_of
-from ampdiag.collectors._host import Deferred
+from ampdiag.collectors._host import Deferred, absorb_ready
 from ampdiag.collectors.base import Collector, RunContext, internal_work
 from ampdiag.compat import scaler as compat_scaler
 
@@ -197,13 +197,7 @@ class ActivationsCollector(Collector):
         self._pending.append((step, fwd_idx, bwd_idx, Deferred(parts, copy=False)))
 
     def _resolve(self, wait: bool) -> None:
-        keep = []
-        for item in self._pending:
-            if wait or item[3].ready():
-                self._absorb(*item)
-            else:
-                keep.append(item)
-        self._pending = keep
+        self._pending = absorb_ready(self._pending, self._absorb, wait)
 
     def _accumulate(self, hist: Any, scale: float) -> None:
         import numpy as np

@@ -23,7 +23,7 @@ import torch
 
 from ampdiag.analysis import fp16range
 from ampdiag.collectors._exponents import sampled_signed_histograms
-from ampdiag.collectors._host import Deferred
+from ampdiag.collectors._host import Deferred, absorb_ready
 from ampdiag.collectors.base import Collector, RunContext, internal_work
 from ampdiag.compat import scaler as compat_scaler
 
@@ -114,13 +114,7 @@ class GradientsCollector(Collector):
             self._resolve(wait=False)
 
     def _resolve(self, wait: bool) -> None:
-        keep = []
-        for item in self._pending:
-            if wait or item[3].ready():
-                self._absorb(*item)
-            else:
-                keep.append(item)
-        self._pending = keep
+        self._pending = absorb_ready(self._pending, self._absorb, wait)
 
     def _param_rows(self, names: list[str]) -> npt.NDArray[np.intp]:
         import numpy as np
