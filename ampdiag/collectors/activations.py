@@ -26,7 +26,7 @@ import torch
 from ampdiag.analysis import fp16range
 from ampdiag.collectors._exponents import BINS, sample_view, signed_histograms_of
 from ampdiag.collectors._host import Deferred, absorb_ready
-from ampdiag.collectors.base import Collector, RunContext, internal_work
+from ampdiag.collectors.base import Collector, RunContext, internal_work, tensors_in
 from ampdiag.compat import scaler as compat_scaler
 
 if TYPE_CHECKING:
@@ -36,16 +36,6 @@ if TYPE_CHECKING:
 #: Unscaled histograms cover exponents -127-OFF .. 256-127-OFF+... (see _shift_index).
 OFF = 64
 UBINS = BINS + 2 * OFF
-
-
-def _first_tensor(output: Any) -> torch.Tensor | None:
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, (tuple, list)):
-        for item in output:
-            if isinstance(item, torch.Tensor):
-                return item
-    return None
 
 
 class ActivationsCollector(Collector):
@@ -121,7 +111,7 @@ class ActivationsCollector(Collector):
     def _forward(self, idx: int, module: torch.nn.Module, args: Any, output: Any) -> None:
         if not self._active:
             return
-        t = _first_tensor(output)
+        t = next(tensors_in(output), None)
         if t is None or not t.is_floating_point() or t.numel() == 0:
             return
         if idx not in self._out_dtype:

@@ -17,6 +17,7 @@ steps that are not sampled (`run.is_sampled(step)`).
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,3 +214,24 @@ def internal_work() -> _InternalWork:
 def is_internal_work() -> bool:
     """Whether the current thread is inside `internal_work()`."""
     return bool(getattr(_internal, "active", False))
+
+
+def tensors_in(value: Any, max_depth: int = 4) -> Iterator[torch.Tensor]:
+    """The tensors in a module's inputs or outputs, in order.
+
+    Looks through nested lists, tuples, dicts and dataclasses (such as Hugging Face's
+    ``ModelOutput``), at most ``max_depth`` levels down.
+    """
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif max_depth <= 0:
+        return
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from tensors_in(v, max_depth - 1)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from tensors_in(v, max_depth - 1)
+    elif hasattr(value, "__dataclass_fields__"):
+        for name in value.__dataclass_fields__:
+            yield from tensors_in(getattr(value, name, None), max_depth - 1)

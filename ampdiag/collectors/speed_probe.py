@@ -33,40 +33,15 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ampdiag.collectors.base import Collector, RunContext
+from ampdiag.collectors.base import Collector, RunContext, tensors_in
 from ampdiag.collectors.discovery import autocast_state
 
 TOP_MODULES = 15
-
-
-def _floating_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
-    """The floating-point tensors in a model output (tensor, sequence, mapping, dataclass)."""
-    if depth > 4:
-        return
-    if isinstance(value, torch.Tensor):
-        if value.is_floating_point():
-            yield value
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _floating_tensors(v, depth + 1)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _floating_tensors(v, depth + 1)
-    elif hasattr(value, "__dataclass_fields__"):
-        for name in value.__dataclass_fields__:
-            yield from _floating_tensors(getattr(value, name, None), depth + 1)
-
-
-def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            return value
-    return None
 
 
 def _is_distributed(model: torch.nn.Module) -> bool:
@@ -108,7 +83,7 @@ class SpeedProbe(Collector):
         if self._probing:
             return
         if self._batch is None:
-            first = _first_tensor(args, kwargs)
+            first = next(tensors_in((args, kwargs), max_depth=2), None)
             if first is not None and first.dim() > 0:
                 self._batch = int(first.shape[0])
         state = autocast_state()
@@ -200,7 +175,11 @@ def probe(
         with torch.autocast(device, dtype=dtype, enabled=amp):
             out = model(*args, **kwargs)
         if backward:
-            loss = sum(t.float().sum() for t in _floating_tensors(out) if t.requires_grad)
+            loss = sum(
+                t.float().sum()
+                for t in tensors_in(out)
+                if t.is_floating_point() and t.requires_grad
+            )
             if isinstance(loss, torch.Tensor):
                 torch.autograd.grad(loss, params, allow_unused=True)
         del out
