@@ -16,7 +16,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 from ampdiag.collectors.base import Collector, RunContext
-from ampdiag.trace.step_breakdown import breakdown_from_trace_file
 
 TOP_OPS = 25
 TRACE_DIR = "trace"
@@ -122,7 +121,7 @@ class ProfilerCollector(Collector):
             "error": self._error,
         }
         if files:
-            out["breakdown"] = breakdown_from_trace_file(files[-1], self._recorded_steps)
+            out["breakdown"] = host_breakdown_of(files[-1], self._recorded_steps)
         return out
 
 
@@ -148,3 +147,17 @@ def _worker_name() -> str:
     import os
 
     return f"{socket.gethostname()}_{os.getpid()}"
+
+
+def host_breakdown_of(trace: Path, steps: list[int]) -> dict[str, Any]:
+    """The host step-time breakdown of the given steps of a trace, read by the trace reader.
+
+    Only the recorded steps count: a run that ends inside the profiler's active window leaves
+    a stub ``ProfilerStep`` after the last real one.
+    """
+    from ampdiag.trace.reader import read_trace
+    from ampdiag.trace.timeline import host_breakdown
+
+    rt = read_trace(trace)
+    rt.steps = [s for s in rt.steps if s[0] in steps]
+    return host_breakdown(rt)

@@ -9,21 +9,20 @@ The categories come from names torch itself writes:
 - optimizer: ``Optimizer.step#...`` and ``Optimizer.zero_grad#...`` annotations,
 - backward: ``autograd::engine::evaluate_function: ...`` ops (on any thread of the process),
 - forward: every other CPU op inside the step.
+
+This module holds the categories and how an event is classified; the trace reader
+(`ampdiag.trace.reader`) keeps the classified host spans and `ampdiag.trace.timeline.host_breakdown`
+computes the breakdown, for live sessions and existing traces alike.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import re
-from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 CATEGORIES = ("forward", "backward", "optimizer", "data", "other")
-_PRIORITY = {"data": 4, "optimizer": 3, "backward": 2, "forward": 1}
-_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
-_HOST_CATS = {"cpu_op", "user_annotation", "operator", "python_function", "Operator"}
 
 
 def load_trace_json(path: str | Path) -> dict[str, Any]:
@@ -50,78 +49,6 @@ def classify(name: str, cat: str) -> str | None:
     return None
 
 
-def _covered_by_category(
-    spans: list[tuple[float, float, str]], start: float, end: float
-) -> dict[str, float]:
-    """Length of [start, end] covered by each category, higher priority winning overlaps."""
-    points: list[tuple[float, int, str]] = []
-    for s, e, cat in spans:
-        s, e = max(s, start), min(e, end)
-        if e > s:
-            points.append((s, 1, cat))
-            points.append((e, -1, cat))
-    points.sort(key=lambda p: (p[0], p[1]))
-    active = dict.fromkeys(_PRIORITY, 0)
-    totals = dict.fromkeys(CATEGORIES, 0.0)
-    last = start
-    for t, delta, cat in points:
-        if t > last:
-            winner = max(
-                (c for c, n in active.items() if n > 0), key=_PRIORITY.__getitem__, default="other"
-            )
-            totals[winner] += t - last
-            last = t
-        active[cat] += delta
-    totals["other"] += max(0.0, end - last)
-    return totals
-
-
-def breakdown(
-    events: list[dict[str, Any]], only_steps: Collection[int] | None = None
-) -> dict[str, Any]:
-    """Per-step and mean host time by category, in microseconds.
-
-    Args:
-        events: The trace's ``traceEvents``.
-        only_steps: Keep these step numbers only (e.g. drop the stub step the profiler
-            opens after the last ``step()`` when a run ends inside its active window).
-
-    Returns:
-        ``{"steps": [{"step", "total_us", "forward_us", ...}], "mean": {...},
-        "share": {category: fraction of step time}}``; empty lists when no step was traced.
-    """
-    steps: list[tuple[int, float, float, Any]] = []
-    host: list[tuple[float, float, str, Any]] = []
-    for ev in events:
-        if ev.get("ph") != "X":
-            continue
-        name = str(ev.get("name", ""))
-        try:
-            ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
-        except (KeyError, TypeError, ValueError):
-            continue
-        match = _STEP_RE.match(name)
-        if match:
-            if only_steps is not None and int(match.group(1)) not in only_steps:
-                continue
-            steps.append((int(match.group(1)), ts, ts + dur, ev.get("pid")))
-            continue
-        cat = str(ev.get("cat", ""))
-        if cat not in _HOST_CATS:
-            continue
-        category = classify(name, cat)
-        if category is not None:
-            host.append((ts, ts + dur, category, ev.get("pid")))
-    rows = []
-    for number, start, end, pid in sorted(steps):
-        spans = [(s, e, c) for s, e, c, p in host if p == pid and e > start and s < end]
-        totals = _covered_by_category(spans, start, end)
-        row: dict[str, Any] = {"step": number, "total_us": end - start}
-        row.update({f"{c}_us": totals[c] for c in CATEGORIES})
-        rows.append(row)
-    return summarize(rows)
-
-
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-step rows -> ``{"steps", "mean", "share"}`` (the shape every breakdown has)."""
     if not rows:
@@ -130,11 +57,3 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     total = mean["total_us"] or 1.0
     share = {c: mean[f"{c}_us"] / total for c in CATEGORIES}
     return {"steps": rows, "mean": mean, "share": share}
-
-
-def breakdown_from_trace_file(
-    path: str | Path, only_steps: Collection[int] | None = None
-) -> dict[str, Any]:
-    """`breakdown` of the events in a trace file."""
-    events = load_trace_json(path).get("traceEvents") or []
-    return breakdown([e for e in events if isinstance(e, dict)], only_steps)

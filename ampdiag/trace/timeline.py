@@ -302,7 +302,7 @@ _HOST_PRIORITY = ("data", "optimizer", "backward", "forward")
 def host_cover(cols: Columns, sel: Any, start: float, end: float) -> dict[str, float]:
     """Time of [start, end] covered by each host category, higher priority winning overlaps.
 
-    Same result as ``step_breakdown._covered_by_category``: each elementary segment of the step
+    Each elementary segment of the step
     goes to the highest-priority category covering it; what none covers is "other".
     """
     s = np.maximum(cols.host_start[sel], start)
