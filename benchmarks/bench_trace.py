@@ -3,7 +3,9 @@
 Inputs: df_index_resolver (54 MB of JSON) from ../shared/traces (or $AMPDIAG_TRACES) and a 4x
 larger trace made from it in a temporary folder (four copies of its events, shifted in time and
 correlation id; never committed). Each measurement runs in a fresh subprocess (wall time from
-before the imports to the finished session; peak RSS = VmHWM of that process), interleaved:
+before the imports to the finished session; peak RSS = VmHWM of that process, plus, where the
+reader forked worker processes (``ampdiag.trace.parallel``), the largest worker's peak RSS once
+per worker: an upper bound, as the workers share their parent's pages), interleaved:
 ampdiag, HTA, and ampdiag with its standard-library reader only (the path taken when msgspec is
 not installed, or for a file the fast path does not handle), ``--repeat`` times. Medians of the
 times are printed, the largest peak RSS, and the ratios: HTA time / ampdiag time, peak RSS /
@@ -15,6 +17,7 @@ uncompressed JSON size, ampdiag time per MB of JSON, and 4x time / 1x time (line
 from __future__ import annotations
 
 import argparse
+import compileall
 import gzip
 import json
 import os
@@ -36,12 +39,20 @@ from pathlib import Path
 if {stdlib!r}:
     import ampdiag.trace.reader as R
     R.FAST = False
+import ampdiag.trace.reader as R
+seen = []
+read = R.read_trace
+R.read_trace = lambda *a: seen.append(read(*a)) or seen[-1]
 s = session_from_traces(Path({path!r}))
 assert {stdlib!r} or s.sections["timeline"]["ranks"][0]["file"]
 r = s.sections["timeline"]["ranks"][0]
 dt = time.perf_counter() - t
+import resource
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
-print(dt, int(hwm) * 1024, r["idle_us"], r["compute_us"])
+# the reader's worker processes: the largest one's peak RSS, counted once per worker
+workers = max(rt.processes for rt in seen) - 1
+child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 if workers else 0
+print(dt, int(hwm) * 1024 + workers * child, r["idle_us"], r["compute_us"], workers + 1)
 """
 
 HTA = """
@@ -56,7 +67,7 @@ with contextlib.redirect_stdout(io.StringIO()):
 dt = time.perf_counter() - t
 row = tb.iloc[0]
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
-print(dt, int(hwm) * 1024, row["idle_time(us)"], row["compute_time(us)"])
+print(dt, int(hwm) * 1024, row["idle_time(us)"], row["compute_time(us)"], 1)
 """
 
 
@@ -99,17 +110,17 @@ def make_4x(src: Path, out_dir: Path) -> tuple[Path, int]:
     return folder, len(text)
 
 
-def run(code: str) -> tuple[float, int, float, float]:
+def run(code: str) -> tuple[float, int, float, float, int]:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    dt, rss, idle, comp = proc.stdout.strip().splitlines()[-1].split()
-    return float(dt), int(rss), float(idle), float(comp)
+    dt, rss, idle, comp, procs = proc.stdout.strip().splitlines()[-1].split()
+    return float(dt), int(rss), float(idle), float(comp), int(procs)
 
 
-def _fmt(label: str, times: list[float], rss: list[int], size: int) -> str:
+def _fmt(label: str, times: list[float], rss: list[int], procs: list[int], size: int) -> str:
     t, m = statistics.median(times), max(rss)
     return (
         f"  {label:<16} {t:6.2f} s  ({t / (size / 1e6) * 1e3:5.1f} ms/MB)"
-        f"  peak RSS {m / 1e6:6.0f} MB = {m / size:4.2f}x JSON"
+        f"  peak RSS {m / 1e6:6.0f} MB = {m / size:4.2f}x JSON  ({max(procs)} process(es))"
     )
 
 
@@ -124,6 +135,10 @@ def main() -> None:
         folder, size = make_4x(Path(args.make_4x[0]), Path(args.make_4x[1]))
         print(folder, size)
         return
+    # Byte-compile ampdiag first, as installing a package does (HTA's files were compiled when
+    # pip installed it): with PYTHONDONTWRITEBYTECODE set, as on some machines, every timed
+    # process would otherwise compile ampdiag's source again.
+    compileall.compile_dir(REPO / "ampdiag", quiet=1)
     root = traces_root()
     src_dir = root / "df_index_resolver"
     src = src_dir / "df_index_resolver.json.gz"
@@ -139,7 +154,7 @@ def main() -> None:
         big_dir, size4 = Path(made[0]), int(made[1])
         medians = {}
         for label, folder, size in (("1x", src_dir, size1), ("4x", big_dir, size4)):
-            runs: dict[str, tuple[list[float], list[int]]] = {}
+            runs: dict[str, tuple[list[float], list[int], list[int]]] = {}
             ref: tuple[float, float] | None = None
             kinds = ["ampdiag", "HTA 0.5"]
             if label == "4x" and args.skip_hta_4x:
@@ -153,10 +168,11 @@ def main() -> None:
                     else:
                         stdlib = kind != "ampdiag"
                         code = OURS.format(repo=str(REPO), path=str(folder), stdlib=stdlib)
-                    dt, rss, idle, comp = run(code)
-                    times, peaks = runs.setdefault(kind, ([], []))
+                    dt, rss, idle, comp, procs = run(code)
+                    times, peaks, nprocs = runs.setdefault(kind, ([], [], []))
                     times.append(dt)
                     peaks.append(rss)
+                    nprocs.append(procs)
                     # every tool, every run: the same idle and compute time (within 1 us)
                     ref = ref or (idle, comp)
                     agree = abs(idle - ref[0]) < 1 and abs(comp - ref[1]) < 1

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ampdiag.errors import InputError
-from ampdiag.session import SESSION_FILE
 
 if TYPE_CHECKING:
     from ampdiag.session import Session
@@ -17,6 +16,8 @@ NOT_TRACE_DIRS = frozenset({"tensorboard", "memory"})
 
 def trace_files(path: Path) -> list[Path]:
     """The trace files at a path: the file itself, or the traces in a folder (sorted)."""
+    from ampdiag.session import SESSION_FILE
+
     if path.is_file():
         return [path]
     # A folder of diagnose() outputs (rank-N/ sessions) holds other JSON: session files and
@@ -55,7 +56,6 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
     from ampdiag._version import __version__
     from ampdiag.session import Session
     from ampdiag.trace.reader import read_trace
-    from ampdiag.trace.timeline import analyse_rank, summarise
 
     files = trace_files(path)
     ranks = []
@@ -65,6 +65,9 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
     warnings: list[str] = []
     for index, file in enumerate(files):
         rt = read_trace(file, index)
+        # after the first read: the reader forks its workers before numpy is imported
+        from ampdiag.trace.timeline import analyse_rank, summarise
+
         if rt.rank in seen:
             warnings.append(f"{file.name}: rank {rt.rank} appears twice; using {index}")
             rt.rank, rt.rank_source = index, "position"

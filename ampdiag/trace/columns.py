@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 if TYPE_CHECKING:
+    import numpy as np
     from numpy.typing import NDArray
 
     F64 = NDArray[np.float64]
@@ -65,6 +64,8 @@ class Columns:
 
     def launch_index(self, corr: I64) -> I64:
         """Index into the launch columns of each correlation key, -1 where there is none."""
+        import numpy as np
+
         lc = self.launch_corr
         if not len(lc):
             return np.full(len(corr), -1, dtype=np.int64)
@@ -141,10 +142,14 @@ class Columns:
 
 
 def _f64(values: Any) -> F64:
+    import numpy as np
+
     return np.asarray(values, dtype=np.float64).reshape(-1)
 
 
 def _i64(values: Any) -> I64:
+    import numpy as np
+
     return np.asarray(values, dtype=np.int64).reshape(-1)
 
 

@@ -1,13 +1,14 @@
 """The fast path of the trace reader: typed msgspec decoding of chunks of whole events.
 
-The decompressed file (gzip through ISA-L's ``isal`` when installed, in a thread of its own)
-is read in chunks of bytes. Each chunk is cut after the last complete event (a ``}`` followed
-by ``,`` and ``{``) and the run of events before the cut is decoded at once by msgspec into
-small typed structs that hold only the fields the analysis needs: for complete (``"X"``) events
-``name``, ``cat``, ``pid``, ``ts``, ``dur`` and ``args.stream`` / ``args.correlation``; for
-events of any other phase, nothing. Every other field is skipped by msgspec without building a
-Python object. The structs are turned into numpy columns chunk by chunk, so memory stays
-bounded by the chunk size plus the columns.
+The decompressed file (gzip through ISA-L's ``isal`` when installed) is read in chunks of
+bytes. Each chunk is cut after the last complete event (a ``}`` followed by ``,`` and ``{``)
+and the run of events before the cut is decoded at once by msgspec into small typed structs
+that hold only the fields the analysis needs: for complete (``"X"``) events ``name``, ``cat``,
+``pid``, ``ts``, ``dur`` and ``args.stream`` / ``args.correlation``; for events of any other
+phase, nothing. Every other field is skipped by msgspec without building a Python object. The
+structs are turned into compact columns (``array.array``; numpy arrays at the end) chunk by
+chunk, so memory stays bounded by the chunk size plus the columns. A large file is read by
+several processes at once (:mod:`ampdiag.trace.parallel`).
 
 This path reads only well-formed traces in the usual shape, and gives up (:class:`Fallback`) at
 the first thing it does not expect: a cut that turns out not to be between events, a missing or
@@ -26,13 +27,12 @@ import codecs
 import gzip
 import json
 import re
+from array import array
 from pathlib import Path
 from typing import IO, Annotated, Any, Union
 
 import msgspec
-import numpy as np
 
-from ampdiag.trace.columns import HOST_CATEGORIES, Columns
 from ampdiag.trace.reader import (
     ANNOTATION_CATS,
     HOST_OP_CATS,
@@ -46,7 +46,7 @@ from ampdiag.trace.reader import (
 )
 from ampdiag.trace.step_breakdown import classify
 
-CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = 2 << 20
 MAX_HEAD_BYTES = 64 << 20
 
 _Finite = Annotated[float, msgspec.Meta(ge=-1e300, le=1e300)]
@@ -94,7 +94,6 @@ _GROUP = {
 _BOUNDARY = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
 _KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*\[')
 _STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
-_HOST_CAT_INDEX = {c: i for i, c in enumerate(HOST_CATEGORIES)}
 
 
 def _open_binary(path: Path) -> IO[bytes]:
@@ -103,9 +102,11 @@ def _open_binary(path: Path) -> IO[bytes]:
     if magic != b"\x1f\x8b":
         return open(path, "rb")
     try:
-        from isal import igzip_threaded
+        # In this thread: a decompressing thread of its own (igzip_threaded) was measured
+        # slower here, its hand-offs contending with the decoding for the interpreter's lock.
+        from isal import igzip
 
-        opened: Any = igzip_threaded.open(path, "rb", threads=1)  # type: ignore[no-untyped-call]
+        opened: Any = igzip.open(path, "rb")  # type: ignore[no-untyped-call]
     except ImportError:
         opened = gzip.open(path, "rb")  # noqa: SIM115
     return opened  # type: ignore[no-any-return]
@@ -130,11 +131,15 @@ class _Builder:
         groups = {"gpu": self._gpu, "launch": self._launch, "op": self._ops}
         self._route = {cat: groups[g].append for cat, g in _GROUP.items()}
 
-    def _put(self, key: str, values: list[Any], dtype: Any) -> None:
-        self.parts.setdefault(key, []).append(np.fromiter(values, dtype, len(values)))
+    def _put(self, key: str, values: list[Any], typecode: str) -> None:
+        # array.array, not numpy: a worker process of the parallel reader never imports numpy
+        self.parts.setdefault(key, []).append(array(typecode, values))
 
     def _col(self, key: str, dtype: Any) -> Any:
-        parts = self.parts.get(key)
+        import numpy as np
+
+        # taken out of the builder, so each part is freed once concatenated (peak memory)
+        parts = [np.frombuffer(p, dtype=dtype) for p in self.parts.pop(key, ())]
         if not parts:
             return np.empty(0, dtype=dtype)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -169,7 +174,7 @@ class _Builder:
             if e.__class__ is complete:
                 route.get(e.cat, other)(e)
         names = self.names
-        put, f64, i64 = self._put, np.float64, np.int64
+        put, f64, i64 = self._put, "d", "q"
         gpu, launch = self._gpu, self._launch
         if gpu:
             put("g_ts", [e.ts for e in gpu], f64)
@@ -198,13 +203,44 @@ class _Builder:
             put("h_name", self._ids(names, [e.name for e in host]), i64)
             put("h_pid", self._ids(self.pid_raw, [e.pid for e in host], self.pids), i64)
             if kind == 0:
-                self.parts.setdefault("h_kind", []).append(np.zeros(len(host), dtype=i64))
+                self.parts.setdefault("h_kind", []).append(array("q", bytes(8 * len(host))))
             else:
                 put("h_kind", [1 if e.cat in ANNOTATION_CATS else 2 for e in host], i64)
             host.clear()
 
+    def state(self) -> tuple[int, list[str], dict[Any, int], list[str], dict[str, list[Any]]]:
+        """What `absorb` takes: the events read, the name and pid tables and the columns."""
+        return self.events, list(self.names), self.pid_raw, list(self.pids), self.parts
+
+    def absorb(
+        self, state: tuple[int, list[str], dict[Any, int], list[str], dict[str, list[Any]]]
+    ) -> None:
+        """Appends the columns of the part read after this one (see `state`).
+
+        Its names and pids are renumbered into this builder's tables, which then list them in
+        the order one reader of the whole file would have met them.
+        """
+        import numpy as np
+
+        events, names, pid_raw, pids, parts = state
+        self.events += events
+        name_id = np.array([self.names.setdefault(n, len(self.names)) for n in names], np.int64)
+        pid_id = np.array([self.pids.setdefault(p, len(self.pids)) for p in pids], np.int64)
+        for raw, local in pid_raw.items():
+            self.pid_raw.setdefault(raw, int(pid_id[local]))
+        for key, arrays in parts.items():
+            remap = pid_id if key == "h_pid" else name_id if key.endswith("_name") else None
+            if remap is not None:
+                arrays = [remap[np.frombuffer(a, dtype=np.int64)] for a in arrays]
+            self.parts.setdefault(key, []).extend(arrays)
+
     def finish(self, out: RankTrace) -> None:
         """Puts the columns, steps and CPU op totals into ``out``."""
+        import numpy as np
+
+        from ampdiag.trace.columns import HOST_CATEGORIES, Columns
+
+        host_cat_index = {c: i for i, c in enumerate(HOST_CATEGORIES)}
         names = list(self.names)
         pids = list(self.pids)
         f64, i64 = np.float64, np.int64
@@ -236,9 +272,9 @@ class _Builder:
                     step_no[i] = int(m.group(1))
                     continue
             c = classify(name, "cpu_op")
-            cat_op[i] = -1 if c is None else _HOST_CAT_INDEX[c]
+            cat_op[i] = -1 if c is None else host_cat_index[c]
             c = classify(name, "user_annotation")
-            cat_ann[i] = -1 if c is None else _HOST_CAT_INDEX[c]
+            cat_ann[i] = -1 if c is None else host_cat_index[c]
         is_step = step_no[h_name] >= 0
         for j in np.flatnonzero(is_step).tolist():
             ts = float(h_ts[j])
@@ -334,6 +370,9 @@ def _top_level(text: str, out: RankTrace) -> None:
 def read_fast(path: Path, index: int = 0) -> RankTrace:
     """Reads one trace file with the fast path.
 
+    A large file is read by several processes at once where the machine has the cores
+    (:mod:`ampdiag.trace.parallel`); the records are the same either way.
+
     Args:
         path: A ``.json`` or ``.json.gz`` Kineto trace.
         index: The file's position among the ranks (the rank of last resort).
@@ -344,7 +383,31 @@ def read_fast(path: Path, index: int = 0) -> RankTrace:
     Raises:
         Fallback: Anything this path does not handle; read the file with the general reader.
     """
-    out = RankTrace(path=path, rank=index)
+    from ampdiag.trace import parallel
+
+    out, build, _ = parallel.read_parts(path) or read_part(path)
+    build.finish(out)
+    _apply_meta(out, index)
+    out.reader = "fast"
+    return out
+
+
+def read_part(path: Path, lo: int = 0, hi: int | None = None) -> tuple[RankTrace, _Builder, bool]:
+    """Decodes the events of one part of a file (all of it by default), unfinished.
+
+    Args:
+        path: The trace file.
+        lo: Where the part starts in the decompressed bytes (see `_read`).
+        hi: Where the next part starts (None: the part runs to the end of the file).
+
+    Returns:
+        (the RankTrace with the top-level keys read, the builder holding the part's columns,
+        whether the part reached the end of ``traceEvents``).
+
+    Raises:
+        Fallback: Anything this path does not handle.
+    """
+    out = RankTrace(path=path)
     build = _Builder()
     try:
         fh = _open_binary(path)
@@ -352,15 +415,12 @@ def read_fast(path: Path, index: int = 0) -> RankTrace:
         raise Fallback("open") from None
     try:
         with fh:
-            _read(fh, out, build)
+            ended = _read(fh, out, build, lo, hi)
     except Fallback:
         raise
     except Exception as exc:  # truncated gzip, I/O errors...: the general reader reports them
         raise Fallback(repr(exc)) from None
-    build.finish(out)
-    _apply_meta(out, index)
-    out.reader = "fast"
-    return out
+    return out, build, ended
 
 
 def _fill(fh: IO[bytes], buf: bytearray, start: int, utf8: _Utf8) -> int:
@@ -376,7 +436,21 @@ def _fill(fh: IO[bytes], buf: bytearray, start: int, utf8: _Utf8) -> int:
     return n
 
 
-def _read(fh: IO[bytes], out: RankTrace, build: _Builder) -> None:
+def _read(
+    fh: IO[bytes], out: RankTrace, build: _Builder, lo: int = 0, hi: int | None = None
+) -> bool:
+    """Decodes the events of the part ``[lo, hi)`` of the decompressed bytes into ``build``.
+
+    A part starts at the first event after the first ``}`` at or after its offset (and after
+    the ``[`` of traceEvents) that ends an event (is followed by ``,`` and ``{``); the part
+    before it ends there. Every process finds that place alike from the same bytes, so the
+    parts of one file, read by different processes, hold every event exactly once.
+
+    Returns:
+        Whether this part reached the end of traceEvents (then it also read the rest of the
+        top-level object); False when the next part starts before the end, or no event
+        starts in this part.
+    """
     utf8 = _Utf8()
     buf = bytearray(CHUNK_BYTES)
     n = _fill(fh, buf, 0, utf8)
@@ -394,7 +468,31 @@ def _read(fh: IO[bytes], out: RankTrace, build: _Builder) -> None:
     elif h != "{":
         raise Fallback("head")
     pos = m.end()  # buf[pos - 1] is the '[' of traceEvents
+    base, events_at = 0, pos  # offsets in the file: of buf[0], and where the events begin
+    if lo > 0:  # skip to the first event of this part
+        while True:
+            x = max(lo, events_at) - base
+            s = _BOUNDARY.search(buf, max(x, pos), n)
+            if s:
+                if hi is not None and base + s.start() >= max(hi, events_at):
+                    return False  # the next part starts at the same event: this one is empty
+                pos = s.end() - 1  # its '{'
+                break
+            if n < len(buf):
+                return False  # no event starts in this part
+            drop = min(x, n)  # a boundary that begins at or after x may straddle the refill
+            keep = n - drop
+            buf[:keep] = buf[drop:n]
+            base += drop
+            if keep > len(buf) // 2:
+                buf.extend(bytes(len(buf)))
+            pos, n = 0, _fill(fh, buf, keep, utf8)
     while True:
+        if hi is not None and max(hi, events_at) - base < n:  # does the next part start here?
+            s = _BOUNDARY.search(buf, max(max(hi, events_at) - base, pos), n)
+            if s:
+                build.add(_decode(buf, pos - 1, s.start() + 2))
+                return False
         # the run of events up to the last boundary between two events in the buffer
         cut = buf.rfind(b"}", pos, n)
         while cut >= pos:
@@ -409,6 +507,7 @@ def _read(fh: IO[bytes], out: RankTrace, build: _Builder) -> None:
         # keep buf[pos - 1:], then read more after it
         keep = n - (pos - 1)
         buf[:keep] = buf[pos - 1 : n]
+        base += pos - 1
         if keep > len(buf) // 2:  # one event larger than half the buffer: make room
             buf.extend(bytes(len(buf)))
         pos, n = 1, _fill(fh, buf, keep, utf8)
@@ -428,3 +527,4 @@ def _read(fh: IO[bytes], out: RankTrace, build: _Builder) -> None:
         _top_level("{" + rest[1:], out)
     elif rest != "}":
         raise Fallback("after traceEvents")
+    return True

@@ -23,6 +23,7 @@ not a Kineto trace, or not valid JSON, raises :class:`~ampdiag.errors.InputError
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import json
@@ -30,11 +31,13 @@ import math
 import re
 import zlib
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ampdiag.errors import InputError
-from ampdiag.trace.columns import Columns, from_lists
 from ampdiag.trace.step_breakdown import classify
+
+if TYPE_CHECKING:
+    from ampdiag.trace.columns import Columns
 
 CHUNK_CHARS = 4 << 20
 FAST = True
@@ -66,14 +69,23 @@ _PREFIX = (
     r'\s*,\s*"pid"\s*:\s*("[^"\\]*"|[-+0-9.eE]+)\s*,\s*"tid"\s*:\s*(?:"[^"\\]*"|[-+0-9.eE]+)'
     r'\s*,\s*"ts"\s*:\s*([-+0-9.eE]+)\s*,\s*"dur"\s*:\s*([-+0-9.eE]+)'
 )
-# Every complete event: (cat, name, pid, ts, dur).
-_FAST_X = re.compile(_PREFIX.format(cat=r'([^"\\]*)'))
-# GPU activities and launch calls again, with their args object (no nested objects in it).
-_FAST_ARGS = re.compile(
-    _PREFIX.format(cat="(" + "|".join(sorted(GPU_CATS | LAUNCH_CATS)) + ")")
-    + r'\s*,\s*"args"\s*:\s*\{([^{}]*)\}'
-)
-_ARG_INT = re.compile(r'"(stream|correlation)"\s*:\s*(-?\d+)')
+
+
+@functools.cache
+def _fast_patterns() -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str]]:
+    """The regex path's patterns, compiled on first use (the msgspec path needs none).
+
+    Every complete event: (cat, name, pid, ts, dur); GPU activities and launch calls again,
+    with their args object (no nested objects in it); and an int in that object.
+    """
+    every = re.compile(_PREFIX.format(cat=r'([^"\\]*)'))
+    with_args = re.compile(
+        _PREFIX.format(cat="(" + "|".join(sorted(GPU_CATS | LAUNCH_CATS)) + ")")
+        + r'\s*,\s*"args"\s*:\s*\{([^{}]*)\}'
+    )
+    return every, with_args, re.compile(r'"(stream|correlation)"\s*:\s*(-?\d+)')
+
+
 _DECODER = json.JSONDecoder()
 _ARG_CATS = GPU_CATS | LAUNCH_CATS
 
@@ -103,6 +115,7 @@ class RankTrace:
         skipped: Reason -> number of events skipped for it.
         meta: Other top-level keys (small values only).
         reader: "fast" (msgspec) or "stdlib", the path that read the file.
+        processes: How many processes read the file (see :mod:`ampdiag.trace.parallel`).
     """
 
     def __init__(
@@ -133,6 +146,7 @@ class RankTrace:
         self.skipped = skipped if skipped is not None else {}
         self.meta = meta if meta is not None else {}
         self.reader = "stdlib"
+        self.processes = 1
         self._cols = columns
         self._gpu = gpu if gpu is not None or columns is not None else []
         self._launches = launches if launches is not None or columns is not None else {}
@@ -191,6 +205,8 @@ class RankTrace:
     def columns(self) -> Columns:
         """The GPU, launch and host records as numpy columns (built once, then kept)."""
         if self._cols is None:
+            from ampdiag.trace.columns import from_lists  # numpy: imported when first needed
+
             self._cols = from_lists(self.gpu, self.launches, self.host)
         return self._cols
 
@@ -398,10 +414,11 @@ def _open_text(path: Path) -> IO[str]:
 
 def _fast_region(region: str, sink: _Sink) -> bool:
     """Reads a run of complete events with the regex fast path; False if any "X" event eluded it."""
-    rows = _FAST_X.findall(region)
+    every, args_pattern, arg_int = _fast_patterns()
+    rows = every.findall(region)
     if len(rows) != region.count('"X"'):
         return False
-    with_args = _FAST_ARGS.findall(region)
+    with_args = args_pattern.findall(region)
     if len(with_args) != sum(1 for r in rows if r[0] in _ARG_CATS):
         return False
     sink.out.events += region.count('"ph"')
@@ -412,7 +429,7 @@ def _fast_region(region: str, sink: _Sink) -> bool:
         if "\\" in name:
             name = json.loads(f'"{name}"')
         add(cat, name, pid.strip('"'), float(ts_s), float(dur_s), -1, -1)
-    find_ints = _ARG_INT.findall
+    find_ints = arg_int.findall
     for cat, name, pid, ts_s, dur_s, args in with_args:
         if "\\" in name:
             name = json.loads(f'"{name}"')

@@ -202,7 +202,8 @@ def _stats(values: F64) -> dict[str, float]:
     return {
         "count": n,
         "mean_us": float(np.sum(values)) / n,
-        "median_us": float(np.median(values)),
+        # np.median's result from the sorted values (np.median itself imports numpy.ma: 30 ms)
+        "median_us": (float(values[(n - 1) // 2]) + float(values[n // 2])) / 2,
         "p95_us": float(values[min(n - 1, int(0.95 * n))]),
         "max_us": float(values[-1]),
     }

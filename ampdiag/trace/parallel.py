@@ -1,0 +1,202 @@
+"""Reading one large trace file with several processes at once (the fast path, forked).
+
+Decoding JSON holds the interpreter's lock, so threads would not help; processes do. The
+decompressed file is cut into parts by offset (:func:`ampdiag.trace.fastread.read_part` says
+exactly where a part begins, so every event is read once). This process forks one worker per
+part after the first, *before* it imports numpy, so the workers start at once; each worker
+decompresses the file up to its part (cheap next to decoding), decodes the part into compact
+columns (``array.array``, never numpy) and sends them back through a pipe, pickled. This process
+reads the first part meanwhile, then appends the workers' columns in file order, renumbering
+their names: the records are those of one reader of the whole file, in the same order.
+
+A part that meets anything the fast path does not handle makes the whole file fall back to the
+general reader, as the one-process fast path does. A worker that dies or fails otherwise makes
+this process read the file alone. Used only where ``os.fork`` exists, the process runs a single
+thread (forking a threaded process can deadlock the child), the machine has more than one core
+for it, and the file is large enough (``MIN_PART_BYTES`` a part). ``AMPDIAG_TRACE_WORKERS`` sets
+the number of processes (``1``: never fork), threads or not.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import struct
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ampdiag.trace.fastread import _Builder
+    from ampdiag.trace.reader import RankTrace
+
+MIN_PART_BYTES = 16 << 20
+"""Decompressed bytes per process below which a file is not split further."""
+MAX_WORKERS = 8
+FIRST_SHARE = 0.5
+"""The first part's size relative to the others: this process also imports numpy and merges."""
+ENV_WORKERS = "AMPDIAG_TRACE_WORKERS"
+
+
+def decompressed_size(path: Path) -> int:
+    """The size of the file's JSON: gzip's ISIZE trailer (mod 2**32), else the file size."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        if fh.read(2) != b"\x1f\x8b" or size < 18:
+            return size
+        fh.seek(-4, os.SEEK_END)
+        (isize,) = struct.unpack("<I", fh.read(4))
+    # ISIZE wraps at 4 GiB, and a file of several gzip members gives the last one's: a guess
+    # below the compressed size is surely wrong (only the split's balance depends on it).
+    return int(isize) if isize >= size else size * 16
+
+
+def _threads() -> int:
+    """Threads of this process (Linux), 0 where unknown."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def workers_for(size: int) -> int:
+    """How many processes read a file of ``size`` decompressed bytes (1: this one alone)."""
+    if not hasattr(os, "fork"):
+        return 1
+    env = os.environ.get(ENV_WORKERS, "").strip()
+    if env:  # asked for: even in a threaded process (the workers touch no other thread's state)
+        try:
+            return max(1, min(64, int(env)))
+        except ValueError:
+            return 1
+    wanted = min(_cores(), MAX_WORKERS, size // MIN_PART_BYTES)
+    return wanted if wanted > 1 and _threads() == 1 else 1
+
+
+def split_points(size: int, parts: int) -> list[int]:
+    """Offsets where parts 1.. begin: the first part ``FIRST_SHARE`` of the others' size."""
+    unit = size / (FIRST_SHARE + parts - 1)
+    return [int(unit * (FIRST_SHARE + k)) for k in range(parts - 1)]
+
+
+class _WorkerFailed(Exception):
+    """A worker died or failed other than by meeting what the fast path does not handle."""
+
+
+def _work(path: Path, lo: int, hi: int | None, fd: int) -> None:
+    """In a forked worker: read one part, write the outcome to ``fd``, and exit."""
+    code = 1
+    try:
+        from ampdiag.trace.fastread import Fallback, read_part
+
+        try:
+            out, build, ended = read_part(path, lo, hi)
+            result: tuple[str, Any] = ("ok", (out.meta, build.state(), ended))
+        except Fallback as exc:
+            result = ("fallback", str(exc))
+        payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+        with os.fdopen(fd, "wb") as pipe:
+            pipe.write(payload)
+        code = 0
+    finally:
+        os._exit(code)  # never return into the caller's stack, never run its exit handlers
+
+
+def _stop(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except OSError:
+        pass
+
+
+def _collect(pid: int, fd: int) -> tuple[str, Any]:
+    """A worker's outcome (reaps it; stops it if this is interrupted)."""
+    status = None
+    try:
+        with os.fdopen(fd, "rb") as pipe:
+            payload = pipe.read()
+        _, status = os.waitpid(pid, 0)
+    finally:
+        if status is None:
+            _stop(pid)
+    if status != 0 or not payload:
+        raise _WorkerFailed(f"worker exited with status {status}")
+    try:
+        result: tuple[str, Any] = pickle.loads(payload)
+    except Exception as exc:
+        raise _WorkerFailed(repr(exc)) from None
+    return result
+
+
+def read_parts(path: Path) -> tuple[RankTrace, _Builder, bool] | None:
+    """Reads the file with several processes where that pays (see the module's docstring).
+
+    Returns:
+        What :func:`~ampdiag.trace.fastread.read_part` returns for the whole file, or None
+        when the file is read by one process (small file, one core, threads, no fork, or a
+        worker failed): the caller then reads it alone.
+
+    Raises:
+        Fallback: A part met what the fast path does not handle.
+    """
+    try:
+        size = decompressed_size(path)
+    except OSError:
+        return None
+    parts = workers_for(size)
+    if parts < 2:
+        return None
+    starts = split_points(size, parts)
+    ends: list[int | None] = [*starts[1:], None]
+    children: list[tuple[int, int]] = []
+    try:
+        for lo, hi in zip(starts, ends, strict=True):
+            r, w = os.pipe()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - runs in the worker (which exits)
+                os.close(r)
+                _work(path, lo, hi, w)
+            os.close(w)
+            children.append((pid, r))
+        from ampdiag.trace.fastread import Fallback, read_part
+
+        out, build, ended = read_part(path, 0, starts[0])
+        import numpy  # noqa: F401 - needed next; imported while the workers still decode
+
+        results = []
+        while children:
+            results.append(_collect(*children.pop(0)))
+    except _WorkerFailed:
+        return None
+    finally:
+        for pid, fd in children:  # left running by an exception (Ctrl-C...): stop them
+            os.close(fd)
+            _stop(pid)
+    for status, value in results:
+        if status == "fallback":
+            raise Fallback(value)
+        if status != "ok":
+            return None
+    while results:  # in file order, each freed once absorbed (peak memory)
+        meta, state, part_ended = results.pop(0)[1]
+        build.absorb(state)
+        del state
+        out.meta.update(meta)
+        ended = ended or part_ended
+    out.processes = parts
+    return out, build, ended
