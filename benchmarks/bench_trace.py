@@ -4,8 +4,9 @@ Inputs: df_index_resolver (54 MB of JSON) from ../shared/traces (or $AMPDIAG_TRA
 larger trace made from it in a temporary folder (four copies of its events, shifted in time and
 correlation id; never committed). Each measurement runs in a fresh subprocess (wall time from
 before the imports to the finished session; peak RSS = VmHWM of that process, plus, where the
-reader forked worker processes (``ampdiag.trace.parallel``), the largest worker's peak RSS once
-per worker: an upper bound, as the workers share their parent's pages), interleaved:
+reader forked worker processes (``ampdiag.trace.parallel``), each worker's own peak: its VmHWM
+less the pages it still shares with its parent, which the parent's figure counts already; the
+upper bound, every process's peak RSS in full, is printed beside it), interleaved:
 ampdiag, HTA, and ampdiag with its standard-library reader only (the path taken when msgspec is
 not installed, or for a file the fast path does not handle), ``--repeat`` times. Medians of the
 times are printed, the largest peak RSS, and the ratios: HTA time / ampdiag time, peak RSS /
@@ -49,10 +50,13 @@ r = s.sections["timeline"]["ranks"][0]
 dt = time.perf_counter() - t
 import resource
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
-# the reader's worker processes: the largest one's peak RSS, counted once per worker
+# the reader's worker processes (they exit before it returns): their peak RSS in full (an
+# upper bound: pages shared with this process counted twice), and their own peak
 workers = max(rt.processes for rt in seen) - 1
 child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 if workers else 0
-print(dt, int(hwm) * 1024 + workers * child, r["idle_us"], r["compute_us"], workers + 1)
+own = max([sum(rt.worker_peak_bytes) for rt in seen])
+print(dt, int(hwm) * 1024 + own, r["idle_us"], r["compute_us"], workers + 1,
+      int(hwm) * 1024 + workers * child)
 """
 
 HTA = """
@@ -67,7 +71,7 @@ with contextlib.redirect_stdout(io.StringIO()):
 dt = time.perf_counter() - t
 row = tb.iloc[0]
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
-print(dt, int(hwm) * 1024, row["idle_time(us)"], row["compute_time(us)"], 1)
+print(dt, int(hwm) * 1024, row["idle_time(us)"], row["compute_time(us)"], 1, int(hwm) * 1024)
 """
 
 
@@ -110,18 +114,24 @@ def make_4x(src: Path, out_dir: Path) -> tuple[Path, int]:
     return folder, len(text)
 
 
-def run(code: str) -> tuple[float, int, float, float, int]:
+def run(code: str) -> tuple[float, int, float, float, int, int]:
+    """(seconds, peak memory, idle us, compute us, processes, peak memory's upper bound)."""
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    dt, rss, idle, comp, procs = proc.stdout.strip().splitlines()[-1].split()
-    return float(dt), int(rss), float(idle), float(comp), int(procs)
+    dt, rss, idle, comp, procs, upper = proc.stdout.strip().splitlines()[-1].split()
+    return float(dt), int(rss), float(idle), float(comp), int(procs), int(upper)
 
 
-def _fmt(label: str, times: list[float], rss: list[int], procs: list[int], size: int) -> str:
-    t, m = statistics.median(times), max(rss)
-    return (
+def _fmt(
+    label: str, times: list[float], rss: list[int], procs: list[int], upper: list[int], size: int
+) -> str:
+    t, m, u = statistics.median(times), max(rss), max(upper)
+    line = (
         f"  {label:<16} {t:6.2f} s  ({t / (size / 1e6) * 1e3:5.1f} ms/MB)"
-        f"  peak RSS {m / 1e6:6.0f} MB = {m / size:4.2f}x JSON  ({max(procs)} process(es))"
+        f"  peak RSS {m / 1e6:6.0f} MB = {m / size:4.2f}x JSON"
     )
+    if max(procs) > 1:
+        line += f"  ({max(procs)} processes; every RSS in full: {u / 1e6:.0f} MB = {u / size:.2f}x)"
+    return line
 
 
 def main() -> None:
@@ -154,7 +164,7 @@ def main() -> None:
         big_dir, size4 = Path(made[0]), int(made[1])
         medians = {}
         for label, folder, size in (("1x", src_dir, size1), ("4x", big_dir, size4)):
-            runs: dict[str, tuple[list[float], list[int], list[int]]] = {}
+            runs: dict[str, tuple[list[float], list[int], list[int], list[int]]] = {}
             ref: tuple[float, float] | None = None
             kinds = ["ampdiag", "HTA 0.5"]
             if label == "4x" and args.skip_hta_4x:
@@ -168,11 +178,12 @@ def main() -> None:
                     else:
                         stdlib = kind != "ampdiag"
                         code = OURS.format(repo=str(REPO), path=str(folder), stdlib=stdlib)
-                    dt, rss, idle, comp, procs = run(code)
-                    times, peaks, nprocs = runs.setdefault(kind, ([], [], []))
+                    dt, rss, idle, comp, procs, upper = run(code)
+                    times, peaks, nprocs, uppers = runs.setdefault(kind, ([], [], [], []))
                     times.append(dt)
                     peaks.append(rss)
                     nprocs.append(procs)
+                    uppers.append(upper)
                     # every tool, every run: the same idle and compute time (within 1 us)
                     ref = ref or (idle, comp)
                     agree = abs(idle - ref[0]) < 1 and abs(comp - ref[1]) < 1

@@ -52,6 +52,30 @@ def decompressed_size(path: Path) -> int:
     return int(isize) if isize >= size else size * 16
 
 
+def _proc_kb(path: str, keys: tuple[str, ...]) -> int:
+    """The sum of the ``key: N kB`` lines of a /proc file."""
+    total = 0
+    with open(path, encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith(keys):
+                total += int(line.split()[1])
+    return total * 1024
+
+
+def own_peak_bytes() -> int:
+    """This process's peak resident memory less what it still shares with others (Linux).
+
+    For a forked worker: its peak without the pages of its parent it never wrote to, which its
+    parent's own figure counts already. 0 where /proc does not tell.
+    """
+    try:
+        peak = _proc_kb("/proc/self/status", ("VmHWM:",))
+        shared = _proc_kb("/proc/self/smaps_rollup", ("Shared_Clean:", "Shared_Dirty:"))
+    except (OSError, ValueError, IndexError):
+        return 0
+    return max(0, peak - shared)
+
+
 def _threads() -> int:
     """Threads of this process (Linux), 0 where unknown."""
     try:
@@ -108,6 +132,7 @@ def _work(path: Path, lo: int, hi: int | None, fd: int) -> None:
             result = ("fallback", str(exc))
         payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
         with os.fdopen(fd, "wb") as pipe:
+            pipe.write(struct.pack("<Q", own_peak_bytes()))
             pipe.write(payload)
         code = 0
     finally:
@@ -127,18 +152,19 @@ def _collect(pid: int, fd: int) -> tuple[str, Any]:
     status = None
     try:
         with os.fdopen(fd, "rb") as pipe:
+            head = pipe.read(8)
             payload = pipe.read()
         _, status = os.waitpid(pid, 0)
     finally:
         if status is None:
             _stop(pid)
-    if status != 0 or not payload:
+    if status != 0 or len(head) < 8:
         raise _WorkerFailed(f"worker exited with status {status}")
     try:
         result: tuple[str, Any] = pickle.loads(payload)
     except Exception as exc:
         raise _WorkerFailed(repr(exc)) from None
-    return result
+    return result[0], (result[1], struct.unpack("<Q", head)[0])
 
 
 def read_parts(path: Path) -> tuple[RankTrace, _Builder, bool] | None:
@@ -187,16 +213,17 @@ def read_parts(path: Path) -> tuple[RankTrace, _Builder, bool] | None:
         for pid, fd in children:  # left running by an exception (Ctrl-C...): stop them
             os.close(fd)
             _stop(pid)
-    for status, value in results:
+    for status, (value, _) in results:
         if status == "fallback":
             raise Fallback(value)
         if status != "ok":
             return None
     while results:  # in file order, each freed once absorbed (peak memory)
-        meta, state, part_ended = results.pop(0)[1]
+        (meta, state, part_ended), worker_bytes = results.pop(0)[1]
         build.absorb(state)
         del state
         out.meta.update(meta)
+        out.worker_peak_bytes.append(worker_bytes)
         ended = ended or part_ended
     out.processes = parts
     return out, build, ended

@@ -116,6 +116,8 @@ class RankTrace:
         meta: Other top-level keys (small values only).
         reader: "fast" (msgspec) or "stdlib", the path that read the file.
         processes: How many processes read the file (see :mod:`ampdiag.trace.parallel`).
+        worker_peak_bytes: Each worker process's peak memory, less the pages it shared with
+            this process (``parallel.own_peak_bytes``).
     """
 
     def __init__(
@@ -147,6 +149,7 @@ class RankTrace:
         self.meta = meta if meta is not None else {}
         self.reader = "stdlib"
         self.processes = 1
+        self.worker_peak_bytes: list[int] = []
         self._cols = columns
         self._gpu = gpu if gpu is not None or columns is not None else []
         self._launches = launches if launches is not None or columns is not None else {}

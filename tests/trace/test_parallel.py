@@ -33,6 +33,7 @@ def test_every_real_trace_reads_the_same_with_several_processes(traces, monkeypa
         for workers in (2, 3, 5):
             many = _read(path, monkeypatch, workers)
             assert many.processes == workers, row["path"]
+            assert len(many.worker_peak_bytes) == workers - 1
             assert _records(many) == _records(one), (row["path"], workers)
             # GPU activities in the same order (not only the same set), so the same analysis
             assert many.gpu == one.gpu
@@ -104,3 +105,22 @@ def test_decompressed_size(tmp_path):
     assert P.decompressed_size(plain) == P.decompressed_size(gz) == len(text)
     points = P.split_points(1000, 3)
     assert points == sorted(points) and 0 < points[0] < points[1] < 1000
+
+
+def test_a_workers_own_memory_leaves_out_the_pages_it_shares():
+    if not P.own_peak_bytes():
+        pytest.skip("no /proc/self/smaps_rollup here")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a fresh worker shares nearly all its pages with this process
+        try:
+            with open("/proc/self/status", encoding="ascii") as fh:
+                peak = next(int(ln.split()[1]) * 1024 for ln in fh if ln.startswith("VmHWM:"))
+            os.write(w, json.dumps([P.own_peak_bytes(), peak]).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as fh:
+        own, peak = json.loads(fh.read())
+    os.waitpid(pid, 0)
+    assert 0 < own < peak / 2
