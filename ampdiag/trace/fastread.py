@@ -40,8 +40,8 @@ from ampdiag.trace.reader import (
     LAUNCH_CATS,
     MEMCPY_CATS,
     MEMSET_CATS,
+    Fallback,
     RankTrace,
-    _apply_meta,
     _meta_value,
 )
 from ampdiag.trace.step_breakdown import classify
@@ -51,10 +51,6 @@ MAX_HEAD_BYTES = 64 << 20
 
 _Finite = Annotated[float, msgspec.Meta(ge=-1e300, le=1e300)]
 _Duration = Annotated[float, msgspec.Meta(ge=0.0, le=1e300)]
-
-
-class Fallback(Exception):
-    """The fast path met something it does not handle; read the file with the general reader."""
 
 
 class _Args(msgspec.Struct, gc=False):
@@ -368,28 +364,14 @@ def _top_level(text: str, out: RankTrace) -> None:
 
 
 def read_fast(path: Path, index: int = 0) -> RankTrace:
-    """Reads one trace file with the fast path.
-
-    A large file is read by several processes at once where the machine has the cores
-    (:mod:`ampdiag.trace.parallel`); the records are the same either way.
-
-    Args:
-        path: A ``.json`` or ``.json.gz`` Kineto trace.
-        index: The file's position among the ranks (the rank of last resort).
-
-    Returns:
-        The RankTrace (its records as numpy columns).
+    """Reads one trace file with the fast path (see :func:`ampdiag.trace.parallel.read_fast`).
 
     Raises:
         Fallback: Anything this path does not handle; read the file with the general reader.
     """
     from ampdiag.trace import parallel
 
-    out, build, _ = parallel.read_parts(path) or read_part(path)
-    build.finish(out)
-    _apply_meta(out, index)
-    out.reader = "fast"
-    return out
+    return parallel.read_fast(path, index)
 
 
 def read_part(path: Path, lo: int = 0, hi: int | None = None) -> tuple[RankTrace, _Builder, bool]:

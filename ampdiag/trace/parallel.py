@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ampdiag.trace.reader import Fallback, apply_meta
+
 if TYPE_CHECKING:
     from ampdiag.trace.fastread import _Builder
     from ampdiag.trace.reader import RankTrace
@@ -123,7 +125,7 @@ def _work(path: Path, lo: int, hi: int | None, fd: int) -> None:
     """In a forked worker: read one part, write the outcome to ``fd``, and exit."""
     code = 1
     try:
-        from ampdiag.trace.fastread import Fallback, read_part
+        from ampdiag.trace.fastread import read_part
 
         try:
             out, build, ended = read_part(path, lo, hi)
@@ -167,52 +169,86 @@ def _collect(pid: int, fd: int) -> tuple[str, Any]:
     return result[0], (result[1], struct.unpack("<Q", head)[0])
 
 
-def read_parts(path: Path) -> tuple[RankTrace, _Builder, bool] | None:
-    """Reads the file with several processes where that pays (see the module's docstring).
+def read_fast(path: Path, index: int = 0) -> RankTrace:
+    """Reads one file with the fast path, in parts by several processes where that pays.
+
+    The workers are forked before msgspec and numpy are imported here, so they start at once.
+
+    Args:
+        path: A ``.json`` or ``.json.gz`` Kineto trace.
+        index: The file's position among the ranks (the rank of last resort).
 
     Returns:
-        What :func:`~ampdiag.trace.fastread.read_part` returns for the whole file, or None
-        when the file is read by one process (small file, one core, threads, no fork, or a
-        worker failed): the caller then reads it alone.
+        The RankTrace (its records as numpy columns), the same however many processes read it.
 
     Raises:
-        Fallback: A part met what the fast path does not handle.
+        Fallback: Anything the fast path does not handle; read the file with the general reader.
+        ImportError: msgspec is not installed.
     """
-    try:
-        size = decompressed_size(path)
-    except OSError:
-        return None
-    parts = workers_for(size)
-    if parts < 2:
-        return None
-    starts = split_points(size, parts)
-    ends: list[int | None] = [*starts[1:], None]
     children: list[tuple[int, int]] = []
     try:
-        for lo, hi in zip(starts, ends, strict=True):
-            r, w = os.pipe()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - runs in the worker (which exits)
-                os.close(r)
-                _work(path, lo, hi, w)
-            os.close(w)
-            children.append((pid, r))
-        from ampdiag.trace.fastread import Fallback, read_part
+        starts = _fork(path, children)
+        from ampdiag.trace import fastread
 
-        out, build, ended = read_part(path, 0, starts[0])
-        import numpy  # noqa: F401 - needed next; imported while the workers still decode
-
-        results = []
-        while children:
-            results.append(_collect(*children.pop(0)))
-    except _WorkerFailed:
-        return None
+        got = _read_parts(path, starts, children) if children else None
+        out, build, _ = got or fastread.read_part(path)
     finally:
         for pid, fd in children:  # left running by an exception (Ctrl-C...): stop them
             os.close(fd)
             _stop(pid)
+    build.finish(out)
+    apply_meta(out, index)
+    out.reader = "fast"
+    return out
+
+
+def _fork(path: Path, children: list[tuple[int, int]]) -> list[int]:
+    """Forks the workers where that pays, adding (pid, pipe) to ``children``; the part starts."""
+    try:
+        size = decompressed_size(path)
+    except OSError:
+        return []
+    parts = workers_for(size)
+    if parts < 2:
+        return []
+    starts = split_points(size, parts)
+    ends: list[int | None] = [*starts[1:], None]
+    for lo, hi in zip(starts, ends, strict=True):
+        r, w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the worker (which exits)
+            os.close(r)
+            _work(path, lo, hi, w)
+        os.close(w)
+        children.append((pid, r))
+    return starts
+
+
+def _read_parts(
+    path: Path, starts: list[int], children: list[tuple[int, int]]
+) -> tuple[RankTrace, _Builder, bool] | None:
+    """Reads the first part here and gathers the workers' (emptying ``children``).
+
+    Returns:
+        What :func:`~ampdiag.trace.fastread.read_part` returns for the whole file; None when a
+        worker failed (the caller reads the file alone).
+
+    Raises:
+        Fallback: A part met what the fast path does not handle.
+    """
+    from ampdiag.trace.fastread import read_part
+
+    out, build, ended = read_part(path, 0, starts[0])
+    import numpy  # noqa: F401 - needed next; imported while the workers still decode
+
+    results = []
+    try:
+        while children:
+            results.append(_collect(*children.pop(0)))
+    except _WorkerFailed:
+        return None
     for status, (value, _) in results:
         if status == "fallback":
             raise Fallback(value)
@@ -225,5 +261,5 @@ def read_parts(path: Path) -> tuple[RankTrace, _Builder, bool] | None:
         out.meta.update(meta)
         out.worker_peak_bytes.append(worker_bytes)
         ended = ended or part_ended
-    out.processes = parts
+    out.processes = len(starts) + 1
     return out, build, ended

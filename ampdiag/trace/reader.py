@@ -89,6 +89,11 @@ def _fast_patterns() -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str]]
 _DECODER = json.JSONDecoder()
 _ARG_CATS = GPU_CATS | LAUNCH_CATS
 
+
+class Fallback(Exception):
+    """The fast path met something it does not handle; read the file with the general reader."""
+
+
 GpuActivity = tuple[float, float, int, int, str, str]
 """(start_us, dur_us, stream, correlation, name, kind) with kind kernel|memcpy|memset."""
 
@@ -515,15 +520,12 @@ def read_trace(path: str | Path, index: int = 0) -> RankTrace:
     """
     p = Path(path)
     if FAST:
+        from ampdiag.trace import parallel
+
         try:
-            from ampdiag.trace.fastread import Fallback, read_fast
-        except ImportError:  # msgspec is not installed: the standard-library path only
+            return parallel.read_fast(p, index)
+        except (Fallback, ImportError):  # odd input; or msgspec is not installed
             pass
-        else:
-            try:
-                return read_fast(p, index)
-            except Fallback:
-                pass
     return read_trace_stdlib(p, index)
 
 
@@ -577,7 +579,7 @@ def read_trace_stdlib(path: str | Path, index: int = 0) -> RankTrace:
     if not seen_events:
         hint = " (a PyTorch execution trace?)" if "nodes" in out.meta else ""
         raise InputError(f"{label} is not a Kineto trace: no 'traceEvents' list{hint}")
-    _apply_meta(out, index)
+    apply_meta(out, index)
     return out
 
 
@@ -589,7 +591,8 @@ def _meta_value(out: RankTrace, key: str, val: Any) -> None:
         out.meta[key] = True
 
 
-def _apply_meta(out: RankTrace, index: int) -> None:
+def apply_meta(out: RankTrace, index: int) -> None:
+    """Rank, world size and devices from the top-level keys read; steps sorted by start."""
     dist = out.meta.get("distributedInfo")
     rank = dist.get("rank") if isinstance(dist, dict) else None
     if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 1 << 31:

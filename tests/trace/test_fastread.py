@@ -164,7 +164,10 @@ def test_bad_files_give_the_same_error_with_or_without_the_fast_path(tmp_path, c
 def test_without_msgspec_the_stdlib_path_reads(traces, monkeypatch):
     src = traces / "with_gpu_user_annotation/step_based_trace_2543932.json.gz"
     fast = R.read_trace(src)
-    monkeypatch.setitem(sys.modules, "ampdiag.trace.fastread", None)  # import fails
+    # as without msgspec installed: importing the fast path fails
+    monkeypatch.setitem(sys.modules, "msgspec", None)
+    monkeypatch.delitem(sys.modules, "ampdiag.trace.fastread")
+    monkeypatch.delattr("ampdiag.trace.fastread")
     slow = R.read_trace(src)
     assert slow.reader == "stdlib" and fast.reader == "fast"
     assert _records(slow) == _records(fast)

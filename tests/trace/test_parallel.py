@@ -3,6 +3,7 @@
 import gzip
 import json
 import os
+import sys
 import threading
 
 import pytest
@@ -124,3 +125,16 @@ def test_a_workers_own_memory_leaves_out_the_pages_it_shares():
         own, peak = json.loads(fh.read())
     os.waitpid(pid, 0)
     assert 0 < own < peak / 2
+
+
+def test_without_msgspec_the_workers_are_reaped_and_the_stdlib_path_reads(traces, monkeypatch):
+    src = traces / "trace_filter/sampled_rank-0.json.gz"
+    expected = _records(R.read_trace_stdlib(src))
+    monkeypatch.setenv(P.ENV_WORKERS, "3")
+    monkeypatch.setitem(sys.modules, "msgspec", None)
+    monkeypatch.delitem(sys.modules, "ampdiag.trace.fastread")
+    monkeypatch.delattr("ampdiag.trace.fastread")
+    rt = R.read_trace(src)
+    assert rt.reader == "stdlib" and _records(rt) == expected
+    with pytest.raises(ChildProcessError):  # no worker left behind, running or unreaped
+        os.waitpid(-1, os.WNOHANG)
