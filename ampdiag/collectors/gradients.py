@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ampdiag.analysis import fp16range
-from ampdiag.collectors._exponents import sampled_signed_histograms
+from ampdiag.collectors._exponents import host_signed_histograms, sampled_signed_histograms
 from ampdiag.collectors._host import Deferred, absorb_ready
 from ampdiag.collectors.base import Collector, RunContext, internal_work
 from ampdiag.compat import scaler as compat_scaler
@@ -248,12 +248,20 @@ def device_stats(
     the exponent histograms by sign (``(len(grads), 2, 256)`` int64; the host folds the
     sign): two tensors, one transfer.
     """
-    tail = list(torch._foreach_norm(grads))
+    norms = torch._foreach_norm(grads)
+    if grads[0].is_cpu:
+        # Already on the host: count in numpy, read the norms as they are (no stack, no copy).
+        import numpy as np
+
+        signed = host_signed_histograms(grads, limit, cache)
+        values = [*map(float, norms), 1.0 if scale is None else float(scale)]
+        return Deferred.on_host([signed, np.array(values, dtype=np.float32)])
+    hists = sampled_signed_histograms(grads, limit, cache)
+    tail = list(norms)
     tail.append(scale if scale is not None else torch.ones((), device=grads[0].device))
     stacked = torch.stack(tail)
     if stacked.dtype != torch.float32:
         stacked = stacked.float()
-    hists = sampled_signed_histograms(grads, limit, cache)
     return Deferred([hists, stacked], copy=False)
 
 
