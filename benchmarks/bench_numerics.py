@@ -10,12 +10,14 @@
    sampled step) and ``sample_every=10``. Wall-clock and this thread's CPU time (one torch
    thread: all the compute) are both printed; CPU time is what other load on a shared
    machine disturbs least.
-2. A sampled step's gradient statistics (``gradients.device_stats``: one ``_foreach_norm`` +
-   the fused exponent histograms + the one host transfer) against one ``torch._foreach_norm``
-   pass over the same gradients, interleaved. Prints the medians and ratio (and with the
-   host-side bookkeeping, ``GradientsCollector._absorb``).
+2. A sampled step's gradient statistics (``gradients.device_stats(...).arrays()``: one
+   ``_foreach_norm`` + the fused exponent histograms + getting both to the host: the one
+   transfer on CUDA; on the CPU, where they are made on the host, the numpy arrays) against
+   one ``torch._foreach_norm`` pass over the same gradients, interleaved (each statistics
+   call right after a norm pass, as it runs right after the backward in a step). Prints the
+   medians and ratio (and with the host-side bookkeeping, ``GradientsCollector._absorb``).
 
-    python benchmarks/bench_numerics.py [--device cpu|cuda] [--blocks 8]
+    python benchmarks/bench_numerics.py [--device cpu|cuda] [--blocks 8] [--stats-only]
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def main() -> None:
     ap.add_argument("--period", type=int, default=0, help="steps per block (0: sample_period)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: default)")
+    ap.add_argument("--stats-only", action="store_true", help="only part 2 (no step overhead)")
     args = ap.parse_args()
     if args.threads:
         # A shared CPU makes the intra-op thread pool's timings erratic; one thread is stable.
@@ -87,6 +90,23 @@ def main() -> None:
 
     for x, y in data:  # warm-up
         step(x, y)
+    print(
+        f"device {dev}, TinyGPT {sum(p.numel() for p in model.parameters())} params, "
+        f"batch {args.batch}, threads {torch.get_num_threads()}, "
+        f"numerics_sample_elements={defaults.numerics_sample_elements}, "
+        f"auto schedule: every step for {defaults.sample_first}, then every "
+        f"{defaults.sample_period}"
+    )
+    if not args.stats_only:
+        step_overhead(args, period, defaults, run)
+    step(*data[0])
+    stats_cost(dev, [p.grad for p in model.parameters() if p.grad is not None], defaults)
+
+
+def step_overhead(
+    args: argparse.Namespace, period: int, defaults: DiagnoseConfig, run: Any
+) -> None:
+    """Part 1: the step-time overhead of the numerics collectors (see the module docstring)."""
     # name -> (diagnose settings, untimed steps inside the block before the timed ones)
     variants: dict[str, tuple[dict[str, int], int]] = {
         "default (auto)": ({}, defaults.sample_first),
@@ -121,13 +141,6 @@ def main() -> None:
                     run(untimed)
                     gc.collect()
                     watched[name].append(run(period))
-    print(
-        f"device {dev}, TinyGPT {sum(p.numel() for p in model.parameters())} params, "
-        f"batch {args.batch}, threads {torch.get_num_threads()}, "
-        f"numerics_sample_elements={defaults.numerics_sample_elements}, "
-        f"auto schedule: every step for {defaults.sample_first}, then every "
-        f"{defaults.sample_period}"
-    )
     pw = statistics.median(w for w, _ in plain)
     pc = statistics.median(c for _, c in plain)
     print(
@@ -145,9 +158,9 @@ def main() -> None:
             f"{pair:.3f}x paired by round"
         )
 
-    # --- 2. sampled-step statistics vs one _foreach_norm pass ---
-    step(*data[0])
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
+
+def stats_cost(dev: torch.device, grads: list[torch.Tensor], defaults: DiagnoseConfig) -> None:
+    """Part 2: a sampled step's gradient statistics against one ``_foreach_norm`` pass."""
     cache: dict[Any, Any] = {}
     limit = defaults.numerics_sample_elements
     scale = torch.full((), 2.0**12, device=dev)

@@ -17,11 +17,18 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ampdiag.compat.dispatch import below_autograd
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
 BINS = 256
+_LAST = "last"  # key of the plan used last in a cache of plans
 #: Consecutive values per run of a sample (one 64-byte cache line of float32).
 CHUNK = 16
 
@@ -59,6 +66,13 @@ def sample_view(t: torch.Tensor, limit: int) -> torch.Tensor:
     return torch.as_strided(t, (runs, length), (step, 1))
 
 
+#: CPU buffers of a plan: (one view of the buffer per wide sample, the rest, the buffer's
+#: bits and the bin offsets as numpy arrays sharing memory with the tensors).
+_HostBuffers = tuple[
+    list[torch.Tensor], torch.Tensor, "npt.NDArray[np.int32]", "npt.NDArray[np.int32]"
+]
+
+
 class _GatherPlan:
     """How to sample a list of tensors of given shapes (see `gather`).
 
@@ -73,7 +87,7 @@ class _GatherPlan:
             views (wide part as rows of CHUNK, the rest, the whole as int32).
     """
 
-    __slots__ = ("buffers", "narrow", "offsets", "order", "sizes", "whole", "wide")
+    __slots__ = ("_host", "buffers", "narrow", "offsets", "order", "sizes", "whole", "wide")
 
     def __init__(self, shapes: tuple[torch.Size, ...], limit: int) -> None:
         self.wide: list[tuple[int, tuple[int, int], tuple[int, int]]] = []
@@ -101,6 +115,16 @@ class _GatherPlan:
         self.sizes = tuple(sizes_w + sizes_h + sizes_r)
         self.offsets: dict[torch.device, torch.Tensor] = {}
         self.buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._host: _HostBuffers | None = None
+
+    def host(self) -> _HostBuffers:
+        """The plan's buffers on the CPU, with numpy views (see ``_HostBuffers``)."""
+        if self._host is None:
+            cpu = torch.device("cpu")
+            wide_out, rest_out, bits = self.buffer(cpu)
+            slices = list(torch.split(wide_out, [size[0] for _, size, _ in self.wide]))
+            self._host = (slices, rest_out, bits.numpy(), _plan_offsets(self, cpu).numpy())
+        return self._host
 
     def buffer(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(wide part as (rows, CHUNK), the rest (1-D), everything as int32) on ``device``."""
@@ -184,7 +208,9 @@ def signed_histograms(
 
 
 def _count_codes(flat: torch.Tensor, offsets: torch.Tensor, nrows: int) -> torch.Tensor:
-    codes = flat.view(torch.int32).bitwise_right_shift_(23).add_(offsets)
+    codes = flat.view(torch.int32)
+    codes >>= 23
+    codes += offsets
     return count(codes, nrows * 2 * BINS).view(nrows, 2, BINS)
 
 
@@ -231,43 +257,107 @@ def count(codes: torch.Tensor, bins: int) -> torch.Tensor:
     return out.index_add_(0, codes, torch.ones_like(codes, dtype=torch.int64))
 
 
+def _plan_for(tensors: list[torch.Tensor], limit: int, cache: dict[Any, Any]) -> _GatherPlan:
+    """The cached plan for the shapes of ``tensors`` (the last one used is checked first)."""
+    shapes = [t.shape for t in tensors]
+    last = cache.get(_LAST)
+    if last is not None and last[1] == limit and last[0] == shapes:
+        found: _GatherPlan = last[2]
+        return found
+    key = (tuple(shapes), limit)
+    plan: _GatherPlan | None = cache.get(key)
+    if plan is None:
+        if len(cache) > 16:
+            cache.clear()
+        plan = cache[key] = _GatherPlan(*key)
+    cache[_LAST] = (shapes, limit, plan)
+    return plan
+
+
+def _sampled_bits(
+    tensors: list[torch.Tensor], limit: int, cache: dict[Any, Any]
+) -> tuple[torch.Tensor, _GatherPlan]:
+    """The samples of ``tensors`` as float32 bits (int32), in ``plan.order``, and the plan.
+
+    The plan (kept in ``cache`` by the shapes, so its device memory goes with the caller)
+    holds the views' geometry, the bin offsets and a reused buffer, so a call is the strided
+    views and a cat into the buffer (and one of the small vectors behind it). The returned
+    tensor is that buffer (or, for an odd shape, a new tensor): ours to rewrite in place.
+    """
+    plan = _plan_for(tensors, limit, cache)
+    if plan.narrow or any(t.dtype != torch.float32 for t in tensors):
+        flat, _ = _gather(tensors, limit)  # the same geometry and order as ``plan``
+        return flat.view(torch.int32), plan
+    wide_out, rest_out, bits = plan.buffer(tensors[0].device)
+    if plan.wide:
+        views = []
+        for i, size, stride in plan.wide:
+            t = tensors[i]
+            views.append((t if t.is_contiguous() else t.contiguous()).as_strided(size, stride))
+        torch.cat(views, out=wide_out)
+    if plan.whole:
+        torch.cat([tensors[i] for i in plan.whole], out=rest_out)
+    return bits, plan
+
+
+def _plan_offsets(plan: _GatherPlan, device: torch.device) -> torch.Tensor:
+    offsets = plan.offsets.get(device)
+    if offsets is None:
+        offsets = plan.offsets[device] = _offsets(plan.order, plan.sizes, device)
+    return offsets
+
+
 def sampled_signed_histograms(
     tensors: list[torch.Tensor], limit: int, cache: dict[Any, Any]
 ) -> torch.Tensor:
     """Per-tensor exponent histograms by sign of at most ``limit`` values each (n, 2, 256).
 
-    The fast path of the gradient statistics: the plan (kept in ``cache`` by the shapes, so
-    its device memory goes with the caller) holds the views' geometry, the bin offsets and a
-    reused buffer, so a call is the strided views, a cat into the buffer (and one of the
-    small vectors behind it), two in-place bit operations and a bincount.
+    The fast path of the gradient statistics on an accelerator: the strided views, a cat
+    into a reused buffer (`_sampled_bits`), two in-place bit operations and a count, all on
+    the device (see `host_signed_histograms` for CPU tensors).
     """
     if not tensors:
         return torch.zeros(0, 2, BINS, dtype=torch.int64)
-    key = (tuple([t.shape for t in tensors]), limit)
-    plan = cache.get(key)
-    if plan is None:
-        if len(cache) > 16:
-            cache.clear()
-        plan = cache[key] = _GatherPlan(*key)
-    device = tensors[0].device
-    if plan.narrow or any(t.dtype != torch.float32 for t in tensors):
-        flat, _ = _gather(tensors, limit)  # the same geometry and order as ``plan``
-        codes = flat.view(torch.int32)
-    else:
-        wide_out, rest_out, codes = plan.buffer(device)
-        if plan.wide:
-            views = [
-                torch.as_strided(t if t.is_contiguous() else t.contiguous(), size, stride)
-                for t, size, stride in ((tensors[i], size, stride) for i, size, stride in plan.wide)
-            ]
-            torch.cat(views, out=wide_out)
-        if plan.whole:
-            torch.cat([tensors[i] for i in plan.whole], out=rest_out)
-    offsets = plan.offsets.get(device)
-    if offsets is None:
-        offsets = plan.offsets[device] = _offsets(plan.order, plan.sizes, device)
-    codes = codes.bitwise_right_shift_(23).add_(offsets)
+    codes, plan = _sampled_bits(tensors, limit, cache)
+    codes >>= 23  # arithmetic; ``__irshift__`` is a cheaper kernel than bitwise_right_shift_
+    codes += _plan_offsets(plan, codes.device)
     return count(codes, len(tensors) * 2 * BINS).view(len(tensors), 2, BINS)
+
+
+def host_signed_histograms(
+    tensors: list[torch.Tensor], limit: int, cache: dict[Any, Any]
+) -> npt.NDArray[np.int64]:
+    """`sampled_signed_histograms` of CPU tensors, as a numpy array (n, 2, 256), int64.
+
+    The gather is the same; the shift, the offsets and the count run in numpy on the
+    gathered buffer (no copy): on small arrays a numpy call costs a fraction of a torch
+    op's dispatch, and ``np.bincount`` needs no separate min and max reductions.
+    """
+    import numpy as np
+
+    n = len(tensors)
+    if not tensors:
+        return np.zeros((0, 2, BINS), dtype=np.int64)
+    plan = _plan_for(tensors, limit, cache)
+    if plan.narrow:
+        flat, _ = _gather(tensors, limit)  # the same geometry and order as ``plan``
+        codes = flat.view(torch.int32).numpy()
+        offsets = _plan_offsets(plan, flat.device).numpy()
+    else:
+        slices, rest_out, codes, offsets = plan.host()
+        with below_autograd():  # only reads into our own buffer
+            if plan.wide:
+                views = []
+                for i, size, stride in plan.wide:
+                    t = tensors[i]
+                    t = t if t.is_contiguous() else t.contiguous()
+                    views.append(t.as_strided(size, stride))
+                torch._foreach_copy_(slices, views)  # converts dtypes (as ``.float()``)
+            if plan.whole:
+                torch.cat([tensors[i] for i in plan.whole], out=rest_out)
+    codes >>= 23  # arithmetic (int32)
+    codes += offsets
+    return np.bincount(codes, minlength=n * 2 * BINS).reshape(n, 2, BINS)
 
 
 def raw_histograms(tensors: list[torch.Tensor], limit: int, cache: dict[Any, Any]) -> torch.Tensor:

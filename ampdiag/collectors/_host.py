@@ -32,6 +32,7 @@ class Deferred:
     def __init__(self, packed: torch.Tensor | list[torch.Tensor], copy: bool = True) -> None:
         self._event: torch.cuda.Event | None = None
         self._host: list[torch.Tensor] = []
+        self._arrays: list[npt.NDArray[np.generic]] | None = None
         cuda = False
         for part in [packed] if isinstance(packed, torch.Tensor) else packed:
             if part.requires_grad:
@@ -49,6 +50,15 @@ class Deferred:
             self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             self._event.record()
 
+    @classmethod
+    def on_host(cls, arrays: list[npt.NDArray[np.generic]]) -> Deferred:
+        """Results already on the host (a CPU run): `arrays` returns ``arrays`` as they are."""
+        self = cls.__new__(cls)
+        self._event = None
+        self._host = []
+        self._arrays = arrays
+        return self
+
     def ready(self) -> bool:
         """Whether reading now would not wait for the device."""
         return self._event is None or bool(self._event.query())  # type: ignore[no-untyped-call]
@@ -59,13 +69,19 @@ class Deferred:
 
     def arrays(self) -> list[npt.NDArray[np.generic]]:
         """The parts as numpy arrays, in the given order (waits for a running copy)."""
+        if self._arrays is not None:
+            return self._arrays
         self._wait()
         return [(p.float() if p.dtype == torch.bfloat16 else p).numpy() for p in self._host]
 
     def values(self) -> list[float]:
         """All values as floats, parts concatenated flat (waits for a running copy)."""
-        self._wait()
         out: list[float] = []
+        if self._arrays is not None:
+            for a in self._arrays:
+                out += [float(v) for v in a.reshape(-1).tolist()]
+            return out
+        self._wait()
         for p in self._host:
             out += [float(v) for v in p.reshape(-1).to(torch.float64).tolist()]
         return out

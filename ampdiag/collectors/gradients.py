@@ -7,7 +7,10 @@ loss scale), and one exponent histogram of every gradient at once
 buffer, two in-place bit operations and a bincount over at most ``numerics_sample_elements``
 values per tensor). The two result tensors go to the host
 in one transfer per sampled step (without stalling on CUDA, see ``_host.Deferred``), where
-numpy turns them into the figures (no Python loop over values or bins).
+numpy turns them into the figures (no Python loop over values or bins). On the CPU there is
+nothing to transfer: the same gather feeds numpy's shift, offsets and bincount
+(``_exponents.host_signed_histograms``, cheaper than torch ops on arrays this small) and the
+norms are read as they are.
 
 From the histograms and the loss scale S: per parameter and in total, the zero share, the
 shares of nonzero values FP16 would flush (|g·S| < 2^-24) or hold as subnormal
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ampdiag.analysis import fp16range
-from ampdiag.collectors._exponents import sampled_signed_histograms
+from ampdiag.collectors._exponents import host_signed_histograms, sampled_signed_histograms
 from ampdiag.collectors._host import Deferred, absorb_ready
 from ampdiag.collectors.base import Collector, RunContext, internal_work
 from ampdiag.compat import scaler as compat_scaler
@@ -246,14 +249,23 @@ def device_stats(
 
     One ``_foreach_norm`` pass stacked with the loss scale (float32, ``len(grads) + 1``) and
     the exponent histograms by sign (``(len(grads), 2, 256)`` int64; the host folds the
-    sign): two tensors, one transfer.
+    sign): two tensors, one transfer. CPU gradients: the same two arrays, made on the host
+    (`Deferred.on_host`).
     """
-    tail = list(torch._foreach_norm(grads))
+    norms = torch._foreach_norm(grads)
+    if grads[0].is_cpu:
+        # Already on the host: count in numpy, read the norms as they are (no stack, no copy).
+        import numpy as np
+
+        signed = host_signed_histograms(grads, limit, cache)
+        values = [*map(float, norms), 1.0 if scale is None else float(scale)]
+        return Deferred.on_host([signed, np.array(values, dtype=np.float32)])
+    hists = sampled_signed_histograms(grads, limit, cache)
+    tail = list(norms)
     tail.append(scale if scale is not None else torch.ones((), device=grads[0].device))
     stacked = torch.stack(tail)
     if stacked.dtype != torch.float32:
         stacked = stacked.float()
-    hists = sampled_signed_histograms(grads, limit, cache)
     return Deferred([hists, stacked], copy=False)
 
 

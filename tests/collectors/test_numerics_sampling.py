@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -12,11 +13,14 @@ import ampdiag
 from ampdiag.analysis import fp16range
 from ampdiag.collectors._exponents import (
     histograms,
+    host_signed_histograms,
     raw_histogram,
     sample_view,
     sampled_signed_histograms,
+    signed_histograms_of,
 )
 from ampdiag.collectors.base import DiagnoseConfig, is_sampled_step
+from ampdiag.collectors.gradients import device_stats
 from tests.collectors.test_numerics_collectors import QUIET, direct_fp16, mlp, train, wide_values
 
 
@@ -119,6 +123,51 @@ def test_gradient_fast_path_equals_histograms_of_the_copied_samples() -> None:
         copies = [sample_view(t, 1024).clone() for t in tensors]
         assert torch.equal(fast, histograms(copies))
     assert [int(r.sum()) for r in fast] == [1024, 384, 1024, 7, 1024]
+
+
+def _mixed_tensors() -> list[torch.Tensor]:
+    torch.manual_seed(1)
+    odd = torch.randn(300, 70) * 1e-6
+    odd[0, :4] = torch.tensor([float("nan"), float("-inf"), -0.0, 1e-40])  # and a subnormal
+    return [
+        odd,
+        torch.randn(128) * 1e-3,
+        torch.randn(96, 40).half(),
+        (torch.randn(200) * 1e-8).bfloat16(),
+        torch.randn(64, 64, dtype=torch.float64) * 1e-30,
+        torch.randn(80, 48).t(),  # not contiguous
+        torch.randn(5000).requires_grad_(),
+    ]
+
+
+def test_host_histograms_equal_the_counts_of_the_copied_samples() -> None:
+    mixed = _mixed_tensors()
+    narrow = [torch.randn(7) * 1e-20, torch.randn(3, 5000) * 1e3]  # 7: taken whole, no cat
+    cache: dict[Any, Any] = {}
+    # alternate between shape sets: the plans and buffers are reused, never mixed up
+    for tensors in (mixed, narrow, mixed, mixed, narrow):
+        host = host_signed_histograms(tensors, 1024, cache)
+        copies = [sample_view(t.detach(), 1024).float().clone() for t in tensors]
+        expect = signed_histograms_of(copies)
+        assert host.tolist() == expect.tolist()
+        detached = [t.detach() for t in tensors]
+        assert host.tolist() == sampled_signed_histograms(detached, 1024, {}).tolist()
+    assert [int(r.sum()) for r in host] == [7, 1024]
+    # the NaN, -inf, -0 and the float32 subnormal land in their bins: sign 0 negative
+    first = host_signed_histograms(mixed, 0, {})[0]
+    assert first[1, 255] >= 1 and first[0, 255] >= 1 and first[0, 0] >= 1 and first[1, 0] >= 1
+
+
+def test_cpu_device_stats_reads_norms_and_scale_exactly() -> None:
+    tensors = [t.detach() for t in _mixed_tensors()]
+    scale = torch.tensor(2.0**12)
+    for s, expect_scale in ((scale, 4096.0), (None, 1.0)):
+        signed, tail = device_stats(tensors, 1024, {}, s).arrays()
+        # as the device path sends them: stacked, as float32
+        norms = torch.stack([n.float() for n in torch._foreach_norm(tensors)]).numpy()
+        assert np.isnan(norms[0]) and np.array_equal(tail[:-1], norms, equal_nan=True)
+        assert float(tail[-1]) == expect_scale
+        assert signed.tolist() == sampled_signed_histograms(tensors, 1024, {}).tolist()
 
 
 def test_sampled_fractions_are_close_to_the_full_tensor() -> None:
