@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ampdiag._layout import SESSION_FILE as SESSION_FILE  # re-exported
 from ampdiag.errors import InputError
 
 SCHEMA_VERSION = 1
-SESSION_FILE = "session.json"
 
 Severity = Literal["high", "medium", "low", "info"]
 SEVERITIES: tuple[Severity, ...] = ("high", "medium", "low", "info")

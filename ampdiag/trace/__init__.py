@@ -16,7 +16,7 @@ NOT_TRACE_DIRS = frozenset({"tensorboard", "memory"})
 
 def trace_files(path: Path) -> list[Path]:
     """The trace files at a path: the file itself, or the traces in a folder (sorted)."""
-    from ampdiag.session import SESSION_FILE
+    from ampdiag._layout import SESSION_FILE
 
     if path.is_file():
         return [path]
@@ -51,10 +51,6 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
     Raises:
         InputError: No trace files, or a file that is unreadable or not a Kineto trace.
     """
-    import datetime as _dt
-
-    from ampdiag._version import __version__
-    from ampdiag.session import Session
     from ampdiag.trace.reader import read_trace
 
     files = trace_files(path)
@@ -81,6 +77,12 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
         warnings.extend(f"rank {r['rank']}: {w}" for w in r["warnings"])
         if not r["has_gpu"]:
             warnings.append(f"rank {r['rank']}: no GPU kernels in the trace (CPU side only)")
+    # imported after reading: the reader forks its workers before anything heavy is imported
+    import datetime as _dt
+
+    from ampdiag._version import __version__
+    from ampdiag.session import Session
+
     first = ranks[0]
     timeline: dict[str, Any] = {
         "source": "trace",
