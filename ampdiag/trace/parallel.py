@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ampdiag.trace.reader import Fallback, apply_meta
 
 if TYPE_CHECKING:
-    from ampdiag.trace.fastread import _Builder
+    from ampdiag.trace.builder import ColumnBuilder
     from ampdiag.trace.reader import RankTrace
 
 MIN_PART_BYTES = 16 << 20
@@ -228,7 +228,7 @@ def _fork(path: Path, children: list[tuple[int, int]]) -> list[int]:
 
 def _read_parts(
     path: Path, starts: list[int], children: list[tuple[int, int]]
-) -> tuple[RankTrace, _Builder, bool] | None:
+) -> tuple[RankTrace, ColumnBuilder, bool] | None:
     """Reads the first part here and gathers the workers' (emptying ``children``).
 
     Returns:
