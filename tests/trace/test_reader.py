@@ -9,6 +9,7 @@ import pytest
 from ampdiag.cli import main
 from ampdiag.errors import InputError
 from ampdiag.trace import reader as R
+from ampdiag.trace import stdlib_reader as S
 from ampdiag.trace.reader import read_trace
 from tests.trace.conftest import kernel, launch, manifest, step, write_trace
 
@@ -67,9 +68,9 @@ def test_general_path_equals_fast_path(traces, tmp_path, monkeypatch):
     mixed = tmp_path / "mixed.json"
     mixed.write_text(json.dumps(doc))
     refused = []
-    orig = R._fast_region
+    orig = S._fast_region
     monkeypatch.setattr(
-        R, "_fast_region", lambda region, sink: orig(region, sink) or refused.append(1)
+        S, "_fast_region", lambda region, sink: orig(region, sink) or refused.append(1)
     )
     assert _records(R.read_trace_stdlib(mixed)) == _records(fast)
     assert refused
@@ -78,7 +79,7 @@ def test_general_path_equals_fast_path(traces, tmp_path, monkeypatch):
 def test_small_chunks_split_events_anywhere(traces, monkeypatch):
     src = traces / "with_gpu_user_annotation/step_based_trace_2543932.json.gz"
     whole = read_trace(src)
-    monkeypatch.setattr(R, "CHUNK_CHARS", 997)
+    monkeypatch.setattr(S, "CHUNK_CHARS", 997)
     assert _records(read_trace(src)) == _records(whole)
 
 
