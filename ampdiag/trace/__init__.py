@@ -51,7 +51,7 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
     Raises:
         InputError: No trace files, or a file that is unreadable or not a Kineto trace.
     """
-    from ampdiag.trace.reader import read_trace
+    from ampdiag.trace.reader import read_traces
 
     files = trace_files(path)
     ranks = []
@@ -59,8 +59,7 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
     world: int | None = None
     seen: set[int] = set()
     warnings: list[str] = []
-    for index, file in enumerate(files):
-        rt = read_trace(file, index)
+    for index, (file, rt) in enumerate(zip(files, read_traces(files), strict=True)):
         # after the first read: the reader forks its workers before numpy is imported
         from ampdiag.trace.timeline import analyse_rank, summarise
 

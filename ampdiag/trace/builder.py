@@ -49,10 +49,11 @@ class ColumnBuilder:
     Args:
         complete: The class of a complete ("X") event; ``add`` keeps events of this class only.
             Such an event has ``name``, ``cat``, ``ts``, ``dur``, ``pid`` and ``args`` (None,
-            or with ``stream`` and ``correlation``; -1 when absent).
+            or with ``stream`` and ``correlation``; -1 when absent). None for a builder that
+            only absorbs what others read.
     """
 
-    def __init__(self, complete: type) -> None:
+    def __init__(self, complete: type | None) -> None:
         self.complete = complete
         self.names: dict[str, int] = {}
         self.pids: dict[str, int] = {}

@@ -19,13 +19,15 @@ the number of processes (``1``: never fork), threads or not.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import signal
 import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ampdiag.trace.reader import Fallback, apply_meta
 
@@ -145,31 +147,74 @@ def split_points(size: int, parts: int) -> list[int]:
     return out
 
 
-class _WorkerFailed(Exception):
+class WorkerFailed(Exception):
     """A worker died or failed other than by meeting what the fast path does not handle."""
 
 
-def _work(path: Path, lo: int, hi: int | None, fd: int) -> None:
-    """In a forked worker: read one part, write the outcome to ``fd``, and exit."""
-    code = 1
+def send(pipe: IO[bytes], result: tuple[str, Any]) -> None:
+    """Writes one outcome to a pipe: its length, the writer's own peak memory, the pickle."""
+    payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+    pipe.write(struct.pack("<QQ", len(payload), own_peak_bytes()))
+    pipe.write(payload)
+    pipe.flush()
+
+
+def receive(pipe: IO[bytes]) -> tuple[tuple[str, Any], int]:
+    """Reads one outcome that `send` wrote: (it, the writer's own peak memory).
+
+    Raises:
+        WorkerFailed: The pipe ended early (the worker died) or held something else.
+    """
+    head = pipe.read(16)
+    if len(head) < 16:
+        raise WorkerFailed("the worker ended without an answer")
+    size, peak = struct.unpack("<QQ", head)
+    payload = pipe.read(size)
+    if len(payload) < size:
+        raise WorkerFailed("the worker's answer was cut short")
     try:
-        from ampdiag.trace.fastread import read_part
+        result: tuple[str, Any] = pickle.loads(payload)
+    except Exception as exc:
+        raise WorkerFailed(repr(exc)) from None
+    return result, int(peak)
 
+
+def read_part_outcome(path: Path, lo: int = 0, hi: int | None = None) -> tuple[str, Any]:
+    """In a worker: ("ok", (meta, columns state, ended)) for a part, or ("fallback", why)."""
+    from ampdiag.trace.fastread import read_part
+
+    try:
+        out, build, ended = read_part(path, lo, hi)
+    except Fallback as exc:
+        return "fallback", str(exc)
+    return "ok", (out.meta, build.state(), ended)
+
+
+def _send_part(path: Path, lo: int, hi: int | None, pipe: IO[bytes]) -> None:
+    send(pipe, read_part_outcome(path, lo, hi))
+
+
+def fork_worker(job: Callable[[IO[bytes]], None]) -> tuple[int, int]:
+    """Forks a worker that runs ``job(pipe)`` and exits; returns (its pid, the pipe's end)."""
+    r, w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the worker (which exits)
+        code = 1
         try:
-            out, build, ended = read_part(path, lo, hi)
-            result: tuple[str, Any] = ("ok", (out.meta, build.state(), ended))
-        except Fallback as exc:
-            result = ("fallback", str(exc))
-        payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
-        with os.fdopen(fd, "wb") as pipe:
-            pipe.write(struct.pack("<Q", own_peak_bytes()))
-            pipe.write(payload)
-        code = 0
-    finally:
-        os._exit(code)  # never return into the caller's stack, never run its exit handlers
+            os.close(r)
+            with os.fdopen(w, "wb") as pipe:
+                job(pipe)
+            code = 0
+        finally:
+            os._exit(code)  # never return into the caller's stack, never run its exit handlers
+    os.close(w)
+    return pid, r
 
 
-def _stop(pid: int) -> None:
+def stop(pid: int) -> None:
+    """Kills and reaps a worker (nothing if it is gone)."""
     try:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
@@ -177,24 +222,19 @@ def _stop(pid: int) -> None:
         pass
 
 
-def _collect(pid: int, fd: int) -> tuple[str, Any]:
-    """A worker's outcome (reaps it; stops it if this is interrupted)."""
+def _collect(pid: int, fd: int) -> tuple[tuple[str, Any], int]:
+    """A worker's one outcome (reaps it; stops it if this is interrupted)."""
     status = None
     try:
         with os.fdopen(fd, "rb") as pipe:
-            head = pipe.read(8)
-            payload = pipe.read()
+            got = receive(pipe)
         _, status = os.waitpid(pid, 0)
     finally:
         if status is None:
-            _stop(pid)
-    if status != 0 or len(head) < 8:
-        raise _WorkerFailed(f"worker exited with status {status}")
-    try:
-        result: tuple[str, Any] = pickle.loads(payload)
-    except Exception as exc:
-        raise _WorkerFailed(repr(exc)) from None
-    return result[0], (result[1], struct.unpack("<Q", head)[0])
+            stop(pid)
+    if status != 0:
+        raise WorkerFailed(f"worker exited with status {status}")
+    return got
 
 
 def read_fast(path: Path, index: int = 0) -> RankTrace:
@@ -223,7 +263,7 @@ def read_fast(path: Path, index: int = 0) -> RankTrace:
     finally:
         for pid, fd in children:  # left running by an exception (Ctrl-C...): stop them
             os.close(fd)
-            _stop(pid)
+            stop(pid)
     build.finish(out)
     apply_meta(out, index)
     out.reader = "fast"
@@ -242,15 +282,7 @@ def _fork(path: Path, children: list[tuple[int, int]]) -> list[int]:
     starts = split_points(size, parts)
     ends: list[int | None] = [*starts[1:], None]
     for lo, hi in zip(starts, ends, strict=True):
-        r, w = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the worker (which exits)
-            os.close(r)
-            _work(path, lo, hi, w)
-        os.close(w)
-        children.append((pid, r))
+        children.append(fork_worker(functools.partial(_send_part, path, lo, hi)))
     return starts
 
 
@@ -275,15 +307,15 @@ def _read_parts(
     try:
         while children:
             results.append(_collect(*children.pop(0)))
-    except _WorkerFailed:
+    except WorkerFailed:
         return None
-    for status, (value, _) in results:
+    for (status, value), _ in results:
         if status == "fallback":
             raise Fallback(value)
         if status != "ok":
             return None
     while results:  # in file order, each freed once absorbed (peak memory)
-        (meta, state, part_ended), worker_bytes = results.pop(0)[1]
+        (_, (meta, state, part_ended)), worker_bytes = results.pop(0)
         build.absorb(state)
         del state
         out.meta.update(meta)

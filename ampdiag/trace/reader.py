@@ -21,6 +21,7 @@ not a Kineto trace, or not valid JSON, raises :class:`~ampdiag.errors.InputError
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -211,6 +212,26 @@ def read_trace(path: str | Path, index: int = 0) -> RankTrace:
         except (Fallback, ImportError):  # odd input; or msgspec is not installed
             pass
     return read_trace_stdlib(p, index)
+
+
+def read_traces(paths: list[Path]) -> Iterator[RankTrace]:
+    """Reads trace files in order, ``paths[i]`` as rank of last resort ``i``.
+
+    Several files are read at once by worker processes where that pays
+    (:mod:`ampdiag.trace.parallel_files`); the records are those of :func:`read_trace` on each.
+
+    Raises (while iterating):
+        InputError: A file is unreadable, not JSON, truncated, or not a Kineto trace.
+    """
+    if FAST:
+        from ampdiag.trace import parallel_files
+
+        many = parallel_files.read_files(paths)
+        if many is not None:
+            yield from many
+            return
+    for index, path in enumerate(paths):
+        yield read_trace(path, index)
 
 
 def read_trace_stdlib(path: str | Path, index: int = 0) -> RankTrace:

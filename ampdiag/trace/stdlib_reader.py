@@ -323,8 +323,9 @@ def _read_events(stream: _Stream, sink: _Sink) -> None:
             if char != ",":
                 stream.expect(",", "',' or ']' in traceEvents")
             stream.pos += 1
-            stream.peek()
         first = False
+        if stream.peek() == "":
+            raise InputError(f"{stream.label} ends inside traceEvents: the file looks truncated")
         # Fast path over the complete events already in the buffer.
         cut = -1
         if no_cut_in != stream.fills and stream.buf[stream.pos] == "{":

@@ -133,6 +133,8 @@ BAD = [
     b"",
     b"{",
     b'{"traceEvents": [{"ph": "X",',
+    b'{"traceEvents": [',  # cut right after the list opens (was an IndexError)
+    b'{"traceEvents": [{"ph": "i", "name": "x", "ts": 1},  ',
     b'{"traceEvents": [1 2]}',
     b"not json at all",
     b'{"traceEvents": {}}',

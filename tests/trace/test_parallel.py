@@ -67,7 +67,7 @@ def test_a_part_that_needs_the_general_reader_sends_the_whole_file_there(tmp_pat
 def test_a_worker_that_dies_leaves_the_file_to_this_process(traces, monkeypatch):
     src = traces / "trace_filter/sampled_rank-0.json.gz"
     expected = _records(_read(src, monkeypatch, 1))
-    monkeypatch.setattr(P, "_work", lambda *args: os._exit(3))
+    monkeypatch.setattr(P, "read_part_outcome", lambda *args: os._exit(3))
     rt = _read(src, monkeypatch, 3)
     assert rt.processes == 1 and rt.reader == "fast"
     assert _records(rt) == expected
