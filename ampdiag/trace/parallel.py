@@ -11,10 +11,13 @@ their names: the records are those of one reader of the whole file, in the same 
 
 A part that meets anything the fast path does not handle makes the whole file fall back to the
 general reader, as the one-process fast path does. A worker that dies or fails otherwise makes
-this process read the file alone. Used only where ``os.fork`` exists, the process runs a single
-thread (forking a threaded process can deadlock the child), the machine has more than one core
-for it, and the file is large enough (``MIN_PART_BYTES`` a part). ``AMPDIAG_TRACE_WORKERS`` sets
-the number of processes (``1``: never fork), threads or not.
+this process read the file alone. Used only where ``os.fork`` exists and the process is known
+to run a single thread (Linux, from /proc: forking a threaded process can deadlock the child;
+importing numpy starts threads, hence forking first), the machine has more than one core for
+it, and the file is large enough (``MIN_PART_BYTES`` a part). ``AMPDIAG_TRACE_WORKERS`` sets
+the number of processes (``1``: never fork), threads or not. The fork, the pipe protocol
+(`send` / `receive`) and the worker's reading (`read_part_outcome`) serve
+:mod:`ampdiag.trace.parallel_files` too.
 """
 
 from __future__ import annotations
