@@ -12,7 +12,10 @@ not installed, or for a file the fast path does not handle), ``--repeat`` times.
 times are printed, the largest peak RSS, and the ratios: HTA time / ampdiag time, peak RSS /
 uncompressed JSON size, ampdiag time per MB of JSON, and 4x time / 1x time (linear = 4).
 
-    python benchmarks/bench_trace.py [--repeat 5] [--skip-hta-4x] [--skip-stdlib]
+Last, a folder of ``--ranks`` copies of the trace (rank files), read with the reader's worker
+processes and in one process (``AMPDIAG_TRACE_WORKERS=1``), interleaved.
+
+    python benchmarks/bench_trace.py [--repeat 5] [--skip-hta-4x] [--skip-stdlib] [--ranks 4]
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import compileall
 import gzip
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,9 +45,13 @@ if {stdlib!r}:
     import ampdiag.trace.reader as R
     R.FAST = False
 import ampdiag.trace.reader as R
-seen = []
-read = R.read_trace
-R.read_trace = lambda *a: seen.append(read(*a)) or seen[-1]
+seen = []  # (processes, workers' own peak memory) of each file read
+reads = R.read_traces
+def recorded(paths):
+    for rt in reads(paths):
+        seen.append((rt.processes, sum(rt.worker_peak_bytes)))
+        yield rt
+R.read_traces = recorded
 s = session_from_traces(Path({path!r}))
 assert {stdlib!r} or s.sections["timeline"]["ranks"][0]["file"]
 r = s.sections["timeline"]["ranks"][0]
@@ -52,9 +60,9 @@ import resource
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
 # the reader's worker processes (they exit before it returns): their peak RSS in full (an
 # upper bound: pages shared with this process counted twice), and their own peak
-workers = max(rt.processes for rt in seen) - 1
+workers = max(procs for procs, _ in seen) - 1
 child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 if workers else 0
-own = max([sum(rt.worker_peak_bytes) for rt in seen])
+own = max(own for _, own in seen)
 print(dt, int(hwm) * 1024 + own, r["idle_us"], r["compute_us"], workers + 1,
       int(hwm) * 1024 + workers * child)
 """
@@ -114,9 +122,11 @@ def make_4x(src: Path, out_dir: Path) -> tuple[Path, int]:
     return folder, len(text)
 
 
-def run(code: str) -> tuple[float, int, float, float, int, int]:
+def run(code: str, env: dict[str, str] | None = None) -> tuple[float, int, float, float, int, int]:
     """(seconds, peak memory, idle us, compute us, processes, peak memory's upper bound)."""
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
     dt, rss, idle, comp, procs, upper = proc.stdout.strip().splitlines()[-1].split()
     return float(dt), int(rss), float(idle), float(comp), int(procs), int(upper)
 
@@ -139,6 +149,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--skip-hta-4x", action="store_true", help="HTA on 216 MB needs ~1.5 GB")
     ap.add_argument("--skip-stdlib", action="store_true", help="no standard-library-path row")
+    ap.add_argument("--ranks", type=int, default=4, help="copies in the folder-of-ranks case")
     ap.add_argument("--make-4x", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.make_4x:
@@ -209,6 +220,27 @@ def main() -> None:
                 slow = statistics.median(runs["ampdiag (stdlib)"][0])
                 print(f"  fast path vs standard-library path: {slow / ours:.1f}x")
         print(f"ampdiag time 4x / 1x: {medians['4x'] / medians['1x']:.2f} (linear = 4.0)")
+        if args.ranks > 1:
+            bench_ranks(src, args.ranks, args.repeat, Path(tmp))
+
+
+def bench_ranks(src: Path, n: int, repeat: int, tmp: Path) -> None:
+    """A folder of ``n`` ranks (copies of ``src``): worker processes vs one process."""
+    folder = tmp / "ranks"
+    folder.mkdir()
+    for k in range(n):
+        shutil.copy(src, folder / f"rank-{k}.json.gz")
+    code = OURS.format(repo=str(REPO), path=str(folder), stdlib=False)
+    alone = dict(os.environ, AMPDIAG_TRACE_WORKERS="1")
+    times: dict[str, list[float]] = {"workers": [], "one process": []}
+    for _ in range(repeat):
+        times["workers"].append(run(code)[0])
+        times["one process"].append(run(code, alone)[0])
+    many, one = (statistics.median(t) for t in times.values())
+    print(
+        f"{n} ranks (copies of df_index_resolver): {many:.2f} s with worker processes, "
+        f"{one:.2f} s in one process: {one / many:.2f}x"
+    )
 
 
 if __name__ == "__main__":
