@@ -53,8 +53,10 @@ class ColumnBuilder:
             only absorbs what others read.
     """
 
-    def __init__(self, complete: type | None) -> None:
+    def __init__(self, complete: type | None, scanner: Any = None) -> None:
         self.complete = complete
+        # the compiled scanner (ampdiag.trace._kscan.Scanner) when it reads instead of `add`
+        self.scanner = scanner
         self.names: dict[str, int] = {}
         self.pids: dict[str, int] = {}
         self.pid_raw: dict[Any, int] = {}
@@ -149,6 +151,8 @@ class ColumnBuilder:
 
     def state(self) -> BuilderState:
         """What `absorb` takes: the events read, the name and pid tables and the columns."""
+        if self.scanner is not None:
+            return _scanned_state(self.scanner.state())
         return self.events, list(self.names), self.pid_raw, list(self.pids), self.parts
 
     def absorb(self, state: BuilderState) -> None:
@@ -159,6 +163,7 @@ class ColumnBuilder:
         """
         import numpy as np
 
+        self._take_scanned()  # this builder's own part first
         events, names, pid_raw, pids, parts = state
         self.events += events
         name_id = np.array([self.names.setdefault(n, len(self.names)) for n in names], np.int64)
@@ -171,11 +176,19 @@ class ColumnBuilder:
                 arrays = [remap[np.frombuffer(a, dtype=np.int64)] for a in arrays]
             self.parts.setdefault(key, []).extend(arrays)
 
+    def _take_scanned(self) -> None:
+        """Moves what the compiled scanner read into this builder's own tables and parts."""
+        if self.scanner is not None:
+            scanned, self.scanner = self.state(), None
+            self.absorb(scanned)
+
     def finish(self, out: RankTrace) -> None:
         """Puts the columns, steps and CPU op totals into ``out``."""
         import numpy as np
 
         from ampdiag.trace.columns import HOST_CATEGORIES, Columns
+
+        self._take_scanned()
 
         host_cat_index = {c: i for i, c in enumerate(HOST_CATEGORIES)}
         names = list(self.names)
@@ -256,3 +269,25 @@ class ColumnBuilder:
 def _pid_text(pid: Any) -> str:
     """A pid as the general reader keys it (JSON text of a number, a string as it is)."""
     return pid if isinstance(pid, str) else json.dumps(pid)
+
+
+SCANNER_GROUPS = {"kernel": 0, "memcpy": 1, "memset": 2, "launch": 3, "op": 4, "annotation": 5}
+"""The compiled scanner's group codes (any other category: 6, a host event of its own)."""
+
+
+def scanner_groups() -> dict[bytes, int]:
+    """Category (UTF-8) -> the compiled scanner's group code, from the reader's categories."""
+    kinds = ("kernel", "memcpy", "memset")
+    groups = {cat.encode(): SCANNER_GROUPS[kinds[kind]] for cat, kind in _KIND.items()}
+    groups.update(dict.fromkeys([c.encode() for c in LAUNCH_CATS], SCANNER_GROUPS["launch"]))
+    groups.update(dict.fromkeys([c.encode() for c in HOST_OP_CATS], SCANNER_GROUPS["op"]))
+    annotations = [c.encode() for c in ANNOTATION_CATS]
+    groups.update(dict.fromkeys(annotations, SCANNER_GROUPS["annotation"]))
+    return groups
+
+
+def _scanned_state(scanned: tuple[int, list[Any], list[str], dict[str, bytes]]) -> BuilderState:
+    """The compiled scanner's state as `ColumnBuilder.state` gives it (names' escapes decoded)."""
+    events, names, pids, columns = scanned
+    decoded = [json.loads(f'"{n[0]}"') if isinstance(n, tuple) else n for n in names]
+    return events, decoded, {}, pids, {key: [data] for key, data in columns.items()}

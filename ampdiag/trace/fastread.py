@@ -26,16 +26,18 @@ from __future__ import annotations
 import codecs
 import gzip
 import json
+import os
 import re
 from pathlib import Path
 from typing import IO, Annotated, Any, Union
 
 import msgspec
 
-from ampdiag.trace.builder import ColumnBuilder
+from ampdiag.trace.builder import ColumnBuilder, scanner_groups
 from ampdiag.trace.reader import Fallback, RankTrace, _meta_value
 
 CHUNK_BYTES = 2 << 20
+ENV_SCANNER = "AMPDIAG_TRACE_SCANNER"
 MAX_HEAD_BYTES = 64 << 20
 
 _Finite = Annotated[float, msgspec.Meta(ge=-1e300, le=1e300)]
@@ -109,13 +111,28 @@ def _decode_list(data: Any) -> list[Any]:
         raise Fallback(str(exc)) from None
 
 
-def _decode(buf: bytearray, lo: int, hi: int) -> list[Any]:
-    """Decodes buf[lo + 1 : hi - 1], a run of whole events, as a list (without copying it)."""
+class _ScanRefused(Exception):
+    """The compiled scanner met what it does not handle: read the part again with msgspec."""
+
+
+def _take(build: ColumnBuilder, run: Any) -> None:
+    """Appends a run of events (a JSON array): with the compiled scanner, else msgspec."""
+    if build.scanner is None:
+        build.add(_decode_list(run))
+        return
+    try:
+        build.scanner.feed(run)
+    except ValueError as exc:
+        raise _ScanRefused(str(exc)) from None
+
+
+def _take_run(build: ColumnBuilder, buf: bytearray, lo: int, hi: int) -> None:
+    """Appends buf[lo + 1 : hi - 1], a run of whole events (without copying it)."""
     saved = buf[lo], buf[hi - 1]
     buf[lo], buf[hi - 1] = 0x5B, 0x5D  # '[' and ']' around the run, restored below
     try:
         with memoryview(buf) as mv:
-            return _decode_list(mv[lo:hi])
+            _take(build, mv[lo:hi])
     finally:
         buf[lo], buf[hi - 1] = saved
 
@@ -160,8 +177,20 @@ def read_part(
     Raises:
         Fallback: Anything this path does not handle.
     """
+    scanner = new_scanner()
+    if scanner is not None:
+        try:
+            return _read_part(path, lo, hi, scanner)
+        except _ScanRefused:
+            pass  # e.g. an escaped category: msgspec reads the part
+    return _read_part(path, lo, hi, None)
+
+
+def _read_part(
+    path: Path, lo: int, hi: int | None, scanner: Any
+) -> tuple[RankTrace, ColumnBuilder, bool]:
     out = RankTrace(path=path)
-    build = ColumnBuilder(_Complete)
+    build = ColumnBuilder(_Complete, scanner)
     try:
         fh = _open_binary(path)
     except OSError:
@@ -169,11 +198,26 @@ def read_part(
     try:
         with fh:
             ended = _read(fh, out, build, lo, hi)
-    except Fallback:
+    except (Fallback, _ScanRefused):
         raise
     except Exception as exc:  # truncated gzip, I/O errors...: the general reader reports them
         raise Fallback(repr(exc)) from None
     return out, build, ended
+
+
+def new_scanner() -> Any:
+    """The compiled scanner (``ampdiag.trace._kscan``), or None: msgspec decodes then.
+
+    None where the extension is not built, or ``AMPDIAG_TRACE_SCANNER=0`` turns it off; the
+    records are the same either way.
+    """
+    if os.environ.get(ENV_SCANNER, "").strip() == "0":
+        return None
+    try:
+        from ampdiag.trace import _kscan  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _kscan.Scanner(scanner_groups())
 
 
 def _fill(fh: IO[bytes], buf: bytearray, start: int, utf8: _Utf8) -> int:
@@ -244,14 +288,14 @@ def _read(
         if hi is not None and max(hi, events_at) - base < n:  # does the next part start here?
             s = _BOUNDARY.search(buf, max(max(hi, events_at) - base, pos), n)
             if s:
-                build.add(_decode(buf, pos - 1, s.start() + 2))
+                _take_run(build, buf, pos - 1, s.start() + 2)
                 return False
         # the run of events up to the last boundary between two events in the buffer
         cut = buf.rfind(b"}", pos, n)
         while cut >= pos:
             b = _BOUNDARY.match(buf, cut, n)
             if b:
-                build.add(_decode(buf, pos - 1, cut + 2))
+                _take_run(build, buf, pos - 1, cut + 2)
                 pos = b.end() - 1
                 break
             cut = buf.rfind(b"}", pos, cut)
@@ -274,7 +318,7 @@ def _read(
     except (ValueError, RecursionError):
         raise Fallback("tail") from None
     close = len(tail[: end - 2].encode("utf-8"))  # where the ']' of traceEvents is
-    build.add(_decode_list(b"[" + tail_bytes[:close] + b"]"))
+    _take(build, b"[" + tail_bytes[:close] + b"]")
     rest = tail[end - 1 :].strip()
     if rest.startswith(","):
         _top_level("{" + rest[1:], out)

@@ -56,11 +56,13 @@ except ImportError:  # pragma: no cover - isal is optional
     pass
 
 _WS = re.compile(r"[ \t\n\r]*")
+# A JSON number, exactly (a looser pattern let "1-2" through to float(): a traceback).
+_NUM = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
 _PREFIX = (
     r'"ph"\s*:\s*"X"\s*,\s*"cat"\s*:\s*"{cat}"\s*,\s*"name"\s*:\s*"([^"\\]*(?:\\.[^"\\]*)*)"'
-    r'\s*,\s*"pid"\s*:\s*("[^"\\]*"|[-+0-9.eE]+)\s*,\s*"tid"\s*:\s*(?:"[^"\\]*"|[-+0-9.eE]+)'
-    r'\s*,\s*"ts"\s*:\s*([-+0-9.eE]+)\s*,\s*"dur"\s*:\s*([-+0-9.eE]+)'
-)
+    r'\s*,\s*"pid"\s*:\s*("[^"\\]*"|NUM)\s*,\s*"tid"\s*:\s*(?:"[^"\\]*"|NUM)'
+    r'\s*,\s*"ts"\s*:\s*(NUM)\s*,\s*"dur"\s*:\s*(NUM)'
+).replace("NUM", _NUM)
 
 
 @functools.cache
