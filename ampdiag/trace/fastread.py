@@ -1,14 +1,14 @@
-"""The fast path of the trace reader: typed msgspec decoding of chunks of whole events.
+"""The fast path of the trace reader: chunks of whole events, decoded by compiled code.
 
 The decompressed file (gzip through ISA-L's ``isal`` when installed) is read in chunks of
 bytes. Each chunk is cut after the last complete event (a ``}`` followed by ``,`` and ``{``)
-and the run of events before the cut is decoded at once by msgspec into small typed structs
-that hold only the fields the analysis needs: for complete (``"X"``) events ``name``, ``cat``,
-``pid``, ``ts``, ``dur`` and ``args.stream`` / ``args.correlation``; for events of any other
-phase, nothing. Every other field is skipped by msgspec without building a Python object. The
-structs are turned into compact columns (``array.array``; numpy arrays at the end) chunk by
-chunk, so memory stays bounded by the chunk size plus the columns. A large file is read by
-several processes at once (:mod:`ampdiag.trace.parallel`).
+and the run of events before the cut is handed at once to the compiled scanner
+(``ampdiag/trace/_kscan.c``, built when the package is installed with a C compiler), which
+appends the fields the analysis needs to compact columns; where it is not built, or refuses
+a part (an escaped category, say), msgspec decodes the part instead
+(:mod:`ampdiag.trace.msgspec_events`), with the same records. Memory stays bounded by the
+chunk size plus the columns. A large file is read by several processes at once
+(:mod:`ampdiag.trace.parallel`).
 
 This path reads only well-formed traces in the usual shape, and gives up (:class:`Fallback`) at
 the first thing it does not expect: a cut that turns out not to be between events, a missing or
@@ -29,9 +29,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import IO, Annotated, Any, Union
-
-import msgspec
+from typing import IO, Any
 
 from ampdiag.trace.builder import ColumnBuilder, scanner_groups
 from ampdiag.trace.reader import Fallback, RankTrace, _meta_value
@@ -39,34 +37,6 @@ from ampdiag.trace.reader import Fallback, RankTrace, _meta_value
 CHUNK_BYTES = 2 << 20
 ENV_SCANNER = "AMPDIAG_TRACE_SCANNER"
 MAX_HEAD_BYTES = 64 << 20
-
-_Finite = Annotated[float, msgspec.Meta(ge=-1e300, le=1e300)]
-_Duration = Annotated[float, msgspec.Meta(ge=0.0, le=1e300)]
-
-
-class _Args(msgspec.Struct, gc=False):
-    stream: int = -1
-    correlation: int = -1
-
-
-class _Complete(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
-    name: str
-    cat: str
-    ts: _Finite
-    dur: _Duration
-    pid: int | str | None = None
-    args: _Args | None = None
-
-
-# Every other phase of the Chrome trace format: decoded to an empty struct (all fields skipped).
-_PHASES: tuple[str, ...] = ("B", "E", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "O")
-_PHASES += ("N", "D", "M", "V", "v", "R", "c", "(", ")", "T", "S", "p", "F")
-_OTHER = tuple(
-    msgspec.defstruct(f"_Phase{i}", [], gc=False, tag_field="ph", tag=ph)
-    for i, ph in enumerate(_PHASES)
-)
-_EVENT: Any = Union.__getitem__((_Complete, *_OTHER))
-_DECODER: Any = msgspec.json.Decoder(list[_EVENT])
 
 _BOUNDARY = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
 _KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*\[')
@@ -104,13 +74,6 @@ class _Utf8:
             raise Fallback("not UTF-8") from None
 
 
-def _decode_list(data: Any) -> list[Any]:
-    try:
-        return _DECODER.decode(data)  # type: ignore[no-any-return]
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise Fallback(str(exc)) from None
-
-
 class _ScanRefused(Exception):
     """The compiled scanner met what it does not handle: read the part again with msgspec."""
 
@@ -118,7 +81,9 @@ class _ScanRefused(Exception):
 def _take(build: ColumnBuilder, run: Any) -> None:
     """Appends a run of events (a JSON array): with the compiled scanner, else msgspec."""
     if build.scanner is None:
-        build.add(_decode_list(run))
+        from ampdiag.trace.msgspec_events import decode_list
+
+        build.add(decode_list(run))
         return
     try:
         build.scanner.feed(run)
@@ -190,7 +155,12 @@ def _read_part(
     path: Path, lo: int, hi: int | None, scanner: Any
 ) -> tuple[RankTrace, ColumnBuilder, bool]:
     out = RankTrace(path=path)
-    build = ColumnBuilder(_Complete, scanner)
+    if scanner is None:
+        from ampdiag.trace.msgspec_events import Complete  # ImportError: no msgspec
+
+        build = ColumnBuilder(Complete, None)
+    else:
+        build = ColumnBuilder(None, scanner)
     try:
         fh = _open_binary(path)
     except OSError:

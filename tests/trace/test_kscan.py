@@ -3,6 +3,7 @@
 import gzip
 import json
 import random
+import sys
 
 import pytest
 
@@ -10,6 +11,7 @@ from ampdiag.errors import InputError
 from ampdiag.trace import fastread as F
 from ampdiag.trace import reader as R
 from ampdiag.trace.builder import scanner_groups
+from ampdiag.trace.msgspec_events import decode_list
 from ampdiag.trace.timeline import analyse_rank
 from tests.trace.conftest import kernel, launch, manifest, step, write_trace
 from tests.trace.test_fastread import _records
@@ -139,7 +141,7 @@ def test_the_scanner_refuses_what_msgspec_refuses(event):
     with pytest.raises(ValueError):
         scanner.feed(json.dumps([event]).encode())
     with pytest.raises(F.Fallback):
-        F._decode_list(json.dumps([event]).encode())
+        decode_list(json.dumps([event]).encode())
 
 
 def test_non_complete_events_may_hold_anything(tmp_path, monkeypatch):
@@ -153,3 +155,13 @@ def test_non_complete_events_may_hold_anything(tmp_path, monkeypatch):
     path = write_trace(tmp_path / "other.json", events)
     with_scanner, with_msgspec = _both(path, monkeypatch)
     assert with_scanner == with_msgspec and with_scanner[4] == 5  # events counted
+
+
+def test_without_msgspec_the_scanner_still_reads(traces, monkeypatch, used):
+    src = traces / "trace_filter/sampled_rank-0.json.gz"
+    expected = _records(R.read_trace_stdlib(src))
+    monkeypatch.setenv(F.ENV_SCANNER, "1")
+    monkeypatch.setitem(sys.modules, "msgspec", None)
+    monkeypatch.delitem(sys.modules, "ampdiag.trace.msgspec_events", raising=False)
+    rt = R.read_trace(src)
+    assert used[-1] and rt.reader == "fast" and _records(rt) == expected
