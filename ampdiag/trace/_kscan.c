@@ -330,8 +330,9 @@ static int parse_args(Cursor *c, int64_t *stream, int64_t *corr) {
         c->p++;
         skip_ws(c);
         int64_t *target = NULL;
-        if (!ke && key_is(k, kn, "stream")) target = stream;
-        else if (!ke && key_is(k, kn, "correlation")) target = corr;
+        if (ke) return fail("escaped key");
+        if (key_is(k, kn, "stream")) target = stream;
+        else if (key_is(k, kn, "correlation")) target = corr;
         if (target) {
             const char *s; Py_ssize_t n; int isint;
             if (c->p >= c->end || !(*c->p == '-' || (*c->p >= '0' && *c->p <= '9')))
@@ -397,7 +398,8 @@ static int parse_event(Scanner *self, Cursor *c) {
         c->p++;
         skip_ws(c);
         if (ke) {
-            if (skip_value(c, 1) < 0) return -1;
+            /* msgspec matches an escaped key to its field ("n\u0061me" is name): refuse */
+            return fail("escaped key");
         } else if (key_is(k, kn, "ph")) {
             int e;
             if (parse_string(c, &ph, &phn, &e) < 0) return -1;
@@ -502,6 +504,10 @@ static int parse_event(Scanner *self, Cursor *c) {
 }
 
 static PyObject *Scanner_feed(Scanner *self, PyObject *arg) {
+    if (!self->groups) {
+        PyErr_SetString(PyExc_RuntimeError, "Scanner() was not initialised");
+        return NULL;
+    }
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     Cursor c = {(const char *)view.buf, (const char *)view.buf + view.len};

@@ -144,6 +144,26 @@ def test_the_scanner_refuses_what_msgspec_refuses(event):
         decode_list(json.dumps([event]).encode())
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"ph": "X", "cat": "kernel", "name": "a", "name": "b", "ts": 1, "dur": 1}',
+        '{"ph": "X", "cat": "kernel", "name": "a", "n\\u0061me": "b", "ts": 1, "dur": 1}',
+        '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1, "args": {"str\\u0065am": 3}}',
+    ],
+)
+def test_repeated_and_escaped_keys_read_as_msgspec_reads_them(tmp_path, monkeypatch, text):
+    path = tmp_path / "keys.json"
+    path.write_text('{"traceEvents": [' + text + "]}")
+    with_scanner, with_msgspec = _both(path, monkeypatch)
+    assert with_scanner == with_msgspec
+
+
+def test_an_uninitialised_scanner_raises():
+    with pytest.raises(RuntimeError):
+        kscan.Scanner.__new__(kscan.Scanner).feed(b"[]")
+
+
 def test_non_complete_events_may_hold_anything(tmp_path, monkeypatch):
     events = [
         {"ph": "i", "name": 5, "ts": "x", "pid": 1.5, "args": [1, {"a": [None, True]}]},
