@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ampdiag.collectors.dtypes import DtypeAudit
+from ampdiag.collectors.dtype_audit import DtypeAudit
 from ampdiag.demo import GPTConfig, TinyGPT
 
 

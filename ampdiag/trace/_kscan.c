@@ -268,6 +268,16 @@ static int to_int64(const char *s, Py_ssize_t n, int64_t *out) {
     return 0;
 }
 
+/* An object key and its ':' (escaped: whether the key holds a backslash). */
+static int parse_key(Cursor *c, const char **k, Py_ssize_t *kn, int *escaped) {
+    if (parse_string(c, k, kn, escaped) < 0) return -1;
+    skip_ws(c);
+    if (c->p >= c->end || *c->p != ':') return fail("expected ':'");
+    c->p++;
+    skip_ws(c);
+    return 0;
+}
+
 static int skip_value(Cursor *c, int depth);
 
 static int skip_container(Cursor *c, int depth, char close) {
@@ -278,11 +288,7 @@ static int skip_container(Cursor *c, int depth, char close) {
     for (;;) {
         if (close == '}') {
             const char *s; Py_ssize_t n; int e;
-            if (parse_string(c, &s, &n, &e) < 0) return -1;
-            skip_ws(c);
-            if (c->p >= c->end || *c->p != ':') return fail("expected ':'");
-            c->p++;
-            skip_ws(c);
+            if (parse_key(c, &s, &n, &e) < 0) return -1;
         }
         if (skip_value(c, depth + 1) < 0) return -1;
         skip_ws(c);
@@ -324,11 +330,7 @@ static int parse_args(Cursor *c, int64_t *stream, int64_t *corr) {
     if (c->p < c->end && *c->p == '}') { c->p++; return 0; }
     for (;;) {
         const char *k; Py_ssize_t kn; int ke;
-        if (parse_string(c, &k, &kn, &ke) < 0) return -1;
-        skip_ws(c);
-        if (c->p >= c->end || *c->p != ':') return fail("expected ':'");
-        c->p++;
-        skip_ws(c);
+        if (parse_key(c, &k, &kn, &ke) < 0) return -1;
         int64_t *target = NULL;
         if (ke) return fail("escaped key");
         if (key_is(k, kn, "stream")) target = stream;
@@ -392,11 +394,7 @@ static int parse_event(Scanner *self, Cursor *c) {
     if (c->p < c->end && *c->p == '}') return fail("an event without ph");
     for (;;) {
         const char *k; Py_ssize_t kn; int ke;
-        if (parse_string(c, &k, &kn, &ke) < 0) return -1;
-        skip_ws(c);
-        if (c->p >= c->end || *c->p != ':') return fail("expected ':'");
-        c->p++;
-        skip_ws(c);
+        if (parse_key(c, &k, &kn, &ke) < 0) return -1;
         if (ke) {
             /* msgspec matches an escaped key to its field ("n\u0061me" is name): refuse */
             return fail("escaped key");

@@ -11,8 +11,8 @@ import torch
 from torch.nn import functional as F
 
 import ampdiag
-from ampdiag.collectors import dtypes
-from ampdiag.collectors.dtypes import REASONS
+from ampdiag.collectors import dtype_audit
+from ampdiag.collectors.dtype_audit import REASONS
 from tests.precision_model import AuditNet, batch, train_step
 
 QUIET = {"profile": False, "report": False, "tensorboard": False, "console": False}
@@ -55,7 +55,7 @@ def test_without_reenabling_autocast_a_custom_op_would_change(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The guard is needed: a plain dispatch mode runs the custom op's body in FP32."""
-    monkeypatch.setattr(dtypes.ac, "op_has_autocast_kernel", lambda op, dev: True)
+    monkeypatch.setattr(dtype_audit.ac, "op_has_autocast_kernel", lambda op, dev: True)
     plain, audited, _, _, d = _pair(torch.bfloat16, tmp_path)
     mix = [r for r in d.session.sections["precision"]["ops"] if r["op"] == "ampdiag_test::mix"]
     assert mix[0]["out_dtypes"] == ["float32"]

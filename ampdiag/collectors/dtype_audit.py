@@ -1,0 +1,380 @@
+"""The precision audit: which dtype every ATen op of one sampled step really ran in, and why.
+
+On the audited step (``DiagnoseConfig.precision_step``, default the second step: the first one
+pays for lazy initialisation and autocast's weight-cast cache warm-up) a TorchDispatchMode is
+entered at the root model's first forward pre-hook and left before the optimizer step, so it
+sees the forward and the backward *after* autocast has cast the inputs. For each op it records
+the input and output dtypes, whether autocast was active when the op was called, the module it
+ran under (forward and backward), its FLOPs (torch.utils.flop_counter's registered formulas)
+and its time, and for every op that ran in FP32 one reason:
+
+``autocast-fp32-policy``
+    autocast keeps the op (or the composite it decomposes from) in FP32 on this device, or it
+    consumes a tensor autocast up-cast for such an op.
+``promotion``
+    type promotion from an FP32 input (an FP32 parameter, input or activation) — e.g. the
+    residual stream that stays FP32 because the embeddings are FP32.
+``user-cast``
+    it consumes a tensor the user's code cast to FP32 (``.float()``, ``.to(torch.float32)``).
+``outside-autocast``
+    autocast was not active: code outside the ``with torch.autocast`` block (a loss computed
+    after it, or a region with ``enabled=False``), and its backward.
+``unknown-op``
+    an op autocast has no kernel for (custom ops, other namespaces): it runs in whatever dtype
+    its inputs have.
+
+The audit changes nothing. Inside a dispatch mode's handler autocast is excluded, so a custom
+op's Python body would silently run in FP32 under the audit; the handler therefore re-enables
+autocast (as it was when the op was called) around ops autocast has no kernel for and that are
+not ATen/prims ops, which is what the dispatcher does without the mode (autocast falls through
+to the op's kernel with autocast still on). Casts are recorded as casts (``precision: "cast"``)
+with an origin (``autocast``, ``user``, ``autograd`` for the backward of a cast, ``outside``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ampdiag.collectors.base import is_internal_work
+from ampdiag.collectors.module_tracker import ModuleTracker, tensors_of
+from ampdiag.compat import autocast as ac
+from ampdiag.patching import Patches
+
+LOW = frozenset({torch.float16, torch.bfloat16})
+FP32 = frozenset({torch.float32, torch.float64})
+REASONS = ("autocast-fp32-policy", "promotion", "user-cast", "outside-autocast", "unknown-op")
+CAST_OPS = frozenset({"_to_copy", "copy_", "to", "_autocast_to_reduced_precision"})
+CAST_METHODS = ("float", "double", "to", "type")
+_REASON_RANK = {"user-cast": 0, "autocast-fp32-policy": 1, "unknown-op": 2}
+
+
+_DT_NAMES: dict[torch.dtype, str] = {}
+
+
+def _dt(dtype: torch.dtype) -> str:
+    name = _DT_NAMES.get(dtype)
+    if name is None:
+        name = _DT_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+@dataclass
+class _OpInfo:
+    name: str
+    overload: str
+    foreign: bool
+    is_cast: bool
+    flops: Callable[..., Any] | None
+
+
+class _UserCasts:
+    """Observe-only patches of Tensor.float/.double/.to/.type: marks casts the user wrote."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self._patches = Patches()
+        for name in CAST_METHODS:
+            self._patches.wrap(torch.Tensor, name, self._make)
+
+    def _make(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        owner = self
+
+        def cast(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            owner.depth += 1
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                owner.depth -= 1
+
+        cast.__doc__ = original.__doc__
+        return cast
+
+    def close(self) -> None:
+        """Restores the methods."""
+        self._patches.restore()
+
+
+def _make_audit_mode(audit: DtypeAudit) -> Any:
+    base = ac.dispatch_mode_class()
+
+    class AuditMode(base):  # type: ignore[misc, valid-type]
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            return audit.handle(func, args, kwargs or {})
+
+    return AuditMode()
+
+
+class DtypeAudit:
+    """One audit: the dispatch mode, the module tracker and the per-op records.
+
+    Args:
+        names: id(module) -> path, for the root and its submodules.
+        fallback_autocast: Autocast state per device when the entry TLS cannot be read.
+    """
+
+    def __init__(self, names: dict[int, str], fallback_autocast: dict[str, bool]) -> None:
+        self.tracker = ModuleTracker(names)
+        self.casts = _UserCasts()
+        self.fallback = fallback_autocast
+        self.tags: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self.fw_autocast: dict[str, bool] = {}
+        self.autocast_dtypes: dict[str, str] = {}
+        self.reenabled: set[str] = set()
+        self.seen_backward = False
+        self.other = {"count": 0, "time_us": 0.0}
+        self.errors: list[str] = []
+        self._info: dict[Any, _OpInfo] = {}
+        self._events: list[tuple[dict[str, Any], Any, Any]] = []
+        self._mode = _make_audit_mode(self)
+        self._entered = False
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def enter(self, root: torch.nn.Module, args: Any) -> None:
+        """Starts auditing (called from the root model's forward pre-hook)."""
+        self.tracker.enter_root(root, args)
+        self._mode.__enter__()
+        self._entered = True
+
+    def new_forward(self) -> None:
+        """Another forward of the root (gradient accumulation): its ops are forward again."""
+        self.seen_backward = False
+
+    def exit(self) -> None:
+        """Stops auditing; removes the mode, hooks and patches. Safe to call twice."""
+        if self._entered:
+            self._entered = False
+            try:
+                self._mode.__exit__(None, None, None)
+            finally:
+                self.tracker.close()
+                self.casts.close()
+            self._resolve_events()
+        else:
+            self.tracker.close()
+            self.casts.close()
+
+    # --- the handler --------------------------------------------------------------------------
+
+    def info(self, func: Any) -> _OpInfo:
+        """What is known of an op without running it (cached)."""
+        got = self._info.get(func)
+        if got is None:
+            from torch.utils import flop_counter
+
+            ns = func.namespace
+            name = func._schema.name.split("::", 1)[-1]
+            got = _OpInfo(
+                name=name,
+                overload=func._overloadname,
+                foreign=ns not in ("aten", "prims"),
+                is_cast=name in CAST_OPS,
+                flops=flop_counter.flop_registry.get(func._overloadpacket),
+            )
+            self._info[func] = got
+        return got
+
+    def handle(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """Runs the op exactly as without the audit, and records it."""
+        if is_internal_work():  # another collector's statistics, not the model's work
+            return func(*args, **kwargs)
+        info = self.info(func)
+        inputs = [t for t in tensors_of(args) if isinstance(t, torch.Tensor)]
+        inputs += list(tensors_of(kwargs))
+        device = inputs[0].device.type if inputs else "cpu"
+        state = ac.entry_autocast_state((device,))
+        active = (state or self.fallback).get(device, False)
+        reenable = False
+        if active and info.foreign:
+            reenable = not ac.op_has_autocast_kernel(func, device)
+        backward = ac.in_backward()
+        start_ev = end_ev = None
+        if device == "cuda":
+            start_ev = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end_ev = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start_ev.record()
+        t0 = time.perf_counter_ns()
+        if reenable:
+            out = self._call_with_autocast(func, args, kwargs, device)
+            self.reenabled.add(f"{func.namespace}::{info.name}")
+        else:
+            out = func(*args, **kwargs)
+        elapsed_us = (time.perf_counter_ns() - t0) / 1000.0
+        if end_ev is not None:
+            end_ev.record()
+        try:
+            row = self._record(func, info, args, kwargs, inputs, out, device, active, backward)
+            if row is not None:
+                row["time_us"] += elapsed_us
+                if start_ev is not None:
+                    self._events.append((row, start_ev, end_ev))
+        except Exception as exc:  # the audit must never break the user's step
+            msg = f"{info.name}: {exc!r}"
+            if len(self.errors) < 20 and msg not in self.errors:
+                self.errors.append(msg)
+        return out
+
+    def _call_with_autocast(self, func: Any, args: Any, kwargs: dict[str, Any], device: str) -> Any:
+        """Calls an op with autocast on, as the dispatcher would have without the mode."""
+        torch.set_autocast_enabled(device, True)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            torch.set_autocast_enabled(device, False)
+
+    # --- recording ----------------------------------------------------------------------------
+
+    def _phase(self, backward: bool) -> str:
+        if backward:
+            self.seen_backward = True
+            return "backward"
+        if self.seen_backward and not self.tracker.stack:
+            return "other"
+        return "forward"
+
+    def _record(
+        self,
+        func: Any,
+        info: _OpInfo,
+        args: Any,
+        kwargs: dict[str, Any],
+        inputs: list[torch.Tensor],
+        out: Any,
+        device: str,
+        active: bool,
+        backward: bool,
+    ) -> dict[str, Any] | None:
+        phase = self._phase(backward)
+        if phase == "other":
+            self.other["count"] += 1
+            return None
+        module = self.tracker.current
+        if phase == "forward":
+            self.fw_autocast[module] = self.fw_autocast.get(module, False) or active
+            if active and device not in self.autocast_dtypes:
+                self.autocast_dtypes[device] = _dt(torch.get_autocast_dtype(device))
+        else:
+            active = self.fw_autocast.get(module, False)
+        outputs = list(tensors_of(out))
+        in_f = [t for t in inputs if t.is_floating_point()]
+        out_f = [t for t in outputs if t.is_floating_point()]
+        compute = out_f[0].dtype if out_f else (in_f[0].dtype if in_f else None)
+        reason = None
+        cast_origin = None
+        cast_bytes = 0
+        if info.is_cast and in_f and out_f and in_f[-1].dtype != out_f[0].dtype:
+            precision = "cast"
+            src, dst = in_f[-1], out_f[0]
+            cast_bytes = src.numel() * src.element_size() + dst.numel() * dst.element_size()
+            if self.casts.depth > 0 and not backward:
+                cast_origin = "user"
+            elif backward:
+                cast_origin = "autograd"
+            elif active:
+                cast_origin = "autocast"
+            else:
+                cast_origin = "outside"
+            if dst.dtype in FP32:
+                tag = {
+                    "user": "user-cast",
+                    "autocast": "autocast-fp32-policy",
+                    "outside": "outside-autocast",
+                }.get(cast_origin)
+                if tag is None:
+                    tag = self._input_tag(in_f)
+                self._tag(out_f, tag)
+        elif compute is None:
+            precision = "none"
+        elif compute in LOW:
+            precision = "low"
+        elif compute in FP32:
+            precision = "fp32"
+            reason = self._reason(info, device, active, in_f)
+            self._tag(out_f, "outside-autocast" if reason == "outside-autocast" else reason)
+        else:
+            precision = "none"
+        flops = 0
+        if info.flops is not None and precision != "none":
+            try:
+                flops = int(info.flops(*args, **kwargs, out_val=out))
+            except Exception:
+                flops = 0
+        key = (
+            phase,
+            module,
+            info.name if not info.foreign else f"{func.namespace}::{info.name}",
+            tuple(_dt(t.dtype) for t in inputs),
+            tuple(_dt(t.dtype) for t in outputs),
+            active,
+            precision,
+            reason,
+            cast_origin,
+        )
+        row = self.rows.get(key)
+        if row is None:
+            row = {
+                "phase": phase,
+                "module": module,
+                "op": key[2],
+                "overload": info.overload,
+                "in_dtypes": list(key[3]),
+                "out_dtypes": list(key[4]),
+                "autocast": active,
+                "precision": precision,
+                "reason": reason,
+                "cast_origin": cast_origin,
+                "count": 0,
+                "flops": 0,
+                "time_us": 0.0,
+                "cast_bytes": 0,
+            }
+            if not info.foreign and phase == "forward" and device == "cpu":
+                row["cuda_policy"] = ac.cuda_policy_for(info.name, info.overload)
+            self.rows[key] = row
+        row["count"] += 1
+        row["flops"] += flops
+        row["cast_bytes"] += cast_bytes
+        return row
+
+    def _reason(self, info: _OpInfo, device: str, active: bool, in_f: list[torch.Tensor]) -> str:
+        if not active:
+            return "outside-autocast"
+        if info.foreign:
+            return "unknown-op"
+        if ac.autocast_registered(info.name, info.overload, device):
+            return "autocast-fp32-policy"
+        tag = self._input_tag(in_f)
+        return tag if tag in _REASON_RANK else "promotion"
+
+    def _input_tag(self, tensors: list[torch.Tensor]) -> str:
+        best = "promotion"
+        for t in tensors:
+            if t.dtype not in FP32:
+                continue
+            tag = self.tags.get(t)  # type: ignore[no-untyped-call]
+            if tag in _REASON_RANK and _REASON_RANK[tag] < _REASON_RANK.get(best, 9):
+                best = tag
+        return best
+
+    def _tag(self, tensors: list[torch.Tensor], tag: str) -> None:
+        for t in tensors:
+            if t.dtype in FP32:
+                self.tags[t] = tag
+
+    def _resolve_events(self) -> None:
+        if not self._events:
+            return
+        torch.cuda.synchronize()
+        for row, start, end in self._events:
+            row.setdefault("device_time_us", 0.0)
+            row["device_time_us"] += float(start.elapsed_time(end)) * 1000.0
+        self._events.clear()
