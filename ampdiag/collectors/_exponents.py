@@ -147,11 +147,7 @@ def _gather(tensors: list[torch.Tensor], limit: int) -> tuple[torch.Tensor, _Gat
     plan = _gather_plan(tuple([t.shape for t in tensors]), limit)
     parts = []
     if plan.wide:
-        views = [
-            torch.as_strided(t if t.is_contiguous() else t.contiguous(), size, stride)
-            for t, size, stride in ((tensors[i], size, stride) for i, size, stride in plan.wide)
-        ]
-        parts.append(torch.cat(views).view(-1))
+        parts.append(torch.cat(_wide_views(tensors, plan)).view(-1))
     if plan.whole:
         parts += [tensors[i] for i in plan.whole]
     if plan.narrow:
@@ -160,6 +156,15 @@ def _gather(tensors: list[torch.Tensor], limit: int) -> tuple[torch.Tensor, _Gat
     if flat.dtype != torch.float32:
         flat = flat.float()
     return flat, plan
+
+
+def _wide_views(tensors: list[torch.Tensor], plan: _GatherPlan) -> list[torch.Tensor]:
+    """The strided views (rows of CHUNK values) of the plan's wide samples, in plan order."""
+    views = []
+    for i, size, stride in plan.wide:
+        t = tensors[i]
+        views.append((t if t.is_contiguous() else t.contiguous()).as_strided(size, stride))
+    return views
 
 
 def gather(
@@ -204,12 +209,12 @@ def signed_histograms(
             if len(cache) > 16:
                 cache.clear()
             cache[key] = offsets
-    return _count_codes(flat, offsets, nrows)
+    return _count_codes(flat.view(torch.int32), offsets, nrows)
 
 
-def _count_codes(flat: torch.Tensor, offsets: torch.Tensor, nrows: int) -> torch.Tensor:
-    codes = flat.view(torch.int32)
-    codes >>= 23
+def _count_codes(codes: torch.Tensor, offsets: torch.Tensor, nrows: int) -> torch.Tensor:
+    """Histograms (nrows, 2, 256) of float32 bits ``codes`` (int32, rewritten in place)."""
+    codes >>= 23  # arithmetic; ``__irshift__`` is a cheaper kernel than bitwise_right_shift_
     codes += offsets
     return count(codes, nrows * 2 * BINS).view(nrows, 2, BINS)
 
@@ -290,11 +295,7 @@ def _sampled_bits(
         return flat.view(torch.int32), plan
     wide_out, rest_out, bits = plan.buffer(tensors[0].device)
     if plan.wide:
-        views = []
-        for i, size, stride in plan.wide:
-            t = tensors[i]
-            views.append((t if t.is_contiguous() else t.contiguous()).as_strided(size, stride))
-        torch.cat(views, out=wide_out)
+        torch.cat(_wide_views(tensors, plan), out=wide_out)
     if plan.whole:
         torch.cat([tensors[i] for i in plan.whole], out=rest_out)
     return bits, plan
@@ -319,9 +320,7 @@ def sampled_signed_histograms(
     if not tensors:
         return torch.zeros(0, 2, BINS, dtype=torch.int64)
     codes, plan = _sampled_bits(tensors, limit, cache)
-    codes >>= 23  # arithmetic; ``__irshift__`` is a cheaper kernel than bitwise_right_shift_
-    codes += _plan_offsets(plan, codes.device)
-    return count(codes, len(tensors) * 2 * BINS).view(len(tensors), 2, BINS)
+    return _count_codes(codes, _plan_offsets(plan, codes.device), len(tensors))
 
 
 def host_signed_histograms(
@@ -346,13 +345,8 @@ def host_signed_histograms(
     else:
         slices, rest_out, codes, offsets = plan.host()
         with below_autograd():  # only reads into our own buffer
-            if plan.wide:
-                views = []
-                for i, size, stride in plan.wide:
-                    t = tensors[i]
-                    t = t if t.is_contiguous() else t.contiguous()
-                    views.append(t.as_strided(size, stride))
-                torch._foreach_copy_(slices, views)  # converts dtypes (as ``.float()``)
+            if plan.wide:  # _foreach_copy_ converts dtypes (as ``.float()``)
+                torch._foreach_copy_(slices, _wide_views(tensors, plan))
             if plan.whole:
                 torch.cat([tensors[i] for i in plan.whole], out=rest_out)
     codes >>= 23  # arithmetic (int32)
