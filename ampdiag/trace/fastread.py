@@ -125,9 +125,7 @@ def read_fast(path: Path, index: int = 0) -> RankTrace:
     return parallel.read_fast(path, index)
 
 
-def read_part(
-    path: Path, lo: int = 0, hi: int | None = None
-) -> tuple[RankTrace, ColumnBuilder, bool]:
+def read_part(path: Path, lo: int = 0, hi: int | None = None) -> tuple[RankTrace, ColumnBuilder]:
     """Decodes the events of one part of a file (all of it by default), unfinished.
 
     Args:
@@ -136,8 +134,7 @@ def read_part(
         hi: Where the next part starts (None: the part runs to the end of the file).
 
     Returns:
-        (the RankTrace with the top-level keys read, the builder holding the part's columns,
-        whether the part reached the end of ``traceEvents``).
+        (the RankTrace with the top-level keys read, the builder holding the part's columns).
 
     Raises:
         Fallback: Anything this path does not handle.
@@ -153,7 +150,7 @@ def read_part(
 
 def _read_part(
     path: Path, lo: int, hi: int | None, scanner: Any
-) -> tuple[RankTrace, ColumnBuilder, bool]:
+) -> tuple[RankTrace, ColumnBuilder]:
     out = RankTrace(path=path)
     if scanner is None:
         from ampdiag.trace.msgspec_events import Complete  # ImportError: no msgspec
@@ -167,12 +164,12 @@ def _read_part(
         raise Fallback("open") from None
     try:
         with fh:
-            ended = _read(fh, out, build, lo, hi)
+            _read(fh, out, build, lo, hi)
     except (Fallback, _ScanRefused):
         raise
     except Exception as exc:  # truncated gzip, I/O errors...: the general reader reports them
         raise Fallback(repr(exc)) from None
-    return out, build, ended
+    return out, build
 
 
 def new_scanner() -> Any:
@@ -205,18 +202,14 @@ def _fill(fh: IO[bytes], buf: bytearray, start: int, utf8: _Utf8) -> int:
 
 def _read(
     fh: IO[bytes], out: RankTrace, build: ColumnBuilder, lo: int = 0, hi: int | None = None
-) -> bool:
+) -> None:
     """Decodes the events of the part ``[lo, hi)`` of the decompressed bytes into ``build``.
 
     A part starts at the first event after the first ``}`` at or after its offset (and after
     the ``[`` of traceEvents) that ends an event (is followed by ``,`` and ``{``); the part
     before it ends there. Every process finds that place alike from the same bytes, so the
-    parts of one file, read by different processes, hold every event exactly once.
-
-    Returns:
-        Whether this part reached the end of traceEvents (then it also read the rest of the
-        top-level object); False when the next part starts before the end, or no event
-        starts in this part.
+    parts of one file, read by different processes, hold every event exactly once. The part
+    that reaches the end of traceEvents also reads the rest of the top-level object.
     """
     utf8 = _Utf8()
     buf = bytearray(CHUNK_BYTES)
@@ -242,11 +235,11 @@ def _read(
             s = _BOUNDARY.search(buf, max(x, pos), n)
             if s:
                 if hi is not None and base + s.start() >= max(hi, events_at):
-                    return False  # the next part starts at the same event: this one is empty
+                    return  # the next part starts at the same event: this one is empty
                 pos = s.end() - 1  # its '{'
                 break
             if n < len(buf):
-                return False  # no event starts in this part
+                return  # no event starts in this part
             drop = min(x, n)  # a boundary that begins at or after x may straddle the refill
             keep = n - drop
             buf[:keep] = buf[drop:n]
@@ -259,7 +252,7 @@ def _read(
             s = _BOUNDARY.search(buf, max(max(hi, events_at) - base, pos), n)
             if s:
                 _take_run(build, buf, pos - 1, s.start() + 2)
-                return False
+                return
         # the run of events up to the last boundary between two events in the buffer
         cut = buf.rfind(b"}", pos, n)
         while cut >= pos:
@@ -294,4 +287,3 @@ def _read(
         _top_level("{" + rest[1:], out)
     elif rest != "}":
         raise Fallback("after traceEvents")
-    return True

@@ -183,14 +183,14 @@ def receive(pipe: IO[bytes]) -> tuple[tuple[str, Any], int]:
 
 
 def read_part_outcome(path: Path, lo: int = 0, hi: int | None = None) -> tuple[str, Any]:
-    """In a worker: ("ok", (meta, columns state, ended)) for a part, or ("fallback", why)."""
+    """In a worker: ("ok", (meta, columns state)) for a part, or ("fallback", why)."""
     from ampdiag.trace.fastread import read_part
 
     try:
-        out, build, ended = read_part(path, lo, hi)
+        out, build = read_part(path, lo, hi)
     except Fallback as exc:
         return "fallback", str(exc)
-    return "ok", (out.meta, build.state(), ended)
+    return "ok", (out.meta, build.state())
 
 
 def _send_part(path: Path, lo: int, hi: int | None, pipe: IO[bytes]) -> None:
@@ -262,7 +262,7 @@ def read_fast(path: Path, index: int = 0) -> RankTrace:
         from ampdiag.trace import fastread
 
         got = _read_parts(path, starts, children) if children else None
-        out, build, _ = got or fastread.read_part(path)
+        out, build = got or fastread.read_part(path)
     finally:
         for pid, fd in children:  # left running by an exception (Ctrl-C...): stop them
             os.close(fd)
@@ -291,7 +291,7 @@ def _fork(path: Path, children: list[tuple[int, int]]) -> list[int]:
 
 def _read_parts(
     path: Path, starts: list[int], children: list[tuple[int, int]]
-) -> tuple[RankTrace, ColumnBuilder, bool] | None:
+) -> tuple[RankTrace, ColumnBuilder] | None:
     """Reads the first part here and gathers the workers' (emptying ``children``).
 
     Returns:
@@ -303,7 +303,7 @@ def _read_parts(
     """
     from ampdiag.trace.fastread import read_part
 
-    out, build, ended = read_part(path, 0, starts[0])
+    out, build = read_part(path, 0, starts[0])
     import numpy  # noqa: F401 - needed next; imported while the workers still decode
 
     results = []
@@ -318,11 +318,10 @@ def _read_parts(
         if status != "ok":
             return None
     while results:  # in file order, each freed once absorbed (peak memory)
-        (_, (meta, state, part_ended)), worker_bytes = results.pop(0)
+        (_, (meta, state)), worker_bytes = results.pop(0)
         build.absorb(state)
         del state
         out.meta.update(meta)
         out.worker_peak_bytes.append(worker_bytes)
-        ended = ended or part_ended
     out.processes = len(starts) + 1
-    return out, build, ended
+    return out, build

@@ -93,7 +93,7 @@ def _rank(path: Path, index: int, got: tuple[tuple[str, Any], int] | None) -> Ra
     from ampdiag.trace.builder import ColumnBuilder
     from ampdiag.trace.reader import RankTrace
 
-    meta, state, _ = value
+    meta, state = value
     out = RankTrace(path=path, meta=meta)
     build = ColumnBuilder(None)
     build.absorb(state)
