@@ -62,14 +62,14 @@ def decompressed_size(path: Path) -> int:
     return int(isize) if isize >= size else size * 16
 
 
-def _proc_kb(path: str, keys: tuple[str, ...]) -> int:
-    """The sum of the ``key: N kB`` lines of a /proc file."""
+def _proc_sum(path: str, keys: tuple[str, ...]) -> int:
+    """The sum of the numbers on the ``key: N [kB]`` lines of a /proc file."""
     total = 0
     with open(path, encoding="ascii") as fh:
         for line in fh:
             if line.startswith(keys):
                 total += int(line.split()[1])
-    return total * 1024
+    return total
 
 
 def own_peak_bytes() -> int:
@@ -79,23 +79,19 @@ def own_peak_bytes() -> int:
     parent's own figure counts already. 0 where /proc does not tell.
     """
     try:
-        peak = _proc_kb("/proc/self/status", ("VmHWM:",))
-        shared = _proc_kb("/proc/self/smaps_rollup", ("Shared_Clean:", "Shared_Dirty:"))
+        peak = _proc_sum("/proc/self/status", ("VmHWM:",))
+        shared = _proc_sum("/proc/self/smaps_rollup", ("Shared_Clean:", "Shared_Dirty:"))
     except (OSError, ValueError, IndexError):
         return 0
-    return max(0, peak - shared)
+    return max(0, peak - shared) * 1024
 
 
 def _threads() -> int:
     """Threads of this process (Linux), 0 where unknown."""
     try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("Threads:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
+        return _proc_sum("/proc/self/status", ("Threads:",))
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _cores() -> int:
