@@ -83,3 +83,23 @@ def write_trace(path: Path, events: list[Any], **top: Any) -> Path:
     else:
         path.write_text(text)
     return path
+
+
+def records(rt: Any) -> tuple[Any, ...]:
+    """Everything a RankTrace holds, in a comparable form (host spans and launches sorted)."""
+    return (
+        sorted(rt.gpu),
+        sorted(rt.launches.items()),
+        rt.steps,
+        sorted(rt.host, key=repr),
+        rt.events,
+        rt.cpu_ops,
+        rt.skipped,
+        (rt.rank, rt.rank_source, rt.world_size, rt.devices),
+    )
+
+
+def no_children_left() -> None:
+    """Asserts that this process has no child process, running or unreaped."""
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)

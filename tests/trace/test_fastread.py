@@ -12,21 +12,9 @@ from ampdiag.trace import fastread as F
 from ampdiag.trace import reader as R
 from ampdiag.trace.timeline import analyse_rank
 from tests.trace.conftest import kernel, launch, manifest, step, write_trace
+from tests.trace.conftest import records as _records
 
 pytest.importorskip("msgspec")
-
-
-def _records(rt):
-    return (
-        sorted(rt.gpu),
-        sorted(rt.launches.items()),
-        rt.steps,
-        sorted(rt.host, key=repr),
-        rt.events,
-        rt.cpu_ops,
-        rt.skipped,
-        (rt.rank, rt.rank_source, rt.world_size, rt.devices),
-    )
 
 
 def _close(a, b, path=""):

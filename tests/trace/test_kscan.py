@@ -14,7 +14,7 @@ from ampdiag.trace.builder import scanner_groups
 from ampdiag.trace.msgspec_events import decode_list
 from ampdiag.trace.timeline import analyse_rank
 from tests.trace.conftest import kernel, launch, manifest, step, write_trace
-from tests.trace.test_fastread import _records
+from tests.trace.conftest import records as _records
 
 kscan = pytest.importorskip("ampdiag.trace._kscan", reason="the compiled scanner is not built")
 

@@ -12,8 +12,8 @@ from ampdiag.trace import fastread as F
 from ampdiag.trace import parallel as P
 from ampdiag.trace import reader as R
 from ampdiag.trace.timeline import analyse_rank
-from tests.trace.conftest import kernel, launch, manifest, step, write_trace
-from tests.trace.test_fastread import _records
+from tests.trace.conftest import kernel, launch, manifest, no_children_left, step, write_trace
+from tests.trace.conftest import records as _records
 
 pytest.importorskip("msgspec")
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -136,5 +136,4 @@ def test_without_msgspec_the_workers_are_reaped_and_the_stdlib_path_reads(traces
     monkeypatch.delitem(sys.modules, "ampdiag.trace.msgspec_events", raising=False)
     rt = R.read_trace(src)
     assert rt.reader == "stdlib" and _records(rt) == expected
-    with pytest.raises(ChildProcessError):  # no worker left behind, running or unreaped
-        os.waitpid(-1, os.WNOHANG)
+    no_children_left()  # no worker left behind, running or unreaped

@@ -10,8 +10,8 @@ from ampdiag.trace import parallel as P
 from ampdiag.trace import parallel_files as PF
 from ampdiag.trace import reader as R
 from ampdiag.trace import session_from_traces, trace_files
-from tests.trace.conftest import manifest
-from tests.trace.test_fastread import _records
+from tests.trace.conftest import manifest, no_children_left
+from tests.trace.conftest import records as _records
 
 pytest.importorskip("msgspec")
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -32,11 +32,6 @@ def _one_by_one(files):
     return [R.read_trace(f, i) for i, f in enumerate(files)]
 
 
-def _no_children_left():
-    with pytest.raises(ChildProcessError):
-        os.waitpid(-1, os.WNOHANG)
-
-
 def test_a_folder_reads_the_same_with_workers(rank_folder, monkeypatch):
     files = trace_files(rank_folder)
     assert len(files) >= 6
@@ -49,7 +44,7 @@ def test_a_folder_reads_the_same_with_workers(rank_folder, monkeypatch):
         assert [rt.path for rt in got] == files  # in file order
         assert [_records(rt) for rt in got] == expected
         assert all(rt.reader == "fast" and len(rt.worker_peak_bytes) == 1 for rt in got)
-        _no_children_left()
+        no_children_left()
 
 
 def test_sessions_of_a_folder_agree(rank_folder, monkeypatch):
@@ -70,7 +65,7 @@ def test_a_file_the_fast_path_refuses_is_read_here(rank_folder, monkeypatch):
     i = files.index(odd)
     assert got[i].reader == "stdlib" and got[i].skipped == {"negative duration": 1}
     assert [rt.reader for j, rt in enumerate(got) if j != i] == ["fast"] * (len(files) - 1)
-    _no_children_left()
+    no_children_left()
 
 
 def test_a_bad_file_gives_its_error_and_leaves_no_worker(rank_folder, monkeypatch):
@@ -83,7 +78,7 @@ def test_a_bad_file_gives_its_error_and_leaves_no_worker(rank_folder, monkeypatc
     with pytest.raises(InputError) as many:
         list(R.read_traces(files))
     assert str(many.value) == str(alone.value)
-    _no_children_left()
+    no_children_left()
 
 
 def test_a_dead_worker_leaves_its_files_to_this_process(rank_folder, monkeypatch):
@@ -106,7 +101,7 @@ def test_a_dead_worker_leaves_its_files_to_this_process(rank_folder, monkeypatch
     # each worker died on its second file; this process read those (split in two parts itself,
     # AMPDIAG_TRACE_WORKERS=2 asking for two processes a file), the pool's files are whole
     assert sorted({rt.processes for rt in got}) == [1, 2]
-    _no_children_left()
+    no_children_left()
 
 
 def test_stopping_early_stops_the_workers(rank_folder, monkeypatch):
@@ -115,4 +110,4 @@ def test_stopping_early_stops_the_workers(rank_folder, monkeypatch):
     it = R.read_traces(files)
     next(it)
     it.close()
-    _no_children_left()
+    no_children_left()
