@@ -83,6 +83,8 @@ class StepRecord:
         loss: The loss value where one was seen (the tensor passed to backward or the scaler).
         profiled: Whether the profiler was recording this step.
         sampled: Whether the sampled (more expensive) collectors ran on this step.
+        micro_batches: Backward passes in this step that reached the model's first trainable
+            parameter (gradient accumulation: more than 1); None when no model was known.
     """
 
     index: int
@@ -90,6 +92,7 @@ class StepRecord:
     loss: float | None = None
     profiled: bool = False
     sampled: bool = False
+    micro_batches: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the JSON form."""

@@ -2,10 +2,19 @@
 
 Activation memory is modelled as ``fixed + per_sample * batch``, with both terms fitted to
 activation bytes *measured* at two or more batch sizes (by `ampdiag.memory_probe`, or by the
-live run when its batch size varied). The peak memory at another batch ``b`` is estimated as
-the measured peak at the observed batch ``B`` plus ``per_sample * (b - B)``; without a measured
-peak, as model state + fixed + ``per_sample * b``. Nothing here is assumed: when there are no
-two measured batch sizes, estimates that need ``per_sample`` are absent.
+live run when its batch size varied). Activations are the storages autograd saved for the
+backward, parameters and their autocast copies excluded
+(`ampdiag.sources.live.saved_activations`); the per-sample slope is never negative.
+
+The peak at another batch ``b``: the timeline gives two measured points at the observed batch
+``B``, the overall peak (total ``T1``, activations ``A1`` live then; often the optimizer step,
+with no activations) and the point with the most activations (``T2``, ``A2``; the start of the
+backward). Each point's activations scale with the batch, by ``k = act(b) / act(B)``, the rest
+stays: ``peak(b) = max(T1 + A1 (k - 1), T2 + A2 (k - 1))``. Backward temporaries that grow
+with the batch (the gradients of activations) are not in ``A``, so this is a lower bound for a
+larger batch. Without the activation point it is ``T1 + per_sample * (b - B)``; without a
+measured peak, model state + fixed + ``per_sample * b``. Nothing here is assumed: when there
+are no two measured batch sizes, estimates that need ``per_sample`` are absent.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ def fit_linear(points: Sequence[Sequence[float]]) -> dict[str, float] | None:
     my = sum(v for _, v in pts) / n
     sxx = sum((b - mx) ** 2 for b, _ in pts)
     sxy = sum((b - mx) * (v - my) for b, v in pts)
-    slope = sxy / sxx
+    slope = max(0.0, sxy / sxx)  # activations never shrink as the batch grows
     return {"per_sample_bytes": slope, "fixed_bytes": my - slope * mx}
 
 
@@ -58,11 +67,22 @@ def activation_fit(section: Mapping[str, Any]) -> dict[str, Any] | None:
 def estimate_peak(section: Mapping[str, Any], batch: int, fit: Mapping[str, Any]) -> float:
     """Estimated peak bytes at ``batch`` (module docstring)."""
     per = float(fit["per_sample_bytes"])
+    fixed = float(fit["fixed_bytes"])
     observed = section.get("observed_batch")
-    peak = (section.get("peak") or {}).get("bytes")
-    if observed and peak:
+    pk = section.get("peak") or {}
+    peak = pk.get("bytes")
+    if not (observed and peak):
+        return model_state_bytes(section) + fixed + per * batch
+    most = section.get("activation_peak") or {}
+    at_observed = fixed + per * int(observed)
+    if not most.get("activations") or at_observed <= 0:
         return float(peak) + per * (batch - int(observed))
-    return model_state_bytes(section) + float(fit["fixed_bytes"]) + per * batch
+    k = (fixed + per * batch) / at_observed
+    acts = (pk.get("by_category") or {}).get("activations", 0)
+    return max(
+        float(peak) + float(acts) * (k - 1),
+        float(most["bytes"]) + float(most["activations"]) * (k - 1),
+    )
 
 
 def capacity(section: Mapping[str, Any]) -> tuple[int | None, str]:
@@ -94,10 +114,16 @@ def plan_accumulation(
         }
     if per <= 0:
         return None
-    base = estimate_peak(section, 0, fit)
-    largest = math.floor((usable - base) / per)
-    if largest < 1:
+    if estimate_peak(section, 1, fit) > usable:
         return None
+    lo, hi = 1, target_batch  # estimate_peak grows with the batch: the largest that fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if estimate_peak(section, mid, fit) <= usable:
+            lo = mid
+        else:
+            hi = mid - 1
+    largest = lo
     steps = math.ceil(target_batch / largest)
     micro = math.ceil(target_batch / steps)  # balanced micro-batches, none larger than `largest`
     return {

@@ -51,7 +51,10 @@ def memory_profiler_available() -> bool:
 
 
 def categorized_timeline(
-    prof: Any, device: str, known: Mapping[int, str] | None = None
+    prof: Any,
+    device: str,
+    known: Mapping[int, str] | None = None,
+    saved_by_step: Mapping[int, Mapping[int, str]] | None = None,
 ) -> dict[str, Any] | None:
     """The memory timeline of a finished profile, split by category, as torch labels tensors.
 
@@ -61,6 +64,11 @@ def categorized_timeline(
         known: Storage address -> our category for the tensors ampdiag knows from the live run
             (parameters, gradients, optimizer state). These override torch's label: without
             ``with_stack=True`` torch cannot see the optimizer and labels its state "parameter".
+        saved_by_step: Step index -> {storage address: category} of the storages autograd saved
+            in that step (counted by ampdiag before each backward). A tensor created in such a
+            step is an activation only when its storage was saved; torch's own "activation"
+            label (a data-flow guess that also takes weights' casts and gradients) is then
+            replaced by "temporaries".
 
     Returns:
         ``{"t_us": [...], "bytes": {category: [...]}, "steps": [(name, start_us, end_us)],
@@ -81,16 +89,33 @@ def categorized_timeline(
         want = torch.device(device)
         known = dict(known or {})
         known_params = {p for p, c in known.items() if c in ("parameters", "optimizer_state")}
+        steps = []
+        for node in profile._op_tree.sorted_nodes:
+            if node.name.startswith("ProfilerStep#"):
+                steps.append((node.name, node.start_time_ns, node.end_time_ns))
+        created: dict[Any, Mapping[int, str] | None] = {}  # key -> its step's saved storages
+
+        def saved_labels(t: int) -> Mapping[int, str] | None:
+            for name, start, end in steps:
+                if start <= t <= end:
+                    n = name.split("#", 1)[1]
+                    return (saved_by_step or {}).get(int(n)) if n.isdigit() else None
+            return None
 
         def category(key: Any, version: int) -> str:
             if not isinstance(key, TensorKey):
                 return "unknown"
             ptr = int(key.storage.ptr)
+            labels = created.get(key)
+            if labels is not None and ptr in labels:  # saved for this step's backward
+                return labels[ptr]
             ours = known.get(ptr)
             if ours is not None:
                 return ours
             cat = categories.get(key, version)
             name = _TORCH_TO_OURS.get(cat.name, "unknown") if cat is not None else "unknown"
+            if labels is not None and name == "activations":
+                return "temporaries"  # torch's guess, but autograd did not save it
             if name == "parameters" and known_params:
                 # torch's data-flow guess; not one of the model's or optimizer's tensors.
                 return "temporaries"
@@ -105,6 +130,8 @@ def categorized_timeline(
                 continue
             if t >= 0 and (t_min is None or t < t_min):
                 t_min = t
+            if action == Action.CREATE:
+                created[key] = saved_labels(t)
             if action in (Action.PREEXISTING, Action.CREATE):
                 current[category(key, version)] += int(nbytes)
             elif action == Action.INCREMENT_VERSION:
@@ -118,16 +145,10 @@ def categorized_timeline(
                 times.append(t)
                 sizes.append(dict(current))
         base = t_min or 0
-        steps = []
-        for node in profile._op_tree.sorted_nodes:
-            if node.name.startswith("ProfilerStep#"):
-                steps.append(
-                    (node.name, (node.start_time_ns - base) / 1e3, (node.end_time_ns - base) / 1e3)
-                )
         return {
             "t_us": [max(0.0, (t - base) / 1e3) if t >= 0 else 0.0 for t in times],
             "bytes": {c: [s[c] for s in sizes] for c in CATEGORIES},
-            "steps": steps,
+            "steps": [(n, (s - base) / 1e3, (e - base) / 1e3) for n, s, e in steps],
             "source": "torch-memory-profiler",
         }
     except Exception as exc:  # private API: any change in it means "use the fallback"

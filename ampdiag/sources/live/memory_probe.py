@@ -3,7 +3,8 @@
 Activation memory is what autograd keeps from the forward pass for the backward pass. The probe
 runs the model's forward (training mode, gradients on) at each batch size and counts, through
 ``torch.autograd.graph.saved_tensors_hooks``, the bytes of every distinct storage autograd saves,
-parameters excluded. On CUDA it also reports the forward's peak above the starting allocation
+parameters and their autocast copies excluded (the definition in
+`ampdiag.sources.live.saved_activations`). On CUDA it also reports the forward's peak above the starting allocation
 (``torch.cuda.max_memory_allocated``). It never runs backward or an optimizer: parameters,
 gradients and optimizer state are untouched; buffers (BatchNorm statistics) and the RNG
 states are restored afterwards. Call it before the training loop (or before ``diagnose()``);
@@ -17,6 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from ampdiag.sources.live.saved_activations import ParameterIndex, SavedMemory
 
 
 def _as_args(batch: Any) -> tuple[tuple[Any, ...], Any]:
@@ -36,14 +39,11 @@ def _saved_bytes(
     loss_fn: Callable[[Any, Any], torch.Tensor] | None,
     autocast: tuple[str, torch.dtype] | None,
 ) -> tuple[int, int | None]:
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
+    params = ParameterIndex.of(model.parameters())
+    saved = SavedMemory()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr not in params and ptr != 0:
-            seen[ptr] = max(seen.get(ptr, 0), storage.nbytes())
+        saved.add(t, params)
         return t
 
     def unpack(t: torch.Tensor) -> torch.Tensor:
@@ -69,7 +69,7 @@ def _saved_bytes(
         peak = int(torch.cuda.max_memory_allocated(device) - start)
     del out, loss
     gc.collect()
-    return int(sum(seen.values())), peak
+    return saved.activation_bytes, peak
 
 
 def memory_probe(

@@ -13,6 +13,11 @@
   e.g. ``torch.OutOfMemoryError``: the failing frames still hold their tensors), written as
   ``memory/snapshot.pickle`` (open it at https://pytorch.org/memory_viz) and summarised into
   the section; the allocator counters from ``torch.cuda.memory_stats``.
+* Activations (sampled and profiled steps): just before each backward, the storages autograd
+  saved for it, parameters and their autocast copies excluded
+  (`ampdiag.sources.live.saved_activations`). Their bytes against the step's batch size give
+  ``live_activation_points`` (the per-sample fit); on profiled steps their addresses label the
+  timeline's activations, so a weight's cast or a gradient is never an activation there.
 * Batch size: the first dimension of the first tensor argument of the model's forward.
 """
 
@@ -28,7 +33,8 @@ import torch
 
 from ampdiag.analysis import memory_timeline as tl_mod
 from ampdiag.compat import memory as compat_memory
-from ampdiag.sources.live.collectors.base import Collector, RunContext
+from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work
+from ampdiag.sources.live.saved_activations import ParameterIndex, saved_by_graph
 from ampdiag.trace.step_breakdown import load_trace_json
 
 log = logging.getLogger("ampdiag")
@@ -118,6 +124,12 @@ def model_state(
     return out, ptrs, sizes
 
 
+def _profiled(run: RunContext, step: int) -> bool:
+    cfg = run.config
+    first = cfg.profile_skip + cfg.profile_warmup
+    return cfg.profile and first <= step < first + cfg.profile_active
+
+
 def host_memory_bytes() -> int | None:
     """Physical memory of this machine (the CPU's capacity), or None where unknown."""
     try:
@@ -137,6 +149,8 @@ class MemoryCollector(Collector):
         self._handles: list[Any] = []
         self._batches: dict[int, int] = {}
         self._known_by_step: dict[int, dict[int, str]] = {}
+        self._saved: dict[int, dict[str, int]] = {}
+        self._saved_by_step: dict[int, dict[int, str]] = {}
         self._state: dict[str, Any] = {}
         self._known_end: dict[int, str] = {}
         self._known_sizes: dict[int, int] = {}
@@ -167,11 +181,34 @@ class MemoryCollector(Collector):
 
         self._handles.append(model.register_forward_pre_hook(pre, with_kwargs=True))
 
+    def before_backward(self, run: RunContext, tensor: torch.Tensor) -> None:
+        """On sampled and profiled steps, counts what the coming backward holds (no sync)."""
+        step = run.step
+        profiled = _profiled(run, step)
+        if not (profiled or run.is_sampled(step)) or tensor.grad_fn is None:
+            return
+        params: list[torch.Tensor] = []
+        for m in run.models:
+            params.extend(m.parameters())
+        with internal_work():
+            saved = saved_by_graph(tensor, ParameterIndex.of(params))
+        previous = self._saved.get(step)
+        if previous is None or saved.activation_bytes > previous["activation_bytes"]:
+            # micro-batches free their activations at their backward: the step holds the largest
+            self._saved[step] = {
+                "activation_bytes": saved.activation_bytes,
+                "weight_cast_bytes": saved.weight_cast_bytes,
+                "storages": len(saved.activations),
+            }
+        if profiled:
+            labels = self._saved_by_step.setdefault(step, {})
+            labels.update(dict.fromkeys(saved.activations, "activations"))
+            for ptr in saved.weight_casts:
+                labels.setdefault(ptr, "temporaries")
+
     def on_step_end(self, run: RunContext, step: int) -> None:
         """On profiled steps, notes where the parameters, gradients and optimizer state live."""
-        cfg = run.config
-        first = cfg.profile_skip + cfg.profile_warmup
-        if cfg.profile and first <= step < first + cfg.profile_active:
+        if _profiled(run, step):
             _, ptrs, sizes = model_state(run.models, run.optimizers)
             self._known_by_step[step] = ptrs
             self._known_sizes.update(sizes)
@@ -222,7 +259,9 @@ class MemoryCollector(Collector):
             known.update(ptrs)
         prof = run.extra.get(PROFILE_KEY)
         if prof is not None:
-            tl = compat_memory.categorized_timeline(prof, "cuda:0" if cuda else "cpu", known)
+            tl = compat_memory.categorized_timeline(
+                prof, "cuda:0" if cuda else "cpu", known, self._saved_by_step
+            )
             if tl is not None and tl["t_us"]:
                 return tl
         files = sorted((run.out / "trace").glob("*.pt.trace.json*"))
@@ -230,7 +269,7 @@ class MemoryCollector(Collector):
             return None
         doc = load_trace_json(max(files, key=lambda p: p.stat().st_mtime))
         return tl_mod.timeline_from_trace(
-            doc, 1 if cuda else 0, self._known_by_step, self._known_sizes
+            doc, 1 if cuda else 0, self._known_by_step, self._known_sizes, self._saved_by_step
         )
 
     def section(self) -> dict[str, Any] | None:
@@ -248,6 +287,14 @@ class MemoryCollector(Collector):
             "limit_bytes": cfg.memory_limit_bytes,
             "errors": self._errors,
         }
+        out["saved_activations"] = {
+            str(k): {**v, "batch": self._batches.get(k)} for k, v in sorted(self._saved.items())
+        }
+        out["live_activation_points"] = [
+            [self._batches[k], v["activation_bytes"]]
+            for k, v in sorted(self._saved.items())
+            if k in self._batches
+        ]
         if self._batches:
             out["observed_batch"] = Counter(self._batches.values()).most_common(1)[0][0]
         try:
@@ -262,9 +309,10 @@ class MemoryCollector(Collector):
                 n = tl_mod.step_number(pk.get("step"))
                 if n is not None and n in self._batches:
                     out["observed_batch"] = self._batches[n]
-            acts = tl_mod.step_peaks(tl, "activations")
-            out["step_activation_peaks"] = acts
-            out["live_activation_points"] = tl_mod.points_by_batch(acts, self._batches)
+            out["step_activation_peaks"] = tl_mod.step_peaks(tl, "activations")
+            most = tl_mod.activation_peak(tl)
+            if most is not None:
+                out["activation_peak"] = most
             out["timeline"] = tl_mod.as_json(tl_mod.thin(tl))
         if self._cuda is not None:
             out["cuda"] = self._cuda
