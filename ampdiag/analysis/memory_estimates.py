@@ -9,8 +9,9 @@ backward, parameters and their autocast copies excluded
 The peak at another batch ``b``: the timeline gives two measured points at the observed batch
 ``B``, the overall peak (total ``T1``, activations ``A1`` live then; often the optimizer step,
 with no activations) and the point with the most activations (``T2``, ``A2``; the start of the
-backward). Each point's activations scale with the batch, by ``k = act(b) / act(B)``, the rest
-stays: ``peak(b) = max(T1 + A1 (k - 1), T2 + A2 (k - 1))``. Backward temporaries that grow
+backward), each at the batch of its own step. Each point's activations scale with the batch,
+by ``k = act(b) / act(B)``, the rest stays: ``peak(b) = max(T1 + A1 (k1 - 1), T2 + A2 (k2 -
+1))``. Backward temporaries that grow
 with the batch (the gradients of activations) are not in ``A``, so this is a lower bound for a
 larger batch. Without the activation point it is ``T1 + per_sample * (b - B)``; without a
 measured peak, model state + fixed + ``per_sample * b``. Nothing here is assumed: when there
@@ -74,14 +75,17 @@ def estimate_peak(section: Mapping[str, Any], batch: int, fit: Mapping[str, Any]
     if not (observed and peak):
         return model_state_bytes(section) + fixed + per * batch
     most = section.get("activation_peak") or {}
-    at_observed = fixed + per * int(observed)
-    if not most.get("activations") or at_observed <= 0:
+    if not most.get("activations"):
         return float(peak) + per * (batch - int(observed))
-    k = (fixed + per * batch) / at_observed
+
+    def grown(total: float, acts: float, at: int) -> float:
+        now = fixed + per * at
+        return total + acts * ((fixed + per * batch) / now - 1) if now > 0 else total
+
     acts = (pk.get("by_category") or {}).get("activations", 0)
     return max(
-        float(peak) + float(acts) * (k - 1),
-        float(most["bytes"]) + float(most["activations"]) * (k - 1),
+        grown(float(peak), float(acts), int(observed)),
+        grown(float(most["bytes"]), float(most["activations"]), int(most.get("batch") or observed)),
     )
 
 

@@ -9,8 +9,8 @@ tensors ampdiag knows from the live run:
 * an allocation at the address of a known parameter / gradient / optimizer-state tensor, live
   at the end of the step where that tensor was seen, takes that tensor's category;
 * an allocation made in a step whose saved tensors were counted (``saved_by_step``) is an
-  activation when autograd saved its storage for the backward, else a temporary (a weight's
-  autocast copy is a temporary);
+  activation when autograd saved a storage of its address and size for the backward, else a
+  temporary (a weight's autocast copy is a temporary);
 * without that count, an allocation made before the step's backward began and still live
   after it is an activation (autograd kept it for the backward);
 * everything else is a temporary.
@@ -120,7 +120,7 @@ def timeline_from_trace(
     device_type: int,
     known_by_step: Mapping[int, Mapping[int, str]],
     known_sizes: Mapping[int, int] | None = None,
-    saved_by_step: Mapping[int, Mapping[int, str]] | None = None,
+    saved_by_step: Mapping[int, Mapping[tuple[int, int], str]] | None = None,
 ) -> dict[str, Any] | None:
     """Categorises the trace's ``[memory]`` events with the known tensors (module docstring).
 
@@ -131,8 +131,8 @@ def timeline_from_trace(
         known_sizes: Storage address -> bytes of those tensors. A known tensor with no event
             in the trace was live throughout it (allocated before, freed after) and is counted
             from the start.
-        saved_by_step: Step index -> {storage address: category} of the storages autograd
-            saved in that step (activations, or temporaries for parameters' copies).
+        saved_by_step: Step index -> {(storage address, bytes): category} of the storages
+            autograd saved in that step (activations, or temporaries for parameters' copies).
 
     Returns:
         A timeline (source ``"ampdiag-known-tensors"``), or None without memory events.
@@ -167,7 +167,7 @@ def timeline_from_trace(
                 return next((b for b in backward if start <= b <= end), None)
         return None
 
-    def saved_labels(t: float) -> Mapping[int, str] | None:
+    def saved_labels(t: float) -> Mapping[tuple[int, int], str] | None:
         for name, start, end in steps:
             if start <= t <= end:
                 n = step_number(name)
@@ -202,7 +202,7 @@ def timeline_from_trace(
         except ValueError:
             continue
 
-    def classify(addr: int, t_alloc: float | None, t_free: float | None) -> str:
+    def classify(addr: int, size: int, t_alloc: float | None, t_free: float | None) -> str:
         for step, ptrs in known_by_step.items():
             cat = ptrs.get(addr)
             end = step_end.get(step)
@@ -215,7 +215,7 @@ def timeline_from_trace(
                 return cat
         labels = saved_labels(t_alloc) if t_alloc is not None else None
         if labels is not None:
-            return labels.get(addr, "temporaries")
+            return labels.get((addr, size), "temporaries")
         if t_alloc is not None:
             b = bwd_start(t_alloc)
             if b is not None and t_alloc < b and (t_free is None or t_free > b):
@@ -224,7 +224,7 @@ def timeline_from_trace(
 
     deltas: list[tuple[float, str, int]] = []
     for addr, size, t_alloc, t_free in intervals:
-        cat = classify(addr, t_alloc, t_free)
+        cat = classify(addr, size, t_alloc, t_free)
         deltas.append((t_alloc if t_alloc is not None else t0, cat, size))
         if t_free is not None:
             deltas.append((t_free, cat, -size))

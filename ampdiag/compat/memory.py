@@ -54,7 +54,7 @@ def categorized_timeline(
     prof: Any,
     device: str,
     known: Mapping[int, str] | None = None,
-    saved_by_step: Mapping[int, Mapping[int, str]] | None = None,
+    saved_by_step: Mapping[int, Mapping[tuple[int, int], str]] | None = None,
 ) -> dict[str, Any] | None:
     """The memory timeline of a finished profile, split by category, as torch labels tensors.
 
@@ -64,9 +64,10 @@ def categorized_timeline(
         known: Storage address -> our category for the tensors ampdiag knows from the live run
             (parameters, gradients, optimizer state). These override torch's label: without
             ``with_stack=True`` torch cannot see the optimizer and labels its state "parameter".
-        saved_by_step: Step index -> {storage address: category} of the storages autograd saved
-            in that step (counted by ampdiag before each backward). A tensor created in such a
-            step is an activation only when its storage was saved; torch's own "activation"
+        saved_by_step: Step index -> {(storage address, bytes): category} of the storages
+            autograd saved in that step (counted by ampdiag before each backward). A tensor
+            created in such a step is an activation only when a storage of its address and
+            size was saved; torch's own "activation"
             label (a data-flow guess that also takes weights' casts and gradients) is then
             replaced by "temporaries".
 
@@ -93,9 +94,10 @@ def categorized_timeline(
         for node in profile._op_tree.sorted_nodes:
             if node.name.startswith("ProfilerStep#"):
                 steps.append((node.name, node.start_time_ns, node.end_time_ns))
-        created: dict[Any, Mapping[int, str] | None] = {}  # key -> its step's saved storages
+        sizes_of: dict[Any, int] = {}
+        created: dict[Any, Mapping[tuple[int, int], str] | None] = {}  # key -> its step's
 
-        def saved_labels(t: int) -> Mapping[int, str] | None:
+        def saved_labels(t: int) -> Mapping[tuple[int, int], str] | None:
             for name, start, end in steps:
                 if start <= t <= end:
                     n = name.split("#", 1)[1]
@@ -107,8 +109,9 @@ def categorized_timeline(
                 return "unknown"
             ptr = int(key.storage.ptr)
             labels = created.get(key)
-            if labels is not None and ptr in labels:  # saved for this step's backward
-                return labels[ptr]
+            label = labels.get((ptr, sizes_of.get(key, -1))) if labels is not None else None
+            if label is not None:  # saved for this step's backward
+                return label
             ours = known.get(ptr)
             if ours is not None:
                 return ours
@@ -132,6 +135,7 @@ def categorized_timeline(
                 t_min = t
             if action == Action.CREATE:
                 created[key] = saved_labels(t)
+                sizes_of[key] = int(nbytes)
             if action in (Action.PREEXISTING, Action.CREATE):
                 current[category(key, version)] += int(nbytes)
             elif action == Action.INCREMENT_VERSION:

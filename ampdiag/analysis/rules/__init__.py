@@ -10,5 +10,6 @@ RULE_MODULES: tuple[str, ...] = (
     "precision",
     "numerics",
     "memory",
+    "accumulation",
     "autocast_speed",
 )

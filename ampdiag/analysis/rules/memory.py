@@ -7,6 +7,7 @@ from typing import Any
 
 from ampdiag.analysis import memory_estimates as estimates
 from ampdiag.analysis.registry import rule
+from ampdiag.analysis.rules.accumulation import accumulation_broken
 from ampdiag.session import Finding, Session, Severity
 
 THRESHOLDS = {
@@ -87,8 +88,11 @@ def use_grad_accumulation(session: Session) -> Iterator[Finding]:
     """The target batch does not fit in 90% of the budget (medium).
 
     The target is ``memory_target_batch``, or the observed batch after an OOM or near capacity;
-    a measured per-sample activation size gives the largest micro-batch that fits.
+    a measured per-sample activation size gives the largest micro-batch that fits. Never for a
+    run whose accumulation is broken (`grad-accumulation-broken`): fix that first.
     """
+    if accumulation_broken(session):
+        return
     mem = _mem(session)
     fit = estimates.activation_fit(mem)
     cap, source = estimates.capacity(mem)

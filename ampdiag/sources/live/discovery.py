@@ -30,8 +30,11 @@ def autocast_state() -> str | None:
 
 
 def reference_parameter(module: torch.nn.Module) -> torch.Tensor | None:
-    """The module's first parameter that requires a gradient: every backward through the
-    model reaches it, so its accumulations count the backward passes (micro-batches)."""
+    """The module's first parameter that requires a gradient.
+
+    Every backward through the model reaches it, so its accumulations count the backward
+    passes (micro-batches).
+    """
     return next((p for p in module.parameters() if p.requires_grad), None)
 
 
@@ -130,7 +133,9 @@ class Discovery:
         if reference is not None:
             on_accumulated = self._on_accumulated
             self._handles.append(
-                reference.register_post_accumulate_grad_hook(lambda p: on_accumulated())
+                reference.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
+                    lambda p: on_accumulated()
+                )
             )
 
     # --- loss and scaler -----------------------------------------------------------------------

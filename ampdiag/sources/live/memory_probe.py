@@ -4,10 +4,10 @@ Activation memory is what autograd keeps from the forward pass for the backward 
 runs the model's forward (training mode, gradients on) at each batch size and counts, through
 ``torch.autograd.graph.saved_tensors_hooks``, the bytes of every distinct storage autograd saves,
 parameters and their autocast copies excluded (the definition in
-`ampdiag.sources.live.saved_activations`). On CUDA it also reports the forward's peak above the starting allocation
-(``torch.cuda.max_memory_allocated``). It never runs backward or an optimizer: parameters,
-gradients and optimizer state are untouched; buffers (BatchNorm statistics) and the RNG
-states are restored afterwards. Call it before the training loop (or before ``diagnose()``);
+`ampdiag.sources.live.saved_activations`). On CUDA it also reports the forward's peak above
+the starting allocation (``torch.cuda.max_memory_allocated``). It never runs backward or an
+optimizer: parameters, gradients and optimizer state are untouched; buffers (BatchNorm
+statistics) and the RNG states are restored afterwards. Call it before the training loop (or before ``diagnose()``);
 when a ``diagnose()`` block is running, the result is also recorded in its memory section.
 """
 

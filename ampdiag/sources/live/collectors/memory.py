@@ -150,7 +150,7 @@ class MemoryCollector(Collector):
         self._batches: dict[int, int] = {}
         self._known_by_step: dict[int, dict[int, str]] = {}
         self._saved: dict[int, dict[str, int]] = {}
-        self._saved_by_step: dict[int, dict[int, str]] = {}
+        self._saved_by_step: dict[int, dict[tuple[int, int], str]] = {}
         self._state: dict[str, Any] = {}
         self._known_end: dict[int, str] = {}
         self._known_sizes: dict[int, int] = {}
@@ -202,9 +202,9 @@ class MemoryCollector(Collector):
             }
         if profiled:
             labels = self._saved_by_step.setdefault(step, {})
-            labels.update(dict.fromkeys(saved.activations, "activations"))
-            for ptr in saved.weight_casts:
-                labels.setdefault(ptr, "temporaries")
+            labels.update({key: "activations" for key in saved.activations.items()})
+            for key in saved.weight_casts.items():
+                labels.setdefault(key, "temporaries")
 
     def on_step_end(self, run: RunContext, step: int) -> None:
         """On profiled steps, notes where the parameters, gradients and optimizer state live."""
@@ -312,6 +312,7 @@ class MemoryCollector(Collector):
             out["step_activation_peaks"] = tl_mod.step_peaks(tl, "activations")
             most = tl_mod.activation_peak(tl)
             if most is not None:
+                most["batch"] = self._batches.get(tl_mod.step_number(most.get("step")) or -1)
                 out["activation_peak"] = most
             out["timeline"] = tl_mod.as_json(tl_mod.thin(tl))
         if self._cuda is not None:
