@@ -7,8 +7,9 @@ parameters and their autocast copies excluded (the definition in
 `ampdiag.sources.live.saved_activations`). On CUDA it also reports the forward's peak above
 the starting allocation (``torch.cuda.max_memory_allocated``). It never runs backward or an
 optimizer: parameters, gradients and optimizer state are untouched; buffers (BatchNorm
-statistics) and the RNG states are restored afterwards. Call it before the training loop (or before ``diagnose()``);
-when a ``diagnose()`` block is running, the result is also recorded in its memory section.
+statistics) and the RNG states are restored afterwards. Call it before the training loop (or
+before ``diagnose()``); when a ``diagnose()`` block is running, the result is also recorded in
+its memory section.
 """
 
 from __future__ import annotations
