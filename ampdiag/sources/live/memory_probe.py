@@ -19,7 +19,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.autograd.graph import saved_tensors_hooks
 
+from ampdiag.sources.live.collectors.base import internal_work
 from ampdiag.sources.live.saved_activations import ParameterIndex, SavedMemory
 
 
@@ -56,7 +58,7 @@ def _saved_bytes(
         torch.cuda.synchronize(device)
         start = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+    with torch.enable_grad(), internal_work(), saved_tensors_hooks(pack, unpack):
         if autocast is not None:
             with torch.autocast(autocast[0], dtype=autocast[1]):
                 out = model(*args)

@@ -18,6 +18,10 @@
   (`ampdiag.sources.live.saved_activations`). Their bytes against the step's batch size give
   ``live_activation_points`` (the per-sample fit); on profiled steps their addresses label the
   timeline's activations, so a weight's cast or a gradient is never an activation there.
+  Reading a saved tensor runs the user's saved-tensor hooks, if any (non-reentrant activation
+  checkpointing would recompute its segment, CPU offloading would copy back): a step whose
+  forward ran under the user's ``torch.autograd.graph.saved_tensors_hooks`` (seen through an
+  observe-only patch of its ``__enter__``/``__exit__``) is not counted.
 * Batch size: the first dimension of the first tensor argument of the model's forward.
 """
 
@@ -33,7 +37,13 @@ import torch
 
 from ampdiag.analysis import memory_timeline as tl_mod
 from ampdiag.compat import memory as compat_memory
-from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work
+from ampdiag.sources.live.collectors.base import (
+    Collector,
+    RunContext,
+    internal_work,
+    is_internal_work,
+)
+from ampdiag.sources.live.patching import Patches
 from ampdiag.sources.live.saved_activations import ParameterIndex, saved_by_graph
 from ampdiag.trace.step_breakdown import load_trace_json
 
@@ -151,6 +161,9 @@ class MemoryCollector(Collector):
         self._known_by_step: dict[int, dict[int, str]] = {}
         self._saved: dict[int, dict[str, int]] = {}
         self._saved_by_step: dict[int, dict[tuple[int, int], str]] = {}
+        self._patches = Patches()
+        self._user_hooks = 0  # the user's saved-tensor hook contexts open now
+        self._user_hooks_step = -1  # the last step one was entered in
         self._state: dict[str, Any] = {}
         self._known_end: dict[int, str] = {}
         self._known_sizes: dict[int, int] = {}
@@ -164,6 +177,7 @@ class MemoryCollector(Collector):
         """Registers for memory_probe and starts CUDA memory history where there is CUDA."""
         self._run = run
         _ACTIVE.append(self)
+        self._watch_saved_tensor_hooks(run)
         cfg = run.config
         if cfg.memory_history and compat_memory.cuda_history_available():
             self._cuda_recording = compat_memory.start_cuda_history(cfg.memory_history_max_entries)
@@ -181,12 +195,37 @@ class MemoryCollector(Collector):
 
         self._handles.append(model.register_forward_pre_hook(pre, with_kwargs=True))
 
+    def _watch_saved_tensor_hooks(self, run: RunContext) -> None:
+        hooks_cls = torch.autograd.graph.saved_tensors_hooks
+
+        def make_enter(original: Any) -> Any:
+            def enter(hooks: Any) -> Any:
+                if not is_internal_work():
+                    self._user_hooks += 1
+                    self._user_hooks_step = run.step
+                return original(hooks)
+
+            return enter
+
+        def make_exit(original: Any) -> Any:
+            def exit_(hooks: Any, *exc: Any) -> Any:
+                if not is_internal_work():
+                    self._user_hooks = max(0, self._user_hooks - 1)
+                return original(hooks, *exc)
+
+            return exit_
+
+        self._patches.wrap(hooks_cls, "__enter__", make_enter)
+        self._patches.wrap(hooks_cls, "__exit__", make_exit)
+
     def before_backward(self, run: RunContext, tensor: torch.Tensor) -> None:
         """On sampled and profiled steps, counts what the coming backward holds (no sync)."""
         step = run.step
         profiled = _profiled(run, step)
         if not (profiled or run.is_sampled(step)) or tensor.grad_fn is None:
             return
+        if self._user_hooks or self._user_hooks_step == step:
+            return  # reading saved tensors would run the user's unpack hooks
         params: list[torch.Tensor] = []
         for m in run.models:
             params.extend(m.parameters())
@@ -218,6 +257,7 @@ class MemoryCollector(Collector):
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self._patches.restore()
         if self in _ACTIVE:
             _ACTIVE.remove(self)
         try:
