@@ -152,10 +152,7 @@ def test_user_saved_tensor_hooks_are_never_unpacked(tmp_path: Path) -> None:
         for step in range(4):
             x = torch.randn(8, 16, generator=gen)
             opt.zero_grad(set_to_none=True)
-            if step % 2:
-                out = checkpoint(model, x, use_reentrant=False)
-            else:
-                out = model(x)
+            out = checkpoint(model, x, use_reentrant=False) if step % 2 else model(x)
             out.square().mean().backward()
             opt.step()
 
