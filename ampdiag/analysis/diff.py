@@ -29,16 +29,29 @@ from ampdiag.session import SEVERITIES, Finding, Session, load
 Unit = Literal["s", "bytes", "fraction", "count", "value"]
 
 
-def step_time_s(session: Session) -> float | None:
-    """Median wall time of a step, leaving out step 0 (lazy initialization) when 3+ ran."""
+def _step_times(session: Session) -> list[float]:
+    """Steps' wall times, leaving out step 0 (lazy initialization) when 3 or more ran."""
     times = [
         float(s["wall_s"])
         for s in session.steps
         if isinstance(s.get("wall_s"), (int, float)) and not isinstance(s.get("wall_s"), bool)
     ]
-    if len(times) >= 3:
-        times = times[1:]
+    return times[1:] if len(times) >= 3 else times
+
+
+def step_time_s(session: Session) -> float | None:
+    """Median wall time of a step (step 0 left out when 3 or more ran)."""
+    times = _step_times(session)
     return statistics.median(times) if times else None
+
+
+def step_time_spread_s(session: Session) -> float | None:
+    """How much step times vary: their median absolute deviation from the median."""
+    times = _step_times(session)
+    if len(times) < 2:
+        return None
+    mid = statistics.median(times)
+    return statistics.median(abs(t - mid) for t in times)
 
 
 def final_loss(session: Session) -> float | None:
@@ -115,10 +128,11 @@ class Metric:
     unit: Unit
     better: Literal["lower", "higher"]
     read: Callable[[Session], float | None]
+    spread: Callable[[Session], float | None] | None = None
 
 
 METRICS: tuple[Metric, ...] = (
-    Metric("step_time_s", "Step time (median)", "s", "lower", step_time_s),
+    Metric("step_time_s", "Step time (median)", "s", "lower", step_time_s, step_time_spread_s),
     Metric("memory_peak_bytes", "Memory peak", "bytes", "lower", memory_peak_bytes),
     Metric("underflow_fraction", "Gradient underflow (FP16)", "fraction", "lower",
            underflow_fraction),
@@ -141,6 +155,7 @@ class MetricChange:
     better: Literal["lower", "higher"]
     before: float | None
     after: float | None
+    spread: float = 0.0
 
     @property
     def change(self) -> float | None:
@@ -151,14 +166,19 @@ class MetricChange:
 
     @property
     def verdict(self) -> Literal["better", "worse", "same", "not measured"]:
-        """Whether B improved on A for this figure (equal within 1%: "same")."""
+        """Whether B improved on A for this figure.
+
+        "same" when the two differ by at most 1%, or, for a timing, by no more than twice the
+        larger run's spread (median absolute deviation of its steps): a timing difference
+        inside the noise of the runs is not a change.
+        """
         if self.before is None or self.after is None:
             return "not measured"
         before_nan, after_nan = math.isnan(self.before), math.isnan(self.after)
         if before_nan or after_nan:  # a run that diverged (NaN loss) is the worse one
             return "same" if before_nan and after_nan else ("worse" if after_nan else "better")
         scale = max(abs(self.before), abs(self.after))
-        if scale == 0 or abs(self.after - self.before) <= 0.01 * scale:
+        if scale == 0 or abs(self.after - self.before) <= max(0.01 * scale, 2 * self.spread):
             return "same"
         lower = self.after < self.before
         return "better" if lower == (self.better == "lower") else "worse"
@@ -173,6 +193,7 @@ class MetricChange:
             "before": self.before,
             "after": self.after,
             "change": self.change,
+            "spread": self.spread,
             "verdict": self.verdict,
         }
 
@@ -235,6 +256,19 @@ def _by_id(session: Session) -> dict[str, Finding]:
     return out
 
 
+def _change(metric: Metric, before: Session, after: Session) -> MetricChange:
+    spreads = [metric.spread(s) for s in (before, after)] if metric.spread else []
+    return MetricChange(
+        metric.key,
+        metric.label,
+        metric.unit,
+        metric.better,
+        metric.read(before),
+        metric.read(after),
+        spread=max((x for x in spreads if x is not None), default=0.0),
+    )
+
+
 def diff_sessions(
     before: Session, after: Session, labels: tuple[str, str] = ("before", "after")
 ) -> SessionDiff:
@@ -243,10 +277,7 @@ def diff_sessions(
     return SessionDiff(
         before_label=labels[0],
         after_label=labels[1],
-        metrics=[
-            MetricChange(m.key, m.label, m.unit, m.better, m.read(before), m.read(after))
-            for m in METRICS
-        ],
+        metrics=[_change(m, before, after) for m in METRICS],
         resolved=[f for i, f in a.items() if i not in b],
         new=[f for i, f in b.items() if i not in a],
         unchanged=[b[i] for i in a if i in b],

@@ -125,3 +125,20 @@ def test_session_shows_inline_in_a_notebook(runs: tuple[Path, Path]) -> None:
     text = repr(session)
     assert text.startswith("ampdiag:") and "grad-scaler-missing" in text
     assert "Resolved findings" in ampdiag.diff(*runs)._repr_html_()
+
+
+def _timed(walls: list[float]) -> ampdiag.Session:
+    return ampdiag.Session(steps=[{"index": i, "wall_s": w} for i, w in enumerate(walls)])
+
+
+def test_a_timing_inside_the_runs_noise_is_not_a_change() -> None:
+    noisy = [9.0, 1.0, 1.2, 0.8, 1.1, 0.9]  # step 0 pays for lazy initialization
+    same = ampdiag.diff(_timed(noisy), _timed([9.0, 1.05, 1.25, 0.85, 1.15, 0.95]))
+    assert same.metric("step_time_s").verdict == "same"
+    slower = ampdiag.diff(_timed(noisy), _timed([9.0, 2.0, 2.2, 1.8, 2.1, 1.9]))
+    change = slower.metric("step_time_s")
+    assert change.before == pytest.approx(1.0) and change.after == pytest.approx(2.0)
+    assert change.verdict == "worse"
+    assert ampdiag.diff(_timed(noisy), _timed(noisy)).metric("memory_peak_bytes").verdict == (
+        "not measured"
+    )
