@@ -76,8 +76,11 @@ def underflow_fraction(session: Session) -> float | None:
     """The share of gradient values lost to FP16's range: flushed to zero or subnormal.
 
     Reads the gradients section's totals: ``underflow_fraction`` where the session has it,
-    else the flushed plus subnormal fractions it is made of.
+    else the flushed plus subnormal fractions it is made of. Only for runs that computed in
+    FP16: for a BF16 or FP32 run those totals are a what-if, not something the run lost.
     """
+    if not str(session.environment.get("autocast") or "").endswith(":float16"):
+        return None
     totals = session.section("gradients").get("totals")
     if not isinstance(totals, dict):
         return None
@@ -134,7 +137,7 @@ class Metric:
 METRICS: tuple[Metric, ...] = (
     Metric("step_time_s", "Step time (median)", "s", "lower", step_time_s, step_time_spread_s),
     Metric("memory_peak_bytes", "Memory peak", "bytes", "lower", memory_peak_bytes),
-    Metric("underflow_fraction", "Gradient underflow (FP16)", "fraction", "lower",
+    Metric("underflow_fraction", "Gradient underflow (FP16 runs)", "fraction", "lower",
            underflow_fraction),
     Metric("skipped_steps", "Steps skipped by the GradScaler", "count", "lower", skipped_steps),
     Metric("low_precision_flops_share", "FLOPs in low precision", "fraction", "higher",
