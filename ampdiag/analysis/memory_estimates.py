@@ -9,13 +9,16 @@ backward, parameters and their autocast copies excluded
 The peak at another batch ``b``: the timeline gives two measured points at the observed batch
 ``B``, the overall peak (total ``T1``, activations ``A1`` live then; often the optimizer step,
 with no activations) and the point with the most activations (``T2``, ``A2``; the start of the
-backward), each at the batch of its own step. Each point's activations scale with the batch,
-by ``k = act(b) / act(B)``, the rest stays: ``peak(b) = max(T1 + A1 (k1 - 1), T2 + A2 (k2 -
-1))``. Backward temporaries that grow
-with the batch (the gradients of activations) are not in ``A``, so this is a lower bound for a
-larger batch. Without the activation point it is ``T1 + per_sample * (b - B)``; without a
-measured peak, model state + fixed + ``per_sample * b``. Nothing here is assumed: when there
-are no two measured batch sizes, estimates that need ``per_sample`` are absent.
+backward), each at the batch of its own step. Each point's activations scale with the batch, by
+``k = act(b) / act(B)``, the rest stays: ``peak(b) = max(T1 + A1 (k1 - 1), T2 + A2 (k2 - 1))``.
+Backward temporaries that grow with the batch (the gradients of activations) are not in ``A``,
+so this is a lower bound for a larger batch. A plan that accumulates (two or more micro-batches)
+when the measured run did not also holds every gradient through each micro-batch, and each
+parameter's new gradient before it is added to ``.grad``: ``G - G_i + G_max`` is added to each
+point (``G`` all gradients' bytes, ``G_i`` those live at the point, ``G_max`` the largest
+parameter's). Without the activation point it is ``T1 + per_sample * (b - B)``; without a
+measured peak, model state + fixed + ``per_sample * b``. Nothing here is assumed: when there are
+no two measured batch sizes, estimates that need ``per_sample`` are absent.
 """
 
 from __future__ import annotations
@@ -65,8 +68,13 @@ def activation_fit(section: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def estimate_peak(section: Mapping[str, Any], batch: int, fit: Mapping[str, Any]) -> float:
-    """Estimated peak bytes at ``batch`` (module docstring)."""
+def estimate_peak(
+    section: Mapping[str, Any], batch: int, fit: Mapping[str, Any], accumulate: bool = False
+) -> float:
+    """Estimated peak bytes at ``batch`` (module docstring).
+
+    With ``accumulate``, as one micro-batch of several (all gradients held throughout).
+    """
     per = float(fit["per_sample_bytes"])
     fixed = float(fit["fixed_bytes"])
     observed = section.get("observed_batch")
@@ -74,9 +82,17 @@ def estimate_peak(section: Mapping[str, Any], batch: int, fit: Mapping[str, Any]
     peak = pk.get("bytes")
     if not (observed and peak):
         return model_state_bytes(section) + fixed + per * batch
+    state = section.get("model_state") or {}
+    extra = accumulate and int(section.get("micro_batches_max") or 1) < 2
+    grads, largest = float(state.get("gradients", 0)), float(state.get("largest_gradient", 0))
+
+    def held(point: Mapping[str, Any]) -> float:
+        live = float((point.get("by_category") or {}).get("gradients", point.get("gradients", 0)))
+        return grads - min(grads, live) + largest if extra else 0.0
+
     most = section.get("activation_peak") or {}
     if not most.get("activations"):
-        return float(peak) + per * (batch - int(observed))
+        return float(peak) + per * (batch - int(observed)) + held(pk)
 
     def grown(total: float, acts: float, at: int) -> float:
         now = fixed + per * at
@@ -84,8 +100,9 @@ def estimate_peak(section: Mapping[str, Any], batch: int, fit: Mapping[str, Any]
 
     acts = (pk.get("by_category") or {}).get("activations", 0)
     return max(
-        grown(float(peak), float(acts), int(observed)),
-        grown(float(most["bytes"]), float(most["activations"]), int(most.get("batch") or observed)),
+        grown(float(peak), float(acts), int(observed)) + held(pk),
+        grown(float(most["bytes"]), float(most["activations"]), int(most.get("batch") or observed))
+        + held(most),
     )
 
 
@@ -118,12 +135,12 @@ def plan_accumulation(
         }
     if per <= 0:
         return None
-    if estimate_peak(section, 1, fit) > usable:
+    if estimate_peak(section, 1, fit, accumulate=True) > usable:
         return None
     lo, hi = 1, target_batch  # estimate_peak grows with the batch: the largest that fits
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if estimate_peak(section, mid, fit) <= usable:
+        if estimate_peak(section, mid, fit, accumulate=True) <= usable:
             lo = mid
         else:
             hi = mid - 1
@@ -135,7 +152,7 @@ def plan_accumulation(
         "micro_batch": micro,
         "accumulation_steps": steps,
         "largest_fitting_micro_batch": largest,
-        "estimated_peak_bytes": int(estimate_peak(section, micro, fit)),
+        "estimated_peak_bytes": int(estimate_peak(section, micro, fit, accumulate=True)),
         "fits_without": False,
     }
 
@@ -171,7 +188,7 @@ def whatif(section: Mapping[str, Any]) -> dict[str, Any]:
     state = section.get("model_state") or {}
     peak = section.get("peak") or {}
     by_cat = peak.get("by_category") or {}
-    act_peak = int(by_cat.get("activations", 0)) + int(by_cat.get("autograd_detail", 0))
+    act_peak = int(by_cat.get("activations", 0))
     rows.append(
         {
             "scenario": "Model state: parameters + gradients + optimizer state",

@@ -71,6 +71,7 @@ def activation_peak(tl: Mapping[str, Any]) -> dict[str, Any] | None:
     return {
         "bytes": sum(int(v[i]) for v in tl["bytes"].values()),
         "activations": int(acts[i]),
+        "gradients": int((tl["bytes"].get("gradients") or [0] * len(acts))[i]),
         "t_us": tl["t_us"][i],
         "step": step_at(tl, tl["t_us"][i]),
     }

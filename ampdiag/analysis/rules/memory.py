@@ -43,7 +43,7 @@ def _peak_bytes(mem: dict[str, Any]) -> int:
 
 def _activation_bytes(mem: dict[str, Any]) -> int:
     by_cat = (mem.get("peak") or {}).get("by_category") or {}
-    return int(by_cat.get("activations", 0)) + int(by_cat.get("autograd_detail", 0))
+    return int(by_cat.get("activations", 0))
 
 
 @rule("memory-near-capacity")

@@ -118,9 +118,10 @@ def model_state(
         if add(p, "parameters"):
             count += p.numel()
             dtypes[str(p.dtype).removeprefix("torch.")] += _nbytes(p)
+    largest = 0
     for p in params:
         if p.grad is not None:
-            add(p.grad, "gradients")
+            largest = max(largest, add(p.grad, "gradients"))
     for opt in optimizers:
         for state in opt.state.values():
             if not isinstance(state, dict):
@@ -128,6 +129,7 @@ def model_state(
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
                     by_key[str(key)] += add(value, "optimizer_state")
+    out["largest_gradient"] = largest
     out["optimizer_state_by_key"] = dict(by_key)
     out["parameter_count"] = count
     out["parameter_dtypes"] = dict(dtypes)
@@ -158,6 +160,7 @@ class MemoryCollector(Collector):
         self._run: RunContext | None = None
         self._handles: list[Any] = []
         self._batches: dict[int, int] = {}
+        self._micro_batches_max = 0
         self._known_by_step: dict[int, dict[int, str]] = {}
         self._saved: dict[int, dict[str, int]] = {}
         self._saved_by_step: dict[int, dict[tuple[int, int], str]] = {}
@@ -245,6 +248,10 @@ class MemoryCollector(Collector):
             for key in saved.weight_casts.items():
                 labels.setdefault(key, "temporaries")
 
+    def after_backward(self, run: RunContext, index: int) -> None:
+        """Notes whether the run accumulates (its timeline then holds accumulation's memory)."""
+        self._micro_batches_max = max(self._micro_batches_max, index + 1)
+
     def on_step_end(self, run: RunContext, step: int) -> None:
         """On profiled steps, notes where the parameters, gradients and optimizer state live."""
         if _profiled(run, step):
@@ -324,6 +331,7 @@ class MemoryCollector(Collector):
             "batches": {str(k): v for k, v in sorted(self._batches.items())},
             "probes": self.probes,
             "target_batch": cfg.memory_target_batch,
+            "micro_batches_max": self._micro_batches_max,
             "limit_bytes": cfg.memory_limit_bytes,
             "errors": self._errors,
         }
