@@ -9,8 +9,9 @@ tensors ampdiag knows from the live run:
 * an allocation at the address of a known parameter / gradient / optimizer-state tensor, live
   at the end of the step where that tensor was seen, takes that tensor's category;
 * an allocation made in a step whose saved tensors were counted (``saved_by_step``) is an
-  activation when autograd saved a storage of its address and size for the backward, else a
-  temporary (a weight's autocast copy is a temporary);
+  activation when it was live at a ``SAVED_MARK`` event (where they were counted) and autograd
+  saved a storage of its address and size for the backward, else a temporary (a weight's
+  autocast copy is a temporary);
 * without that count, an allocation made before the step's backward began and still live
   after it is an activation (autograd kept it for the backward);
 * everything else is a temporary.
@@ -34,6 +35,8 @@ CATEGORIES: tuple[str, ...] = (
 )
 MODEL_STATE = ("parameters", "gradients", "optimizer_state")
 BACKWARD_PREFIX = "autograd::engine::evaluate_function"
+#: The profiler event the memory collector leaves where it counted a backward's saved tensors.
+SAVED_MARK = "ampdiag::saved_tensors_counted"
 MAX_POINTS = 400
 
 
@@ -160,6 +163,7 @@ def timeline_from_trace(
     backward = sorted(
         float(e["ts"]) for e in events if str(e.get("name", "")).startswith(BACKWARD_PREFIX)
     )
+    marks = sorted(float(e["ts"]) for e in events if e.get("name") == SAVED_MARK)
     t0 = min([float(mem[0]["ts"])] + [s[1] for s in steps])
 
     def bwd_start(t: float) -> float | None:
@@ -215,8 +219,9 @@ def timeline_from_trace(
             if live_at_end:
                 return cat
         labels = saved_labels(t_alloc) if t_alloc is not None else None
-        if labels is not None:
-            return labels.get((addr, size), "temporaries")
+        if labels is not None and t_alloc is not None:
+            live = any(t_alloc <= m and (t_free is None or m < t_free) for m in marks)
+            return labels.get((addr, size), "temporaries") if live else "temporaries"
         if t_alloc is not None:
             b = bwd_start(t_alloc)
             if b is not None and t_alloc < b and (t_free is None or t_free > b):

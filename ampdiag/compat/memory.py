@@ -22,7 +22,10 @@ from typing import Any
 
 import torch
 
-from ampdiag.analysis.memory_timeline import CATEGORIES  # our category names, in plot order
+from ampdiag.analysis.memory_timeline import (  # our category names, in plot order
+    CATEGORIES,
+    SAVED_MARK,
+)
 from ampdiag.compat import torch_at_least
 
 log = logging.getLogger("ampdiag")
@@ -65,9 +68,10 @@ def categorized_timeline(
             (parameters, gradients, optimizer state). These override torch's label: without
             ``with_stack=True`` torch cannot see the optimizer and labels its state "parameter".
         saved_by_step: Step index -> {(storage address, bytes): category} of the storages
-            autograd saved in that step (counted by ampdiag before each backward). A tensor
-            created in such a step is an activation only when a storage of its address and
-            size was saved; torch's own "activation"
+            autograd saved in that step, counted by ampdiag before each backward, where it
+            leaves a ``SAVED_MARK`` event. A tensor created in such a step is an activation
+            only when it was live at a mark with a saved storage's address and size (so a
+            later tensor at a freed activation's address is not); torch's own "activation"
             label (a data-flow guess that also takes weights' casts and gradients) is then
             replaced by "temporaries".
 
@@ -91,25 +95,38 @@ def categorized_timeline(
         known = dict(known or {})
         known_params = {p for p, c in known.items() if c in ("parameters", "optimizer_state")}
         steps = []
+        marks = []
         for node in profile._op_tree.sorted_nodes:
             if node.name.startswith("ProfilerStep#"):
                 steps.append((node.name, node.start_time_ns, node.end_time_ns))
-        sizes_of: dict[Any, int] = {}
-        created: dict[Any, Mapping[tuple[int, int], str] | None] = {}  # key -> its step's
-
-        def saved_labels(t: int) -> Mapping[tuple[int, int], str] | None:
+            elif node.name == SAVED_MARK:
+                marks.append(node.start_time_ns)
+        lives: dict[Any, list[int]] = {}  # key -> [created, destroyed (-1: never), bytes]
+        for t, action, (key, _), nbytes in timeline:
+            if action == Action.CREATE:
+                lives[key] = [t, -1, int(nbytes)]
+            elif action == Action.DESTROY and key in lives:
+                lives[key][1] = t
+        in_labeled_step: set[Any] = set()
+        labeled: dict[Any, str] = {}
+        for key, (born, died, nbytes) in lives.items():
+            labels = None
             for name, start, end in steps:
-                if start <= t <= end:
+                if start <= born <= end:
                     n = name.split("#", 1)[1]
-                    return (saved_by_step or {}).get(int(n)) if n.isdigit() else None
-            return None
+                    labels = (saved_by_step or {}).get(int(n)) if n.isdigit() else None
+            if labels is None or not isinstance(key, TensorKey):
+                continue
+            in_labeled_step.add(key)
+            label = labels.get((int(key.storage.ptr), nbytes))
+            if label is not None and any(born <= m and (died < 0 or m < died) for m in marks):
+                labeled[key] = label
 
         def category(key: Any, version: int) -> str:
             if not isinstance(key, TensorKey):
                 return "unknown"
             ptr = int(key.storage.ptr)
-            labels = created.get(key)
-            label = labels.get((ptr, sizes_of.get(key, -1))) if labels is not None else None
+            label = labeled.get(key)
             if label is not None:  # saved for this step's backward
                 return label
             ours = known.get(ptr)
@@ -117,7 +134,7 @@ def categorized_timeline(
                 return ours
             cat = categories.get(key, version)
             name = _TORCH_TO_OURS.get(cat.name, "unknown") if cat is not None else "unknown"
-            if labels is not None and name == "activations":
+            if key in in_labeled_step and name == "activations":
                 return "temporaries"  # torch's guess, but autograd did not save it
             if name == "parameters" and known_params:
                 # torch's data-flow guess; not one of the model's or optimizer's tensors.
@@ -133,9 +150,6 @@ def categorized_timeline(
                 continue
             if t >= 0 and (t_min is None or t < t_min):
                 t_min = t
-            if action == Action.CREATE:
-                created[key] = saved_labels(t)
-                sizes_of[key] = int(nbytes)
             if action in (Action.PREEXISTING, Action.CREATE):
                 current[category(key, version)] += int(nbytes)
             elif action == Action.INCREMENT_VERSION:

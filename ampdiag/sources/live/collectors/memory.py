@@ -243,6 +243,8 @@ class MemoryCollector(Collector):
                 "storages": len(saved.activations),
             }
         if profiled:
+            with torch.profiler.record_function(tl_mod.SAVED_MARK):
+                pass  # where the count was made: the tensors live now are the saved ones
             labels = self._saved_by_step.setdefault(step, {})
             labels.update({key: "activations" for key in saved.activations.items()})
             for key in saved.weight_casts.items():
