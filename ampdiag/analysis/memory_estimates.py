@@ -207,6 +207,17 @@ def whatif(section: Mapping[str, Any]) -> dict[str, Any]:
                 "basis": f"activations {act_peak} B at the peak",
             }
         )
+    most = section.get("activation_peak") or {}
+    if most.get("activations"):
+        rows.append(
+            {
+                "scenario": f"Activations at their most (batch {most.get('batch') or '?'})",
+                "bytes": int(most["activations"]),
+                "basis": (
+                    f"storages saved for the backward, live then; {int(most['bytes'])} B in all"
+                ),
+            }
+        )
     fit = activation_fit(section)
     out: dict[str, Any] = {"model_state_bytes": ms, "activation_bytes_at_peak": act_peak}
     cap, cap_source = capacity(section)
