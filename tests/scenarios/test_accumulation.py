@@ -228,3 +228,27 @@ def test_training_is_bit_identical(mode: str, tmp_path: Path) -> None:
     plain, _, _ = train(mode, out=None, measure=False, scaler=True, dtype=torch.float16)
     for a, b in zip(watched.parameters(), plain.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_two_losses_of_one_forward_are_not_micro_batches(tmp_path: Path) -> None:
+    # Two backward passes per step, each of an undivided loss, but one forward: not
+    # accumulation, so neither finding (truth: the loop counts its forwards itself).
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        m = model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.05)
+        forwards = []
+        with ampdiag.diagnose(out=tmp_path, **QUIET) as d:
+            for step in data(8):
+                x, y = step[0]
+                opt.zero_grad(set_to_none=True)
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    out_ = m(x)
+                forwards.append(1)
+                F.cross_entropy(out_.float(), y).backward(retain_graph=True)
+                out_.float().square().mean().backward()
+                opt.step()
+    assert d.session is not None
+    assert [s["micro_batches"] for s in d.session.steps] == [2] * STEPS
+    assert len(forwards) == STEPS
+    assert not ids(d.session) & ACCUMULATION_IDS

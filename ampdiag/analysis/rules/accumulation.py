@@ -25,8 +25,18 @@ THRESHOLDS = {
 
 
 def _steps(session: Session) -> list[dict[str, Any]]:
+    """Sampled steps that accumulate: two or more backward passes, each after its own forward.
+
+    Several losses of one forward, each backpropagated, are not micro-batches.
+    """
     steps = session.section("accumulation").get("steps") or []
-    return [s for s in steps if isinstance(s, dict) and int(s.get("micro_batches") or 0) >= 2]
+    return [
+        s
+        for s in steps
+        if isinstance(s, dict)
+        and int(s.get("micro_batches") or 0) >= 2
+        and int(s.get("forwards") or s["micro_batches"]) >= int(s["micro_batches"])
+    ]
 
 
 def broken_steps(session: Session) -> list[dict[str, Any]]:

@@ -21,7 +21,9 @@ on the model's first trainable parameter (the reference; every backward reaches 
   own, unweighted gradient: near N when summed, near 1 or below when averaged (it also depends
   on how aligned the micro-batches' gradients are, which the weight sum does not).
 
-Everything stays on the device until the step ends (one read per sampled step); the hooks
+Each step also records the model's forward calls: a step with several backward passes but one
+forward (several losses of one batch, each backpropagated) is not accumulation, and the rules
+skip it. Everything stays on the device until the step ends (one read per sampled step); the hooks
 return None, so gradients are untouched.
 """
 
@@ -86,6 +88,7 @@ class AccumulationCollector(Collector):
         self._micro: list[_Micro] = []
         self._pending: _Micro | None = None
         self._steps: list[dict[str, Any]] = []
+        self._forwards = 0  # of the model, in the step in progress
         self._errors: list[str] = []
 
     def start(self, run: RunContext) -> None:
@@ -97,9 +100,13 @@ class AccumulationCollector(Collector):
         if self._reference is not None:
             return
         self._reference = reference_parameter(model)
+        self._handles.append(model.register_forward_pre_hook(self._count_forward))
         if self._reference is not None:
             hook = self._reference.register_hook(self._incoming)  # type: ignore[no-untyped-call]
             self._handles.append(hook)
+
+    def _count_forward(self, module: torch.nn.Module, args: Any) -> None:
+        self._forwards += 1
 
     def _current(self) -> _Micro:
         if self._pending is None:
@@ -161,13 +168,14 @@ class AccumulationCollector(Collector):
     def on_step_end(self, run: RunContext, step: int) -> None:
         """Reads the step's figures once (sampled steps with two or more micro-batches)."""
         micro, self._micro, self._pending = self._micro, [], None
+        forwards, self._forwards = self._forwards, 0
         for handle in self._node_handles:
             handle.remove()
         self._node_handles.clear()
         if len(micro) < 2:
             return
         try:
-            self._steps.append(_step_figures(step, micro))
+            self._steps.append({**_step_figures(step, micro), "forwards": forwards})
         except Exception as exc:  # a reading failed: say so, never break the run
             self._errors.append(f"step {step}: {exc!r}")
 
