@@ -11,14 +11,15 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
+from ampdiag import schema
 from ampdiag._layout import SESSION_FILE as SESSION_FILE  # re-exported
 from ampdiag.errors import InputError
-
-SCHEMA_VERSION = 1
+from ampdiag.schema import SCHEMA_VERSION as SCHEMA_VERSION  # re-exported
 
 Severity = Literal["high", "medium", "low", "info"]
 SEVERITIES: tuple[Severity, ...] = ("high", "medium", "low", "info")
@@ -123,8 +124,32 @@ class Session:
     ampdiag_version: str = ""
     path: Path | None = None
 
-    def section(self, name: str) -> dict[str, Any]:
-        """Returns a collector's section, or an empty dict when the run has none."""
+    @overload
+    def section(self, name: Literal["run"]) -> schema.RunSection: ...
+    @overload
+    def section(self, name: Literal["profiler"]) -> schema.ProfilerSection: ...
+    @overload
+    def section(self, name: Literal["speed_probe"]) -> schema.SpeedProbeSection: ...
+    @overload
+    def section(self, name: Literal["memory"]) -> schema.MemorySection: ...
+    @overload
+    def section(self, name: Literal["precision"]) -> schema.PrecisionSection: ...
+    @overload
+    def section(self, name: Literal["scaler"]) -> schema.ScalerSection: ...
+    @overload
+    def section(self, name: Literal["gradients"]) -> schema.GradientsSection: ...
+    @overload
+    def section(self, name: Literal["activations"]) -> schema.ActivationsSection: ...
+    @overload
+    def section(self, name: Literal["timeline"]) -> schema.TimelineSection: ...
+    @overload
+    def section(self, name: str) -> Mapping[str, Any]: ...
+
+    def section(self, name: str) -> Any:
+        """Returns a section, typed by `ampdiag.schema`, or an empty dict when the run has none.
+
+        A known name gives its TypedDict, so mypy rejects a key the collector never writes.
+        """
         value = self.sections.get(name)
         return value if isinstance(value, dict) else {}
 
@@ -176,6 +201,10 @@ class Session:
         status = doc.get("status", "ok")
         if status not in ("ok", "error", "interrupted"):
             raise InputError(f"session status {status!r} is not ok, error or interrupted")
+        problems = schema.check_document(doc)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise InputError(f"not a well-formed ampdiag session: {problems[0]}{more}")
         return cls(
             status=status,
             error=doc.get("error"),

@@ -17,7 +17,7 @@ steps that are not sampled (`run.is_sampled(step)`).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,7 +87,7 @@ class Collector:
     def stop(self, run: RunContext) -> None:
         """Called once on exit, error or not. Must remove every hook, mode and patch."""
 
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> Mapping[str, Any] | None:
         """Returns this collector's JSON section, or None to write nothing."""
         return None
 

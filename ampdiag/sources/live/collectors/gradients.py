@@ -26,6 +26,7 @@ import torch
 
 from ampdiag.analysis import fp16range
 from ampdiag.compat import scaler as compat_scaler
+from ampdiag.schema import GradientsSection
 from ampdiag.sources.live.collectors._exponents import (
     host_signed_histograms,
     sampled_signed_histograms,
@@ -184,7 +185,7 @@ class GradientsCollector(Collector):
         if self._before_scaler_step in listeners:
             listeners.remove(self._before_scaler_step)
 
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> GradientsSection | None:
         """Per-step totals, per-parameter sums over the sampled steps, log2|g| histograms."""
         self._resolve(wait=True)
         if not self._steps:

@@ -28,6 +28,7 @@ import torch
 
 from ampdiag.analysis import memory_timeline as tl_mod
 from ampdiag.compat import memory as compat_memory
+from ampdiag.schema import MemorySection
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 from ampdiag.trace.step_breakdown import load_trace_json
 
@@ -233,13 +234,13 @@ class MemoryCollector(Collector):
             doc, 1 if cuda else 0, self._known_by_step, self._known_sizes
         )
 
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> MemorySection | None:
         """Model state, timeline, peak, batch sizes, probes, CUDA summary, budget."""
         run = self._run
         if run is None:
             return None
         cfg = run.config
-        out: dict[str, Any] = {
+        out: MemorySection = {
             "device": run.device_type,
             "model_state": self._state,
             "batches": {str(k): v for k, v in sorted(self._batches.items())},

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
+from ampdiag.schema import ProfilerSection
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 
 TOP_OPS = 25
@@ -103,12 +104,12 @@ class ProfilerCollector(Collector):
         files = [p for p in self._trace_dir.glob("*.pt.trace.json*") if p not in self._earlier]
         return sorted(files, key=lambda p: p.stat().st_mtime)
 
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> ProfilerSection | None:
         """Trace files, profiled steps, step-time breakdown and top ops."""
         if self._run is None:
             return None
         files = self.trace_files()
-        out: dict[str, Any] = {
+        out: ProfilerSection = {
             "trace_files": [str(p.relative_to(self._run.out)) for p in files],
             "schedule": {
                 "skip": self._run.config.profile_skip,

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ampdiag.compat import scaler as compat_scaler
+from ampdiag.schema import ScalerSection
 from ampdiag.sources.live.collectors._host import Deferred, pack
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 from ampdiag.sources.live.collectors.gradients import BEFORE_SCALER_STEP
@@ -271,7 +272,7 @@ class ScalerCollector(Collector):
 
     # --- section ----------------------------------------------------------------------------
 
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> ScalerSection | None:
         """Scale history, skips, growth/backoff, misuse."""
         run = self._run
         if run is None:

@@ -34,10 +34,11 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
+from ampdiag.schema import SpeedProbeSection
 from ampdiag.sources.live.collectors.base import Collector, RunContext, tensors_in
 from ampdiag.sources.live.discovery import autocast_state
 
@@ -125,13 +126,15 @@ class SpeedProbe(Collector):
         finally:
             self._probing = False
 
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> SpeedProbeSection | None:
         """The timings (or why there are none) and the batch size seen."""
         if self._run is None:
             return None
-        out: dict[str, Any] = {"batch_size": self._batch, "skipped": self._skipped}
-        out.update(self._result)
-        return out
+        # the probe's timings are `SpeedProbeSection` keys (checked by the contract test)
+        return cast(
+            "SpeedProbeSection",
+            {"batch_size": self._batch, "skipped": self._skipped, **self._result},
+        )
 
 
 def probe(
