@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any, Literal, cast, overload
 
 from ampdiag import schema
 from ampdiag._layout import SESSION_FILE as SESSION_FILE  # re-exported
@@ -92,9 +92,15 @@ class StepRecord:
     profiled: bool = False
     sampled: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> schema.Step:
         """Returns the JSON form."""
-        return asdict(self)
+        return schema.Step(
+            index=self.index,
+            wall_s=self.wall_s,
+            loss=self.loss,
+            profiled=self.profiled,
+            sampled=self.sampled,
+        )
 
 
 @dataclass
@@ -114,9 +120,9 @@ class Session:
 
     status: Status = "ok"
     error: dict[str, str] | None = None
-    environment: dict[str, Any] = field(default_factory=dict)
+    environment: schema.Environment = field(default_factory=lambda: schema.Environment())
     config: dict[str, Any] = field(default_factory=dict)
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[schema.Step] = field(default_factory=list)
     sections: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     created: str = ""
@@ -208,7 +214,7 @@ class Session:
         return cls(
             status=status,
             error=doc.get("error"),
-            environment=dict(doc.get("environment") or {}),
+            environment=cast(schema.Environment, dict(doc.get("environment") or {})),
             config=dict(doc.get("config") or {}),
             steps=list(doc.get("steps") or []),
             sections={k: v for k, v in doc.items() if k not in CORE_KEYS},

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ampdiag.errors import InputError
 
 if TYPE_CHECKING:
+    from ampdiag.schema import Environment
     from ampdiag.session import Session
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -99,7 +100,7 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
 
         timeline["hta"] = run_hta(path, files)
     has_gpu = any(r["has_gpu"] for r in ranks)
-    env = {
+    env: Environment = {
         "source": "trace",
         "device_type": "cuda" if has_gpu or devices else "cpu",
         "device_name": devices[0]
