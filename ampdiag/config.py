@@ -87,6 +87,12 @@ class DiagnoseConfig:
     speed_probe_repeats: int = 3
 
 
+def is_profiled_step(config: DiagnoseConfig, step: int) -> bool:
+    """Whether the profiler records ``step`` (after ``profile_skip + profile_warmup`` steps)."""
+    first = config.profile_skip + config.profile_warmup
+    return config.profile and first <= step < first + config.profile_active
+
+
 def is_sampled_step(config: DiagnoseConfig, step: int) -> bool:
     """Whether ``step`` is sampled under ``config`` (see `DiagnoseConfig.sample_every`).
 
@@ -95,10 +101,8 @@ def is_sampled_step(config: DiagnoseConfig, step: int) -> bool:
     """
     if config.sample_every > 0:
         return step % config.sample_every == 0
-    if config.profile:
-        first = config.profile_skip + config.profile_warmup
-        if first <= step < first + config.profile_active:
-            return False
+    if is_profiled_step(config, step):
+        return False
     if step < config.sample_first:
         return True
     return (step - config.sample_first) % max(1, config.sample_period) == 0

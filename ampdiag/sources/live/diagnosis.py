@@ -31,6 +31,7 @@ from ampdiag.sources.live.collectors import (
     RunContext,
     default_collectors,
 )
+from ampdiag.sources.live.collectors.base import enter_run, leave_run
 from ampdiag.sources.live.discovery import Discovery
 from ampdiag.sources.live.environment import describe_environment, distributed_info
 
@@ -133,6 +134,7 @@ class Diagnosis:
             on_autocast=self._saw_autocast,
         )
         started: list[Collector] = []
+        enter_run(self.run)
         try:
             for collector in self._collectors:
                 collector.start(self.run)
@@ -168,7 +170,7 @@ class Diagnosis:
         # A partial step (the block ended between boundaries) is kept when it did something.
         if exc is None and self._step_has_activity():
             self._end_step()
-        self.run.extra["block_raised"] = exc is not None  # collectors' stop() may ask
+        self.run.block_raised = exc is not None
         self._teardown()
         self.session = self._build_session(status, error)
         self._write_outputs()
@@ -238,7 +240,7 @@ class Diagnosis:
                 StepRecord(
                     index=step,
                     wall_s=now - self._step_start,
-                    profiled=self._is_profiled(step),
+                    profiled=self.run.is_profiled(step),
                     sampled=self.run.is_sampled(step),
                 )
             )
@@ -247,10 +249,6 @@ class Diagnosis:
         self._each("on_step_end", step)
         self.run.step = step + 1
         self._step_start = time.perf_counter()
-
-    def _is_profiled(self, step: int) -> bool:
-        first = self.config.profile_skip + self.config.profile_warmup
-        return self.config.profile and first <= step < first + self.config.profile_active
 
     # --- collectors -------------------------------------------------------------------------------
 
@@ -272,11 +270,17 @@ class Diagnosis:
         self._closed = True
         if self._discovery is not None:
             self._discovery.close()
+        leave_run(self.run)
         for collector in reversed(self._collectors):
             try:
                 collector.stop(self.run)
             except Exception as exc:
                 self._warn(f"collector {collector.name!r} failed to stop: {exc!r}")
+        for collector in self._collectors:
+            try:
+                collector.after_stop(self.run)
+            except Exception as exc:
+                self._warn(f"collector {collector.name!r} failed after stopping: {exc!r}")
 
     # --- outputs ----------------------------------------------------------------------------------
 

@@ -38,8 +38,6 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-#: Key in RunContext.extra: callbacks the scaler collector calls before ``GradScaler.step``.
-BEFORE_SCALER_STEP = "numerics.before_scaler_step"
 FIELDS = ("n", "zero", "flush", "subnormal", "overflow", "nonfinite")
 
 
@@ -70,7 +68,7 @@ class GradientsCollector(Collector):
         """Registers with the scaler collector (stats before ``scaler.step`` unscales)."""
         self._run = run
         self._limit = int(getattr(run.config, "numerics_sample_elements", 0))
-        run.extra.setdefault(BEFORE_SCALER_STEP, []).append(self._before_scaler_step)
+        run.before_scaler_step.append(self._before_scaler_step)
 
     def on_model(self, run: RunContext, model: torch.nn.Module) -> None:
         """Learns parameter names."""
@@ -181,9 +179,8 @@ class GradientsCollector(Collector):
     def stop(self, run: RunContext) -> None:
         """Reads every outstanding result and unregisters."""
         self._resolve(wait=True)
-        listeners = run.extra.get(BEFORE_SCALER_STEP, [])
-        if self._before_scaler_step in listeners:
-            listeners.remove(self._before_scaler_step)
+        if self._before_scaler_step in run.before_scaler_step:
+            run.before_scaler_step.remove(self._before_scaler_step)
 
     def section(self) -> GradientsSection | None:
         """Per-step totals, per-parameter sums over the sampled steps, log2|g| histograms."""

@@ -36,17 +36,6 @@ log = logging.getLogger("ampdiag")
 
 SNAPSHOT_DIR = "memory"
 SNAPSHOT_FILE = "snapshot.pickle"
-PROFILE_KEY = "profiler.profile"  # RunContext.extra slot the profiler collector fills
-
-_ACTIVE: list[MemoryCollector] = []
-
-
-def record_probe(result: dict[str, Any]) -> bool:
-    """Adds a memory_probe result to the running diagnose() block, if any."""
-    if not _ACTIVE:
-        return False
-    _ACTIVE[-1].probes.append(result)
-    return True
 
 
 def _storage_ptr(t: torch.Tensor) -> int:
@@ -133,7 +122,6 @@ class MemoryCollector(Collector):
     name = "memory"
 
     def __init__(self) -> None:
-        self.probes: list[dict[str, Any]] = []
         self._run: RunContext | None = None
         self._handles: list[Any] = []
         self._batches: dict[int, int] = {}
@@ -148,9 +136,8 @@ class MemoryCollector(Collector):
     # --- lifecycle ----------------------------------------------------------------------------
 
     def start(self, run: RunContext) -> None:
-        """Registers for memory_probe and starts CUDA memory history where there is CUDA."""
+        """Starts CUDA memory history where there is CUDA."""
         self._run = run
-        _ACTIVE.append(self)
         cfg = run.config
         if cfg.memory_history and compat_memory.cuda_history_available():
             self._cuda_recording = compat_memory.start_cuda_history(cfg.memory_history_max_entries)
@@ -170,9 +157,7 @@ class MemoryCollector(Collector):
 
     def on_step_end(self, run: RunContext, step: int) -> None:
         """On profiled steps, notes where the parameters, gradients and optimizer state live."""
-        cfg = run.config
-        first = cfg.profile_skip + cfg.profile_warmup
-        if cfg.profile and first <= step < first + cfg.profile_active:
+        if run.is_profiled(step):
             _, ptrs, sizes = model_state(run.models, run.optimizers)
             self._known_by_step[step] = ptrs
             self._known_sizes.update(sizes)
@@ -182,8 +167,6 @@ class MemoryCollector(Collector):
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        if self in _ACTIVE:
-            _ACTIVE.remove(self)
         try:
             self._state, self._known_end, _ = model_state(run.models, run.optimizers)
         except Exception as exc:
@@ -221,12 +204,12 @@ class MemoryCollector(Collector):
         known: dict[int, str] = {}
         for ptrs in self._known_by_step.values():
             known.update(ptrs)
-        prof = run.extra.get(PROFILE_KEY)
+        prof = run.profile
         if prof is not None:
             tl = compat_memory.categorized_timeline(prof, "cuda:0" if cuda else "cpu", known)
             if tl is not None and tl["t_us"]:
                 return tl
-        files = sorted((run.out / "trace").glob("*.pt.trace.json*"))
+        files = run.trace_files
         if not files:
             return None
         doc = load_trace_json(max(files, key=lambda p: p.stat().st_mtime))
@@ -244,7 +227,7 @@ class MemoryCollector(Collector):
             "device": run.device_type,
             "model_state": self._state,
             "batches": {str(k): v for k, v in sorted(self._batches.items())},
-            "probes": self.probes,
+            "probes": run.memory_probes,
             "target_batch": cfg.memory_target_batch,
             "limit_bytes": cfg.memory_limit_bytes,
             "errors": self._errors,

@@ -9,8 +9,8 @@ How it measures, observing and never changing:
 - During the run a forward pre-hook on the root model keeps a reference to the inputs of the
   last forward that ran under autocast on a sampled step (no copy, no compute), and the batch
   size (the leading dimension of the first tensor input).
-- At ``stop()``, once the block has ended without an error and every other collector has
-  removed its hooks (this collector is first in the list, so it stops last), it runs the
+- At ``after_stop()``, once the block has ended without an error and every collector has
+  removed its hooks (diagnose() calls it after every ``stop()``), it runs the
   model's forward and a backward of a surrogate loss (the sum of the floating outputs) with
   ``torch.autograd.grad`` -- which returns gradients without touching any ``.grad`` -- once
   under ``torch.autocast(enabled=False)`` and once under the autocast the run used, warm-up
@@ -93,12 +93,15 @@ class SpeedProbe(Collector):
             self._autocast = state
 
     def stop(self, run: RunContext) -> None:
-        """Removes the hook, then runs the probe unless the block failed or it cannot."""
+        """Removes the hook."""
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+
+    def after_stop(self, run: RunContext) -> None:
+        """Runs the probe, with no hook of ours left, unless the block failed or it cannot."""
         inputs, self._inputs = self._inputs, None
-        raised = run.extra.get("block_raised")
+        raised = run.block_raised
         if raised is None:
             raised = sys.exc_info()[1] is not None
         model = self._model
