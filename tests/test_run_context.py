@@ -1,4 +1,4 @@
-"""What collectors share through RunContext: one profiled-step rule, probes recorded in the block."""
+"""What collectors share through RunContext: one profiled-step rule, probes in their block."""
 
 from __future__ import annotations
 
