@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ampdiag._layout import REPORT_FILE
 from ampdiag._version import __version__
 from ampdiag.errors import InputError
 
@@ -61,7 +62,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise InputError("--device cuda: no CUDA device is available")
     out = run_demo(args.out, device=args.device, dtype=args.dtype, steps=args.steps)
-    print(out / "report.html")
+    print(out / REPORT_FILE)
     return EXIT_OK
 
 

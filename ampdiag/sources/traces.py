@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ampdiag._layout import MEMORY_DIR, TENSORBOARD_DIR
 from ampdiag.errors import InputError
 
 if TYPE_CHECKING:
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from ampdiag.session import Session
 
 TRACE_SUFFIXES = (".json", ".json.gz")
-NOT_TRACE_DIRS = frozenset({"tensorboard", "memory"})
+NOT_TRACE_DIRS = frozenset({TENSORBOARD_DIR, MEMORY_DIR})
 
 
 def trace_files(path: Path) -> list[Path]:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ampdiag._layout import REPORT_FILE
 from ampdiag._version import __version__
 from ampdiag.errors import OutputError
 from ampdiag.session import Session, StepRecord
@@ -116,7 +117,7 @@ class Diagnosis:
     @property
     def report_path(self) -> Path:
         """Where report.html is (or will be) written."""
-        return self.out / "report.html"
+        return self.out / REPORT_FILE
 
     # --- context manager ------------------------------------------------------------------------
 

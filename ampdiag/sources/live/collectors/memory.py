@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ampdiag._layout import MEMORY_DIR
 from ampdiag.analysis import memory_timeline as tl_mod
 from ampdiag.compat import memory as compat_memory
 from ampdiag.schema import MemorySection
@@ -34,7 +35,6 @@ from ampdiag.trace.step_breakdown import load_trace_json
 
 log = logging.getLogger("ampdiag")
 
-SNAPSHOT_DIR = "memory"
 SNAPSHOT_FILE = "snapshot.pickle"
 
 
@@ -189,11 +189,11 @@ class MemoryCollector(Collector):
             self._errors.append(f"cuda stats: {exc!r}")
         if snap is None:
             return out or None
-        folder = run.out / SNAPSHOT_DIR
+        folder = run.out / MEMORY_DIR
         folder.mkdir(parents=True, exist_ok=True)
         with (folder / SNAPSHOT_FILE).open("wb") as fh:
             pickle.dump(snap, fh)
-        out["snapshot_file"] = f"{SNAPSHOT_DIR}/{SNAPSHOT_FILE}"
+        out["snapshot_file"] = f"{MEMORY_DIR}/{SNAPSHOT_FILE}"
         out.update(summarize_snapshot(snap, self._known_end))
         return out
 

@@ -15,11 +15,11 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
+from ampdiag._layout import TRACE_DIR
 from ampdiag.schema import ProfilerSection
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 
 TOP_OPS = 25
-TRACE_DIR = "trace"
 
 
 def profiler_activities() -> list[ProfilerActivity]:
