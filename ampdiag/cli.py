@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
     demo.add_argument("--steps", type=int, default=8)
 
-    report = sub.add_parser("report", help="re-render a session, or analyse a trace")
+    report = sub.add_parser("report", help="re-render a session, or analyze a trace")
     report.add_argument("path", help="a session folder, a trace file, or a folder of traces")
     report.add_argument("--format", choices=FORMATS, default="html")
     report.add_argument("--out", help="output folder (default: the session folder itself)")
@@ -90,7 +90,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     path = Path(args.path)
     session = load_any(path, hta=args.hta)
-    # Re-analyse: rules are pure functions of the session, and a newer ampdiag may know more.
+    # Re-analyze: rules are pure functions of the session, and a newer ampdiag may know more.
     session.findings = analyze(session)
     if args.format == "json":
         print(dumps(session.to_dict()))

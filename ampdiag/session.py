@@ -1,4 +1,4 @@
-"""The Session: everything one diagnosed run (or one analysed trace) produced, as versioned JSON.
+"""The Session: everything one diagnosed run (or one analyzed trace) produced, as versioned JSON.
 
 A Session is the only thing renderers read. Collectors each contribute one *section* (a JSON
 object under a top-level key named after the collector); the core keys below are reserved.
@@ -105,7 +105,7 @@ class StepRecord:
 
 @dataclass
 class Session:
-    """A diagnosed run, ready to analyse and render.
+    """A diagnosed run, ready to analyze and render.
 
     Attributes:
         status: "ok", "error" (the block raised) or "interrupted" (KeyboardInterrupt).
@@ -249,7 +249,7 @@ def _json_safe(value: Any) -> Any:
 
 
 def dumps(doc: dict[str, Any]) -> str:
-    """Serialises a session document as strict JSON (NaN and inf become strings)."""
+    """Serializes a session document as strict JSON (NaN and inf become strings)."""
     return json.dumps(_json_safe(doc), indent=1, allow_nan=False, default=str)
 
 

@@ -6,7 +6,7 @@ Two private torch features live here, and only here:
   export is marked deprecated). It replays a profile's op tree and labels every tensor
   parameter, gradient, optimizer state, activation, temporary, input or autograd detail.
   `categorized_timeline` returns None when the module or the attributes it reads are missing
-  or changed, and the caller falls back to ampdiag's own categorisation
+  or changed, and the caller falls back to ampdiag's own categorization
   (`ampdiag.analysis.memory_timeline`), which needs only the public trace and the known tensors.
 * ``torch.cuda.memory._record_memory_history`` / ``_snapshot`` (torch >= 2.1, the ``enabled=``
   keyword form). `start_cuda_history` returns False when unavailable; `cuda_snapshot` returns

@@ -15,15 +15,16 @@ import logging
 import sys
 import time
 import traceback
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ampdiag._layout import REPORT_FILE
 from ampdiag._version import __version__
+from ampdiag.config import Settings
 from ampdiag.errors import OutputError
 from ampdiag.session import Session, StepRecord
 from ampdiag.sources.live.collectors import (
@@ -35,6 +36,9 @@ from ampdiag.sources.live.collectors import (
 from ampdiag.sources.live.collectors.base import enter_run, leave_run
 from ampdiag.sources.live.discovery import Discovery
 from ampdiag.sources.live.environment import describe_environment, distributed_info
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; annotations are not evaluated at run time
 
 log = logging.getLogger("ampdiag")
 
@@ -369,8 +373,9 @@ def diagnose(
     scaler: Any = None,
     *,
     out: str | Path | None = None,
+    config: DiagnoseConfig | None = None,
     collectors: list[Collector] | None = None,
-    **settings: Any,
+    **overrides: Unpack[Settings],
 ) -> Diagnosis:
     """Watches the training in a ``with`` block and writes a diagnosis report.
 
@@ -380,9 +385,11 @@ def diagnose(
         scaler: The GradScaler; found at its first ``scale()`` when omitted.
         out: The output folder (default: a new ``reports/run-<time>/``). It is created and
             checked before the block runs.
+        config: The settings (default: ``DiagnoseConfig()``); not modified.
         collectors: Replace the default collectors (advanced).
-        **settings: Any field of `DiagnoseConfig`, e.g. ``profile_active=5``,
-            ``sample_every=10``, ``report=False``.
+        **overrides: Any field of `DiagnoseConfig`, applied over ``config``, e.g.
+            ``profile_active=5``, ``sample_every=10``, ``report=False`` (typed: mypy checks
+            names and types).
 
     Returns:
         A `Diagnosis` handle: ``d.step()`` marks a step by hand; after the block ``d.session``
@@ -399,8 +406,11 @@ def diagnose(
         ...         train_step(x, y)
     """
     names = {f.name for f in fields(DiagnoseConfig)}
-    unknown = sorted(set(settings) - names)
+    unknown = sorted(set(overrides) - names)
     if unknown:
         raise TypeError(f"diagnose() got unknown settings {unknown}; known: {sorted(names)}")
-    config = DiagnoseConfig(**settings)
-    return Diagnosis(model, optimizer, scaler, out, config, collectors)
+    if config is not None and not isinstance(config, DiagnoseConfig):
+        kind = type(config).__name__
+        raise TypeError(f"diagnose(config=...) takes a DiagnoseConfig, not {kind}")
+    settings = replace(config or DiagnoseConfig(), **overrides)
+    return Diagnosis(model, optimizer, scaler, out, settings, collectors)

@@ -29,7 +29,7 @@ def cpu_flags() -> list[str]:
 
 
 def distributed_info() -> dict[str, int]:
-    """Rank and world size when torch.distributed is initialised, else rank 0 of 1."""
+    """Rank and world size when torch.distributed is initialized, else rank 0 of 1."""
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         return {"rank": dist.get_rank(), "world_size": dist.get_world_size()}

@@ -20,9 +20,9 @@ def default_collectors(config: DiagnoseConfig) -> list[Collector]:
 
         collectors.append(MemoryCollector())
     if config.precision:
-        from ampdiag.sources.live.collectors.dtypes import DtypeAuditCollector
+        from ampdiag.sources.live.collectors.precision import PrecisionCollector
 
-        collectors.append(DtypeAuditCollector())
+        collectors.append(PrecisionCollector())
     if config.numerics:
         from ampdiag.sources.live.collectors.activations import ActivationsCollector
         from ampdiag.sources.live.collectors.gradients import GradientsCollector

@@ -1,7 +1,7 @@
 """The precision audit: which dtype every ATen op of one sampled step really ran in, and why.
 
 On the audited step (``DiagnoseConfig.precision_step``, default the second step: the first one
-pays for lazy initialisation and autocast's weight-cast cache warm-up) a TorchDispatchMode is
+pays for lazy initialization and autocast's weight-cast cache warm-up) a TorchDispatchMode is
 entered at the root model's first forward pre-hook and left before the optimizer step, so it
 sees the forward and the backward *after* autocast has cast the inputs. For each op it records
 the input and output dtypes, whether autocast was active when the op was called, the module it

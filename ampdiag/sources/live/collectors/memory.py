@@ -6,12 +6,12 @@
 * Timeline (profiled steps): read from the profile the profiler collector already records
   (``profile_memory=True``; no second profiler). torch's memory profiler labels the tensors
   (`ampdiag.compat.memory.categorized_timeline`); when it is unavailable, ampdiag's own
-  categoriser reads the Kineto trace (`ampdiag.analysis.memory_timeline.timeline_from_trace`).
+  categorizer reads the Kineto trace (`ampdiag.analysis.memory_timeline.timeline_from_trace`).
   Both use the parameter, gradient and optimizer-state addresses seen at the end of each
   profiled step.
 * CUDA: ``_record_memory_history`` over the block, a snapshot at its end (also when it raised,
   e.g. ``torch.OutOfMemoryError``: the failing frames still hold their tensors), written as
-  ``memory/snapshot.pickle`` (open it at https://pytorch.org/memory_viz) and summarised into
+  ``memory/snapshot.pickle`` (open it at https://pytorch.org/memory_viz) and summarized into
   the section; the allocator counters from ``torch.cuda.memory_stats``.
 * Batch size: the first dimension of the first tensor argument of the model's forward.
 """
@@ -117,7 +117,7 @@ def host_memory_bytes() -> int | None:
 
 
 class MemoryCollector(Collector):
-    """Where the memory goes: model state, the categorised timeline, CUDA snapshots."""
+    """Where the memory goes: model state, the categorized timeline, CUDA snapshots."""
 
     name = "memory"
 

@@ -18,7 +18,7 @@ from ampdiag.sources.live.collectors.dtype_audit import DtypeAudit
 from ampdiag.sources.live.collectors.module_tracker import ROOT
 
 
-class DtypeAuditCollector(Collector):
+class PrecisionCollector(Collector):
     """Audits the dtype of every op of one step (``precision_step``), forward and backward."""
 
     name = "precision"
