@@ -24,6 +24,7 @@ import torch
 
 from ampdiag._layout import REPORT_FILE
 from ampdiag._version import __version__
+from ampdiag.compat import scaler as compat_scaler
 from ampdiag.config import Settings
 from ampdiag.errors import OutputError
 from ampdiag.session import Session, StepRecord
@@ -362,8 +363,8 @@ def _describe_scaler(scaler: Any) -> dict[str, Any] | None:
         return None
     return {
         "class": type(scaler).__name__,
-        "enabled": bool(scaler.is_enabled()),
-        "device": str(getattr(scaler, "_device", "")),
+        "enabled": compat_scaler.is_enabled(scaler),
+        "device": compat_scaler.device(scaler),
     }
 
 

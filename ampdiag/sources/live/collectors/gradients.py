@@ -26,6 +26,7 @@ import torch
 
 from ampdiag.analysis import fp16range
 from ampdiag.compat import scaler as compat_scaler
+from ampdiag.compat.foreach import foreach_norm
 from ampdiag.schema import GradientsSection
 from ampdiag.sources.live.collectors._exponents import (
     host_signed_histograms,
@@ -253,7 +254,7 @@ def device_stats(
     sign): two tensors, one transfer. CPU gradients: the same two arrays, made on the host
     (`Deferred.on_host`).
     """
-    norms = torch._foreach_norm(grads)
+    norms = foreach_norm(grads)
     if grads[0].is_cpu:
         # Already on the host: count in numpy, read the norms as they are (no stack, no copy).
         import numpy as np
