@@ -201,12 +201,11 @@ class MemoryCollector(Collector):
 
     def _timeline(self, run: RunContext) -> dict[str, Any] | None:
         cuda = run.device_type == "cuda"
-        known: dict[int, str] = {}
-        for ptrs in self._known_by_step.values():
-            known.update(ptrs)
         prof = run.profile
         if prof is not None:
-            tl = compat_memory.categorized_timeline(prof, "cuda:0" if cuda else "cpu", known)
+            tl = compat_memory.categorized_timeline(
+                prof, "cuda:0" if cuda else "cpu", self._known_by_step
+            )
             if tl is not None and tl["t_us"]:
                 return tl
         files = run.trace_files
