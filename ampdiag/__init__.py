@@ -20,6 +20,7 @@ from ampdiag.errors import InputError, OutputError
 
 if TYPE_CHECKING:
     from ampdiag.analysis import analyze
+    from ampdiag.analysis.diff import diff
     from ampdiag.config import DiagnoseConfig
     from ampdiag.session import Finding, Session, load
     from ampdiag.sources.live.collectors.base import Collector, RunContext
@@ -38,6 +39,7 @@ __all__ = [
     "__version__",
     "analyze",
     "diagnose",
+    "diff",
     "load",
     "memory_probe",
 ]
@@ -46,6 +48,7 @@ _LAZY = {
     "analyze": "ampdiag.analysis",
     "Collector": "ampdiag.sources.live.collectors.base",
     "RunContext": "ampdiag.sources.live.collectors.base",
+    "diff": "ampdiag.analysis.diff",
     "DiagnoseConfig": "ampdiag.config",
     "diagnose": "ampdiag.sources.live.diagnosis",
     "Diagnosis": "ampdiag.sources.live.diagnosis",

@@ -53,7 +53,7 @@ class Step(TypedDict, total=False):
 
     index: int
     wall_s: float
-    loss: float | None
+    loss: float | str | None  # a non-finite loss reads back as "nan", "inf" or "-inf"
     profiled: bool
     sampled: bool
 
