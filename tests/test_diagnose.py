@@ -92,6 +92,7 @@ def test_end_to_end(
     assert ampdiag.load(out).to_dict() == s.to_dict()
 
 
+@pytest.mark.slow
 def test_parameters_bit_identical_with_and_without(tmp_path: Path) -> None:
     for dtype, scaler in ((None, False), (torch.float16, True)):
         plain = train(steps=4, dtype=dtype, use_scaler=scaler)
@@ -209,6 +210,7 @@ def test_each_rank_writes_its_own_session(tmp_path: Path, monkeypatch: pytest.Mo
     assert (env["rank"], env["world_size"]) == (3, 4)
 
 
+@pytest.mark.slow
 def test_a_second_run_into_the_same_folder_lists_only_its_own_trace(tmp_path: Path) -> None:
     for _ in range(2):
         train(steps=6, wrap=lambda: ampdiag.diagnose(out=tmp_path, console=False))

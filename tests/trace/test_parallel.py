@@ -24,6 +24,7 @@ def _read(path, monkeypatch, workers):
     return F.read_fast(path)
 
 
+@pytest.mark.slow
 def test_every_real_trace_reads_the_same_with_several_processes(traces, monkeypatch):
     for row in manifest(traces):
         if row["events"] == "0":

@@ -80,6 +80,7 @@ def ours(folder: str, rounded: bool = False) -> dict[int, dict[str, Any]]:
 HTA_WRONG = {"triton_example"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "folder",
     [
