@@ -12,8 +12,10 @@ Torch-free: the report of a saved session imports this module.
 
 from __future__ import annotations
 
+import functools
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, Literal, TypedDict, Union
 
 #: Version of the session document. Bump it when a key changes meaning or type; readers
@@ -232,12 +234,14 @@ def check(value: Any, expected: Any, where: str, strict: bool = False) -> list[s
     Returns:
         One message per mismatch, such as ``"memory.observed_batch: expected int, got str"``.
     """
+    if not strict and _predicate(expected)(value):
+        return []  # the common case, fast: the messages are worked out only for a mismatch
     if expected is Any or expected is object:
         return []
     if _is_typeddict(expected):
         if not isinstance(value, dict):
             return [f"{where}: expected an object, got {type(value).__name__}"]
-        hints = typing.get_type_hints(expected)
+        hints = _hints(expected)
         problems: list[str] = []
         for key, item in value.items():
             if key in hints:
@@ -297,6 +301,37 @@ def _scalar_ok(value: Any, expected: Any) -> bool:
     if expected is list:
         return isinstance(value, list)
     return False
+
+
+@functools.cache
+def _predicate(expected: Any) -> Callable[[Any], bool]:
+    """Whether a value has the type ``expected`` (lenient: unknown keys allowed), compiled once."""
+    if expected is Any or expected is object:
+        return lambda v: True
+    if _is_typeddict(expected):
+        fields = {k: _predicate(t) for k, t in _hints(expected).items()}
+        return lambda v: (
+            isinstance(v, dict) and all(fields[k](x) for k, x in v.items() if k in fields)
+        )
+    origin, args = typing.get_origin(expected), typing.get_args(expected)
+    if origin in (Union, types.UnionType):
+        options = [_predicate(a) for a in args]
+        return lambda v: any(ok(v) for ok in options)
+    if origin is Literal:
+        return lambda v: v in args
+    if origin is list:
+        item = _predicate(args[0])
+        return lambda v: isinstance(v, list) and all(item(x) for x in v)
+    if origin is dict:
+        value = _predicate(args[1])
+        return lambda v: isinstance(v, dict) and all(value(x) for x in v.values())
+    return lambda v: _scalar_ok(v, expected)
+
+
+@functools.cache
+def _hints(kind: type) -> dict[str, Any]:
+    # cached: a session's steps are checked one TypedDict at a time, thousands of them
+    return typing.get_type_hints(kind)
 
 
 def _is_typeddict(kind: Any) -> bool:
