@@ -6,7 +6,7 @@ Two private torch features live here, and only here:
   export is marked deprecated). It replays a profile's op tree and labels every tensor
   parameter, gradient, optimizer state, activation, temporary, input or autograd detail.
   `categorized_timeline` returns None when the module or the attributes it reads are missing
-  or changed, and the caller falls back to ampdiag's own categorisation
+  or changed, and the caller falls back to ampdiag's own categorization
   (`ampdiag.analysis.memory_timeline`), which needs only the public trace and the known tensors.
 * ``torch.cuda.memory._record_memory_history`` / ``_snapshot`` (torch >= 2.1, the ``enabled=``
   keyword form). `start_cuda_history` returns False when unavailable; `cuda_snapshot` returns
@@ -17,6 +17,7 @@ Two private torch features live here, and only here:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,7 +57,7 @@ def memory_profiler_available() -> bool:
 def categorized_timeline(
     prof: Any,
     device: str,
-    known: Mapping[int, str] | None = None,
+    known_by_step: Mapping[int, Mapping[int, str]] | None = None,
     saved_by_step: Mapping[int, Mapping[tuple[int, int], str]] | None = None,
 ) -> dict[str, Any] | None:
     """The memory timeline of a finished profile, split by category, as torch labels tensors.
@@ -64,9 +65,13 @@ def categorized_timeline(
     Args:
         prof: A ``torch.profiler.profile`` whose trace is ready (``profile_memory=True``).
         device: "cpu" or "cuda:0" etc.: only that device's allocations are counted.
-        known: Storage address -> our category for the tensors ampdiag knows from the live run
-            (parameters, gradients, optimizer state). These override torch's label: without
-            ``with_stack=True`` torch cannot see the optimizer and labels its state "parameter".
+        known_by_step: Step index -> {storage address: our category} of the tensors ampdiag
+            saw at the end of that step (parameters, gradients, optimizer state). These
+            override torch's label: without ``with_stack=True`` torch cannot see the optimizer
+            and labels its state "parameter". An address names a tensor only while that
+            tensor lives: the allocator reuses it (a step's activation where the last step's
+            gradient was), so the label applies only to the allocation live at the end of
+            the step it was seen in.
         saved_by_step: Step index -> {(storage address, bytes): category} of the storages
             autograd saved in that step, counted by ampdiag before each backward, where it
             leaves a ``SAVED_MARK`` event. A tensor created in such a step is an activation
@@ -92,49 +97,55 @@ def categorized_timeline(
         timeline = profile.timeline
         categories = profile._categories
         want = torch.device(device)
-        known = dict(known or {})
-        known_params = {p for p, c in known.items() if c in ("parameters", "optimizer_state")}
-        steps = []
-        marks = []
-        for node in profile._op_tree.sorted_nodes:
-            if node.name.startswith("ProfilerStep#"):
-                steps.append((node.name, node.start_time_ns, node.end_time_ns))
-            elif node.name == SAVED_MARK:
-                marks.append(node.start_time_ns)
-        lives: dict[Any, list[int]] = {}  # key -> [created, destroyed (-1: never), bytes]
+        by_step = {n: dict(ptrs) for n, ptrs in (known_by_step or {}).items()}
+        known_params = any(
+            c in ("parameters", "optimizer_state")
+            for ptrs in by_step.values()
+            for c in ptrs.values()
+        )
+        step_end = {
+            int(node.name.split("#", 1)[1]): node.end_time_ns
+            for node in profile._op_tree.sorted_nodes
+            if node.name.startswith("ProfilerStep#") and node.name.split("#", 1)[1].isdigit()
+        }
+        lives: dict[Any, list[float]] = {}  # key -> [created, destroyed] (ns; inf: not freed)
+        sizes_of: dict[Any, int] = {}
         for t, action, (key, _), nbytes in timeline:
-            if action == Action.CREATE:
-                lives[key] = [t, -1, int(nbytes)]
+            if action in (Action.PREEXISTING, Action.CREATE):
+                lives[key] = [-math.inf if action == Action.PREEXISTING else t, math.inf]
+                sizes_of[key] = int(nbytes)
             elif action == Action.DESTROY and key in lives:
                 lives[key][1] = t
-        in_labeled_step: set[Any] = set()
-        labeled: dict[Any, str] = {}
-        for key, (born, died, nbytes) in lives.items():
-            labels = None
-            for name, start, end in steps:
-                if start <= born <= end:
-                    n = name.split("#", 1)[1]
-                    labels = (saved_by_step or {}).get(int(n)) if n.isdigit() else None
-            if labels is None or not isinstance(key, TensorKey):
-                continue
-            in_labeled_step.add(key)
-            label = labels.get((int(key.storage.ptr), nbytes))
-            if label is not None and any(born <= m and (died < 0 or m < died) for m in marks):
-                labeled[key] = label
+        saved = _saved_labels(profile, lives, sizes_of, saved_by_step or {})
+
+        decided: dict[Any, str | None] = {}
+
+        def known_category(key: Any) -> str | None:
+            if key not in decided:
+                ptr = int(key.storage.ptr)
+                created, destroyed = lives.get(key, (-math.inf, math.inf))
+                decided[key] = next(
+                    (
+                        ptrs[ptr]
+                        for n, ptrs in by_step.items()
+                        if ptr in ptrs and (n not in step_end or created <= step_end[n] < destroyed)
+                    ),
+                    None,
+                )
+            return decided[key]
 
         def category(key: Any, version: int) -> str:
             if not isinstance(key, TensorKey):
                 return "unknown"
-            ptr = int(key.storage.ptr)
-            label = labeled.get(key)
-            if label is not None:  # saved for this step's backward
+            label = saved.get(key)
+            if label:  # saved for its step's backward
                 return label
-            ours = known.get(ptr)
+            ours = known_category(key)
             if ours is not None:
                 return ours
             cat = categories.get(key, version)
             name = _TORCH_TO_OURS.get(cat.name, "unknown") if cat is not None else "unknown"
-            if key in in_labeled_step and name == "activations":
+            if label is not None and name == "activations":
                 return "temporaries"  # torch's guess, but autograd did not save it
             if name == "parameters" and known_params:
                 # torch's data-flow guess; not one of the model's or optimizer's tensors.
@@ -163,15 +174,52 @@ def categorized_timeline(
                 times.append(t)
                 sizes.append(dict(current))
         base = t_min or 0
+        steps = []
+        for node in profile._op_tree.sorted_nodes:
+            if node.name.startswith("ProfilerStep#"):
+                steps.append(
+                    (node.name, (node.start_time_ns - base) / 1e3, (node.end_time_ns - base) / 1e3)
+                )
         return {
             "t_us": [max(0.0, (t - base) / 1e3) if t >= 0 else 0.0 for t in times],
             "bytes": {c: [s[c] for s in sizes] for c in CATEGORIES},
-            "steps": [(n, (s - base) / 1e3, (e - base) / 1e3) for n, s, e in steps],
+            "steps": steps,
             "source": "torch-memory-profiler",
         }
     except Exception as exc:  # private API: any change in it means "use the fallback"
         log.info("torch memory profiler unavailable on this profile: %r", exc)
         return None
+
+
+def _saved_labels(
+    profile: Any,
+    lives: Mapping[Any, list[float]],
+    sizes_of: Mapping[Any, int],
+    saved_by_step: Mapping[int, Mapping[tuple[int, int], str]],
+) -> dict[Any, str]:
+    """Tensor key -> its category from the saved storages.
+
+    "" for a tensor made in a step whose saved tensors were counted, but not one of them.
+    """
+    steps = []
+    marks = []
+    for node in profile._op_tree.sorted_nodes:
+        name = node.name
+        if name.startswith("ProfilerStep#") and name.split("#", 1)[1].isdigit():
+            steps.append((int(name.split("#", 1)[1]), node.start_time_ns, node.end_time_ns))
+        elif name == SAVED_MARK:
+            marks.append(node.start_time_ns)
+    out: dict[Any, str] = {}
+    if not saved_by_step:
+        return out
+    for key, (born, died) in lives.items():
+        labels = next((saved_by_step.get(n) for n, s, e in steps if s <= born <= e), None)
+        if labels is None or not hasattr(key, "storage"):
+            continue
+        label = labels.get((int(key.storage.ptr), sizes_of.get(key, -1)))
+        live = any(born <= m < died for m in marks)
+        out[key] = label if label is not None and live else ""
+    return out
 
 
 def cuda_history_available() -> bool:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from ampdiag.compat import scaler as compat_scaler
+from ampdiag.schema import AccumulationSection
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work
 from ampdiag.sources.live.discovery import reference_parameter
 
@@ -186,9 +187,9 @@ class AccumulationCollector(Collector):
         self._handles.clear()
         self._node_handles.clear()
 
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> AccumulationSection | None:
         """Per sampled accumulating step: zeroing, loss weights, the norm ratio."""
-        if not self._steps and not self._errors:
+        if self._run is None:
             return None
         return {"steps": self._steps, "errors": self._errors}
 
