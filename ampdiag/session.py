@@ -81,7 +81,8 @@ class StepRecord:
     Attributes:
         index: Step number, from 0, counted from the start of the diagnosed block.
         wall_s: Wall-clock time from the previous step boundary to this one.
-        loss: The loss value where one was seen (the tensor passed to backward or the scaler).
+        loss: The step's loss where one was seen: the sum of the losses given to the scaler
+            (else passed to backward) over the step's micro-batches.
         profiled: Whether the profiler was recording this step.
         sampled: Whether the sampled (more expensive) collectors ran on this step.
         micro_batches: Backward passes in this step that reached the model's first trainable
@@ -103,6 +104,7 @@ class StepRecord:
             loss=self.loss,
             profiled=self.profiled,
             sampled=self.sampled,
+            micro_batches=self.micro_batches,
         )
 
 

@@ -24,6 +24,12 @@ THRESHOLDS = {
 }
 
 
+def _forwards(step: dict[str, Any]) -> int:
+    """The model's forwards in the step (a session without the count: one per backward)."""
+    value = step.get("forwards", step["micro_batches"])
+    return int(value) if isinstance(value, (int, float)) else 0
+
+
 def _steps(session: Session) -> list[dict[str, Any]]:
     """Sampled steps that accumulate: two or more backward passes, each after its own forward.
 
@@ -35,7 +41,7 @@ def _steps(session: Session) -> list[dict[str, Any]]:
         for s in steps
         if isinstance(s, dict)
         and int(s.get("micro_batches") or 0) >= 2
-        and int(s.get("forwards") or s["micro_batches"]) >= int(s["micro_batches"])
+        and _forwards(s) >= int(s["micro_batches"])
     ]
 
 
