@@ -6,34 +6,44 @@ module only puts what they return into a Session (and must not import torch).
 
 from __future__ import annotations
 
+import datetime as _dt
+import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ampdiag._layout import SESSION_FILE
+from ampdiag._version import __version__
+from ampdiag.analysis.timeline import analyse_rank, summarise
 from ampdiag.errors import InputError
-
-if TYPE_CHECKING:
-    from ampdiag.session import Session
+from ampdiag.session import Session
+from ampdiag.trace.reader import read_traces
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 NOT_TRACE_DIRS = frozenset({"tensorboard", "memory"})
 
 
 def trace_files(path: Path) -> list[Path]:
-    """The trace files at a path: the file itself, or the traces in a folder (sorted)."""
-    from ampdiag._layout import SESSION_FILE
+    """The trace files at a path: the file itself, or the traces in a folder (sorted).
 
+    Raises:
+        InputError: No trace files, or a folder (or subfolder) that cannot be listed: a rank
+            whose folder is unreadable is reported, not silently left out.
+    """
     if path.is_file():
         return [path]
-    # A folder of diagnose() outputs (rank-N/ sessions) holds other JSON: session files and
-    # TensorBoard/memory folders are not traces.
-    found = sorted(
-        p
-        for p in path.rglob("*")
-        if p.is_file()
-        and p.name.endswith(TRACE_SUFFIXES)
-        and p.name != SESSION_FILE
-        and not NOT_TRACE_DIRS.intersection(p.relative_to(path).parts[:-1])
-    )
+
+    def unlistable(err: OSError) -> None:
+        raise InputError(f"cannot list {err.filename!r}: {err.strerror or err}")
+
+    found = []
+    for folder, dirs, files in os.walk(path, onerror=unlistable):
+        # A folder of diagnose() outputs (rank-N/ sessions) holds other JSON: session files
+        # and TensorBoard/memory folders are not traces.
+        dirs[:] = [d for d in dirs if d not in NOT_TRACE_DIRS]
+        found += [
+            Path(folder, f) for f in files if f.endswith(TRACE_SUFFIXES) and f != SESSION_FILE
+        ]
+    found = sorted(p for p in found if p.is_file())
     if not found:
         raise InputError(f"no trace files (*.json, *.json.gz) in {str(path)!r}")
     return found
@@ -55,8 +65,6 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
     Raises:
         InputError: No trace files, or a file that is unreadable or not a Kineto trace.
     """
-    from ampdiag.trace.reader import read_traces
-
     files = trace_files(path)
     ranks = []
     devices: list[str] = []
@@ -64,9 +72,6 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
     seen: set[int] = set()
     warnings: list[str] = []
     for index, (file, rt) in enumerate(zip(files, read_traces(files), strict=True)):
-        # after the first read: the reader forks its workers before numpy is imported
-        from ampdiag.analysis.timeline import analyse_rank, summarise
-
         if rt.rank in seen:
             warnings.append(f"{file.name}: rank {rt.rank} appears twice; using {index}")
             rt.rank, rt.rank_source = index, "position"
@@ -80,12 +85,6 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
         warnings.extend(f"rank {r['rank']}: {w}" for w in r["warnings"])
         if not r["has_gpu"]:
             warnings.append(f"rank {r['rank']}: no GPU kernels in the trace (CPU side only)")
-    # imported after reading: the reader forks its workers before anything heavy is imported
-    import datetime as _dt
-
-    from ampdiag._version import __version__
-    from ampdiag.session import Session
-
     first = ranks[0]
     timeline: dict[str, Any] = {
         "source": "trace",
