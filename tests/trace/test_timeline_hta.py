@@ -14,7 +14,7 @@ import pytest
 
 from ampdiag.analysis.timeline import analyse_rank
 from ampdiag.trace.reader import RankTrace, read_trace
-from tests.trace.conftest import manifest, shared_traces
+from tests.trace.conftest import FIXTURES, manifest
 
 TOLERANCE = 0.01  # of the trace's span
 
@@ -32,10 +32,9 @@ def hta_round(rt: RankTrace) -> None:
 
 
 def gpu_dirs() -> list[str]:
-    root = shared_traces()
-    if root is None:
-        return []
-    return sorted({str(Path(r["path"]).parent) for r in manifest(root) if int(r["gpu_kernels"])})
+    return sorted(
+        {str(Path(r["path"]).parent) for r in manifest(FIXTURES) if int(r["gpu_kernels"])}
+    )
 
 
 @cache
@@ -48,7 +47,7 @@ def hta_results(folder: str) -> tuple[dict[int, dict[str, float]], dict[str, flo
     logging.getLogger("hta").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ta = TraceAnalysis(trace_dir=str(shared_traces() / folder))
+        ta = TraceAnalysis(trace_dir=str(FIXTURES / folder))
         tb = ta.get_temporal_breakdown(visualize=False)
         kt, _ = ta.get_gpu_kernel_breakdown(visualize=False)
     per_rank = {
@@ -65,7 +64,7 @@ def hta_results(folder: str) -> tuple[dict[int, dict[str, float]], dict[str, flo
 
 
 def ours(folder: str, rounded: bool = False) -> dict[int, dict[str, Any]]:
-    files = sorted((shared_traces() / folder).glob("*.json*"))
+    files = sorted((FIXTURES / folder).glob("*.json*"))
     out = {}
     for i, f in enumerate(files):
         rt = read_trace(f, i)
@@ -82,12 +81,7 @@ HTA_WRONG = {"triton_example"}
 
 @pytest.mark.parametrize(
     "folder",
-    [
-        # HTA needs ~5 s on the 54 MB trace (ours ~1.5 s): marked slow, still run by default
-        pytest.param(d, marks=pytest.mark.slow) if d.startswith("df_index") else d
-        for d in gpu_dirs()
-        if d not in HTA_WRONG
-    ],
+    [d for d in gpu_dirs() if d not in HTA_WRONG],
 )
 def test_temporal_breakdown_agrees_with_hta(traces, folder):
     theirs, their_types = hta_results(folder)
