@@ -188,7 +188,9 @@ def report(path: Path, fmt: str, out: Path) -> str:
     return REPORT.format(repo=str(REPO), path=str(path), fmt=fmt, out=str(out))
 
 
-def interleaved(codes: dict[str, str], repeat: int, size: int) -> dict[str, list[float]]:
+def interleaved(
+    codes: dict[str, str], repeat: int, size: int, agree: bool = True
+) -> dict[str, list[float]]:
     """Runs each code ``repeat`` times, interleaved; prints medians; checks the tools agree."""
     runs: dict[str, tuple[list[float], list[int]]] = {k: ([], []) for k in codes}
     ref: tuple[float, float] | None = None
@@ -197,7 +199,9 @@ def interleaved(codes: dict[str, str], repeat: int, size: int) -> dict[str, list
             dt, rss, idle, comp = run(code)
             runs[kind][0].append(dt)
             runs[kind][1].append(rss)
-            if idle == idle:  # not NaN: every tool's idle and compute time agree within 1 us
+            if (
+                agree and idle == idle
+            ):  # not NaN: every tool's idle and compute time agree within 1 us
                 ref = ref or (idle, comp)
                 assert abs(idle - ref[0]) < 1 and abs(comp - ref[1]) < 1, (kind, idle, comp, ref)
     for kind, (times, peaks) in runs.items():
@@ -248,7 +252,7 @@ def bench_steps(src: Path, copies: int, repeat: int, tmp: Path) -> None:
         files[steps] = folder
     print(f"steps: {copies} copies, JSON {size / 1e6:.0f} MB (the same bytes for both)")
     codes = {f"{n} steps (json)": report(files[n], "json", tmp / "out") for n in (many, few)}
-    times = interleaved(codes, repeat, size)
+    times = interleaved(codes, repeat, size, agree=False)  # other steps: another window
     ratio = statistics.median(times[f"{many} steps (json)"]) / statistics.median(
         times[f"{few} steps (json)"]
     )

@@ -1,7 +1,7 @@
 """Column (numpy) form of what the trace reader keeps, for the vectorised timeline analysis.
 
 The column builder (:mod:`ampdiag.trace.builder`) makes them for every file, whichever path
-decoded it; :func:`from_lists` makes them from tuples (a RankTrace whose records are replaced).
+decoded it.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class Columns:
             pids=self.pids,
         )
 
-    # -- back to the reader's tuples (tests, and a RankTrace whose records are replaced) --
+    # -- as tuples, to read the records one by one --
 
     def gpu_tuples(self) -> list[tuple[float, float, int, int, str, str]]:
         """``RankTrace.gpu`` rows: (start_us, dur_us, stream, correlation, name, kind)."""
@@ -135,55 +135,3 @@ class Columns:
                 strict=True,
             )
         ]
-
-
-def _f64(values: Any) -> F64:
-    return np.asarray(values, dtype=np.float64).reshape(-1)
-
-
-def _i64(values: Any) -> I64:
-    return np.asarray(values, dtype=np.int64).reshape(-1)
-
-
-def _int64(value: int) -> bool:
-    return -(1 << 63) <= value < 1 << 63
-
-
-def from_lists(
-    gpu: list[tuple[float, float, int, int, str, str]],
-    launches: dict[int, tuple[float, float, str]],
-    host: list[tuple[float, float, str, Any]],
-) -> Columns:
-    """Columns from tuples (a RankTrace whose records are replaced, as tests do).
-
-    Correlation ids beyond 64 bits become -1 (no launch), as the builder reads them. GPU
-    activities are sorted by start (stable).
-    """
-    names: dict[str, int] = {}
-    launch_items = sorted((c, v) for c, v in launches.items() if _int64(c))
-    gpu = sorted(gpu, key=lambda g: g[0])
-    kind_index = {k: i for i, k in enumerate(GPU_KINDS)}
-    cat_index = {c: i for i, c in enumerate(HOST_CATEGORIES)}
-    pid_index: dict[str, int] = {}
-    host = [h for h in host if h[2] in cat_index]
-    gpu_name = _i64([names.setdefault(g[4], len(names)) for g in gpu])
-    launch_name = _i64([names.setdefault(v[2], len(names)) for _, v in launch_items])
-    host_pid = _i64([pid_index.setdefault(str(h[3]), len(pid_index)) for h in host])
-    return Columns(
-        names=list(names),
-        gpu_ts=_f64([g[0] for g in gpu]),
-        gpu_dur=_f64([g[1] for g in gpu]),
-        gpu_stream=_i64([g[2] if _int64(g[2]) else -1 for g in gpu]),
-        gpu_corr=_i64([g[3] if _int64(g[3]) else -1 for g in gpu]),
-        gpu_name=gpu_name,
-        gpu_kind=_i64([kind_index[g[5]] for g in gpu]),
-        launch_corr=_i64([c for c, _ in launch_items]),
-        launch_ts=_f64([v[0] for _, v in launch_items]),
-        launch_dur=_f64([v[1] for _, v in launch_items]),
-        launch_name=launch_name,
-        host_start=_f64([h[0] for h in host]),
-        host_end=_f64([h[1] for h in host]),
-        host_cat=_i64([cat_index[h[2]] for h in host]),
-        host_pid=host_pid,
-        pids=list(pid_index),
-    )

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ampdiag.trace.columns import Columns, from_lists
+from ampdiag.trace.columns import Columns
 
 KERNEL_CATS = frozenset({"kernel", "Kernel"})
 MEMCPY_CATS = frozenset({"gpu_memcpy", "Memcpy"})
@@ -39,8 +39,7 @@ class RankTrace:
     """What the reader kept of one trace file (built by :mod:`ampdiag.trace.builder` only).
 
     The GPU, launch and host records are numpy columns (:meth:`columns`); ``gpu``,
-    ``launches`` and ``host`` give them as tuples, and assigning one of them (tests do, to
-    round timestamps as HTA does) rebuilds the columns.
+    ``launches`` and ``host`` give them as tuples, to read them one by one.
 
     Attributes:
         path: The file.
@@ -82,33 +81,15 @@ class RankTrace:
         """GPU activities (see ``GpuActivity``), sorted by start."""
         return self._cols.gpu_tuples()
 
-    @gpu.setter
-    def gpu(self, value: list[GpuActivity]) -> None:
-        self._cols = from_lists(value, self.launches, self.host)
-
     @property
     def launches(self) -> dict[int, tuple[float, float, str]]:
         """Correlation id -> (start_us, dur_us, name) of the host launch call."""
         return self._cols.launch_dict()
 
-    @launches.setter
-    def launches(self, value: dict[int, tuple[float, float, str]]) -> None:
-        self._cols = from_lists(self.gpu, value, self.host)
-
     @property
     def host(self) -> list[tuple[float, float, str, Any]]:
         """(start_us, end_us, category, pid) of host events the step breakdown counts."""
         return self._cols.host_tuples()
-
-    @property
-    def has_gpu(self) -> bool:
-        """Whether any GPU activity was read."""
-        return bool(len(self._cols.gpu_ts))
-
-    @property
-    def gpu_count(self) -> int:
-        """Number of GPU activities read."""
-        return len(self._cols.gpu_ts)
 
     @property
     def warnings(self) -> list[str]:

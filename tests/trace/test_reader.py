@@ -2,16 +2,13 @@ import contextlib
 import gzip
 import json
 import random
-from pathlib import Path
 
 import pytest
 
 from ampdiag.cli import main
 from ampdiag.errors import InputError
 from ampdiag.trace import lenient as S
-from ampdiag.trace.columns import from_lists
 from ampdiag.trace.reader import read_trace
-from ampdiag.trace.records import RankTrace
 from tests.trace.conftest import kernel, launch, manifest, step, write_trace
 
 
@@ -219,13 +216,16 @@ def test_fuzz_mutated_real_traces_never_crash(traces, tmp_path, capsys):
     assert outcomes[0] and outcomes[2]  # both outcomes were exercised
 
 
-def test_hta_rounding_helper_matches_manual():
+def test_hta_rounding_helper_matches_manual(tmp_path):
     # used by the oracle tests to reproduce HTA's inward rounding of fractional timestamps
     from tests.trace.test_timeline_hta import hta_round
 
-    rt = RankTrace(Path("x"), from_lists([(1.2, 1.5, 7, 1, "k", "kernel")], {}, []))
+    rt = read_trace(
+        write_trace(tmp_path / "r.json", [launch(0.5, 1, 2.0), kernel(1.2, 1.5, "k", 1)])
+    )
     hta_round(rt)
     assert rt.gpu == [(2.0, 0.0, 7, 1, "k", "kernel")]
+    assert rt.launches == {1: (1.0, 1.0, "cudaLaunchKernel")}
 
 
 def test_step_spans(tmp_path):

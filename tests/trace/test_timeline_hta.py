@@ -10,6 +10,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from ampdiag.analysis.timeline import analyse_rank
@@ -22,12 +23,11 @@ TOLERANCE = 0.01  # of the trace's span
 def hta_round(rt: RankTrace) -> None:
     """HTA's parser rounds fractional timestamps inward: start = ceil(ts), end = floor(ts + dur)."""
 
-    def rnd(ts: float, dur: float) -> tuple[float, float]:
-        start, end = math.ceil(ts), math.floor(ts + dur)
-        return float(start), float(end - start)
-
-    rt.gpu = sorted((*rnd(g[0], g[1]), *g[2:]) for g in rt.gpu)
-    rt.launches = {c: (*rnd(v[0], v[1]), v[2]) for c, v in rt.launches.items()}
+    cols = rt.columns()
+    for ts, dur in ((cols.gpu_ts, cols.gpu_dur), (cols.launch_ts, cols.launch_dur)):
+        end = np.floor(ts + dur)
+        ts[:] = np.ceil(ts)  # ceil keeps the activities sorted by start
+        dur[:] = end - ts
     rt.steps = [(n, float(math.ceil(s)), float(math.floor(e)), p) for n, s, e, p in rt.steps]
 
 
