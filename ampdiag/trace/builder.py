@@ -16,7 +16,7 @@ import json
 import math
 from array import array
 from pathlib import Path
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, ClassVar, Union
 
 import msgspec
 import numpy as np
@@ -68,9 +68,17 @@ class MemoryArgs(msgspec.Struct, gc=False):
     device_type: _I64 = msgspec.field(default=-1, name="Device Type")
 
 
+# the category the router sees for events whose ``cat`` it does not decode (a class attribute):
+# every event is routed by ``cat`` in one dict lookup. A complete event whose category is one
+# of these (a NUL escaped in JSON) is dropped, not misread: the class is checked after routing.
+OTHER_PHASE = "\x00other phase"
+INSTANT = "\x00instant"
+
+
 class Instant(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
     """An instant event; only ``[memory]`` ones are kept."""
 
+    cat: ClassVar[str] = INSTANT
     name: str = ""
     ts: _Finite = 0.0
     args: MemoryArgs | None = None
@@ -80,7 +88,9 @@ class Instant(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
 _PHASES: tuple[str, ...] = ("B", "E", "I", "C", "b", "n", "e", "s", "t", "f", "P", "O")
 _PHASES += ("N", "D", "M", "V", "v", "R", "c", "(", ")", "T", "S", "p", "F")
 _OTHER = tuple(
-    msgspec.defstruct(f"_Phase{i}", [], gc=False, tag_field="ph", tag=ph)
+    msgspec.defstruct(
+        f"_Phase{i}", [], gc=False, tag_field="ph", tag=ph, namespace={"cat": OTHER_PHASE}
+    )
     for i, ph in enumerate(_PHASES)
 )
 _EVENT: Any = Union.__getitem__((Complete, Instant, *_OTHER))
@@ -182,8 +192,12 @@ class ColumnBuilder:
         self._launch: list[Any] = []
         self._ops: list[Any] = []
         self._rest: list[Any] = []
+        self._instants: list[Any] = []
+        self._dropped: list[Any] = []
         groups = {"gpu": self._gpu, "launch": self._launch, "op": self._ops}
         self._route = {cat: groups[g].append for cat, g in _GROUP.items()}
+        self._route[INSTANT] = self._instants.append
+        self._route[OTHER_PHASE] = self._dropped.append
 
     def _put(self, key: str, values: list[Any], typecode: str) -> None:
         self.parts.setdefault(key, []).append(array(typecode, values))
@@ -236,12 +250,15 @@ class ColumnBuilder:
         route = self._route
         other = self._rest.append
         for e in evs:
-            cls = e.__class__
-            if cls is Complete:
-                route.get(e.cat, other)(e)
-            elif cls is Instant and e.name == MEMORY_EVENT and e.args is not None:
-                a = e.args
-                self.memory.append((e.ts, a.addr, a.size, a.device_type))
+            route.get(e.cat, other)(e)
+        if self._instants:
+            self.memory += [
+                (e.ts, e.args.addr, e.args.size, e.args.device_type)
+                for e in self._instants
+                if e.__class__ is Instant and e.name == MEMORY_EVENT and e.args is not None
+            ]
+            self._instants.clear()
+        self._dropped.clear()
         names = self.names
         put, f64, i64 = self._put, "d", "q"
         gpu, launch = self._gpu, self._launch
