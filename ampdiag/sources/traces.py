@@ -16,6 +16,7 @@ from ampdiag._version import __version__
 from ampdiag.analysis.timeline import analyse_rank, summarise
 from ampdiag.errors import InputError
 from ampdiag.session import Session
+from ampdiag.trace.hta_extra import run_hta
 from ampdiag.trace.reader import read_traces
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -94,8 +95,6 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
         "warnings": warnings,
     }
     if hta:
-        from ampdiag.trace.hta_extra import run_hta
-
         timeline["hta"] = run_hta(path, files)
     has_gpu = any(r["has_gpu"] for r in ranks)
     env = {
