@@ -392,12 +392,12 @@ def host_breakdown(rt: RankTrace) -> dict[str, Any]:
         )
         total_by[which] = flat.reshape(len(which), len(CATEGORIES))
     other = CATEGORIES.index("other")
+    total_by[:, other] = np.maximum(0.0, (ends_all - starts_all) - total_by.sum(axis=1))
+    keys = [f"{c}_us" for c in CATEGORIES]
     rows = []
-    for i, (number, start, end, _pid) in enumerate(rt.steps):
-        covered = float(total_by[i].sum())
-        total_by[i, other] = max(0.0, (end - start) - covered)
+    for (number, start, end, _pid), values in zip(rt.steps, total_by.tolist(), strict=True):
         row: dict[str, Any] = {"step": number, "total_us": end - start}
-        row.update({f"{c}_us": float(total_by[i, j]) for j, c in enumerate(CATEGORIES)})
+        row.update(zip(keys, values, strict=True))
         rows.append(row)
     return summarize(rows)
 
@@ -432,10 +432,18 @@ def per_step(rt: RankTrace, name_type: I64) -> list[dict[str, Any]]:
     is_comp = name_type[cols.gpu_name[sel]] == TYPE_ORDER.index(K.COMPUTATION)
     compute = covered_by_group(group[is_comp], ts[is_comp], end[is_comp], n)
     out = []
-    for k, (number, start, stop, _pid) in enumerate(rt.steps):
-        row: dict[str, Any] = {"step": number, "host_us": stop - start, "kernels": int(kernels[k])}
-        if kernels[k]:
-            lo, hi, b, c = float(first[k]), float(last[k]), float(busy[k]), float(compute[k])
+    columns = zip(
+        rt.steps,
+        kernels.tolist(),
+        first.tolist(),
+        last.tolist(),
+        busy.tolist(),
+        compute.tolist(),
+        strict=True,
+    )
+    for (number, start, stop, _pid), count, lo, hi, b, c in columns:
+        row: dict[str, Any] = {"step": number, "host_us": stop - start, "kernels": count}
+        if count:
             row.update(
                 start_us=lo,
                 end_us=hi,
