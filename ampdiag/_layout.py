@@ -1,10 +1,18 @@
-"""Names of the files in an output folder, kept apart so that readers import nothing heavy."""
+"""Names of the files and folders in an output folder, in one place.
+
+Kept apart (nothing heavy imported) so that readers of a saved session, and ``ampdiag report``
+of a trace, import no torch.
+"""
 
 from pathlib import Path
 
 from ampdiag.errors import OutputError
 
 SESSION_FILE = "session.json"
+REPORT_FILE = "report.html"
+TENSORBOARD_DIR = "tensorboard"  # TensorBoard event files
+TRACE_DIR = "trace"  # Kineto traces, in the layout the TensorBoard profiler plugin reads
+MEMORY_DIR = "memory"  # CUDA memory snapshots
 
 
 def check_writable(out: Path) -> None:

@@ -79,12 +79,12 @@ sys.path.insert(0, {repo!r})
 t = time.perf_counter()
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from ampdiag.analysis.timeline import analyse_rank
+from ampdiag.analysis.timeline import analyze_rank
 from ampdiag.sources.traces import trace_files
 from ampdiag.trace.reader import read_trace
 files = trace_files(Path({path!r}))
 with ProcessPoolExecutor(max_workers={workers}) as pool:
-    ranks = [analyse_rank(rt) for rt in pool.map(read_trace, files, range(len(files)))]
+    ranks = [analyze_rank(rt) for rt in pool.map(read_trace, files, range(len(files)))]
 dt = time.perf_counter() - t
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
 print(dt, int(hwm) * 1024, ranks[0]["idle_us"], ranks[0]["compute_us"])

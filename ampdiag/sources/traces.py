@@ -9,18 +9,21 @@ from __future__ import annotations
 import datetime as _dt
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ampdiag._layout import SESSION_FILE
+from ampdiag._layout import MEMORY_DIR, SESSION_FILE, TENSORBOARD_DIR
 from ampdiag._version import __version__
-from ampdiag.analysis.timeline import analyse_rank, summarise
+from ampdiag.analysis.timeline import analyze_rank, summarize_ranks
 from ampdiag.errors import InputError
 from ampdiag.session import Session
 from ampdiag.trace.hta_extra import run_hta
 from ampdiag.trace.reader import read_traces
 
+if TYPE_CHECKING:
+    from ampdiag.schema import Environment
+
 TRACE_SUFFIXES = (".json", ".json.gz")
-NOT_TRACE_DIRS = frozenset({"tensorboard", "memory"})
+NOT_TRACE_DIRS = frozenset({TENSORBOARD_DIR, MEMORY_DIR})
 
 
 def trace_files(path: Path) -> list[Path]:
@@ -51,7 +54,7 @@ def trace_files(path: Path) -> list[Path]:
 
 
 def session_from_traces(path: Path, hta: bool = False) -> Session:
-    """A Session analysing existing trace file(s), with the sections a trace supports.
+    """A Session analyzing existing trace file(s), with the sections a trace supports.
 
     Args:
         path: A trace file (.json / .json.gz) or a folder of them (one per rank).
@@ -79,7 +82,7 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
         seen.add(rt.rank)
         devices = devices or rt.devices
         world = world or rt.world_size
-        ranks.append(analyse_rank(rt))
+        ranks.append(analyze_rank(rt))
         del rt
     ranks.sort(key=lambda r: r["rank"])
     for r in ranks:
@@ -91,13 +94,13 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
         "source": "trace",
         "trace_files": [str(f) for f in files],
         "ranks": ranks,
-        "summary": summarise(ranks),
+        "summary": summarize_ranks(ranks),
         "warnings": warnings,
     }
     if hta:
         timeline["hta"] = run_hta(path, files)
     has_gpu = any(r["has_gpu"] for r in ranks)
-    env = {
+    env: Environment = {
         "source": "trace",
         "device_type": "cuda" if has_gpu or devices else "cpu",
         "device_name": devices[0]

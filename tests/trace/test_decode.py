@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from ampdiag.analysis.timeline import analyse_rank
+from ampdiag.analysis.timeline import analyze_rank
 from ampdiag.errors import InputError
 from ampdiag.trace import decode as F
 from ampdiag.trace import reader as R
@@ -43,7 +43,7 @@ def test_fast_path_reads_every_real_trace_as_the_lenient_path_does(traces):
         slow = read_lenient(path)
         assert fast.reader == "fast" and slow.reader == "lenient"
         assert _records(fast) == _records(slow), row["path"]
-        _close(analyse_rank(slow), analyse_rank(fast))
+        _close(analyze_rank(slow), analyze_rank(fast))
 
 
 def test_read_trace_uses_the_fast_path(traces):
