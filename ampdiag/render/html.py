@@ -109,6 +109,8 @@ def write_html(session: Session, out: Path) -> Path:
     """Writes out/report.html and returns its path."""
     target = out / REPORT_FILE
     tmp = target.with_suffix(".html.tmp")
-    tmp.write_text(render_html(session), encoding="utf-8")
+    # errors="replace": a lone surrogate (a name decoded with surrogateescape, say) becomes "?"
+    # instead of costing the whole file.
+    tmp.write_bytes(render_html(session).encode("utf-8", errors="replace"))
     tmp.replace(target)
     return target

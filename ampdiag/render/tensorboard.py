@@ -16,11 +16,13 @@ OUT`` lists the run "tensorboard" (these event files) and, with the plugin insta
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 from typing import Any
 
+from ampdiag.render import humanize, png
+from ampdiag.render.charts import Chart
 from ampdiag.render.sections import section_modules
+from ampdiag.render.templating import merged_fixes
 from ampdiag.session import Session
 
 TB_DIR = "tensorboard"
@@ -53,14 +55,22 @@ def findings_markdown(session: Session) -> str:
 
 
 def finding_markdown(finding: Any) -> str:
-    """One finding as Markdown: title, evidence as JSON, fix as a code block."""
-    evidence = {k: v for k, v in finding.evidence.items() if k != "merged"}
-    parts = [
-        f"**{finding.severity}** `{finding.id}`: {finding.title}",
-        "    " + json.dumps(evidence, default=str, indent=1).replace("\n", "\n    "),
+    """One finding as Markdown: title, evidence as a table (humanized), fixes as code blocks.
+
+    The fixes of the findings a recommendation merged follow its own, each under its id.
+    """
+    parts = [f"**{finding.severity}** `{finding.id}`: {_md(finding.title)}"]
+    rows = [
+        f"| {_md(str(k))} | {_md(humanize.by_key(str(k), v))} |"
+        for k, v in finding.evidence.items()
+        if k != "merged"
     ]
+    if rows:
+        parts.append("\n".join(["| evidence | value |", "|---|---|", *rows]))
     if finding.fix:
         parts.append("Fix:\n\n    " + finding.fix.replace("\n", "\n    "))
+    for mid, fix in merged_fixes(finding):
+        parts.append(f"Also, for `{mid}`:\n\n    " + fix.replace("\n", "\n    "))
     return "\n\n".join(parts)
 
 
@@ -82,11 +92,11 @@ def _evidence_numbers(session: Session) -> dict[str, float]:
     return out
 
 
-def add_png(writer: Any, tag: str, png: bytes, step: int = 0) -> None:
-    """Adds a PNG (as the report embeds it) to TensorBoard's image dashboard."""
+def add_chart(writer: Any, tag: str, chart: Chart, step: int = 0) -> None:
+    """Draws a chart as PNG and adds it to TensorBoard's image dashboard."""
     import matplotlib.image as mpimg
 
-    image = mpimg.imread(io.BytesIO(png), format="png")
+    image = mpimg.imread(io.BytesIO(png.draw(chart)), format="png")
     if image.ndim == 2:
         image = image[:, :, None]
     writer.add_image(tag, image[:, :, :3], step, dataformats="HWC")
