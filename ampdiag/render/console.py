@@ -77,7 +77,8 @@ def summary(session: Session, report: Path | None = None, top: int = TOP) -> str
         f"{env.get('device_type', '?')} ({env.get('device_name', '?')}), "
         f"autocast {env.get('autocast') or 'off'}"
     ]
-    lines.append(f"  verdict: {verdict(session)}")
+    width = _width()
+    lines.extend(_wrap(verdict(session), "  verdict: ", INDENT, width))
     share = session.section("profiler").get("breakdown", {}).get("share", {})
     if share:
         lines.append(
@@ -93,7 +94,6 @@ def summary(session: Session, report: Path | None = None, top: int = TOP) -> str
     shown = [f for f in session.findings if f.severity != "info"][:top]
     if shown:
         lines.append(f"  findings ({counts(session)}):")
-        width = _width()
         for f in shown:
             lines.extend(_finding_lines(f, width))
         rest = len(session.findings) - len(shown)
