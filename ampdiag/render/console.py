@@ -10,7 +10,7 @@ import shutil
 import textwrap
 from pathlib import Path
 
-from ampdiag.render import humanize
+from ampdiag import units as humanize
 from ampdiag.render.templating import merged_fixes
 from ampdiag.session import Finding, Session
 

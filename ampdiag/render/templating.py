@@ -8,7 +8,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from ampdiag.render import humanize
+from ampdiag import units as humanize
 
 
 def _evidence(value: Any, key: str = "") -> str:

@@ -19,7 +19,8 @@ import io
 from pathlib import Path
 from typing import Any
 
-from ampdiag.render import humanize, png
+from ampdiag import units as humanize
+from ampdiag.render import png
 from ampdiag.render.charts import Chart
 from ampdiag.render.sections import section_modules
 from ampdiag.render.templating import merged_fixes
@@ -92,6 +93,28 @@ def _evidence_numbers(session: Session) -> dict[str, float]:
     return out
 
 
+def _clean(value: Any) -> Any:
+    """Text TensorBoard's protobufs can encode: lone surrogates replaced."""
+    if isinstance(value, str):
+        return value.encode("utf-8", errors="replace").decode("utf-8")
+    return value
+
+
+class _CleanWriter:
+    """A SummaryWriter whose tags and texts may hold any characters (a module's name can)."""
+
+    def __init__(self, writer: Any) -> None:
+        self._writer = writer
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._writer, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return method(*map(_clean, args), **{k: _clean(v) for k, v in kwargs.items()})
+
+        return call
+
+
 def add_chart(writer: Any, tag: str, chart: Chart, step: int = 0) -> None:
     """Draws a chart as PNG and adds it to TensorBoard's image dashboard."""
     import matplotlib.image as mpimg
@@ -111,7 +134,7 @@ def write_tensorboard(session: Session, out: Path) -> Path:
     # twice in TensorBoard, so ampdiag's own previous event files go first.
     for old in folder.glob("events.out.tfevents.*") if folder.is_dir() else []:
         old.unlink()
-    writer: Any = SummaryWriter(log_dir=str(folder))
+    writer: Any = _CleanWriter(SummaryWriter(log_dir=str(folder)))
     try:
         for step in session.steps:
             if isinstance(step.get("wall_s"), (int, float)):

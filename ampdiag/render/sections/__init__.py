@@ -25,6 +25,9 @@ SECTION_MODULES: tuple[str, ...] = (
     "environment",
 )
 
+#: Headings of the sections whose name does not say it (for a section that failed to build).
+TITLES = {"time": "Step time", "timeline": "GPU timeline", "gradscaler": "GradScaler"}
+
 
 @dataclass
 class ReportSection:
@@ -76,5 +79,5 @@ def failed(name: str, exc: BaseException) -> ReportSection:
     from ampdiag.render.templating import render_template
 
     html = render_template("failed.html.j2", error=f"{type(exc).__name__}: {exc}")
-    title = name.replace("_", " ").capitalize()
+    title = TITLES.get(name, name.replace("_", " ").capitalize())
     return ReportSection(id=name, title=title, html=html, summary="could not be rendered")

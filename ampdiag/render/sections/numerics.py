@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ampdiag.render import charts, humanize, svg
+from ampdiag import units as humanize
+from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session

@@ -1,4 +1,4 @@
-"""Numbers as people read them, the same in the HTML report, the console and TensorBoard.
+"""Numbers as people read them, the same in findings, the HTML report, console and TensorBoard.
 
 Bytes in binary units (134179704 -> "128 MiB"), FLOPs in decimal ones ("318.9 MFLOP"), times
 in the unit that fits ("3.83 s", "12.5 ms", "840 µs"), fractions as percentages, counts with
