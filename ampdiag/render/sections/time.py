@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ampdiag import units as humanize
 from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
@@ -83,7 +84,7 @@ def build(session: Session) -> ReportSection | None:
         device_column=any(float(op.get("self_device_us") or 0.0) > 0 for op in top_ops),
     )
     share = breakdown.get("share", {})
-    summary = ", ".join(f"{c} {share[c]:.0%}" for c in categories(breakdown))
+    summary = ", ".join(f"{c} {humanize.percent(share[c])}" for c in categories(breakdown))
     return ReportSection(
         id="time", title="Step time", html=html, summary=summary, figures=list(uris)
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ampdiag import units
 from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
@@ -68,8 +69,9 @@ def build(session: Session) -> ReportSection | None:
     if gpu:
         r = gpu[0]
         text = (
-            f"rank {r['rank']}: idle {r['idle_share']:.0%}, compute {r['compute_share']:.0%}, "
-            f"non-compute {r['non_compute_share']:.0%}"
+            f"rank {r['rank']}: idle {units.percent(r['idle_share'])}, "
+            f"compute {units.percent(r['compute_share'])}, "
+            f"non-compute {units.percent(r['non_compute_share'])}"
         )
     else:
         text = "no GPU kernels (CPU side only)"
