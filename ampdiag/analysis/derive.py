@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ampdiag.analysis import fp16range, memory_estimates, precision, underflow
+from ampdiag.analysis import fp16range, memory_estimates, precision
+from ampdiag.analysis.rules import numerics
 from ampdiag.session import Session
 
 SECTION = "derived"
@@ -57,8 +58,8 @@ def _numerics(session: Session) -> dict[str, Any] | None:
     if not seen and not session.section("scaler").get("present"):
         return None
     return {
-        "fp16_in_use": underflow.fp16_in_use(session),
-        "underflow": underflow.underflow_summary(session),
+        "fp16_in_use": numerics.fp16_in_use(session),
+        "underflow": numerics.underflow_summary(session),
         "fp16_limits_log2": {
             "flush": fp16range.FP16_MIN_SUBNORMAL_LOG2,
             "subnormal": fp16range.FP16_MIN_NORMAL_LOG2,

@@ -89,8 +89,7 @@ def bars(
             k: [_mean([_finite(float(x)) for x in v[a:b]]) for a, b in runs]
             for k, v in series.items()
         }
-        size = len(labels) // len(runs)
-        note = f"{len(labels)} {unit or 'bars'}, averaged over runs of about {size}"
+        note = f"{len(labels)} {unit or 'bars'}, neighbours averaged into {len(runs)} bars"
     else:
         names = list(labels)
         data = {k: [_finite(float(x)) for x in v] for k, v in series.items()}
@@ -125,8 +124,7 @@ def line(
         data = {
             k: [_mean([_finite(float(u)) for u in v[a:b]]) for a, b in runs] for k, v in ys.items()
         }
-        size = len(x) // len(runs)
-        note = f"{len(x)} points, each shown as the mean of about {size}"
+        note = f"{len(x)} points, neighbours averaged into {len(runs)}"
     else:
         xs = [float(v) for v in x]
         data = {k: [_finite(float(u)) for u in v] for k, v in ys.items()}

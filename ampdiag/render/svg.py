@@ -39,11 +39,14 @@ def _t(text: str) -> str:
 
 
 def _num(v: float) -> str:
+    v = float(v)
     if v == 0:
         return "0"
     a = abs(v)
-    if a >= 1e5 or a < 1e-3:
+    if a >= 1e6 or a < 1e-3:
         return f"{v:.0e}".replace("e+0", "e").replace("e-0", "e-").replace("e+", "e")
+    if v.is_integer():
+        return f"{int(v):,}"
     return f"{v:.4g}"
 
 
