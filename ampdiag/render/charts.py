@@ -17,9 +17,9 @@ from typing import Literal
 
 Kind = Literal["bars", "hbars", "line", "area", "histogram"]
 
-#: Most bars or points a chart shows; longer series are averaged over runs of neighbours.
+#: Most bars or points a chart shows; longer series are averaged over runs of neighbors.
 MAX_POINTS = 300
-#: Most category bars (ranks, steps) in a bar chart before neighbours are averaged.
+#: Most category bars (ranks, steps) in a bar chart before neighbors are averaged.
 MAX_BARS = 60
 
 
@@ -80,7 +80,7 @@ def bars(
     horizontal: bool = False,
     colors: Sequence[str] = (),
 ) -> Chart:
-    """Stacked bars, one per label; beyond MAX_BARS, neighbours averaged into one bar."""
+    """Stacked bars, one per label; beyond MAX_BARS, neighbors averaged into one bar."""
     runs = _runs(len(labels), MAX_BARS)
     note = ""
     if len(runs) < len(labels):
@@ -89,7 +89,7 @@ def bars(
             k: [_mean([_finite(float(x)) for x in v[a:b]]) for a, b in runs]
             for k, v in series.items()
         }
-        note = f"{len(labels)} {unit or 'bars'}, neighbours averaged into {len(runs)} bars"
+        note = f"{len(labels)} {unit or 'bars'}, neighbors averaged into {len(runs)} bars"
     else:
         names = list(labels)
         data = {k: [_finite(float(x)) for x in v] for k, v in series.items()}
@@ -116,7 +116,7 @@ def line(
     logy: bool = False,
     kind: Kind = "line",
 ) -> Chart:
-    """A line (or stacked area) chart; beyond MAX_POINTS points, runs of neighbours averaged."""
+    """A line (or stacked area) chart; beyond MAX_POINTS points, runs of neighbors averaged."""
     runs = _runs(len(x), MAX_POINTS)
     note = ""
     if len(runs) < len(x):
@@ -124,7 +124,7 @@ def line(
         data = {
             k: [_mean([_finite(float(u)) for u in v[a:b]]) for a, b in runs] for k, v in ys.items()
         }
-        note = f"{len(x)} points, neighbours averaged into {len(runs)}"
+        note = f"{len(x)} points, neighbors averaged into {len(runs)}"
     else:
         xs = [float(v) for v in x]
         data = {k: [_finite(float(u)) for u in v] for k, v in ys.items()}

@@ -247,7 +247,7 @@ def test_charts_aggregate_long_series() -> None:
     chart = charts.line(list(range(100_000)), {"v": [1.0] * 100_000}, "step", "ms", "t")
     assert (
         len(chart.x) <= charts.MAX_POINTS
-        and "100000 points, neighbours averaged into 300" == chart.note
+        and chart.note == "100000 points, neighbors averaged into 300"
     )
     bars = charts.bars([str(i) for i in range(1000)], {"a": [1.0] * 1000}, "ms", "t")
     assert len(bars.labels) <= charts.MAX_BARS and bars.series[0][1][0] == 1.0
