@@ -265,3 +265,12 @@ def test_a_section_that_cannot_render_costs_only_itself() -> None:
     time_section = html.split('<section id="time">')[1].split("</section>")[0]
     assert "Wall time per step" not in time_section or "image/svg" in time_section
     assert 'alt="step-times"' in time_section
+
+
+def test_a_report_that_cannot_render_at_all_still_writes_the_findings(tmp_path: Path) -> None:
+    odd = Finding("odd-evidence", "high", "Evidence of the wrong shape.", fix="do this")
+    odd.evidence = ["not", "a", "mapping"]  # type: ignore[assignment]
+    report = write_html(Session(findings=[odd]), tmp_path)
+    html = report.read_text(encoding="utf-8")
+    assert "The full report could not be rendered" in html
+    assert "odd-evidence" in html and "do this" in html
