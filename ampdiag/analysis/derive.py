@@ -14,14 +14,15 @@ from typing import Any
 
 from ampdiag.analysis import fp16range, memory_estimates, precision
 from ampdiag.analysis.rules import numerics
+from ampdiag.schema import DerivedSection
 from ampdiag.session import Session
 
 SECTION = "derived"
 
 
-def derive(session: Session) -> dict[str, Any]:
+def derive(session: Session) -> DerivedSection:
     """Computes the derived figures, stores them as the ``derived`` section, and returns them."""
-    out: dict[str, Any] = {}
+    out: DerivedSection = {}
     errors: dict[str, str] = {}
     for name, part in PARTS.items():
         try:
@@ -30,7 +31,7 @@ def derive(session: Session) -> dict[str, Any]:
             errors[name] = f"{type(exc).__name__}: {exc}"
             continue
         if value is not None:
-            out[name] = value
+            out[name] = value  # type: ignore[literal-required]
     if errors:
         out["errors"] = errors
     session.sections[SECTION] = out

@@ -36,6 +36,7 @@ print(json.dumps(kept))
     assert len(kept) == 2 and "profiler_start" in kept[0] and "CPUAllocator" in kept[1]
 
 
+@pytest.mark.slow
 def test_a_live_profiled_run_prints_no_native_lines(tmp_path: Path) -> None:
     code = f"""
 import torch, ampdiag

@@ -146,6 +146,7 @@ def test_any_name_renders_in_html_and_tensorboard_offline(tmp_path: Path) -> Non
     assert png.draw(chart).startswith(b"\x89PNG")
 
 
+@pytest.mark.slow
 def test_any_module_name_renders_in_a_live_run(tmp_path: Path) -> None:
     import torch
     from torch import nn

@@ -15,11 +15,12 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
+from ampdiag._layout import TRACE_DIR
+from ampdiag.schema import ProfilerSection
 from ampdiag.sources.live import native_log
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 
 TOP_OPS = 25
-TRACE_DIR = "trace"
 
 
 def profiler_activities() -> list[ProfilerActivity]:
@@ -59,7 +60,6 @@ class ProfilerCollector(Collector):
         self._trace_dir = run.out / TRACE_DIR
         self._trace_dir.mkdir(parents=True, exist_ok=True)
         self._earlier = set(self._trace_dir.glob("*.pt.trace.json*"))
-        self._first_recorded = cfg.profile_skip + cfg.profile_warmup
         handler = tensorboard_trace_handler(
             str(self._trace_dir), worker_name=_worker_name(), use_gzip=True
         )
@@ -68,7 +68,7 @@ class ProfilerCollector(Collector):
             handler(prof)
             self._top_ops = top_ops(prof)
             # For collectors that read the same profile (memory): no second profiler.
-            run.extra["profiler.profile"] = prof
+            run.profile = prof
 
         self._prof = profile(
             activities=profiler_activities(),
@@ -86,7 +86,7 @@ class ProfilerCollector(Collector):
         if self._prof is None:
             return
         self._steps_seen = step + 1
-        if self._first_recorded <= step < self._first_recorded + run.config.profile_active:
+        if run.is_profiled(step):
             self._recorded_steps.append(step)
         primer = native_log.prime_allocator_warning()
         with native_log.captured(self._native_log):
@@ -102,6 +102,7 @@ class ProfilerCollector(Collector):
                     prof.stop()
             except Exception as exc:  # a failed trace export must not hide the user's error
                 self._error = f"{type(exc).__name__}: {exc}"
+        run.trace_files = self.trace_files()
 
     def trace_files(self) -> list[Path]:
         """The trace files this run wrote, oldest first (not those of an earlier run)."""
@@ -110,12 +111,12 @@ class ProfilerCollector(Collector):
         files = [p for p in self._trace_dir.glob("*.pt.trace.json*") if p not in self._earlier]
         return sorted(files, key=lambda p: p.stat().st_mtime)
 
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> ProfilerSection | None:
         """Trace files, profiled steps, step-time breakdown and top ops."""
         if self._run is None:
             return None
         files = self.trace_files()
-        out: dict[str, Any] = {
+        out: ProfilerSection = {
             "trace_files": [str(p.relative_to(self._run.out)) for p in files],
             "schedule": {
                 "skip": self._run.config.profile_skip,
