@@ -4,14 +4,14 @@ A timeline is ``{"t_us": [...], "bytes": {category: [...]}, "steps": [(name, sta
 "source": str}``: after each allocator event, the bytes live in each category. torch's memory
 profiler makes one (`ampdiag.compat.memory.categorized_timeline`); when it is unavailable,
 `timeline_from_trace` makes one from the public Kineto trace's ``[memory]`` events and the
-tensors ampdiag knows from the live run:
+tensors ampdiag knows from the live run (the trace read by `ampdiag.trace.reader`):
 
 * an allocation at the address of a known parameter / gradient / optimizer-state tensor, live
   at the end of the step where that tensor was seen, takes that tensor's category;
 * an allocation made in a step whose saved tensors were counted (``saved_by_step``) is an
-  activation when it was live at a ``SAVED_MARK`` event (where they were counted) and autograd
-  saved a storage of its address and size for the backward, else a temporary (a weight's
-  autocast copy is a temporary);
+  activation when it was live as the step's backward began (where they were counted) and
+  autograd saved a storage of its address and size for the backward, else a temporary (a
+  weight's autocast copy is a temporary);
 * without that count, an allocation made before the step's backward began and still live
   after it is an activation (autograd kept it for the backward);
 * everything else is a temporary.
@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from ampdiag.trace.columns import HOST_CATEGORIES
+from ampdiag.trace.records import RankTrace
 
 #: Our memory category names, in plot order (bottom first).
 CATEGORIES: tuple[str, ...] = (
@@ -34,7 +37,6 @@ CATEGORIES: tuple[str, ...] = (
     "unknown",
 )
 MODEL_STATE = ("parameters", "gradients", "optimizer_state")
-BACKWARD_PREFIX = "autograd::engine::evaluate_function"
 #: The profiler event the memory collector leaves where it counted a backward's saved tensors.
 SAVED_MARK = "ampdiag::saved_tensors_counted"
 MAX_POINTS = 400
@@ -120,7 +122,7 @@ def thin(tl: Mapping[str, Any], max_points: int = MAX_POINTS) -> dict[str, Any]:
 
 
 def timeline_from_trace(
-    trace: Mapping[str, Any],
+    trace: RankTrace,
     device_type: int,
     known_by_step: Mapping[int, Mapping[int, str]],
     known_sizes: Mapping[int, int] | None = None,
@@ -129,7 +131,8 @@ def timeline_from_trace(
     """Categorizes the trace's ``[memory]`` events with the known tensors (module docstring).
 
     Args:
-        trace: A Kineto trace document.
+        trace: The Kineto trace, read by the trace reader (its ``memory`` events, steps and
+            backward host spans).
         device_type: 0 for CPU allocations, 1 for CUDA (the trace's ``Device Type``).
         known_by_step: Step index -> {storage address: category} seen at the end of that step.
         known_sizes: Storage address -> bytes of those tensors. A known tensor with no event
@@ -141,30 +144,13 @@ def timeline_from_trace(
     Returns:
         A timeline (source ``"ampdiag-known-tensors"``), or None without memory events.
     """
-    events = [e for e in trace.get("traceEvents", []) if isinstance(e, dict)]
-    mem = sorted(
-        (
-            e
-            for e in events
-            if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == device_type
-        ),
-        key=lambda e: float(e["ts"]),
-    )
+    mem = sorted((e for e in trace.memory if e[3] == device_type), key=lambda e: e[0])
     if not mem:
         return None
-    steps = sorted(
-        (
-            (str(e["name"]), float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
-            for e in events
-            if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X"
-        ),
-        key=lambda s: s[1],
-    )
-    backward = sorted(
-        float(e["ts"]) for e in events if str(e.get("name", "")).startswith(BACKWARD_PREFIX)
-    )
-    marks = sorted(float(e["ts"]) for e in events if e.get("name") == SAVED_MARK)
-    t0 = min([float(mem[0]["ts"])] + [s[1] for s in steps])
+    steps = [(f"ProfilerStep#{n}", start, end) for n, start, end, _pid in trace.steps]
+    host = trace.columns()
+    backward = sorted(host.host_start[host.host_cat == HOST_CATEGORIES.index("backward")].tolist())
+    t0 = min([mem[0][0]] + [s[1] for s in steps])
 
     def bwd_start(t: float) -> float | None:
         for _, start, end in steps:
@@ -182,9 +168,7 @@ def timeline_from_trace(
     # Allocation intervals: (addr, size, t_alloc, t_free or None).
     intervals: list[list[Any]] = []
     open_at: dict[int, int] = {}
-    for e in mem:
-        a = e["args"]
-        addr, size, t = int(a.get("Addr", 0)), int(a.get("Bytes", 0)), float(e["ts"])
+    for t, addr, size, _device in mem:
         if size > 0:
             open_at[addr] = len(intervals)
             intervals.append([addr, size, t, None])
@@ -220,7 +204,8 @@ def timeline_from_trace(
                 return cat
         labels = saved_labels(t_alloc) if t_alloc is not None else None
         if labels is not None and t_alloc is not None:
-            live = any(t_alloc <= m and (t_free is None or m < t_free) for m in marks)
+            b = bwd_start(t_alloc)  # the saved tensors were counted just before it
+            live = b is not None and t_alloc < b and (t_free is None or t_free > b)
             return labels.get((addr, size), "temporaries") if live else "temporaries"
         if t_alloc is not None:
             b = bwd_start(t_alloc)

@@ -47,7 +47,7 @@ from ampdiag.sources.live.collectors.base import (
 )
 from ampdiag.sources.live.patching import Patches
 from ampdiag.sources.live.saved_activations import ParameterIndex, saved_by_graph
-from ampdiag.trace.step_breakdown import load_trace_json
+from ampdiag.trace.reader import read_trace
 
 log = logging.getLogger("ampdiag")
 
@@ -293,9 +293,9 @@ class MemoryCollector(Collector):
         files = run.trace_files
         if not files:
             return None
-        doc = load_trace_json(max(files, key=lambda p: p.stat().st_mtime))
+        trace = read_trace(max(files, key=lambda p: p.stat().st_mtime))
         return tl_mod.timeline_from_trace(
-            doc, 1 if cuda else 0, self._known_by_step, self._known_sizes, self._saved_by_step
+            trace, 1 if cuda else 0, self._known_by_step, self._known_sizes, self._saved_by_step
         )
 
     def section(self) -> MemorySection | None:
