@@ -21,14 +21,8 @@ def test_there_are_tutorials() -> None:
     assert len(NOTEBOOKS) >= 3
 
 
-KNOWN_WRONG = {
-    # The plan now counts what accumulating holds (every gradient through each micro-batch and
-    # the largest parameter's new gradient before it is added: 61 MiB measured at micro-batch
-    # 57), so at 48 MiB no micro-batch fits this model (its activations, 8.7 KB per sample, are
-    # small next to 38 MiB of model state) and no use-grad-accumulation is given: the tutorial
-    # needs a model whose activations dominate (e.g. hidden 1024, batch 8192, 40 MiB).
-    "02_memory_and_accumulation": "no accumulation plan fits 48 MiB for this model",
-}
+#: Tutorials that teach something ampdiag still gets wrong: a strict xfail, with the reason.
+KNOWN_WRONG: dict[str, str] = {}
 
 
 def _case(path: Path) -> object:
