@@ -1,0 +1,67 @@
+"""The scorecard: runs the scenario corpus (tests/scenarios) and prints, per finding id, true
+positives, false negatives and false positives, and the totals.
+
+    python -m benchmarks.bench_truth [-k NAME_SUBSTRING] [-v]
+
+-v prints each miss with its reason. Exit status 0 whatever the score (it is a report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-k", default="", help="only scenarios whose name contains this")
+    parser.add_argument("-v", action="store_true", help="print every miss with its reason")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    import logging
+
+    logging.getLogger("ampdiag").setLevel(logging.ERROR)
+    from tests.scenarios.harness import all_scenarios, combined, score
+
+    per_scenario = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for scenario in all_scenarios():
+            if args.k not in scenario.name:
+                continue
+            t0 = time.perf_counter()
+            try:
+                session, truth = scenario.run(Path(tmp) / scenario.name)
+                result = score(session, scenario, truth)
+            except Exception as exc:  # a broken scenario is reported, not fatal
+                print(f"{scenario.name}: ERROR {exc!r}")
+                continue
+            per_scenario.append(result)
+            misses = [r for s in result.values() for r in s.reasons]
+            mark = "ok  " if not misses else "MISS"
+            print(f"{mark} {scenario.name:<40} {time.perf_counter() - t0:5.1f} s")
+            if args.v:
+                for r in misses:
+                    print(f"       {r}")
+    total = combined(per_scenario)
+    print()
+    print(f"| {'finding id':<32} | TP | FN | FP |")
+    print(f"|{'-' * 34}|----|----|----|")
+    for fid in sorted(total):
+        s = total[fid]
+        print(f"| `{fid}`{' ' * (30 - len(fid))} | {s.tp:>2} | {s.fn:>2} | {s.fp:>2} |")
+    tp = sum(s.tp for s in total.values())
+    fn = sum(s.fn for s in total.values())
+    fp = sum(s.fp for s in total.values())
+    print(f"| **total** ({len(per_scenario)} scenarios){' ' * 13} | {tp:>2} | {fn:>2} | {fp:>2} |")
+    print(f"\n{time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
