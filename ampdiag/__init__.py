@@ -18,19 +18,30 @@ from typing import TYPE_CHECKING, Any
 from ampdiag._version import __version__
 
 if TYPE_CHECKING:
-    from ampdiag.diagnosis import Diagnosis, diagnose
-    from ampdiag.memory.probe import memory_probe
+    from ampdiag.config import DiagnoseConfig
     from ampdiag.session import Finding, Session, load
+    from ampdiag.sources.live.diagnosis import Diagnosis, diagnose
+    from ampdiag.sources.live.memory_probe import memory_probe
 
-__all__ = ["Diagnosis", "Finding", "Session", "__version__", "diagnose", "load", "memory_probe"]
+__all__ = [
+    "DiagnoseConfig",
+    "Diagnosis",
+    "Finding",
+    "Session",
+    "__version__",
+    "diagnose",
+    "load",
+    "memory_probe",
+]
 
 _LAZY = {
-    "diagnose": "ampdiag.diagnosis",
-    "Diagnosis": "ampdiag.diagnosis",
+    "DiagnoseConfig": "ampdiag.config",
+    "diagnose": "ampdiag.sources.live.diagnosis",
+    "Diagnosis": "ampdiag.sources.live.diagnosis",
     "Session": "ampdiag.session",
     "Finding": "ampdiag.session",
     "load": "ampdiag.session",
-    "memory_probe": "ampdiag.memory.probe",
+    "memory_probe": "ampdiag.sources.live.memory_probe",
 }
 
 

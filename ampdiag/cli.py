@@ -74,11 +74,11 @@ def load_any(path: Path, hta: bool = False) -> Session:
     if (path.is_dir() and (path / SESSION_FILE).is_file()) or path.name == SESSION_FILE:
         return load(path)
     if path.suffix in (".pickle", ".pkl"):  # a CUDA memory snapshot: loaded without code
-        from ampdiag.memory.snapshot import session_from_snapshot
+        from ampdiag.sources.snapshot import session_from_snapshot
 
         snapshot_session: Session = session_from_snapshot(path)
         return snapshot_session
-    from ampdiag.trace import session_from_traces
+    from ampdiag.sources.traces import session_from_traces
 
     return session_from_traces(path, hta=hta)
 
@@ -126,7 +126,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _check_out(out: Path) -> None:
-    from ampdiag.diagnosis import check_writable
+    from ampdiag.sources.live.diagnosis import check_writable
 
     check_writable(out)
 

@@ -24,8 +24,8 @@ import torch
 from torch.nn import functional as F
 
 import ampdiag
-from ampdiag.collectors.profiler import make_schedule, profiler_activities
 from ampdiag.demo import GPTConfig, TinyGPT, synthetic_batches
+from ampdiag.sources.live.collectors.profiler import make_schedule, profiler_activities
 from benchmarks.common import median, ratio_line
 
 SKIP, WARMUP, ACTIVE = 1, 1, 4

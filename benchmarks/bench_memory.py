@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ampdiag.diagnosis import diagnose
+from ampdiag.sources.live.diagnosis import diagnose
 
 
 def run(memory: bool, out: Path) -> float:

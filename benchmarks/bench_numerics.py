@@ -37,11 +37,11 @@ from torch.nn import functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ampdiag
-from ampdiag.collectors.activations import ActivationsCollector
-from ampdiag.collectors.base import DiagnoseConfig
-from ampdiag.collectors.gradients import GradientsCollector, device_stats
-from ampdiag.collectors.scaler import ScalerCollector
+from ampdiag.config import DiagnoseConfig
 from ampdiag.demo import GPTConfig, TinyGPT, synthetic_batches
+from ampdiag.sources.live.collectors.activations import ActivationsCollector
+from ampdiag.sources.live.collectors.gradients import GradientsCollector, device_stats
+from ampdiag.sources.live.collectors.scaler import ScalerCollector
 
 
 def sync(device: torch.device) -> None:

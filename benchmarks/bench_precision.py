@@ -17,8 +17,8 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ampdiag.collectors.dtype_audit import DtypeAudit
 from ampdiag.demo import GPTConfig, TinyGPT
+from ampdiag.sources.live.collectors.dtype_audit import DtypeAudit
 
 
 def main() -> None:

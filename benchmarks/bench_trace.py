@@ -39,7 +39,7 @@ OURS = """
 import sys, time
 sys.path.insert(0, {repo!r})
 t = time.perf_counter()
-from ampdiag.trace import session_from_traces
+from ampdiag.sources.traces import session_from_traces
 from pathlib import Path
 if {stdlib!r}:
     import ampdiag.trace.reader as R

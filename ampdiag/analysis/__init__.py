@@ -9,10 +9,10 @@ from ampdiag.session import Finding, Session
 def analyze(session: Session) -> list[Finding]:
     """Runs every registered rule, then the advisors, and returns the ranked findings.
 
-    The advisors (`ampdiag.analysis.advice`) run after all rules: they weigh every finding and
+    The advisors (`ampdiag.analysis.advisors`) run after all rules: they weigh every finding and
     merge the ones that one recommendation explains.
     """
-    from ampdiag.analysis.advice import advise
+    from ampdiag.analysis.advisors import advise
 
     return advise(session, run_rules(session))
 

@@ -1,7 +1,8 @@
 """FP16's range, and what a binary-exponent histogram says about values held in it (pure Python).
 
 The collectors count values by their float32 exponent field ``e`` (0..255, see
-``ampdiag.collectors._exponents``): bin 0 holds zeros (and float32 subnormals, below 2^-126),
+``ampdiag.sources.live.collectors._exponents``): bin 0 holds zeros (and float32
+subnormals, below 2^-126),
 bin 255 holds inf/NaN, and bin ``e`` in 1..254 holds |x| in [2^(e-127), 2^(e-126)). Multiplying
 by a power-of-two loss scale 2^s moves a value from bin e to e+s exactly, so a histogram taken
 once predicts, exactly, what FP16 would hold at any other power-of-two scale:

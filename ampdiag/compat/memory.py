@@ -7,7 +7,7 @@ Two private torch features live here, and only here:
   parameter, gradient, optimizer state, activation, temporary, input or autograd detail.
   `categorized_timeline` returns None when the module or the attributes it reads are missing
   or changed, and the caller falls back to ampdiag's own categorisation
-  (`ampdiag.memory.timeline`), which needs only the public trace and the known tensors.
+  (`ampdiag.analysis.memory_timeline`), which needs only the public trace and the known tensors.
 * ``torch.cuda.memory._record_memory_history`` / ``_snapshot`` (torch >= 2.1, the ``enabled=``
   keyword form). `start_cuda_history` returns False when unavailable; `cuda_snapshot` returns
   None. The snapshot is a plain dict in torch's documented format (``segments``,
@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
+from ampdiag.analysis.memory_timeline import CATEGORIES  # our category names, in plot order
 from ampdiag.compat import torch_at_least
-from ampdiag.memory.timeline import CATEGORIES  # our category names, in plot order
 
 log = logging.getLogger("ampdiag")
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ampdiag.session import Session
 
 if TYPE_CHECKING:
-    from ampdiag.collectors.base import DiagnoseConfig
+    from ampdiag.config import DiagnoseConfig
 
 log = logging.getLogger("ampdiag")
 

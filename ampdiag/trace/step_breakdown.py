@@ -11,8 +11,9 @@ The categories come from names torch itself writes:
 - forward: every other CPU op inside the step.
 
 This module holds the categories and how an event is classified; the trace reader
-(`ampdiag.trace.reader`) keeps the classified host spans and `ampdiag.trace.timeline.host_breakdown`
-computes the breakdown, for live sessions and existing traces alike.
+(`ampdiag.trace.reader`) keeps the classified host spans and
+`ampdiag.analysis.timeline.host_breakdown` computes the breakdown, for live sessions and
+existing traces alike.
 """
 
 from __future__ import annotations

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from ampdiag.analysis import advice as advice_mod
+from ampdiag.analysis import advisors as advice_mod
 from ampdiag.analysis import analyze
-from ampdiag.analysis.advice import Advisor, advise
-from ampdiag.analysis.rules.advice import THRESHOLDS
+from ampdiag.analysis.advisors import Advisor, advise
+from ampdiag.analysis.rules.recommendations import THRESHOLDS
 from ampdiag.session import Finding, Session
 
 GiB = 1024**3

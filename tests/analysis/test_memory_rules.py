@@ -5,8 +5,8 @@ from pathlib import Path
 
 from ampdiag.analysis import analyze
 from ampdiag.analysis.rules.memory import THRESHOLDS
-from ampdiag.memory.snapshot import summarize_snapshot
 from ampdiag.session import Session
+from ampdiag.sources.snapshot import summarize_snapshot
 
 MiB = 1024**2
 FIXTURE = Path(__file__).parent.parent / "data" / "cuda" / "snapshot_documented_format.json"

@@ -11,8 +11,8 @@ import torch
 from torch.nn import functional as F
 
 import ampdiag
-from ampdiag.collectors import dtype_audit
-from ampdiag.collectors.dtype_audit import REASONS
+from ampdiag.sources.live.collectors import dtype_audit
+from ampdiag.sources.live.collectors.dtype_audit import REASONS
 from tests.precision_model import AuditNet, batch, train_step
 
 QUIET = {"profile": False, "report": False, "tensorboard": False, "console": False}

@@ -10,7 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ampdiag.compat import memory as compat_memory
-from ampdiag.diagnosis import diagnose
+from ampdiag.sources.live.diagnosis import diagnose
 
 QUIET = {"report": False, "tensorboard": False, "console": False}
 BATCHES = [8, 8, 16, 32, 8]  # profiled steps (skip 1, warm-up 1, active 3): 16, 32, 8
@@ -82,7 +82,7 @@ def test_activations_grow_with_the_batch_as_measured(run) -> None:
     assert [b for b, _ in points] == [8, 16, 32]
     values = [v for _, v in points]
     assert values[0] < values[1] < values[2]
-    from ampdiag.memory.estimates import activation_fit
+    from ampdiag.analysis.memory_estimates import activation_fit
 
     fit = activation_fit(mem)
     assert fit is not None and fit["source"] == "live run" and fit["per_sample_bytes"] > 0
@@ -129,7 +129,7 @@ def test_oom_still_writes_session_and_finding(tmp_path: Path) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_demo_writes_snapshot(tmp_path: Path) -> None:
     from ampdiag.demo import run_demo
-    from ampdiag.safe_pickle import load_plain
+    from ampdiag.sources.safe_pickle import load_plain
 
     out = run_demo(tmp_path, device="cuda", steps=5)
     mem = json.loads((out / "session.json").read_text())["memory"]

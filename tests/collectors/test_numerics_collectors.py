@@ -12,7 +12,7 @@ from torch import nn
 
 import ampdiag
 from ampdiag.analysis import fp16range
-from ampdiag.collectors._exponents import raw_histogram, raw_histograms
+from ampdiag.sources.live.collectors._exponents import raw_histogram, raw_histograms
 
 QUIET = {"profile": False, "report": False, "tensorboard": False, "console": False}
 

@@ -11,7 +11,8 @@ from torch import nn
 
 import ampdiag
 from ampdiag.analysis import fp16range
-from ampdiag.collectors._exponents import (
+from ampdiag.config import DiagnoseConfig, is_sampled_step
+from ampdiag.sources.live.collectors._exponents import (
     histograms,
     host_signed_histograms,
     raw_histogram,
@@ -19,8 +20,7 @@ from ampdiag.collectors._exponents import (
     sampled_signed_histograms,
     signed_histograms_of,
 )
-from ampdiag.collectors.base import DiagnoseConfig, is_sampled_step
-from ampdiag.collectors.gradients import device_stats
+from ampdiag.sources.live.collectors.gradients import device_stats
 from tests.collectors.test_numerics_collectors import QUIET, direct_fp16, mlp, train, wide_values
 
 

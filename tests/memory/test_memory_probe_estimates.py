@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import ampdiag
-from ampdiag.memory import estimates
+from ampdiag.analysis import memory_estimates as estimates
 
 
 def mlp() -> nn.Module:

@@ -11,7 +11,7 @@ import pytest
 
 from ampdiag.cli import main
 from ampdiag.errors import InputError
-from ampdiag.safe_pickle import load_plain, loads_plain
+from ampdiag.sources.safe_pickle import load_plain, loads_plain
 
 FIXTURE = Path(__file__).parent.parent / "data" / "cuda" / "snapshot_documented_format.json"
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ampdiag.errors import InputError
-from ampdiag.memory.snapshot import check_snapshot, session_from_snapshot, summarize_snapshot
+from ampdiag.sources.snapshot import check_snapshot, session_from_snapshot, summarize_snapshot
 
 MiB = 1024**2
 FIXTURE = Path(__file__).parent.parent / "data" / "cuda" / "snapshot_documented_format.json"

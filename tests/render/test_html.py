@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from ampdiag.analysis.advice import advise
+from ampdiag.analysis.advisors import advise
 from ampdiag.render.html import TOPICS, render_html
 from ampdiag.session import Finding, Session
 from tests.analysis.test_advice import cuda_session, fp16_findings

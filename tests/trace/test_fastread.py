@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
+from ampdiag.analysis.timeline import analyse_rank
 from ampdiag.errors import InputError
 from ampdiag.trace import fastread as F
 from ampdiag.trace import reader as R
-from ampdiag.trace.timeline import analyse_rank
 from tests.trace.conftest import kernel, launch, manifest, step, write_trace
 from tests.trace.conftest import records as _records
 

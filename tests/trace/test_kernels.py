@@ -1,6 +1,6 @@
 import pytest
 
-from ampdiag.trace.kernels import kernel_type, precision, short_name
+from ampdiag.analysis.kernels import kernel_type, precision, short_name
 
 
 @pytest.mark.parametrize(

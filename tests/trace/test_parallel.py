@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
+from ampdiag.analysis.timeline import analyse_rank
 from ampdiag.trace import fastread as F
 from ampdiag.trace import parallel as P
 from ampdiag.trace import reader as R
-from ampdiag.trace.timeline import analyse_rank
 from tests.trace.conftest import kernel, launch, manifest, no_children_left, step, write_trace
 from tests.trace.conftest import records as _records
 

@@ -6,10 +6,10 @@ import shutil
 import pytest
 
 from ampdiag.errors import InputError
+from ampdiag.sources.traces import session_from_traces, trace_files
 from ampdiag.trace import parallel as P
 from ampdiag.trace import parallel_files as PF
 from ampdiag.trace import reader as R
-from ampdiag.trace import session_from_traces, trace_files
 from tests.trace.conftest import manifest, no_children_left
 from tests.trace.conftest import records as _records
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from ampdiag.analysis.timeline import analyse_rank
 from ampdiag.trace.reader import RankTrace, read_trace
-from ampdiag.trace.timeline import analyse_rank
 from tests.trace.conftest import manifest, shared_traces
 
 TOLERANCE = 0.01  # of the trace's span

@@ -6,7 +6,7 @@ import pytest
 
 from ampdiag.analysis import analyze
 from ampdiag.cli import main
-from ampdiag.trace import session_from_traces
+from ampdiag.sources.traces import session_from_traces
 from tests.trace.conftest import REPO, kernel, launch, step, write_trace
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from ampdiag.analysis import memory_estimates as estimates
 from ampdiag.analysis.registry import rule
-from ampdiag.memory import estimates
 from ampdiag.session import Finding, Session, Severity
 
 THRESHOLDS = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ampdiag.memory import estimates
-from ampdiag.memory.timeline import CATEGORIES
+from ampdiag.analysis import memory_estimates as estimates
+from ampdiag.analysis.memory_timeline import CATEGORIES
 from ampdiag.render import plots
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template

@@ -25,10 +25,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ampdiag.analysis import fp16range
-from ampdiag.collectors._exponents import host_signed_histograms, sampled_signed_histograms
-from ampdiag.collectors._host import Deferred, absorb_ready
-from ampdiag.collectors.base import Collector, RunContext, internal_work
 from ampdiag.compat import scaler as compat_scaler
+from ampdiag.sources.live.collectors._exponents import (
+    host_signed_histograms,
+    sampled_signed_histograms,
+)
+from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
+from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work
 
 if TYPE_CHECKING:
     import numpy as np

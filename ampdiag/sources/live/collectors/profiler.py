@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-from ampdiag.collectors.base import Collector, RunContext
+from ampdiag.sources.live.collectors.base import Collector, RunContext
 
 TOP_OPS = 25
 TRACE_DIR = "trace"
@@ -155,8 +155,8 @@ def host_breakdown_of(trace: Path, steps: list[int]) -> dict[str, Any]:
     Only the recorded steps count: a run that ends inside the profiler's active window leaves
     a stub ``ProfilerStep`` after the last real one.
     """
+    from ampdiag.analysis.timeline import host_breakdown
     from ampdiag.trace.reader import read_trace
-    from ampdiag.trace.timeline import host_breakdown
 
     rt = read_trace(trace)
     rt.steps = [s for s in rt.steps if s[0] in steps]

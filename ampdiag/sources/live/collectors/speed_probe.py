@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 
-from ampdiag.collectors.base import Collector, RunContext, tensors_in
-from ampdiag.collectors.discovery import autocast_state
+from ampdiag.sources.live.collectors.base import Collector, RunContext, tensors_in
+from ampdiag.sources.live.discovery import autocast_state
 
 TOP_MODULES = 15
 

@@ -6,8 +6,9 @@
 * Timeline (profiled steps): read from the profile the profiler collector already records
   (``profile_memory=True``; no second profiler). torch's memory profiler labels the tensors
   (`ampdiag.compat.memory.categorized_timeline`); when it is unavailable, ampdiag's own
-  categoriser reads the Kineto trace (`ampdiag.memory.timeline.timeline_from_trace`). Both use
-  the parameter, gradient and optimizer-state addresses seen at the end of each profiled step.
+  categoriser reads the Kineto trace (`ampdiag.analysis.memory_timeline.timeline_from_trace`).
+  Both use the parameter, gradient and optimizer-state addresses seen at the end of each
+  profiled step.
 * CUDA: ``_record_memory_history`` over the block, a snapshot at its end (also when it raised,
   e.g. ``torch.OutOfMemoryError``: the failing frames still hold their tensors), written as
   ``memory/snapshot.pickle`` (open it at https://pytorch.org/memory_viz) and summarised into
@@ -25,9 +26,9 @@ from typing import Any
 
 import torch
 
-from ampdiag.collectors.base import Collector, RunContext
+from ampdiag.analysis import memory_timeline as tl_mod
 from ampdiag.compat import memory as compat_memory
-from ampdiag.memory import timeline as tl_mod
+from ampdiag.sources.live.collectors.base import Collector, RunContext
 from ampdiag.trace.step_breakdown import load_trace_json
 
 log = logging.getLogger("ampdiag")
@@ -194,7 +195,7 @@ class MemoryCollector(Collector):
                 self._cuda_recording = False
 
     def _cuda_section(self, run: RunContext) -> dict[str, Any] | None:
-        from ampdiag.memory.snapshot import summarize_snapshot
+        from ampdiag.sources.snapshot import summarize_snapshot
 
         snap = compat_memory.cuda_snapshot()
         out: dict[str, Any] = {}

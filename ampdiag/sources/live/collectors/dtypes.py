@@ -1,7 +1,7 @@
 """The precision audit's collector: one audit of one step, as the ``precision`` section.
 
-It runs one :class:`~ampdiag.collectors.dtype_audit.DtypeAudit` (what each op ran in, and why)
-on the step ``DiagnoseConfig.precision_step``.
+It runs one `DtypeAudit` (``collectors/dtype_audit.py``: what each op ran in, and why) on the
+step ``DiagnoseConfig.precision_step``.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from ampdiag.collectors.base import Collector, RunContext
-from ampdiag.collectors.dtype_audit import DtypeAudit
-from ampdiag.collectors.module_tracker import ROOT
 from ampdiag.compat import autocast as ac
+from ampdiag.sources.live.collectors.base import Collector, RunContext
+from ampdiag.sources.live.collectors.dtype_audit import DtypeAudit
+from ampdiag.sources.live.collectors.module_tracker import ROOT
 
 
 class DtypeAuditCollector(Collector):

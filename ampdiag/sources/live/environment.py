@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from ampdiag.collectors.base import RunContext
+    from ampdiag.sources.live.collectors.base import RunContext
 
 
 def cpu_flags() -> list[str]:

@@ -41,10 +41,10 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ampdiag.collectors.base import is_internal_work
-from ampdiag.collectors.module_tracker import ModuleTracker, tensors_of
 from ampdiag.compat import autocast as ac
-from ampdiag.patching import Patches
+from ampdiag.sources.live.collectors.base import is_internal_work
+from ampdiag.sources.live.collectors.module_tracker import ModuleTracker, tensors_of
+from ampdiag.sources.live.patching import Patches
 
 LOW = frozenset({torch.float16, torch.bfloat16})
 FP32 = frozenset({torch.float32, torch.float64})

@@ -23,11 +23,16 @@ from typing import Any
 import torch
 
 from ampdiag._version import __version__
-from ampdiag.collectors import Collector, DiagnoseConfig, RunContext, default_collectors
-from ampdiag.collectors.discovery import Discovery
-from ampdiag.environment import describe_environment, distributed_info
 from ampdiag.errors import OutputError
 from ampdiag.session import Session, StepRecord
+from ampdiag.sources.live.collectors import (
+    Collector,
+    DiagnoseConfig,
+    RunContext,
+    default_collectors,
+)
+from ampdiag.sources.live.discovery import Discovery
+from ampdiag.sources.live.environment import describe_environment, distributed_info
 
 log = logging.getLogger("ampdiag")
 

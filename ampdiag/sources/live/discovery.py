@@ -14,8 +14,8 @@ import torch
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
-from ampdiag.collectors.base import internal_work
-from ampdiag.patching import Patches
+from ampdiag.sources.live.collectors.base import internal_work
+from ampdiag.sources.live.patching import Patches
 
 AUTOCAST_DEVICES = ("cuda", "cpu")
 

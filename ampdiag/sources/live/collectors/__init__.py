@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from ampdiag.collectors.base import Collector, DiagnoseConfig, RunContext
+from ampdiag.config import DiagnoseConfig
+from ampdiag.sources.live.collectors.base import Collector, RunContext
 
 
 def default_collectors(config: DiagnoseConfig) -> list[Collector]:
     """The collectors diagnose() attaches by default, in callback order."""
-    from ampdiag.collectors.profiler import ProfilerCollector
-    from ampdiag.collectors.speed_probe import SpeedProbe
+    from ampdiag.sources.live.collectors.profiler import ProfilerCollector
+    from ampdiag.sources.live.collectors.speed_probe import SpeedProbe
 
     collectors: list[Collector] = []
     # SpeedProbe stays FIRST: collectors stop in reverse order, so its stop() (which runs the
@@ -17,17 +18,17 @@ def default_collectors(config: DiagnoseConfig) -> list[Collector]:
     if config.profile:
         collectors.append(ProfilerCollector())
     if config.memory:
-        from ampdiag.collectors.memory import MemoryCollector
+        from ampdiag.sources.live.collectors.memory import MemoryCollector
 
         collectors.append(MemoryCollector())
     if config.precision:
-        from ampdiag.collectors.dtypes import DtypeAuditCollector
+        from ampdiag.sources.live.collectors.dtypes import DtypeAuditCollector
 
         collectors.append(DtypeAuditCollector())
     if config.numerics:
-        from ampdiag.collectors.activations import ActivationsCollector
-        from ampdiag.collectors.gradients import GradientsCollector
-        from ampdiag.collectors.scaler import ScalerCollector
+        from ampdiag.sources.live.collectors.activations import ActivationsCollector
+        from ampdiag.sources.live.collectors.gradients import GradientsCollector
+        from ampdiag.sources.live.collectors.scaler import ScalerCollector
 
         collectors += [ScalerCollector(), GradientsCollector(), ActivationsCollector()]
     return collectors

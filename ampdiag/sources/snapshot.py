@@ -200,8 +200,8 @@ def summarize_snapshot(
 
 def session_from_snapshot(path: Path) -> Any:
     """A Session holding only the memory section of a snapshot pickle (safely unpickled)."""
-    from ampdiag.safe_pickle import load_plain
     from ampdiag.session import Session
+    from ampdiag.sources.safe_pickle import load_plain
 
     snap = check_snapshot(load_plain(path))
     summary = summarize_snapshot(snap)

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ampdiag.analysis import fp16range
-from ampdiag.collectors._exponents import BINS, sample_view, signed_histograms_of
-from ampdiag.collectors._host import Deferred, absorb_ready
-from ampdiag.collectors.base import Collector, RunContext, internal_work, tensors_in
 from ampdiag.compat import scaler as compat_scaler
+from ampdiag.sources.live.collectors._exponents import BINS, sample_view, signed_histograms_of
+from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
+from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
 
 if TYPE_CHECKING:
     import numpy as np

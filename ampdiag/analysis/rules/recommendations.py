@@ -1,4 +1,4 @@
-"""Advisors: recommendations computed from several findings at once (see analysis/advice.py).
+"""Advisors: recommendations computed from several findings at once (see analysis/advisors.py).
 
 Each advisor reads the findings the rules produced (by their stable ids and documented evidence
 keys) and the session's environment, and returns one recommendation with the numbers it rests
@@ -24,7 +24,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from ampdiag.analysis.advice import Advice, advisor, find, number, worst_severity
+from ampdiag.analysis.advisors import Advice, advisor, find, number, worst_severity
 from ampdiag.session import Finding, Session
 
 THRESHOLDS: dict[str, float] = {

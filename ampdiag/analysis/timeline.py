@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ampdiag.trace import kernels as K
+from ampdiag.analysis import kernels as K
 from ampdiag.trace.columns import GPU_KINDS, HOST_CATEGORIES, Columns
 from ampdiag.trace.reader import RankTrace
 from ampdiag.trace.step_breakdown import CATEGORIES, summarize

@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from ampdiag.collectors._host import Deferred, pack
-from ampdiag.collectors.base import Collector, RunContext
-from ampdiag.collectors.gradients import BEFORE_SCALER_STEP
 from ampdiag.compat import scaler as compat_scaler
-from ampdiag.patching import Patches
+from ampdiag.sources.live.collectors._host import Deferred, pack
+from ampdiag.sources.live.collectors.base import Collector, RunContext
+from ampdiag.sources.live.collectors.gradients import BEFORE_SCALER_STEP
+from ampdiag.sources.live.patching import Patches
 
 FLUSH_EVERY = 64
 MAX_EVENTS = 50

@@ -109,7 +109,7 @@ def memory_probe(
         ...     model, lambda n: (torch.randn(n, 64), torch.randint(0, 10, (n,))),
         ...     loss_fn=torch.nn.functional.cross_entropy, autocast_dtype=torch.bfloat16)
     """
-    from ampdiag.memory.estimates import fit_linear
+    from ampdiag.analysis.memory_estimates import fit_linear
 
     sizes = [int(b) for b in batch_sizes]
     if len(set(sizes)) < 2 or min(sizes) < 1:
@@ -157,7 +157,7 @@ def memory_probe(
     if peaks:
         result["cuda_forward_peak"] = peaks
     if record:
-        from ampdiag.collectors.memory import record_probe
+        from ampdiag.sources.live.collectors.memory import record_probe
 
         record_probe(result)
     return result

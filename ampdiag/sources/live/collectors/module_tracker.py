@@ -1,6 +1,6 @@
 """The innermost module each op runs under, in the forward and in the backward.
 
-Used by the precision audit (:mod:`ampdiag.collectors.dtype_audit`) to attribute ops to
+Used by the precision audit (:mod:`ampdiag.sources.live.collectors.dtype_audit`) to attribute ops to
 modules (``blocks.3.attn.proj``).
 """
 

@@ -1,0 +1,104 @@
+"""`DiagnoseConfig`: every setting of a diagnose() run, typed and documented in one place.
+
+Kept apart from the collectors so that the public surface, the CLI and the renderers can read
+settings without importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class DiagnoseConfig:
+    """Settings of one diagnose() run (saved in the session's ``config``).
+
+    Attributes:
+        profile: Run torch.profiler at all.
+        profile_skip: Steps skipped at the start before the profiler records (warm-up).
+        profile_warmup: Profiler warm-up steps (traced but discarded), after the skip.
+        profile_active: Steps the profiler records.
+        record_shapes: Record input shapes in the trace.
+        profile_memory: Record allocator events in the trace.
+        with_stack: Record Python stacks in the trace (costly).
+        sample_every: Which steps the sampled (more expensive) collectors run on: the numerics
+            statistics (gradients, activations) and the speed probe's input capture. ``N > 0``:
+            exactly every N-th step (0, N, 2N, ...), profiled steps included. ``0`` (the
+            default): automatic, see ``sample_first`` and ``sample_period``.
+        sample_first: Automatic schedule: every one of the first ``sample_first`` steps is
+            sampled, so a short run is measured on every step ...
+        sample_period: ... and after them every ``sample_period``-th step (steps
+            ``sample_first``, ``sample_first + sample_period``, ...), which keeps the
+            amortised cost of the statistics within a few percent of the step time. Under
+            the automatic schedule the steps the profiler records (``profile_skip +
+            profile_warmup`` up to ``+ profile_active``) are never sampled, so the trace
+            shows the user's step unperturbed by ampdiag's own statistics.
+            The scaler's telemetry (scale, skipped steps) covers every step whatever the
+            schedule; to locate a NaN's origin at the very step it first appears, use
+            ``sample_every=1``.
+        max_steps_recorded: Cap on per-step records kept (the first ones are kept).
+        report: Render report.html (and the console summary) on exit.
+        tensorboard: Write TensorBoard event files on exit.
+        console: Print the short console summary on exit.
+        memory: Run the memory collector (model state, timeline by category, CUDA snapshot).
+        memory_history: On CUDA, record the allocator history and snapshot it at the end.
+        memory_history_max_entries: Allocator events kept by the CUDA history (a ring).
+        memory_target_batch: Effective batch to plan micro-batches and accumulation for.
+        memory_limit_bytes: Memory budget for the plan (default: the device's capacity).
+        numerics: Collect gradient statistics, activation range/underflow, NaN origin and
+            GradScaler telemetry (collectors gradients, activations, scaler).
+        numerics_sample_elements: Values examined per tensor for the exponent histograms
+            (runs of 16 consecutive values spread evenly over the tensor; 0 = all). Norms,
+            the forward range and the scaler's inf checks always use all values.
+        activation_every: Period of the activation hooks (0 = every sampled step).
+        precision: Audit the dtype of every op of one step (forward and backward).
+        precision_step: The step the precision audit runs on (default the second, index 1:
+            the first pays for lazy initialisation).
+        speed_probe: At the end of the run, time the model's forward + backward in FP32 and
+            under the run's autocast (see collectors/speed_probe.py; changes nothing).
+        speed_probe_repeats: Interleaved timed pairs of the speed probe.
+    """
+
+    profile: bool = True
+    profile_skip: int = 1
+    profile_warmup: int = 1
+    profile_active: int = 3
+    record_shapes: bool = True
+    profile_memory: bool = True
+    with_stack: bool = False
+    sample_every: int = 0
+    sample_first: int = 10
+    sample_period: int = 20
+    max_steps_recorded: int = 100_000
+    report: bool = True
+    tensorboard: bool = True
+    console: bool = True
+    memory: bool = True
+    memory_history: bool = True
+    memory_history_max_entries: int = 100_000
+    memory_target_batch: int | None = None
+    memory_limit_bytes: int | None = None
+    numerics: bool = True
+    numerics_sample_elements: int = 1024
+    activation_every: int = 0
+    precision: bool = True
+    precision_step: int = 1
+    speed_probe: bool = True
+    speed_probe_repeats: int = 3
+
+
+def is_sampled_step(config: DiagnoseConfig, step: int) -> bool:
+    """Whether ``step`` is sampled under ``config`` (see `DiagnoseConfig.sample_every`).
+
+    ``sample_every=N > 0``: every N-th step. ``0`` (automatic): every one of the first
+    ``sample_first`` steps, then every ``sample_period``-th, never a step the profiler records.
+    """
+    if config.sample_every > 0:
+        return step % config.sample_every == 0
+    if config.profile:
+        first = config.profile_skip + config.profile_warmup
+        if first <= step < first + config.profile_active:
+            return False
+    if step < config.sample_first:
+        return True
+    return (step - config.sample_first) % max(1, config.sample_period) == 0

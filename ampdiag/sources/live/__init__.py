@@ -1,0 +1,1 @@
+"""A live run: ``diagnose()`` (the engine), the discovery hooks and the collectors."""

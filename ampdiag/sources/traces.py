@@ -1,0 +1,126 @@
+"""A Session from existing Kineto traces: one file, or a folder with one trace per rank.
+
+The reading is `ampdiag.trace`'s; the timeline figures are `ampdiag.analysis.timeline`'s; this
+module only puts what they return into a Session (and must not import torch).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ampdiag.errors import InputError
+
+if TYPE_CHECKING:
+    from ampdiag.session import Session
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+NOT_TRACE_DIRS = frozenset({"tensorboard", "memory"})
+
+
+def trace_files(path: Path) -> list[Path]:
+    """The trace files at a path: the file itself, or the traces in a folder (sorted)."""
+    from ampdiag._layout import SESSION_FILE
+
+    if path.is_file():
+        return [path]
+    # A folder of diagnose() outputs (rank-N/ sessions) holds other JSON: session files and
+    # TensorBoard/memory folders are not traces.
+    found = sorted(
+        p
+        for p in path.rglob("*")
+        if p.is_file()
+        and p.name.endswith(TRACE_SUFFIXES)
+        and p.name != SESSION_FILE
+        and not NOT_TRACE_DIRS.intersection(p.relative_to(path).parts[:-1])
+    )
+    if not found:
+        raise InputError(f"no trace files (*.json, *.json.gz) in {str(path)!r}")
+    return found
+
+
+def session_from_traces(path: Path, hta: bool = False) -> Session:
+    """A Session analysing existing trace file(s), with the sections a trace supports.
+
+    Args:
+        path: A trace file (.json / .json.gz) or a folder of them (one per rank).
+        hta: Also run HTA's own analyses (critical path, queue length, launch statistics) where
+            HTA is installed and they succeed; their results go under ``timeline.hta``.
+
+    Returns:
+        A Session whose ``timeline`` section holds one entry per rank (``ranks``: ``idle_us``,
+        ``compute_us``, ``non_compute_us`` and the rest, in HTA's definitions) and a ``summary``;
+        its ``profiler`` section holds the host step breakdown of the first rank.
+
+    Raises:
+        InputError: No trace files, or a file that is unreadable or not a Kineto trace.
+    """
+    from ampdiag.trace.reader import read_traces
+
+    files = trace_files(path)
+    ranks = []
+    devices: list[str] = []
+    world: int | None = None
+    seen: set[int] = set()
+    warnings: list[str] = []
+    for index, (file, rt) in enumerate(zip(files, read_traces(files), strict=True)):
+        # after the first read: the reader forks its workers before numpy is imported
+        from ampdiag.analysis.timeline import analyse_rank, summarise
+
+        if rt.rank in seen:
+            warnings.append(f"{file.name}: rank {rt.rank} appears twice; using {index}")
+            rt.rank, rt.rank_source = index, "position"
+        seen.add(rt.rank)
+        devices = devices or rt.devices
+        world = world or rt.world_size
+        ranks.append(analyse_rank(rt))
+        del rt
+    ranks.sort(key=lambda r: r["rank"])
+    for r in ranks:
+        warnings.extend(f"rank {r['rank']}: {w}" for w in r["warnings"])
+        if not r["has_gpu"]:
+            warnings.append(f"rank {r['rank']}: no GPU kernels in the trace (CPU side only)")
+    # imported after reading: the reader forks its workers before anything heavy is imported
+    import datetime as _dt
+
+    from ampdiag._version import __version__
+    from ampdiag.session import Session
+
+    first = ranks[0]
+    timeline: dict[str, Any] = {
+        "source": "trace",
+        "trace_files": [str(f) for f in files],
+        "ranks": ranks,
+        "summary": summarise(ranks),
+        "warnings": warnings,
+    }
+    if hta:
+        from ampdiag.trace.hta_extra import run_hta
+
+        timeline["hta"] = run_hta(path, files)
+    has_gpu = any(r["has_gpu"] for r in ranks)
+    env = {
+        "source": "trace",
+        "device_type": "cuda" if has_gpu or devices else "cpu",
+        "device_name": devices[0]
+        if devices
+        else ("GPU (unnamed in the trace)" if has_gpu else "cpu"),
+        "rank": first["rank"],
+        "world_size": world or len(ranks),
+        "ranks_in_trace": len(ranks),
+    }
+    sections: dict[str, Any] = {"timeline": timeline}
+    if first["host"].get("steps"):
+        # the host step breakdown, where the trace has ProfilerStep spans (the time section)
+        sections["profiler"] = {
+            "trace_files": [str(f) for f in files],
+            "breakdown": first["host"],
+            "top_ops": [],
+        }
+    return Session(
+        environment=env,
+        sections=sections,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        ampdiag_version=__version__,
+        path=None,
+    )
