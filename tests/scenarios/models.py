@@ -137,11 +137,13 @@ def train(
     before_backward: Callable[[int, torch.Tensor, torch.Tensor, Batch], None] | None = None,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_of,
     step_hook: Callable[[int], Any] | None = None,
+    after_backward: Callable[[int], Any] | None = None,
 ) -> list[float]:
     """Trains ``model`` one step per batch; returns the losses.
 
     ``before_backward(step, out, loss, batch)`` sees each step's output and loss before the
-    backward (a scenario measures its truth there). The loss is ``loss_fn(out, y) * loss_mul``
+    backward, ``after_backward(step)`` the gradients before the optimizer (a scenario
+    measures its truth there). The loss is ``loss_fn(out, y) * loss_mul``
     computed in FP32 (``out.float()``), as a user would.
     """
     opt = optimizer if optimizer is not None else torch.optim.SGD(model.parameters(), lr=lr)
@@ -155,12 +157,13 @@ def train(
         loss = loss_fn(out.float(), y) * loss_mul
         if before_backward is not None:
             before_backward(step, out, loss, (x, y))
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        if after_backward is not None:
+            after_backward(step)
         if scaler is not None:
-            scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
         else:
-            loss.backward()
             opt.step()
         losses.append(float(loss.detach()))
     return losses

@@ -31,7 +31,9 @@ def _runner(arch: str, dtype: torch.dtype):
             lost = [0, 0]
             finite = [True]
 
-            def check(step: int, out_: torch.Tensor, loss: torch.Tensor, batch: models.Batch) -> None:
+            def check(
+                step: int, out_: torch.Tensor, loss: torch.Tensor, batch: models.Batch
+            ) -> None:
                 finite[0] &= bool(torch.isfinite(loss))
                 if scaler is not None:
                     o = out_.detach().float().requires_grad_()

@@ -219,7 +219,8 @@ class Diagnosis:
         # Prefer the unscaled loss given to GradScaler.scale over the scaled one in backward.
         previous = self._losses.get(self.run.step)
         if previous is None or from_scaler or not previous[1]:
-            self._losses[self.run.step] = (loss, from_scaler)
+            self._losses[self.run.step] = (loss.detach(), from_scaler)
+        self._each("on_loss", loss, from_scaler)
 
     def _saw_autocast(self, state: str | None) -> None:
         key = state or "none"

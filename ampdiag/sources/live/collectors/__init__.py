@@ -25,6 +25,10 @@ def default_collectors(config: DiagnoseConfig) -> list[Collector]:
         from ampdiag.sources.live.collectors.dtypes import DtypeAuditCollector
 
         collectors.append(DtypeAuditCollector())
+    if config.sentinel:
+        from ampdiag.sources.live.collectors.sentinel import Sentinel
+
+        collectors.append(Sentinel())
     if config.numerics:
         from ampdiag.sources.live.collectors.activations import ActivationsCollector
         from ampdiag.sources.live.collectors.gradients import GradientsCollector

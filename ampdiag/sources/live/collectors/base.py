@@ -5,6 +5,8 @@ A collector watches one thing in a live run. `diagnose()` calls its callbacks in
     start(run)                       once, before the user's first step
     on_model(run, model)             when the model is known (given, or found on first forward)
     on_optimizer(run, optimizer)     when an optimizer is known (given, or found on first step)
+    on_loss(run, loss, from_scaler)  a loss about to be backpropagated (live; from_scaler: the
+                                     unscaled loss given to GradScaler.scale)
     before_optimizer_step(run, opt)  before every optimizer.step() (grads final, maybe unscaled)
     on_step_end(run, step)           at each step boundary (after optimizer.step() or d.step())
     stop(run)                        once, on exit, error or not; must remove all its hooks
@@ -77,6 +79,9 @@ class Collector:
 
     def on_optimizer(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
         """Called when an optimizer becomes known."""
+
+    def on_loss(self, run: RunContext, loss: torch.Tensor, from_scaler: bool) -> None:
+        """Called with each loss before its backward (the live tensor: read, never modify)."""
 
     def before_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
         """Called before every optimizer step."""
