@@ -117,7 +117,9 @@ def predict(exponents: Mapping[int, int], scale_log2: int) -> dict[str, float]:
 
 
 def search_scale_log2(exponents: Mapping[int, int]) -> tuple[int | None, bool]:
-    """(k, reached): the smallest k in `SEARCH_LOG2` whose predicted subnormal share is under
+    """(k, reached): the smallest scale 2^k that keeps FP16's underflow under 1%.
+
+    The smallest k in `SEARCH_LOG2` whose predicted subnormal share is under
     1% with no overflow, and True; when no k reaches 1%, the k with the smallest share among
     those that do not overflow (ties: the smaller k), and False -- the values span more than
     FP16's range, and no loss scale keeps them (BF16 does). (None, False) when there is

@@ -13,10 +13,17 @@ from pathlib import Path
 
 import torch
 
-from tests.scenarios import models
-from tests.scenarios.harness import HEALTHY_FORBID, Scenario, Truth, diagnose, fp16_lost, seeded
-from tests.scenarios.harness import session_of
 from ampdiag.session import Session
+from tests.scenarios import models
+from tests.scenarios.harness import (
+    HEALTHY_FORBID,
+    Scenario,
+    Truth,
+    diagnose,
+    fp16_lost,
+    seeded,
+    session_of,
+)
 
 ARCHS = ("mlp", "cnn", "transformer", "gru")
 STEPS = 8

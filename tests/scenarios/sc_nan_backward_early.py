@@ -1,10 +1,11 @@
-"""A NaN made in the backward at step 2 of 6 (none0), inside the profiler's recorded steps (never sampled by default).
+"""A NaN made in the backward at step 2 of 6, FP32, in the profiled steps.
 
-nonfinite-origin must name that step and the module (or the loss), and the phase."""
+nonfinite-origin must name that step, the module (or the loss) and the phase.
+
+No FP16 advice: the run does not compute in FP16 (the NaN is not the dtype's fault).
+"""
 
 from pathlib import Path
-
-import torch
 
 from ampdiag.session import Session
 from tests.scenarios.harness import Scenario, Truth
@@ -12,12 +13,12 @@ from tests.scenarios.nan import run_nan
 
 
 def run(out: Path) -> tuple[Session, Truth]:
-    return run_nan(out, "backward", 2, 6, None, scaler=bool(0))
+    return run_nan(out, "backward", 2, 6, None, scaler=False)
 
 
 SCENARIO = Scenario(
     "nan-backward-early",
-    "A NaN made in the backward at step 2 of 6 (none0), inside the profiler's recorded steps (never sampled by default).",
+    "NaN in the backward at step 2 of 6 (FP32), in the profiled steps.",
     run,
     forbid=frozenset({"prefer-bf16", "tune-grad-scaler", "fp16-grad-underflow"}),
 )

@@ -1,6 +1,7 @@
-"""A NaN made in the forward at step 33 of 50 (fp16 + GradScaler1), between the sampled steps (10, 30, 50).
+"""A NaN made in the forward at step 33 of 50, FP16 autocast + GradScaler, between sampled steps.
 
-nonfinite-origin must name that step and the module (or the loss), and the phase."""
+nonfinite-origin must name that step, the module (or the loss) and the phase.
+"""
 
 from pathlib import Path
 
@@ -12,11 +13,11 @@ from tests.scenarios.nan import run_nan
 
 
 def run(out: Path) -> tuple[Session, Truth]:
-    return run_nan(out, "forward", 33, 50, torch.float16, scaler=bool(1))
+    return run_nan(out, "forward", 33, 50, torch.float16, scaler=True)
 
 
 SCENARIO = Scenario(
     "nan-forward-fp16-scaler",
-    "A NaN made in the forward at step 33 of 50 (fp16 + GradScaler1), between the sampled steps (10, 30, 50).",
+    "NaN in the forward at step 33 of 50 (FP16 autocast + GradScaler), between sampled steps.",
     run,
 )

@@ -1,10 +1,11 @@
-"""A NaN made in the forward at step 33 of 50 (none0), between the sampled steps (10, 30, 50).
+"""A NaN made in the forward at step 33 of 50, FP32, between sampled steps.
 
-nonfinite-origin must name that step and the module (or the loss), and the phase."""
+nonfinite-origin must name that step, the module (or the loss) and the phase.
+
+No FP16 advice: the run does not compute in FP16 (the NaN is not the dtype's fault).
+"""
 
 from pathlib import Path
-
-import torch
 
 from ampdiag.session import Session
 from tests.scenarios.harness import Scenario, Truth
@@ -12,12 +13,12 @@ from tests.scenarios.nan import run_nan
 
 
 def run(out: Path) -> tuple[Session, Truth]:
-    return run_nan(out, "forward", 33, 50, None, scaler=bool(0))
+    return run_nan(out, "forward", 33, 50, None, scaler=False)
 
 
 SCENARIO = Scenario(
     "nan-forward-late",
-    "A NaN made in the forward at step 33 of 50 (none0), between the sampled steps (10, 30, 50).",
+    "NaN in the forward at step 33 of 50 (FP32), between sampled steps.",
     run,
     forbid=frozenset({"prefer-bf16", "tune-grad-scaler", "fp16-grad-underflow"}),
 )

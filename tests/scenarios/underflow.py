@@ -27,8 +27,15 @@ import torch
 
 from ampdiag.session import Session
 from tests.scenarios import models
-from tests.scenarios.harness import Expect, Truth, diagnose, fp16_lost, needed_scale_log2
-from tests.scenarios.harness import seeded, session_of
+from tests.scenarios.harness import (
+    Expect,
+    Truth,
+    diagnose,
+    fp16_lost,
+    needed_scale_log2,
+    seeded,
+    session_of,
+)
 
 STEPS = 6
 

@@ -387,9 +387,9 @@ def _nonfinite_origin(session: Session) -> tuple[dict[str, Any], int] | None:
 
 @rule("nonfinite-origin")
 def nonfinite_origin(session: Session) -> Iterator[Finding]:
-    """Where inf/NaN first appeared: a module's output or the loss (high), or the backward:
-    the first module whose input gradient held it (medium).
+    """Where inf/NaN first appeared: a module's output or the loss (high), or the backward.
 
+    In the backward: the first module whose input gradient held it (medium).
     Backward-only inf/NaN is not reported when an enabled GradScaler skipped every such step.
     """
     found = _nonfinite_origin(session)

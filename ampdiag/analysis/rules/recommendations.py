@@ -112,8 +112,11 @@ def _fp16_evidence(merged: list[Finding]) -> dict[str, Any]:
 
 
 def computes_fp16(session: Session) -> bool:
-    """Whether the run computes in FP16 (autocast or parameters): the only runs that FP16
-    advice is for. A BF16 or FP32 run's inf/NaN points at its origin, not at the dtype."""
+    """Whether the run computes in FP16 (autocast or parameters).
+
+    The only runs FP16 advice is for: a BF16 or FP32 run's inf/NaN points at its origin,
+    not at the dtype.
+    """
     autocast = str(session.environment.get("autocast") or "")
     return fp16_in_use(session) or autocast.endswith(":float16")
 

@@ -42,8 +42,8 @@ from ampdiag.analysis import fp16range
 from ampdiag.compat import scaler as compat_scaler
 from ampdiag.sources.live.collectors._exponents import BINS, sample_view, signed_histograms_of
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
-from ampdiag.sources.live.collectors.fp32_replay import MAX_OUTPUT_VALUES, reference_exponents
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
+from ampdiag.sources.live.collectors.fp32_replay import MAX_OUTPUT_VALUES, reference_exponents
 
 if TYPE_CHECKING:
     import numpy as np
@@ -174,13 +174,13 @@ class ActivationsCollector(Collector):
         if not self._active or self._walked == run.step or loss.grad_fn is None:
             return
         self._walked = run.step
-        seen: set[int] = set()
-        todo = [loss.grad_fn]
+        seen: dict[int, Any] = {}  # holds the nodes, so that no id is reused during the walk
+        todo: list[Any] = [loss.grad_fn]
         while todo:
             node = todo.pop()
             if node is None or id(node) in seen:
                 continue
-            seen.add(id(node))
+            seen[id(node)] = node
             if node.name() == "ToCopyBackward0":
                 self._node_handles.append(node.register_hook(partial(self._boundary, node)))
             todo.extend(n for n, _ in node.next_functions)

@@ -32,8 +32,11 @@ def reference_exponents(
     grad_output: torch.Tensor,
     limit: int,
 ) -> dict[int, int]:
-    """{log2 exponent: count} of the true gradients entering every module (at most ``limit``
-    values each, as the FP16 histograms are sampled); empty when the replay cannot run."""
+    """{log2 exponent: count} of the true gradients entering every module.
+
+    At most ``limit`` values each, as the FP16 histograms are sampled; empty when the replay
+    cannot run.
+    """
     grads: list[torch.Tensor] = []
 
     def keep(module: torch.nn.Module, inputs: Any, output: Any) -> None:
