@@ -302,16 +302,20 @@ def skipped_steps(session: Session) -> Iterator[Finding]:
 def activation_overflow(session: Session) -> Iterator[Finding]:
     """A module's output reaches FP16's max 65504, or comes within 4x of it (low).
 
-    High in FP16 runs; medium otherwise (a prediction for switching the run to FP16).
+    An FP16 output that overflowed to inf counts as reaching it. High in FP16 runs; medium otherwise (a prediction for switching the run to FP16).
     """
     modules = [
         m
         for m in session.section("activations").get("modules", [])
-        if isinstance(m.get("max_abs"), (int, float)) and m["max_abs"] != float("inf")
+        if isinstance(m.get("max_abs"), (int, float))
+        # An inf output is an FP16 overflow only where the output is FP16 (else: a NaN/inf
+        # origin, reported by nonfinite-origin).
+        and (m["max_abs"] != float("inf") or m.get("output_dtype") == "float16")
     ]
     if not modules:
         return
-    top = max(modules, key=lambda m: m["max_abs"])
+    # Ties (a container repeats its last child's output): the innermost module.
+    top = max(modules, key=lambda m: (m["max_abs"], str(m["module"]).count(".")))
     peak = float(top["max_abs"])
     fp16 = fp16_in_use(session)
     if peak >= THRESHOLDS["activation_overflow"]:
