@@ -109,12 +109,15 @@ class Scenario:
         run: ``run(out) -> (session, truth)``: trains under ``ampdiag.diagnose(out=out)`` and
             measures the truth independently.
         forbid: Finding ids that must not appear whatever the run measured.
+        status: The session status the run must end with ("error" where the fault is an
+            exception the user's block raised).
     """
 
     name: str
     description: str
     run: Callable[[Path], tuple[Session, Truth]]
     forbid: frozenset[str] = frozenset()
+    status: str = "ok"
 
 
 @dataclass
