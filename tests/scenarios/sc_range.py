@@ -55,7 +55,7 @@ def _model_with(module: nn.Module) -> tuple[models.Setup, str]:
 
 def run_activation(out: Path, gain: float) -> tuple[Session, Truth]:
     with seeded(0):
-        setup, name = _model_with(Gain(gain))
+        setup, _ = _model_with(Gain(gain))
         data = models.batches(setup, 6)
         peak: dict[str, float] = {}
         names = {id(m): n for n, m in setup.model.named_modules()}
@@ -99,7 +99,7 @@ def run_activation(out: Path, gain: float) -> tuple[Session, Truth]:
 def run_collapse(out: Path) -> tuple[Session, Truth]:
     """inf in the backward on every step: every step skipped, the scale halves each time."""
     with seeded(0):
-        setup, name = _model_with(InfGrad())
+        setup, _ = _model_with(InfGrad())
         data = models.batches(setup, 20)
         scaler = torch.amp.GradScaler("cpu")
         skipped: list[int] = []

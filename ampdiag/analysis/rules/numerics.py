@@ -302,7 +302,8 @@ def skipped_steps(session: Session) -> Iterator[Finding]:
 def activation_overflow(session: Session) -> Iterator[Finding]:
     """A module's output reaches FP16's max 65504, or comes within 4x of it (low).
 
-    An FP16 output that overflowed to inf counts as reaching it. High in FP16 runs; medium otherwise (a prediction for switching the run to FP16).
+    An FP16 output that overflowed to inf counts as reaching it. High in FP16 runs; medium
+    otherwise (a prediction for switching the run to FP16).
     """
     modules = [
         m
@@ -348,7 +349,7 @@ def activation_overflow(session: Session) -> Iterator[Finding]:
             "Keep that module's computation in float32 or bfloat16:\n"
             "with torch.autocast('cuda', enabled=False):\n"
             "    y = module(x.float())\n"
-            "or normalise/scale its input (e.g. a LayerNorm before it), or train in bfloat16."
+            "or normalize/scale its input (e.g. a LayerNorm before it), or train in bfloat16."
         ),
         section=SECTION,
         impact=0.7 if sev == "high" else 0.3,

@@ -40,6 +40,7 @@ import torch
 
 from ampdiag.analysis import fp16range
 from ampdiag.compat import scaler as compat_scaler
+from ampdiag.schema import ActivationsSection
 from ampdiag.sources.live.collectors._exponents import BINS, sample_view, signed_histograms_of
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
@@ -191,16 +192,22 @@ class ActivationsCollector(Collector):
         gi, go = grad_inputs[0], grad_outputs[0]
         if gi is None or go is None or gi.dtype != torch.float16 or go.dtype != torch.float32:
             return
-        with internal_work():
-            self._scale_now(go.device)
-            sample = sample_view(go.detach(), self._limit)
-            self._bnd.append(sample.clone(memory_format=torch.contiguous_format))
-            at_root = self._root_node is not None and any(
-                n is self._root_node for n, _ in node.next_functions
-            )
-            if at_root and self._root_args is not None and go.numel() <= MAX_OUTPUT_VALUES:
-                assert self._scale is not None
-                self._replay = (self._root_args, go.detach().clone(), self._scale)
+        try:
+            with internal_work():
+                self._keep_boundary(node, go)
+        except Exception:  # a refinement: never break the user's backward for it
+            return
+
+    def _keep_boundary(self, node: Any, go: torch.Tensor) -> None:
+        self._scale_now(go.device)
+        sample = sample_view(go.detach(), self._limit)
+        self._bnd.append(sample.clone(memory_format=torch.contiguous_format))
+        at_root = self._root_node is not None and any(
+            n is self._root_node for n, _ in node.next_functions
+        )
+        if at_root and self._root_args is not None and go.numel() <= MAX_OUTPUT_VALUES:
+            assert self._scale is not None
+            self._replay = (self._root_args, go.detach().clone(), self._scale)
 
     def _record_grad(self, idx: int, grad: torch.Tensor) -> None:
         self._scale_now(grad.device)
@@ -331,7 +338,7 @@ class ActivationsCollector(Collector):
         self._active = False
         self._resolve(wait=True)
         replay, self._replay = self._replay, None
-        if replay is None or run.model is None or run.extra.get("block_raised"):
+        if replay is None or run.model is None or run.block_raised:
             return
         args, grad, scale = replay
         try:
@@ -343,7 +350,7 @@ class ActivationsCollector(Collector):
 
     # --- section ----------------------------------------------------------------------------
 
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> ActivationsSection | None:
         """Per-module range and underflow, predictions per candidate scale, NaN origin."""
         self._resolve(wait=True)
         if not self._sampled_steps:
@@ -393,7 +400,7 @@ class ActivationsCollector(Collector):
             {"scale_log2": k, **fp16range.predict(all_exps, k)} for k in fp16range.CANDIDATE_LOG2
         ]
         rec_all, reached = fp16range.search_scale_log2(all_exps)
-        return {
+        section: ActivationsSection = {
             "sample_elements": self._limit,
             "sampled_steps": self._sampled_steps,
             "scales_seen": sorted(set(self._scales)),
@@ -408,6 +415,7 @@ class ActivationsCollector(Collector):
             "nonfinite_origin": self._origin,
             "nonfinite_steps": self._nonfinite_steps[:100],
         }
+        return section
 
     def _boundary_section(self) -> dict[str, Any] | None:
         """What FP16 lost where FP32 gradients were cast to FP16 (None: no such cast seen)."""

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ampdiag.schema import SentinelSection
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
 
@@ -79,6 +80,7 @@ class Sentinel(Collector):
         self._backward_only: list[int] = []
         self._loss_bad: list[int] = []
         self._zero_grads: list[int] = []
+        self._errors: list[str] = []
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -109,6 +111,16 @@ class Sentinel(Collector):
     # --- hooks ------------------------------------------------------------------------------
 
     def _forward(self, idx: int, module: torch.nn.Module, args: Any, output: Any) -> None:
+        try:
+            self._watch_forward(idx, module, args, output)
+        except Exception as exc:  # observing must never break the user's step
+            self._error(exc)
+
+    def _error(self, exc: Exception) -> None:
+        if len(self._errors) < 10:
+            self._errors.append(repr(exc))
+
+    def _watch_forward(self, idx: int, module: torch.nn.Module, args: Any, output: Any) -> None:
         t = next(tensors_in(output), None)
         with internal_work():
             if t is not None and t.is_floating_point() and t is not self._last_out:
@@ -127,8 +139,13 @@ class Sentinel(Collector):
     def _grad(self, idx: int, grad: torch.Tensor) -> None:
         if grad is None:
             return
-        with internal_work():
-            self._bwd.append(finite_token(grad.detach()))
+        try:
+            with internal_work():
+                token = finite_token(grad.detach())
+        except Exception as exc:  # observing must never break the user's backward
+            self._error(exc)
+            return
+        self._bwd.append(token)
         self._bwd_idx.append(idx)
 
     def on_loss(self, run: RunContext, loss: torch.Tensor, from_scaler: bool) -> None:
@@ -212,7 +229,7 @@ class Sentinel(Collector):
                 return name.rpartition(".")[0] or name
         return "?"
 
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> SentinelSection | None:
         """The first inf/NaN by phase, and the steps that held any."""
         self._resolve(wait=True)
         if not self._steps:
@@ -226,4 +243,5 @@ class Sentinel(Collector):
             "backward_only_steps": self._backward_only[:MAX_LISTED],
             "loss_nonfinite_steps": self._loss_bad[:MAX_LISTED],
             "zero_grad_steps": self._zero_grads[:MAX_LISTED],
+            "errors": self._errors,
         }
