@@ -75,6 +75,7 @@ def test_all_zero_gradients_are_recorded_per_step(tmp_path: Path) -> None:
     assert d.session.section("sentinel")["zero_grad_steps"] == [1]
 
 
+@pytest.mark.slow
 def test_a_default_run_watches_every_step_profiled_ones_included(tmp_path: Path) -> None:
     out = tmp_path / "run"
     train(steps=6, dtype=torch.bfloat16, wrap=lambda: ampdiag.diagnose(out=out, **QUIET))

@@ -12,6 +12,7 @@ from tests.scenarios.harness import Scenario, all_scenarios, score
 SCENARIOS = all_scenarios()
 
 
+@pytest.mark.slow  # full diagnosed runs with default settings: seconds each
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
 def test_scenario(scenario: Scenario, tmp_path: Path) -> None:
     session, truth = scenario.run(tmp_path / scenario.name)

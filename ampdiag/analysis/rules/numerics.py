@@ -302,16 +302,13 @@ def skipped_steps(session: Session) -> Iterator[Finding]:
 def activation_overflow(session: Session) -> Iterator[Finding]:
     """A module's output reaches FP16's max 65504, or comes within 4x of it (low).
 
-    An FP16 output that overflowed to inf counts as reaching it. High in FP16 runs; medium
-    otherwise (a prediction for switching the run to FP16).
+    High in FP16 runs; medium otherwise (a prediction for switching the run to FP16).
     """
     modules = [
         m
         for m in session.section("activations").get("modules", [])
-        if isinstance(m.get("max_abs"), (int, float))
-        # An inf output is an FP16 overflow only where the output is FP16 (else: a NaN/inf
-        # origin, reported by nonfinite-origin).
-        and (m["max_abs"] != float("inf") or m.get("output_dtype") == "float16")
+        # An inf output is the NaN/inf origin's business (nonfinite-origin names it).
+        if isinstance(m.get("max_abs"), (int, float)) and m["max_abs"] != float("inf")
     ]
     if not modules:
         return
