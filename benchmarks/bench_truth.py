@@ -1,5 +1,6 @@
 """The scorecard: runs the scenario corpus (tests/scenarios) and prints, per finding id, true
-positives, false negatives and false positives, and the totals.
+positives, false negatives, false positives and true negatives (forbidden and silent), and the
+totals.
 
     python -m benchmarks.bench_truth [-k NAME_PART[,NAME_PART...]] [-v]
 
@@ -52,15 +53,15 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"       {r}")
     total = combined(per_scenario)
     print()
-    print(f"| {'finding id':<32} | TP | FN | FP |")
-    print(f"|{'-' * 34}|----|----|----|")
+    print(f"| {'finding id':<32} | TP | FN | FP | TN |")
+    print(f"|{'-' * 34}|----|----|----|----|")
     for fid in sorted(total):
         s = total[fid]
-        print(f"| `{fid}`{' ' * (30 - len(fid))} | {s.tp:>2} | {s.fn:>2} | {s.fp:>2} |")
-    tp = sum(s.tp for s in total.values())
-    fn = sum(s.fn for s in total.values())
-    fp = sum(s.fp for s in total.values())
-    print(f"| **total** ({len(per_scenario)} scenarios){' ' * 13} | {tp:>2} | {fn:>2} | {fp:>2} |")
+        row = f"{s.tp:>2} | {s.fn:>2} | {s.fp:>2} | {s.tn:>2}"
+        print(f"| `{fid}`{' ' * (30 - len(fid))} | {row} |")
+    tp, fn, fp, tn = (sum(getattr(s, k) for s in total.values()) for k in ("tp", "fn", "fp", "tn"))
+    label = f"**total** ({len(per_scenario)} scenarios)"
+    print(f"| {label:<32} | {tp:>2} | {fn:>2} | {fp:>2} | {tn:>2} |")
     print(f"\n{time.perf_counter() - started:.0f} s")
     return 0
 

@@ -13,7 +13,8 @@ not, and the raw measurements (for the scorecard and for debugging).
   module, step and evidence numbers;
 * false negative (FN): an expected id is absent, or present but wrong in a detail (the reason
   says which);
-* false positive (FP): a forbidden id is present.
+* false positive (FP): a forbidden id is present;
+* true negative (TN): a forbidden id is absent (the silence a healthy run must keep).
 
 Ids neither expected nor forbidden are not scored. ``Session.all_findings()`` is used, so a
 finding merged into a recommendation (say ``fp16-grad-underflow`` under ``prefer-bf16``)
@@ -122,11 +123,12 @@ class Scenario:
 
 @dataclass
 class IdScore:
-    """TP/FN/FP of one finding id in one scenario, with the reasons for misses."""
+    """TP/FN/FP/TN of one finding id in one scenario, with the reasons for misses."""
 
     tp: int = 0
     fn: int = 0
     fp: int = 0
+    tn: int = 0
     reasons: list[str] = field(default_factory=list)
 
 
@@ -177,10 +179,12 @@ def score(session: Session, scenario: Scenario, truth: Truth) -> dict[str, IdSco
             s.fn += 1
             s.reasons.append(f"{exp.id}: {why[0]}")
     for fid in sorted(set(scenario.forbid) | truth.forbid):
+        s = out.setdefault(fid, IdScore())
         if fid in found:
-            s = out.setdefault(fid, IdScore())
             s.fp += 1
             s.reasons.append(f"{fid}: present but forbidden ({found[fid][0].title})")
+        else:
+            s.tn += 1
     return out
 
 
@@ -239,6 +243,7 @@ def combined(scores: Iterable[dict[str, IdScore]]) -> dict[str, IdScore]:
             t.tp += s.tp
             t.fn += s.fn
             t.fp += s.fp
+            t.tn += s.tn
             t.reasons += s.reasons
     return total
 
