@@ -48,6 +48,10 @@ class DiagnoseConfig:
         memory_limit_bytes: Memory budget for the plan (default: the device's capacity).
         numerics: Collect gradient statistics, activation range/underflow, NaN origin and
             GradScaler telemetry (collectors gradients, activations, scaler).
+        sentinel: Watch every step for the first inf/NaN (loss, each module's output, the
+            gradients in the backward) with the module and step it came from
+            (collectors/sentinel.py; one reduction per module output and gradient, one small
+            transfer per step).
         numerics_sample_elements: Values examined per tensor for the exponent histograms
             (runs of 16 consecutive values spread evenly over the tensor; 0 = all). Norms,
             the forward range and the scaler's inf checks always use all values.
@@ -80,6 +84,7 @@ class DiagnoseConfig:
     memory_target_batch: int | None = None
     memory_limit_bytes: int | None = None
     numerics: bool = True
+    sentinel: bool = True
     numerics_sample_elements: int = 1024
     activation_every: int = 0
     precision: bool = True
@@ -111,6 +116,7 @@ class Settings(TypedDict, total=False):
     memory_target_batch: int | None
     memory_limit_bytes: int | None
     numerics: bool
+    sentinel: bool
     numerics_sample_elements: int
     activation_every: int
     precision: bool

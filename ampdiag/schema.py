@@ -195,8 +195,25 @@ class ActivationsSection(TypedDict, total=False):
     predictions: list[dict[str, Any]]
     recommended_scale_log2: int | None
     recommended_init_scale: float | None
+    scale_reaches_target: bool
+    boundary: dict[str, Any] | None
+    scale_from_fp32_replay: bool
     nonfinite_origin: dict[str, Any] | None
     nonfinite_steps: list[Any]
+
+
+class SentinelSection(TypedDict, total=False):
+    """The divergence sentinel (``sentinel``): the first inf/NaN by phase, on every step."""
+
+    steps_watched: int
+    forward_origin: dict[str, Any] | None
+    backward_origin: dict[str, Any] | None
+    nonfinite_steps: list[int]
+    nonfinite_step_count: int
+    backward_only_steps: list[int]
+    loss_nonfinite_steps: list[int]
+    zero_grad_steps: list[int]
+    errors: list[str]
 
 
 class TimelineSection(TypedDict, total=False):
@@ -235,6 +252,7 @@ SECTIONS: dict[str, type] = {
     "scaler": ScalerSection,
     "gradients": GradientsSection,
     "activations": ActivationsSection,
+    "sentinel": SentinelSection,
     "timeline": TimelineSection,
     "accumulation": AccumulationSection,
     "derived": DerivedSection,
@@ -249,6 +267,7 @@ SectionName = Literal[
     "scaler",
     "gradients",
     "activations",
+    "sentinel",
     "timeline",
     "derived",
 ]

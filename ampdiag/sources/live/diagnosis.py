@@ -223,7 +223,8 @@ class Diagnosis:
 
     def _saw_loss(self, loss: torch.Tensor, from_scaler: bool) -> None:
         scaled, plain = self._losses.setdefault(self.run.step, ([], []))
-        (scaled if from_scaler else plain).append(loss)
+        (scaled if from_scaler else plain).append(loss.detach())
+        self._each("on_loss", loss, from_scaler)
 
     def _before_backward(self, tensor: torch.Tensor) -> None:
         self._each("before_backward", tensor)

@@ -46,7 +46,8 @@ class Discovery:
             module) the first time it runs.
         on_optimizer_pre: Called before every optimizer step with the optimizer.
         on_optimizer_post: Called after every optimizer step with the optimizer.
-        on_loss: Called with each scalar passed to backward or to GradScaler.scale (detached),
+        on_loss: Called with each scalar passed to backward or to GradScaler.scale (the live
+            tensor, before its backward: collectors may walk its graph; never modify it),
             and whether it came from the scaler (unscaled loss).
         on_scaler: Called with a GradScaler the first time its scale() runs.
         on_scaler_update: Called after each GradScaler.update().
@@ -147,7 +148,7 @@ class Discovery:
             def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
                 if self.numel() == 1:
                     with internal_work():
-                        on_loss(self.detach(), False)
+                        on_loss(self, False)
                 on_backward(self)
                 return original(self, *args, **kwargs)
 
@@ -168,7 +169,7 @@ class Discovery:
                     on_scaler(self)
                 if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
                     with internal_work():
-                        on_loss(outputs.detach(), True)
+                        on_loss(outputs, True)
                 return original(self, outputs)
 
             return scale

@@ -8,6 +8,8 @@ A collector watches one thing in a live run. `diagnose()` calls its callbacks in
     before_backward(run, tensor)     before every Tensor.backward, with the tensor (its graph)
     after_backward(run, index)       after each backward pass reached the model's first
                                      trainable parameter; index counts them in the step from 0
+    on_loss(run, loss, from_scaler)  a loss about to be backpropagated (live; from_scaler: the
+                                     unscaled loss given to GradScaler.scale)
     before_optimizer_step(run, opt)  before every optimizer.step() (grads final, maybe unscaled)
     on_step_end(run, step)           at each step boundary (after optimizer.step() or d.step())
     stop(run)                        once, on exit, error or not; must remove all its hooks
@@ -111,6 +113,9 @@ class Collector:
 
     def after_backward(self, run: RunContext, index: int) -> None:
         """Called after each backward pass of the step (``index`` from 0: the micro-batch)."""
+
+    def on_loss(self, run: RunContext, loss: torch.Tensor, from_scaler: bool) -> None:
+        """Called with each loss before its backward (the live tensor: read, never modify)."""
 
     def before_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
         """Called before every optimizer step."""
