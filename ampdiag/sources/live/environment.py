@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ampdiag.sources.live.discovery import dominant_autocast
+
 if TYPE_CHECKING:
     from ampdiag.sources.live.collectors.base import RunContext
 
@@ -63,7 +65,6 @@ def describe_environment(run: RunContext | None = None) -> dict[str, Any]:
         env["bf16_native"] = "avx512_bf16" in flags or "amx_bf16" in flags
         env["bf16_supported"] = True  # CPU autocast runs bf16 everywhere, natively or not
     if run is not None:
-        seen = {k: v for k, v in run.autocast.items() if k != "none"}
-        env["autocast"] = max(seen, key=seen.__getitem__) if seen else None
+        env["autocast"] = dominant_autocast(run.autocast)
         env["autocast_seen"] = dict(run.autocast)
     return env
