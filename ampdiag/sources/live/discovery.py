@@ -218,10 +218,11 @@ class Discovery:
         pre-hook no gradient of this step exists yet. The closure is handed on wrapped (same
         call, same result) so that the report comes when it returns, before the update.
         """
+        # args[0] is the optimizer itself (the hook sees step's own arguments).
         closure = kwargs.get("closure") if kwargs else None
-        in_args = closure is None and bool(args) and callable(args[0])
+        in_args = closure is None and len(args) > 1 and callable(args[1])
         if in_args:
-            closure = args[0]
+            closure = args[1]
         if closure is None:
             self._on_optimizer_pre(optimizer)
             return None
@@ -233,7 +234,7 @@ class Discovery:
             return result
 
         if in_args:
-            return (closure_then_report, *args[1:]), kwargs
+            return (args[0], closure_then_report, *args[2:]), kwargs
         return args, {**kwargs, "closure": closure_then_report}
 
     # --- loss and scaler -----------------------------------------------------------------------
