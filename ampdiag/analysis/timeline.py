@@ -312,14 +312,21 @@ def host_cover(cols: Columns, sel: Any, start: float, end: float) -> dict[str, f
     ok = e > s
     s, e, cat = s[ok], e[ok], cat[ok]
     groups = []
-    for name in _HOST_PRIORITY:
+    for name in (*_HOST_PRIORITY, "closure"):
         k = HOST_CATEGORIES.index(name)
         groups.append(union(s[cat == k], e[cat == k]))
     cov = coverage(groups)
     out = dict.fromkeys(CATEGORIES, 0.0)
     covered = 0.0
+    closure = 1 << len(_HOST_PRIORITY)
+    optimizer = 1 << _HOST_PRIORITY.index("optimizer")
     for mask in range(1, len(cov)):
-        winner = _HOST_PRIORITY[(mask & -mask).bit_length() - 1]
+        bits = mask
+        if bits & closure:  # inside step(closure): forward/backward, never optimizer
+            bits &= ~(closure | optimizer)
+            if not bits:
+                continue
+        winner = _HOST_PRIORITY[(bits & -bits).bit_length() - 1]
         out[winner] += float(cov[mask])
         covered += float(cov[mask])
     out["other"] = max(0.0, (end - start) - covered)

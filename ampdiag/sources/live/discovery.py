@@ -28,6 +28,7 @@ from torch.optim import optimizer as optim_module
 
 from ampdiag.sources.live.collectors.base import internal_work
 from ampdiag.sources.live.patching import Patches
+from ampdiag.trace.step_breakdown import CLOSURE_PREFIX
 
 AUTOCAST_DEVICES = ("cuda", "cpu")
 
@@ -227,9 +228,12 @@ class Discovery:
             self._on_optimizer_pre(optimizer)
             return None
         on_pre = self._on_optimizer_pre
+        label = CLOSURE_PREFIX + type(optimizer).__name__
 
         def closure_then_report() -> Any:
-            result = closure()
+            # Marked in the trace: the step split counts it as forward/backward, not optimizer.
+            with torch.profiler.record_function(label):
+                result = closure()
             on_pre(optimizer)
             return result
 
