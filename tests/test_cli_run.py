@@ -114,11 +114,14 @@ def _with_context_manager(
     namespace: dict[str, object] = {"__name__": "not_main"}
     exec(compile(script.read_text(), str(script), "exec"), namespace)
     out = tmp_path / f"cm-{how}"
-    with pytest.raises(BaseException):
-        with ampdiag.diagnose(
+    expected = ValueError if how == "error" else KeyboardInterrupt
+    with (
+        pytest.raises(expected),
+        ampdiag.diagnose(
             out=out, report=False, tensorboard=False, console=False, speed_probe=False, memory=False
-        ):
-            namespace["train"](4, fail_at, how)  # type: ignore[operator]
+        ),
+    ):
+        namespace["train"](4, fail_at, how)  # type: ignore[operator]
     return _session(out)
 
 

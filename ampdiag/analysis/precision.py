@@ -68,8 +68,9 @@ def summarize(section: dict[str, Any], top: int = 10) -> dict[str, Any]:
         ``fp32_time_share`` (of low + FP32 work), ``matmul`` (FLOP-counted ops: low/fp32
         FLOPs, ``fp32_share``, ``autocast_share`` of their FLOPs run with autocast active),
         ``top_fp32_by_flops`` / ``top_fp32_by_time`` (op, module, reason, phase, count, flops,
-        time_us), ``top_fp32`` (the two without repeats: the table's rows), ``reasons`` (reason -> count, flops, time_us), ``casts`` (origin -> count,
-        bytes, time_us, plus ``total``), ``modules`` (module -> low/fp32 time and FLOPs) and
+        time_us), ``top_fp32`` (the two without repeats: the table's rows), ``reasons``
+        (reason -> count, flops, time_us), ``casts`` (origin -> count, bytes, time_us, plus
+        ``total``), ``modules`` (module -> low/fp32 time and FLOPs) and
         ``device_differences``.
     """
     rows = _work_rows(section)

@@ -3,8 +3,8 @@
 Every autograd node carries the *sequence number* the thread's counter had when the forward
 op that made it ran (``node._sequence_nr()``), and while the engine runs a node's backward
 ``torch._C._current_autograd_node()`` returns that node. Reading the counter during the
-forward (``torch._C._autograd._get_sequence_nr()``: the number the next node will get) at each module
-boundary therefore tells, for any backward op, which module's forward made the node it
+forward (``torch._C._autograd._get_sequence_nr()``: the number the next node will get) at
+each module boundary therefore tells, for any backward op, which module's forward made the node it
 belongs to: no hook on the graph, nothing changed. Fallbacks: None (the caller attributes
 the op some other way).
 """

@@ -79,7 +79,11 @@ def test_identity_module_does_not_take_the_projections_backward(tmp_path: Path) 
     assert per_linear == 2
     for block in ("0", "1"):
         for linear in ("fc", "proj"):
-            mm = sum(r["count"] for r in backward if r["module"] == f"{block}.{linear}" and r["op"] == "mm")
+            mm = sum(
+                r["count"]
+                for r in backward
+                if r["module"] == f"{block}.{linear}" and r["op"] == "mm"
+            )
             assert mm == per_linear, (block, linear)
         assert not [r for r in backward if r["module"] == f"{block}.drop"]
 
@@ -104,13 +108,15 @@ def test_closure_optimizer_ops_and_gradients(tmp_path: Path) -> None:
         for _ in range(steps):
             x = torch.randn(8, 16)
 
-            def closure() -> torch.Tensor:
+            def closure(x: torch.Tensor = x) -> torch.Tensor:
                 opt.zero_grad()
                 with torch.autocast("cpu", dtype=torch.bfloat16):
                     loss = model(x).float().pow(2).mean()
                 loss.backward()
                 grads = [p.grad for p in model.parameters() if p.grad is not None]
-                norms.append(float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))))
+                norms.append(
+                    float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])))
+                )
                 return loss
 
             opt.step(closure)
