@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ampdiag.session import Finding, Session, load
     from ampdiag.sources.live.diagnosis import Diagnosis, diagnose
     from ampdiag.sources.live.memory_probe import memory_probe
+    from ampdiag.sources.live.script import run
 
 __all__ = [
     "DiagnoseConfig",
@@ -32,6 +33,7 @@ __all__ = [
     "diagnose",
     "load",
     "memory_probe",
+    "run",
 ]
 
 _LAZY = {
@@ -42,6 +44,7 @@ _LAZY = {
     "Finding": "ampdiag.session",
     "load": "ampdiag.session",
     "memory_probe": "ampdiag.sources.live.memory_probe",
+    "run": "ampdiag.sources.live.script",
 }
 
 
