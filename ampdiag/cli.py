@@ -1,5 +1,4 @@
-"""The ``ampdiag`` command: ``demo``, ``run SCRIPT [ARGS...]``, ``report PATH``, ``diff A B``,
-``--version``.
+"""The ``ampdiag`` command: ``demo``, ``run SCRIPT``, ``report PATH``, ``diff A B``, ``--version``.
 
 Exit codes: 0 success; 1 internal error; 2 bad input (one line on stderr, no traceback);
 3 a finding at or above ``--fail-on`` exists. ``run`` exits with the script's own code (1
