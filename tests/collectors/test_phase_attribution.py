@@ -137,5 +137,7 @@ def test_closure_optimizer_ops_and_gradients(tmp_path: Path) -> None:
     adam_only = _adam_ops() - set(closure_ops.counts)
     assert {"addcdiv_", "addcmul_", "sqrt"} <= adam_only  # the truth has teeth
     assert not adam_only & {r["op"] for r in ops}, adam_only & {r["op"] for r in ops}
-    ids = {f.id for f in session.findings}
-    assert "fp32-ops-in-autocast" not in ids and "low-precision-inactive" not in ids
+    assert "low-precision-inactive" not in {f.id for f in session.findings}
+    for f in session.findings:  # a timing finding may come (the loss's FP32 ops): never Adam's
+        if f.id == "fp32-ops-in-autocast":
+            assert not {o["op"] for o in f.evidence["top_ops"]} & adam_only

@@ -77,3 +77,25 @@ def test_accelerate_bf16_accumulate(tmp_path: Path) -> None:
     assert not ids & {"low-precision-inactive", "amp-off", "grad-scaler-missing"}
     split = step_split(session)
     assert split["forward"] > 0.1 and split["backward"] > 0.1
+
+
+def test_accelerate_fp16_on_a_cpu_is_not_called_a_deliberate_fp32_run(tmp_path: Path) -> None:
+    # Accelerate enters no autocast and makes no GradScaler for fp16 on a CPU (its truth:
+    # native_amp False, scaler None): the run is FP32 although mixed precision was asked for.
+    acc = accelerate.Accelerator(mixed_precision="fp16", cpu=True)
+    assert not acc.native_amp and acc.scaler is None
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    model, opt = acc.prepare(model, opt)
+    with ampdiag.diagnose(out=tmp_path / "diag", **(SETTINGS | {"profile": False})) as d:
+        for _ in range(3):
+            loss = model(torch.randn(8, 32)).pow(2).mean()
+            acc.backward(loss)
+            opt.step()
+            opt.zero_grad()
+    session = d.session
+    assert session is not None
+    assert session.sections["run"]["autocast_seen"] == {"none": 3}
+    assert session.environment["framework_precision"] == {"accelerate": "fp16"}
+    found = {f.id: f for f in session.findings}
+    assert found["low-precision-inactive"].severity == "high" and "amp-off" not in found

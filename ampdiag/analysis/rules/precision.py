@@ -90,8 +90,12 @@ def amp_attempted(session: Session) -> bool:
     """Whether the run tried mixed precision: low-precision autocast or a GradScaler seen.
 
     Autocast counts wherever it was entered (``autocast_seen``: the state the model's ops ran
-    in), and so does any op the precision audit saw run under autocast.
+    in), and so does any op the precision audit saw run under autocast, or a framework asked
+    for mixed precision (``environment.framework_precision``, e.g. Accelerate's fp16 on a
+    CPU, which silently trains in FP32).
     """
+    if session.environment.get("framework_precision"):
+        return True
     run = session.section("run")
     if any(k != "none" for k in run.get("autocast_seen") or {}):
         return True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,6 +40,24 @@ def distributed_info() -> dict[str, int]:
     }
 
 
+def framework_precision() -> dict[str, str]:
+    """The mixed precision a framework was asked for, where torch alone cannot tell.
+
+    ``Accelerator(mixed_precision="fp16")`` on a CPU enters no autocast and makes no
+    GradScaler: the run trains in FP32 although mixed precision was asked for, which is not
+    the same as a deliberate FP32 run. Read from Accelerate's process-wide state only when
+    the user's code imported it (never imported or initialised here).
+    """
+    found: dict[str, str] = {}
+    state = sys.modules.get("accelerate.state")
+    shared = getattr(getattr(state, "AcceleratorState", None), "_shared_state", None)
+    if isinstance(shared, dict):
+        mode = shared.get("_mixed_precision")
+        if isinstance(mode, str) and mode != "no":
+            found["accelerate"] = mode
+    return found
+
+
 def describe_environment(run: RunContext | None = None) -> dict[str, Any]:
     """Returns the session's ``environment`` section."""
     env: dict[str, Any] = {
@@ -67,4 +86,5 @@ def describe_environment(run: RunContext | None = None) -> dict[str, Any]:
     if run is not None:
         env["autocast"] = dominant_autocast(run.autocast)
         env["autocast_seen"] = dict(run.autocast)
+        env["framework_precision"] = framework_precision()
     return env
