@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import platform
-import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
+from ampdiag.compat.frameworks import accelerate_mixed_precision
+from ampdiag.schema import Environment
 from ampdiag.sources.live.discovery import dominant_autocast
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ def cpu_flags() -> list[str]:
 
 
 def distributed_info() -> dict[str, int]:
-    """Rank and world size when torch.distributed is initialised, else rank 0 of 1."""
+    """Rank and world size when torch.distributed is initialized, else rank 0 of 1."""
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         return {"rank": dist.get_rank(), "world_size": dist.get_world_size()}
@@ -45,22 +46,18 @@ def framework_precision() -> dict[str, str]:
 
     ``Accelerator(mixed_precision="fp16")`` on a CPU enters no autocast and makes no
     GradScaler: the run trains in FP32 although mixed precision was asked for, which is not
-    the same as a deliberate FP32 run. Read from Accelerate's process-wide state only when
-    the user's code imported it (never imported or initialised here).
+    the same as a deliberate FP32 run. Read only when the user's code imported Accelerate.
     """
     found: dict[str, str] = {}
-    state = sys.modules.get("accelerate.state")
-    shared = getattr(getattr(state, "AcceleratorState", None), "_shared_state", None)
-    if isinstance(shared, dict):
-        mode = shared.get("_mixed_precision")
-        if isinstance(mode, str) and mode != "no":
-            found["accelerate"] = mode
+    mode = accelerate_mixed_precision()
+    if mode is not None and mode != "no":
+        found["accelerate"] = mode
     return found
 
 
-def describe_environment(run: RunContext | None = None) -> dict[str, Any]:
+def describe_environment(run: RunContext | None = None) -> Environment:
     """Returns the session's ``environment`` section."""
-    env: dict[str, Any] = {
+    env: Environment = {
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
         "platform": platform.platform(),
@@ -68,7 +65,8 @@ def describe_environment(run: RunContext | None = None) -> dict[str, Any]:
         "cpu_flags": cpu_flags(),
         "cuda_available": torch.cuda.is_available(),
     }
-    env.update(distributed_info())
+    ranks = distributed_info()
+    env["rank"], env["world_size"] = ranks["rank"], ranks["world_size"]
     device_type = run.device_type if run is not None else "cpu"
     env["device_type"] = device_type
     if device_type == "cuda" and torch.cuda.is_available():

@@ -44,6 +44,9 @@ class ModuleTracker:
     (a gradient accumulation into a parameter, to the parameter's module). Modules that pass
     a tensor through unchanged (``Dropout(p=0)``, ``Identity``) make no node and so never take
     a neighbour's backward, whatever order gradient hooks would fire in.
+
+    Not torch's public ``torch.utils.module_tracker.ModuleTracker``: it keeps an unordered
+    set of parents (no innermost module) and attributes the backward through gradient hooks.
     """
 
     def __init__(self, names: dict[int, str]) -> None:
