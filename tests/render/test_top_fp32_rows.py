@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ampdiag.analysis.derive import derive
 from ampdiag.analysis.precision import summarize
 from ampdiag.render.sections import precision
 from ampdiag.session import Session
@@ -45,7 +46,9 @@ def test_each_fp32_op_is_one_row() -> None:
     assert len(s["top_fp32_by_flops"]) == 2 and len(s["top_fp32_by_time"]) == 3
     keys = [(o["op"], o["module"], o["reason"], o["phase"]) for o in s["top_fp32"]]
     assert sorted(keys) == sorted(set(keys)) and len(keys) == 3
-    built = precision.build(Session(sections={"precision": sec}))
+    session = Session(sections={"precision": sec})
+    derive(session)  # the summary the section formats
+    built = precision.build(session)
     assert built is not None
     table = built.html.split("<h3>Top FP32 ops</h3>", 1)[1].split("</table>", 1)[0]
     body_rows = re.findall(
