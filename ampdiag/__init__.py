@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ampdiag.sources.live.collectors.base import Collector, RunContext
     from ampdiag.sources.live.diagnosis import Diagnosis, diagnose
     from ampdiag.sources.live.memory_probe import memory_probe
+    from ampdiag.sources.live.script import run
 
 __all__ = [
     "Collector",
@@ -42,6 +43,7 @@ __all__ = [
     "diff",
     "load",
     "memory_probe",
+    "run",
 ]
 
 _LAZY = {
@@ -56,6 +58,7 @@ _LAZY = {
     "Finding": "ampdiag.session",
     "load": "ampdiag.session",
     "memory_probe": "ampdiag.sources.live.memory_probe",
+    "run": "ampdiag.sources.live.script",
 }
 
 

@@ -48,6 +48,7 @@ class Environment(TypedDict, total=False):
     bf16_supported: bool
     autocast: str | None
     autocast_seen: dict[str, int]
+    framework_precision: dict[str, str]  # what a framework asked for, e.g. {"accelerate": "fp16"}
 
 
 class Step(TypedDict, total=False):

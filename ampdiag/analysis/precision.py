@@ -70,8 +70,9 @@ def summarize(section: PrecisionSection, top: int = 10) -> dict[str, Any]:
         ``fp32_time_share`` (of low + FP32 work), ``matmul`` (FLOP-counted ops: low/fp32
         FLOPs, ``fp32_share``, ``autocast_share`` of their FLOPs run with autocast active),
         ``top_fp32_by_flops`` / ``top_fp32_by_time`` (op, module, reason, phase, count, flops,
-        time_us), ``reasons`` (reason -> count, flops, time_us), ``casts`` (origin -> count,
-        bytes, time_us, plus ``total``), ``modules`` (module -> low/fp32 time and FLOPs) and
+        time_us), ``top_fp32`` (the two without repeats: the table's rows), ``reasons``
+        (reason -> count, flops, time_us), ``casts`` (origin -> count, bytes, time_us, plus
+        ``total``), ``modules`` (module -> low/fp32 time and FLOPs) and
         ``device_differences``.
     """
     rows = _work_rows(section)
@@ -140,6 +141,8 @@ def summarize(section: PrecisionSection, top: int = 10) -> dict[str, Any]:
         "bytes": sum(c["bytes"] for c in casts.values()),
         "time_us": sum(c["time_us"] for c in casts.values()),
     }
+    by_flops = sorted((o for o in ops_list if o["flops"] > 0), key=lambda o: -o["flops"])[:top]
+    by_time = sorted(ops_list, key=lambda o: -o["time_us"])[:top]
     return {
         "flops": flops,
         "time_us": time_us,
@@ -152,10 +155,10 @@ def summarize(section: PrecisionSection, top: int = 10) -> dict[str, Any]:
             "fp32_share": _share(matmul["fp32"], mm_total),
             "autocast_share": _share(matmul["autocast"], mm_total),
         },
-        "top_fp32_by_flops": sorted(
-            (o for o in ops_list if o["flops"] > 0), key=lambda o: -o["flops"]
-        )[:top],
-        "top_fp32_by_time": sorted(ops_list, key=lambda o: -o["time_us"])[:top],
+        "top_fp32_by_flops": by_flops,
+        "top_fp32_by_time": by_time,
+        # One row per (op, module, reason, phase): the FLOP-heavy ones, then the slow ones.
+        "top_fp32": list({id(o): o for o in by_flops + by_time}.values()),
         "reasons": dict(reasons),
         "casts": {**dict(casts), "total": total_casts},
         "modules": dict(modules),

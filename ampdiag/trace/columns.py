@@ -16,8 +16,9 @@ F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 
 GPU_KINDS = ("kernel", "memcpy", "memset")
-HOST_CATEGORIES = ("forward", "backward", "optimizer", "data")
-"""Host categories of ``host_cat`` (the step breakdown's, without "other")."""
+HOST_CATEGORIES = ("forward", "backward", "optimizer", "data", "closure")
+"""Host categories of ``host_cat`` (the step breakdown's, without "other"; "closure" marks an
+optimizer's ``step(closure)`` forward and backward, which are not optimizer time)."""
 
 
 @dataclass

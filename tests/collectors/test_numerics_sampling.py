@@ -61,7 +61,9 @@ def test_activation_hooks_exist_only_on_sampled_steps(tmp_path: Path) -> None:
         train(model, 7, dtype=torch.float16, hook=count_hooks)
     assert d.session is not None
     expected = [0, 1, 2, 5]
-    assert [i for i, n in enumerate(hooked) if n] == expected
+    # The root keeps one forward hook on every step (discovery's autocast watch).
+    assert [i for i, n in enumerate(hooked) if n > min(hooked)] == expected
+    assert min(hooked) == 1
     assert [s["index"] for s in d.session.steps if s["sampled"]] == expected
     assert [s["step"] for s in d.session.section("gradients")["steps"]] == expected
     assert d.session.section("activations")["sampled_steps"] == len(expected)

@@ -22,11 +22,7 @@ THRESHOLDS = {
 
 
 def _top(summary: dict[str, object], n: int = 5) -> list[dict[str, object]]:
-    seen: dict[tuple[object, object, object], dict[str, object]] = {}
-    for key in ("top_fp32_by_flops", "top_fp32_by_time"):
-        for o in summary.get(key, []):  # type: ignore[attr-defined]
-            seen.setdefault((o["op"], o["module"], o["reason"]), o)
-    rows = list(seen.values())[:n]
+    rows: list[dict[str, object]] = summary["top_fp32"][:n]  # type: ignore[index]
     return [
         {
             "op": o["op"],
@@ -90,11 +86,31 @@ def fp32_ops_in_autocast(session: Session) -> Iterator[Finding]:
     )
 
 
-@rule("low-precision-inactive")
+def amp_attempted(session: Session) -> bool:
+    """Whether the run tried mixed precision: low-precision autocast or a GradScaler seen.
+
+    Autocast counts wherever it was entered (``autocast_seen``: the state the model's ops ran
+    in), and so does any op the precision audit saw run under autocast, or a framework asked
+    for mixed precision (``environment.framework_precision``, e.g. Accelerate's fp16 on a
+    CPU, which silently trains in FP32).
+    """
+    if session.environment.get("framework_precision"):
+        return True
+    run = session.section("run")
+    if any(k != "none" for k in run.get("autocast_seen") or {}):
+        return True
+    if run.get("scaler") is not None or session.section("scaler").get("present"):
+        return True
+    return bool(session.section("precision").get("autocast_dtypes"))
+
+
+@rule("low-precision-inactive", "amp-off")
 def low_precision_inactive(session: Session) -> Iterator[Finding]:
     """Under 50% of matmul/conv FLOPs ran with autocast active, or >= 50% ran in FP32.
 
-    Either way the step does not get the low-precision speed-up.
+    Either way the step does not get the low-precision speed-up: ``low-precision-inactive``
+    (high) when the run tried mixed precision (autocast or a GradScaler seen), ``amp-off``
+    (info) for a deliberate FP32 run, where neither was ever seen.
     """
     sec = session.section("precision")
     if not sec.get("audited"):
@@ -107,6 +123,30 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
     fp32 = mm["fp32_share"] >= THRESHOLDS["matmul_fp32_share_max"]
     if not (inactive or fp32):
         return
+    device = sec.get("device_type", "cuda")
+    dtype = "torch.bfloat16" if device == "cpu" else "torch.float16"
+    if not amp_attempted(session):
+        yield Finding(
+            id="amp-off",
+            severity="info",
+            title=(
+                "Mixed precision is off: no autocast and no GradScaler were seen, and "
+                f"{mm['fp32_share']:.0%} of the matmul FLOPs ran in FP32."
+            ),
+            evidence={
+                "matmul_fp32_share": round(mm["fp32_share"], 4),
+                "matmul_fp32_flops": mm["fp32_flops"],
+                "step": sec.get("step"),
+            },
+            fix=(
+                "If FP32 is not deliberate, run the forward and the loss under autocast:\n"
+                f"with torch.autocast(device_type={device!r}, dtype={dtype}):\n"
+                "    loss = loss_fn(model(x), y)"
+            ),
+            section="precision",
+            impact=0.0,
+        )
+        return
     if inactive:
         title = (
             f"Autocast was not active for {1 - mm['autocast_share']:.0%} of the matmul FLOPs: "
@@ -114,8 +154,6 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
         )
     else:
         title = f"{mm['fp32_share']:.0%} of the matmul FLOPs ran in FP32 despite autocast."
-    device = sec.get("device_type", "cuda")
-    dtype = "torch.bfloat16" if device == "cpu" else "torch.float16"
     yield Finding(
         id="low-precision-inactive",
         severity="high",

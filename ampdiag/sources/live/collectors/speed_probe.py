@@ -7,8 +7,12 @@ user's own model and batch, instead of assuming it.
 How it measures, observing and never changing:
 
 - During the run a forward pre-hook on the root model keeps a reference to the inputs of the
-  last forward that ran under autocast on a sampled step (no copy, no compute), and the batch
-  size (the leading dimension of the first tensor input).
+  last forward of a sampled step (no copy, no compute), and the batch size (the leading
+  dimension of the first tensor input). The autocast it compares with is the run's
+  (`discovery.dominant_autocast` of ``autocast_seen``: the state the model's ops ran in,
+  wherever autocast was entered). A forward wrapped in autocast by a framework
+  (``model.forward = autocast(...)(model.forward)``, as Accelerate does) is timed through the
+  class's own forward, so that the FP32 pass really runs in FP32.
 - At ``after_stop()``, once the block has ended without an error and every collector has
   removed its hooks (diagnose() calls it after every ``stop()``), it runs the
   model's forward and a backward of a surrogate loss (the sum of the floating outputs) with
@@ -33,14 +37,15 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import torch
 
 from ampdiag.schema import SpeedProbeSection
 from ampdiag.sources.live.collectors.base import Collector, RunContext, tensors_in
-from ampdiag.sources.live.discovery import autocast_state
+from ampdiag.sources.live.discovery import dominant_autocast
 
 TOP_MODULES = 15
 
@@ -87,10 +92,8 @@ class SpeedProbe(Collector):
             first = next(tensors_in((args, kwargs), max_depth=2), None)
             if first is not None and first.dim() > 0:
                 self._batch = int(first.shape[0])
-        state = autocast_state()
-        if state is not None and (self._run is None or self._run.is_sampled()):
+        if self._run is None or self._run.is_sampled():
             self._inputs = (args, kwargs)
-            self._autocast = state
 
     def stop(self, run: RunContext) -> None:
         """Removes the hook."""
@@ -105,14 +108,17 @@ class SpeedProbe(Collector):
         if raised is None:
             raised = sys.exc_info()[1] is not None
         model = self._model
+        self._autocast = dominant_autocast(run.autocast)
         if not run.config.speed_probe:
             self._skipped = "disabled (speed_probe=False)"
         elif raised:
             self._skipped = "the block raised: no extra work after an error"
         elif model is None:
             self._skipped = "no model was found"
-        elif inputs is None or self._autocast is None:
-            self._skipped = "no forward ran under autocast on a sampled step"
+        elif self._autocast is None:
+            self._skipped = "no forward ran under autocast"
+        elif inputs is None:
+            self._skipped = "no forward ran on a sampled step"
         elif _is_distributed(model):
             self._skipped = "distributed run: extra forwards would desynchronise the ranks"
         if self._skipped is not None or model is None or inputs is None or self._autocast is None:
@@ -195,7 +201,10 @@ def probe(
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     fp32: list[float] = []
     amp: list[float] = []
-    with torch.random.fork_rng(devices=cuda_devices if torch.cuda.is_available() else []):
+    with (
+        torch.random.fork_rng(devices=cuda_devices if torch.cuda.is_available() else []),
+        _class_forward(model),
+    ):
         try:
             once(False)
             once(True)
@@ -221,6 +230,24 @@ def probe(
         "ratio": round(amp_ms / fp32_ms, 4) if fp32_ms > 0 else None,
         "modules": modules,
     }
+
+
+@contextmanager
+def _class_forward(model: torch.nn.Module) -> Iterator[None]:
+    """Times the class's forward where the instance's was replaced (a wrapped forward).
+
+    Accelerate sets ``model.forward`` to the forward wrapped in autocast: through it the FP32
+    pass would run under autocast too. The instance attribute is put back on exit.
+    """
+    wrapped = vars(model).get("forward")
+    if wrapped is None:
+        yield
+        return
+    del model.forward
+    try:
+        yield
+    finally:
+        model.forward = wrapped
 
 
 def _module_times(
