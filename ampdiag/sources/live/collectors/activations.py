@@ -109,7 +109,7 @@ class ActivationsCollector(Collector):
     # --- hooks ------------------------------------------------------------------------------
 
     def _forward(self, idx: int, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if not self._active:
+        if not self._active or (self._run is not None and not self._run.on_block_thread()):
             return
         t = next(tensors_in(output), None)
         if t is None or not t.is_floating_point() or t.numel() == 0:

@@ -8,6 +8,7 @@ A collector watches one thing in a live run. `diagnose()` calls its callbacks in
     before_optimizer_step(run, opt)  before every optimizer.step() (grads final, maybe unscaled)
     on_step_end(run, step)           at each step boundary (after optimizer.step() or d.step())
     stop(run)                        once, on exit, error or not; must remove all its hooks
+    finish(run)                      once, after every collector stopped: extra work (probes)
     section()                        its JSON section for the Session, or None for nothing
 
 A collector never renders and never changes the user's numbers. Callbacks must be cheap on
@@ -16,7 +17,9 @@ steps that are not sampled (`run.is_sampled(step)`).
 
 from __future__ import annotations
 
+import logging
 import threading
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +28,8 @@ from typing import Any
 import torch
 
 from ampdiag.config import DiagnoseConfig, is_sampled_step
+
+log = logging.getLogger("ampdiag")
 
 
 @dataclass
@@ -41,6 +46,8 @@ class RunContext:
         autocast: Autocast states seen at the model's forward: "device:dtype" -> count.
         device_type: "cuda" when CUDA work was seen, else "cpu".
         extra: Free slots collectors may share facts through (documented by the writer).
+        thread: The thread that entered the block: the only one whose training it observes.
+        warnings: What the session's report must say went unobserved or wrong (`warn`).
     """
 
     out: Path
@@ -52,6 +59,25 @@ class RunContext:
     autocast: dict[str, int] = field(default_factory=dict)
     device_type: str = "cpu"
     extra: dict[str, Any] = field(default_factory=dict)
+    thread: int = field(default_factory=threading.get_ident)
+    warnings: list[str] = field(default_factory=list)
+
+    def on_block_thread(self) -> bool:
+        """Whether the caller runs in the block's thread (hooks fire in any thread)."""
+        return threading.get_ident() == self.thread
+
+    def warn(self, message: str, *, user: bool = False) -> None:
+        """Notes ``message`` for the session; ``user=True`` also issues a Python warning.
+
+        The Python warning is for what changes what the user gets (a part of the run that was
+        not observed), so it shows without reading the report.
+        """
+        if message in self.warnings:
+            return
+        self.warnings.append(message)
+        log.warning(message)
+        if user:
+            warnings.warn(f"ampdiag: {message}", RuntimeWarning, stacklevel=2)
 
     def is_sampled(self, step: int | None = None) -> bool:
         """Whether the sampled collectors run on this step (default: the step in progress)."""
@@ -85,7 +111,16 @@ class Collector:
         """Called at each step boundary with the index of the step that ended."""
 
     def stop(self, run: RunContext) -> None:
-        """Called once on exit, error or not. Must remove every hook, mode and patch."""
+        """Called once on exit, error or not. Must remove every hook, mode and patch.
+
+        Runs with Ctrl-C deferred (the removal must complete), so it must be quick.
+        """
+
+    def finish(self, run: RunContext) -> None:
+        """Called once after every collector stopped: work that may take a while (a probe).
+
+        Not called when a second Ctrl-C came during the exit.
+        """
 
     def section(self) -> dict[str, Any] | None:
         """Returns this collector's JSON section, or None to write nothing."""

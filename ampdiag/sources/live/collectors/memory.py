@@ -28,6 +28,7 @@ import torch
 
 from ampdiag.analysis import memory_timeline as tl_mod
 from ampdiag.compat import memory as compat_memory
+from ampdiag.sources.live import exclusive
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 from ampdiag.trace.step_breakdown import load_trace_json
 
@@ -152,13 +153,18 @@ class MemoryCollector(Collector):
         _ACTIVE.append(self)
         cfg = run.config
         if cfg.memory_history and compat_memory.cuda_history_available():
+            if not exclusive.claim(exclusive.CUDA_HISTORY, self):
+                run.warn("CUDA memory history not recorded: another diagnose() block records it")
+                return
             self._cuda_recording = compat_memory.start_cuda_history(cfg.memory_history_max_entries)
+            if not self._cuda_recording:
+                exclusive.release(exclusive.CUDA_HISTORY, self)
 
     def on_model(self, run: RunContext, model: torch.nn.Module) -> None:
         """Watches the batch size at the model's forward (reads a shape, nothing else)."""
 
         def pre(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
-            if run.step in self._batches:
+            if run.step in self._batches or not run.on_block_thread():
                 return
             for a in (*args, *kwargs.values()):
                 if isinstance(a, torch.Tensor) and a.dim() >= 1:
@@ -193,6 +199,7 @@ class MemoryCollector(Collector):
             finally:
                 compat_memory.stop_cuda_history()
                 self._cuda_recording = False
+                exclusive.release(exclusive.CUDA_HISTORY, self)
 
     def _cuda_section(self, run: RunContext) -> dict[str, Any] | None:
         from ampdiag.sources.snapshot import summarize_snapshot

@@ -6,6 +6,7 @@ modules (``blocks.3.attn.proj``).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -49,12 +50,13 @@ class ModuleTracker:
         self.names = names
         self.active = True
         self.stack: list[str] = []
+        self._thread = threading.get_ident()  # another thread's modules are not this audit's
         self._handles: list[Any] = []
         self._grad_handles: list[Any] = []
-        from torch.nn.modules import module as nn_module
+        from ampdiag.sources.live import global_hooks
 
-        self._handles.append(nn_module.register_module_forward_pre_hook(self._pre))
-        self._handles.append(nn_module.register_module_forward_hook(self._post, always_call=True))
+        self._handles.append(global_hooks.add(global_hooks.MODULE_PRE, self._pre))
+        self._handles.append(global_hooks.add(global_hooks.MODULE_POST, self._post))
 
     def name_of(self, module: torch.nn.Module) -> str:
         """The module's path from the root (``blocks.0.attn.proj``), or its class name."""
@@ -103,11 +105,15 @@ class ModuleTracker:
         self._pre(module, args)
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        if threading.get_ident() != self._thread:
+            return
         name = self.name_of(module)
         self.push(name)
         self._grad_hook(list(tensors_of(args)), lambda: self.pop(name))
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if threading.get_ident() != self._thread:
+            return
         name = self.name_of(module)
         self.pop(name)
         self._grad_hook(list(tensors_of(output)), lambda: self.push_backward(name))
