@@ -11,8 +11,9 @@ How it measures, observing and never changing:
   size (the leading dimension of the first tensor input).
 - At ``finish()``, once the block has ended without an error and every collector has removed
   its hooks, it deep-copies the model and runs the copy's forward and a backward of a
-  surrogate loss (the sum of the floating outputs) with ``torch.autograd.grad`` -- which returns gradients without touching any ``.grad`` -- once
-  under ``torch.autocast(enabled=False)`` and once under the autocast the run used, warm-up
+  surrogate loss (the sum of the floating outputs) with ``torch.autograd.grad`` -- which
+  returns gradients without touching any ``.grad`` -- once under
+  ``torch.autocast(enabled=False)`` and once under the autocast the run used, warm-up
   first, then ``repeats`` interleaved pairs (ABBA order). The headline times are the best of
   the samples (timeit's convention: other load on the machine only ever adds time), the
   medians are kept beside them. One more
