@@ -36,7 +36,7 @@ from ampdiag.sources.live.collectors import (
 )
 from ampdiag.sources.live.discovery import Discovery
 from ampdiag.sources.live.environment import describe_environment, distributed_info
-from ampdiag.sources.live.shielding import describe_exception, sigint_deferred
+from ampdiag.sources.live.shielding import ImportFilters, describe_exception, sigint_deferred
 from ampdiag.sources.live.steps import StepLog
 
 log = logging.getLogger("ampdiag")
@@ -86,6 +86,8 @@ class Diagnosis:
         config: DiagnoseConfig,
         collectors: list[Collector] | None,
     ) -> None:
+        # Before the collectors are made: their imports (sympy, numpy) may add warning filters.
+        self._filters = ImportFilters()
         self.out = Path(out) if out is not None else default_out()
         ranks = distributed_info()
         if ranks["world_size"] > 1:
@@ -183,6 +185,8 @@ class Diagnosis:
             print(
                 f"ampdiag: could not write the report to {self.out}: {failure!r}", file=sys.stderr
             )
+        finally:
+            self._filters.remove_added()  # the renderers' imports too
         # Returning None lets the user's exception propagate unchanged (the same object).
 
     def _close(self, raised: bool) -> BaseException | None:
@@ -298,6 +302,7 @@ class Diagnosis:
         for collector in reversed(self._collectors):
             parts.append((collector.name, partial(collector.stop, self.run)))
         parts.append(("global hooks", global_hooks.block_ended))
+        parts.append(("warning filters", self._filters.remove_added))
         for name, stop in parts:
             try:
                 stop()

@@ -1,4 +1,6 @@
-"""An exit that nothing can interrupt half-way: Ctrl-C deferred, the user's exception read safely.
+"""A block's exit: nothing interrupts it half-way, the user's exception is read safely.
+
+And the process's warning filters are left as the block found them (`ImportFilters`).
 
 ``diagnose()``'s exit removes hooks from the user's model and patches from torch. If a second
 Ctrl-C (a ``KeyboardInterrupt`` raised at any bytecode) lands in the middle, a forward hook
@@ -11,8 +13,10 @@ the user's own handler). And the user's exception is described without trusting 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import traceback
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType, TracebackType
@@ -96,3 +100,32 @@ def describe_exception(exc: BaseException, tb: TracebackType | None) -> dict[str
     frames = _text(lambda: "".join(traceback.format_tb(tb, limit=-30)), 10 * MAX_TRACEBACK)
     text = f"Traceback (most recent call last):\n{frames}{name}: {message}"
     return {"type": name, "message": message, "traceback": text[-MAX_TRACEBACK:]}
+
+
+class ImportFilters:
+    """Removes the warning filters that modules first imported during the block added.
+
+    torch imports sympy, numpy or tensorboard lazily, the first time a collector or renderer
+    needs them, and some of those add a filter at import (sympy's ``once`` for its deprecation
+    warnings). The user's process must keep the filters it had: a filter added during the block
+    whose warning class comes from a module imported during the block is ampdiag's doing and is
+    removed on exit; the user's own filters (on classes that existed before) stay.
+    """
+
+    def __init__(self) -> None:
+        self._before = list(warnings.filters)
+        self._modules = set(sys.modules)
+
+    def remove_added(self) -> None:
+        """Drops the filters added by imports since the block began (safe to call twice)."""
+        keep = [f for f in warnings.filters if f in self._before or not self._from_new_module(f)]
+        if len(keep) != len(warnings.filters):
+            warnings.filters[:] = keep
+            mutated = getattr(warnings, "_filters_mutated", None)
+            if mutated is not None:
+                mutated()  # the warnings module's cache of what each filter decided
+
+    def _from_new_module(self, entry: Any) -> bool:
+        category = entry[2] if isinstance(entry, tuple) and len(entry) > 2 else None
+        module = getattr(category, "__module__", "builtins")
+        return module not in self._modules
