@@ -120,7 +120,7 @@ class ImportFilters:
         """Drops the filters added by imports since the block began (safe to call twice)."""
         keep = [f for f in warnings.filters if f in self._before or not self._from_new_module(f)]
         if len(keep) != len(warnings.filters):
-            warnings.filters[:] = keep
+            warnings.filters[:] = keep  # type: ignore[index]
             mutated = getattr(warnings, "_filters_mutated", None)
             if mutated is not None:
                 mutated()  # the warnings module's cache of what each filter decided
