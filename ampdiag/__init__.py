@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ampdiag._version import __version__
 
 if TYPE_CHECKING:
+    from ampdiag.analysis.diff import diff
     from ampdiag.config import DiagnoseConfig
     from ampdiag.session import Finding, Session, load
     from ampdiag.sources.live.diagnosis import Diagnosis, diagnose
@@ -30,11 +31,13 @@ __all__ = [
     "Session",
     "__version__",
     "diagnose",
+    "diff",
     "load",
     "memory_probe",
 ]
 
 _LAZY = {
+    "diff": "ampdiag.analysis.diff",
     "DiagnoseConfig": "ampdiag.config",
     "diagnose": "ampdiag.sources.live.diagnosis",
     "Diagnosis": "ampdiag.sources.live.diagnosis",

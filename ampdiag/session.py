@@ -143,6 +143,18 @@ class Session:
                     out.append(Finding.from_dict(merged))
         return out
 
+    def __repr__(self) -> str:
+        """The console summary (a session's fields are too large to print whole)."""
+        from ampdiag.render.console import summary
+
+        return summary(self)
+
+    def _repr_html_(self) -> str:
+        """The report inline in Jupyter (a sandboxed iframe: no script, no network)."""
+        from ampdiag.render.notebook import session_html
+
+        return session_html(self)
+
     def to_dict(self) -> dict[str, Any]:
         """Returns the session document (what session.json holds)."""
         doc: dict[str, Any] = {
