@@ -36,7 +36,9 @@ class DiagnoseConfig:
             The scaler's telemetry (scale, skipped steps) covers every step whatever the
             schedule; to locate a NaN's origin at the very step it first appears, use
             ``sample_every=1``.
-        max_steps_recorded: Cap on per-step records kept (the first ones are kept).
+        max_steps_recorded: Most per-step records kept (steps, the GradScaler's history): past
+            it every other record is dropped and only every 2nd, 4th, ... step is recorded
+            from then on, so the records span the whole run and a long run stays flat.
         report: Render report.html (and the console summary) on exit.
         tensorboard: Write TensorBoard event files on exit.
         console: Print the short console summary on exit.
@@ -69,7 +71,7 @@ class DiagnoseConfig:
     sample_every: int = 0
     sample_first: int = 10
     sample_period: int = 20
-    max_steps_recorded: int = 100_000
+    max_steps_recorded: int = 10_000
     report: bool = True
     tensorboard: bool = True
     console: bool = True
@@ -87,6 +89,12 @@ class DiagnoseConfig:
     speed_probe_repeats: int = 3
 
 
+def is_profiled_step(config: DiagnoseConfig, step: int) -> bool:
+    """Whether the profiler records ``step`` (after ``profile_skip + profile_warmup`` steps)."""
+    first = config.profile_skip + config.profile_warmup
+    return config.profile and first <= step < first + config.profile_active
+
+
 def is_sampled_step(config: DiagnoseConfig, step: int) -> bool:
     """Whether ``step`` is sampled under ``config`` (see `DiagnoseConfig.sample_every`).
 
@@ -95,10 +103,8 @@ def is_sampled_step(config: DiagnoseConfig, step: int) -> bool:
     """
     if config.sample_every > 0:
         return step % config.sample_every == 0
-    if config.profile:
-        first = config.profile_skip + config.profile_warmup
-        if first <= step < first + config.profile_active:
-            return False
+    if is_profiled_step(config, step):
+        return False
     if step < config.sample_first:
         return True
     return (step - config.sample_first) % max(1, config.sample_period) == 0

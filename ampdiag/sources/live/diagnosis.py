@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ampdiag._version import __version__
+from ampdiag.config import is_profiled_step
 from ampdiag.errors import OutputError
 from ampdiag.session import Session
 from ampdiag.sources.live import global_hooks
@@ -269,17 +270,16 @@ class Diagnosis:
         now = time.perf_counter()
         step = self.run.step
         self._steps.end(
-            step, now - self._step_start, self._is_profiled(step), self.run.is_sampled(step)
+            step,
+            now - self._step_start,
+            is_profiled_step(self.config, step),
+            self.run.is_sampled(step),
         )
         if step == 0 and self._discovery is not None:
             self._discovery.stop_searching_models()
         self._each("on_step_end", step)
         self.run.step = step + 1
         self._step_start = time.perf_counter()
-
-    def _is_profiled(self, step: int) -> bool:
-        first = self.config.profile_skip + self.config.profile_warmup
-        return self.config.profile and first <= step < first + self.config.profile_active
 
     # --- collectors -------------------------------------------------------------------------------
 

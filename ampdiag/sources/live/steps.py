@@ -4,13 +4,15 @@ A long run must stay flat: keeping each step's loss tensor (and a Python object 
 until the end grows the process by about a kilobyte per step. Here each step is a row of
 typed arrays, and the loss tensors of the last `BATCH` steps are packed into one tensor and
 copied to the host together (on CUDA without waiting: the values are read a batch later), so
-there is no host sync per step and at most two batches of tensors are alive at a time.
+there is no host sync per step and at most two batches of tensors are alive at a time. And
+the records are bounded: past ``max_steps_recorded`` they are thinned (`ThinnedRows`).
 """
 
 from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,21 +23,61 @@ BATCH = 64
 _PROFILED, _SAMPLED, _HAS_LOSS = 1, 2, 4
 
 
+class ThinnedRows:
+    """Rows of numbers keyed by step, in typed columns, at most ``cap`` rows, spread evenly.
+
+    When ``cap`` rows are reached, every other one is dropped and from then on only every
+    ``stride``-th step (the stride doubles each time) is kept: the rows span the whole run,
+    however long it is, in bounded memory. ``before_thin`` runs first (to settle row numbers
+    something else holds).
+    """
+
+    def __init__(
+        self, cap: int, typecodes: str, before_thin: Callable[[], None] | None = None
+    ) -> None:
+        self.cap = max(2, cap)
+        self.stride = 1
+        self.index = array("q")
+        self.columns: list[array[Any]] = [array(code) for code in typecodes]
+        self._before_thin = before_thin
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def add(self, index: int, *values: float) -> int | None:
+        """Adds the row of step ``index``; returns its row number, or None if not kept."""
+        if index % self.stride:
+            return None
+        if len(self.index) >= self.cap:
+            self._thin()
+            if index % self.stride:
+                return None
+        for column, value in zip(self.columns, values, strict=True):
+            column.append(value)
+        self.index.append(index)
+        return len(self.index) - 1
+
+    def _thin(self) -> None:
+        if self._before_thin is not None:
+            self._before_thin()
+        self.stride *= 2
+        keep = [i for i, index in enumerate(self.index) if index % self.stride == 0]
+        self.index = array("q", (self.index[i] for i in keep))
+        self.columns = [array(c.typecode, (c[i] for i in keep)) for c in self.columns]
+
+
 class StepLog:
-    """Steps as typed arrays (the first ``cap`` steps), losses copied to the host in batches."""
+    """The steps' records (`ThinnedRows` of ``cap``), losses copied to the host in batches."""
 
     def __init__(self, cap: int) -> None:
-        self.cap = max(0, cap)
-        self._index = array("q")
-        self._wall = array("d")
-        self._loss = array("d")
-        self._flags = array("B")
+        # Columns: wall_s, loss (NaN until read), flags.
+        self._rows = ThinnedRows(cap, "ddB", before_thin=self._settle)
         self._current: tuple[torch.Tensor, bool] | None = None
         self._pending: list[tuple[int, torch.Tensor]] = []
         self._inflight: list[tuple[list[int], Deferred]] = []
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._rows)
 
     def saw_loss(self, loss: torch.Tensor, from_scaler: bool) -> None:
         """Notes a loss of the step in progress (the unscaled one given to the scaler wins)."""
@@ -48,20 +90,20 @@ class StepLog:
         return self._current is not None
 
     def end(self, index: int, wall_s: float, profiled: bool, sampled: bool) -> None:
-        """Records a step that ended (kept while fewer than ``cap`` are recorded)."""
+        """Records a step that ended (when `ThinnedRows` keeps its row)."""
         current, self._current = self._current, None
-        if len(self._index) >= self.cap:
-            return
-        row = len(self._index)
-        self._index.append(index)
-        self._wall.append(wall_s)
-        self._loss.append(math.nan)
-        self._flags.append((_PROFILED if profiled else 0) | (_SAMPLED if sampled else 0))
-        if current is not None:
+        flags = (_PROFILED if profiled else 0) | (_SAMPLED if sampled else 0)
+        row = self._rows.add(index, wall_s, math.nan, flags)
+        if row is not None and current is not None:
             self._pending.append((row, current[0]))
             if len(self._pending) >= BATCH:
                 self._flush()
         self._absorb(wait=False)
+
+    def _settle(self) -> None:
+        """Reads every loss in flight (before the rows are renumbered)."""
+        self._flush()
+        self._absorb(wait=True)
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
@@ -79,22 +121,24 @@ class StepLog:
             if not (wait or deferred.ready()):
                 keep.append((rows, deferred))
                 continue
+            _, loss, flags = self._rows.columns
             for row, value in zip(rows, deferred.values(), strict=False):
-                self._loss[row] = value
-                self._flags[row] |= _HAS_LOSS
+                loss[row] = value
+                flags[row] |= _HAS_LOSS
         self._inflight = keep
 
     def records(self) -> list[dict[str, Any]]:
         """The steps' JSON records (waits for the last copies)."""
         self._flush()
         self._absorb(wait=True)
+        wall, loss, flags = self._rows.columns
         return [
             {
-                "index": self._index[i],
-                "wall_s": self._wall[i],
-                "loss": self._loss[i] if self._flags[i] & _HAS_LOSS else None,
-                "profiled": bool(self._flags[i] & _PROFILED),
-                "sampled": bool(self._flags[i] & _SAMPLED),
+                "index": index,
+                "wall_s": wall[i],
+                "loss": loss[i] if flags[i] & _HAS_LOSS else None,
+                "profiled": bool(flags[i] & _PROFILED),
+                "sampled": bool(flags[i] & _SAMPLED),
             }
-            for i in range(len(self._index))
+            for i, index in enumerate(self._rows.index)
         ]

@@ -28,6 +28,7 @@ import torch
 
 from ampdiag.analysis import memory_timeline as tl_mod
 from ampdiag.compat import memory as compat_memory
+from ampdiag.config import is_profiled_step
 from ampdiag.sources.live import exclusive
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 from ampdiag.trace.step_breakdown import load_trace_json
@@ -36,6 +37,8 @@ log = logging.getLogger("ampdiag")
 
 SNAPSHOT_DIR = "memory"
 SNAPSHOT_FILE = "snapshot.pickle"
+#: Steps whose batch size is noted (and every profiled step): enough for the batch in use.
+MAX_BATCH_STEPS = 1000
 PROFILE_KEY = "profiler.profile"  # RunContext.extra slot the profiler collector fills
 
 _ACTIVE: list[MemoryCollector] = []
@@ -166,6 +169,8 @@ class MemoryCollector(Collector):
         def pre(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
             if run.step in self._batches or not run.on_block_thread():
                 return
+            if len(self._batches) >= MAX_BATCH_STEPS and not is_profiled_step(run.config, run.step):
+                return  # a long run: the first steps and the profiled ones tell the sizes
             for a in (*args, *kwargs.values()):
                 if isinstance(a, torch.Tensor) and a.dim() >= 1:
                     self._batches[run.step] = int(a.shape[0])
@@ -175,9 +180,7 @@ class MemoryCollector(Collector):
 
     def on_step_end(self, run: RunContext, step: int) -> None:
         """On profiled steps, notes where the parameters, gradients and optimizer state live."""
-        cfg = run.config
-        first = cfg.profile_skip + cfg.profile_warmup
-        if cfg.profile and first <= step < first + cfg.profile_active:
+        if is_profiled_step(run.config, step):
             _, ptrs, sizes = model_state(run.models, run.optimizers)
             self._known_by_step[step] = ptrs
             self._known_sizes.update(sizes)
