@@ -75,6 +75,34 @@ def test_users_profiler_around_the_block_keeps_its_events(tmp_path: Path) -> Non
     assert values["left"] == []
 
 
+def test_users_scheduled_profiler_warming_up_around_the_block(tmp_path: Path) -> None:
+    values = result(
+        run_python(
+            """
+            from torch.profiler import ProfilerActivity, profile, schedule
+            model, opt = make()
+            p = profile(activities=[ProfilerActivity.CPU],
+                        schedule=schedule(wait=0, warmup=3, active=2, repeat=1))
+            p.start()  # Kineto prepared: no flag says so
+            with ampdiag.diagnose(out=TMP + "/run", **QUIET) as d:
+                for _ in range(6):
+                    steps(1, model, opt)
+                    p.step()
+            p.stop()
+            report(
+                user_addmm=len([e for e in p.events() if e.name == "aten::addmm"]),
+                skipped=d.session.section("profiler").get("skipped"),
+                left=leftovers(),
+            )
+            """,
+            tmp_path,
+        )
+    )
+    assert values["user_addmm"] >= 4  # its 2 active steps x 2 Linear forwards
+    assert "warming up when the block began" in str(values["skipped"])
+    assert values["left"] == []
+
+
 def test_nested_blocks_each_record_their_own_session_with_one_profiler(tmp_path: Path) -> None:
     values = result(
         run_python(
@@ -91,6 +119,7 @@ def test_nested_blocks_each_record_their_own_session_with_one_profiler(tmp_path:
                 outer_traces=len(outer.session.section("profiler")["trace_files"]),
                 inner_skipped=inner.session.section("profiler").get("skipped"),
                 left=leftovers(),
+                tracked=torch.autograd.profiler.KinetoStepTracker._step_dict.get("ProfilerStep"),
                 hooks_on_model=model_hooks(model),
             )
             """,
@@ -102,6 +131,7 @@ def test_nested_blocks_each_record_their_own_session_with_one_profiler(tmp_path:
     assert values["outer_traces"] == 1
     assert values["inner_skipped"]
     assert values["left"] == []
+    assert values["tracked"] is None  # ours left torch's step tracker as found
     assert values["hooks_on_model"] == 0
 
 

@@ -57,6 +57,7 @@ class ProfilerCollector(Collector):
         self._skipped: str | None = None
         self._thread = 0
         self._yield_at_step = False
+        self._made_before: bool | None = None  # whether torch's step tracker had a profiler
         self._patches = Patches()
 
     def start(self, run: RunContext) -> None:
@@ -74,6 +75,7 @@ class ProfilerCollector(Collector):
         self._trace_dir.mkdir(parents=True, exist_ok=True)
         self._earlier = set(self._trace_dir.glob("*.pt.trace.json*"))
         self._first_recorded = cfg.profile_skip + cfg.profile_warmup
+        self._made_before = compat_profiler.made_a_profiler()
         handler = tensorboard_trace_handler(
             str(self._trace_dir), worker_name=_worker_name(), use_gzip=True
         )
@@ -143,7 +145,7 @@ class ProfilerCollector(Collector):
         if self._prof is None:
             return
         self._steps_seen = step + 1
-        busy = compat_profiler.running() if self._may_check(step) else None
+        busy = compat_profiler.running(ignore=self._prof) if self._may_check(step) else None
         if busy is not None or self._yield_at_step:
             self._stop_profiler()
             why = busy or "another torch profiler started in another thread"
@@ -183,6 +185,9 @@ class ProfilerCollector(Collector):
             self._release()
 
     def _release(self) -> None:
+        if self._made_before is False:
+            compat_profiler.forget_profiler()
+            self._made_before = None
         self._prof = None
         self._patches.restore()
         exclusive.release(exclusive.PROFILER, self)
