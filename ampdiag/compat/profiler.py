@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 
-
 PROFILER_STEP = "ProfilerStep"
 
 

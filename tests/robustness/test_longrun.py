@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import weakref
 from pathlib import Path
 
@@ -23,7 +24,7 @@ def test_the_step_log_stays_bounded_and_spans_the_run() -> None:
     indices = [r["index"] for r in records]
     assert indices[0] == 0 and indices[-1] >= 100_000 - 2 * (100_000 // 1000)
     stride = indices[1] - indices[0]
-    assert all(b - a == stride for a, b in zip(indices, indices[1:], strict=False))
+    assert all(b - a == stride for a, b in itertools.pairwise(indices))
     # Each kept step carries its own loss (the loss of step i was i).
     assert all(r["loss"] == float(r["index"]) for r in records)
 
