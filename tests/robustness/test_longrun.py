@@ -7,10 +7,12 @@ import itertools
 import weakref
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
 import ampdiag
+from ampdiag.sources.live.collectors import gradients
 from ampdiag.sources.live.steps import BATCH, StepLog
 
 
@@ -44,7 +46,10 @@ def test_loss_tensors_are_not_kept_past_a_batch() -> None:
     assert [r["loss"] for r in log.records()] == [float(i) for i in range(3 * BATCH + 5)]
 
 
-def test_a_long_live_run_keeps_bounded_records_and_counts_every_step(tmp_path: Path) -> None:
+def test_a_long_live_run_keeps_bounded_records_and_counts_every_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gradients, "MAX_STEP_RECORDS", 20)
     torch.manual_seed(0)
     model = nn.Linear(8, 2)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -82,3 +87,6 @@ def test_a_long_live_run_keeps_bounded_records_and_counts_every_step(tmp_path: P
     assert sc["growth_total"] == steps // 50
     assert sc["skipped_total"] == 0
     assert len(session.section("memory")["batches"]) <= 1000
+    sampled = [s["step"] for s in session.section("gradients")["steps"]]
+    assert len(sampled) <= 20
+    assert sampled[-1] >= steps - 2 * 20 * 2  # the records reach the end of the run

@@ -229,7 +229,7 @@ class ActivationsCollector(Collector):
             self._accumulate(hist, scale)
             nonfinite = hist[:, BINS - 1]
             bad_bwd = next((i for i in bwd if nonfinite[i] > 0), None)
-        if bad_fwd is not None or bad_bwd is not None:
+        if (bad_fwd is not None or bad_bwd is not None) and len(self._nonfinite_steps) < 10_000:
             self._nonfinite_steps.append(step)
         if self._origin is None and (bad_fwd is not None or bad_bwd is not None):
             phase = "forward" if bad_fwd is not None else "backward"
