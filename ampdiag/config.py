@@ -7,6 +7,7 @@ settings without importing torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 
 @dataclass
@@ -55,7 +56,7 @@ class DiagnoseConfig:
         activation_every: Period of the activation hooks (0 = every sampled step).
         precision: Audit the dtype of every op of one step (forward and backward).
         precision_step: The step the precision audit runs on (default the second, index 1:
-            the first pays for lazy initialisation).
+            the first pays for lazy initialization).
         speed_probe: At the end of the run, time the model's forward + backward in FP32 and
             under the run's autocast (see collectors/speed_probe.py; changes nothing).
         speed_probe_repeats: Interleaved timed pairs of the speed probe.
@@ -87,6 +88,37 @@ class DiagnoseConfig:
     precision_step: int = 1
     speed_probe: bool = True
     speed_probe_repeats: int = 3
+
+
+class Settings(TypedDict, total=False):
+    """Any `DiagnoseConfig` field, as a keyword of ``diagnose(**overrides)`` (checked by mypy)."""
+
+    profile: bool
+    profile_skip: int
+    profile_warmup: int
+    profile_active: int
+    record_shapes: bool
+    profile_memory: bool
+    with_stack: bool
+    sample_every: int
+    sample_first: int
+    sample_period: int
+    max_steps_recorded: int
+    report: bool
+    tensorboard: bool
+    console: bool
+    memory: bool
+    memory_history: bool
+    memory_history_max_entries: int
+    memory_target_batch: int | None
+    memory_limit_bytes: int | None
+    numerics: bool
+    numerics_sample_elements: int
+    activation_every: int
+    precision: bool
+    precision_step: int
+    speed_probe: bool
+    speed_probe_repeats: int
 
 
 def is_profiled_step(config: DiagnoseConfig, step: int) -> bool:

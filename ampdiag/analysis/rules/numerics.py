@@ -201,8 +201,9 @@ def loss_scale_collapse(session: Session) -> Iterator[Finding]:
     initial = float(history[0]["scale"])
     scales = [float(h["scale"]) for h in history] + [float(h["scale_after"]) for h in history]
     smin = min(scales)
-    if isinstance(sc.get("scale_min"), (int, float)):  # every step's, where the history is thinned
-        smin = min(smin, float(sc["scale_min"]))
+    every_step_min = sc.get("scale_min")  # every step's, where the history is thinned
+    if isinstance(every_step_min, (int, float)):
+        smin = min(smin, float(every_step_min))
     if smin < THRESHOLDS["scale_collapse_abs"]:
         sev: Severity = "high"
     elif smin <= initial * THRESHOLDS["scale_collapse_ratio"]:
@@ -323,7 +324,7 @@ def activation_overflow(session: Session) -> Iterator[Finding]:
             "Keep that module's computation in float32 or bfloat16:\n"
             "with torch.autocast('cuda', enabled=False):\n"
             "    y = module(x.float())\n"
-            "or normalise/scale its input (e.g. a LayerNorm before it), or train in bfloat16."
+            "or normalize/scale its input (e.g. a LayerNorm before it), or train in bfloat16."
         ),
         section=SECTION,
         impact=0.7 if sev == "high" else 0.3,

@@ -17,16 +17,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ampdiag._layout import REPORT_FILE
 from ampdiag._version import __version__
-from ampdiag.config import is_profiled_step
+from ampdiag.compat import scaler as compat_scaler
+from ampdiag.config import Settings
 from ampdiag.errors import OutputError
 from ampdiag.session import Session
 from ampdiag.sources.live import global_hooks
@@ -36,10 +38,14 @@ from ampdiag.sources.live.collectors import (
     RunContext,
     default_collectors,
 )
+from ampdiag.sources.live.collectors.base import enter_run, leave_run
 from ampdiag.sources.live.discovery import Discovery
 from ampdiag.sources.live.environment import describe_environment, distributed_info
 from ampdiag.sources.live.shielding import ImportFilters, describe_exception, sigint_deferred
 from ampdiag.sources.live.steps import StepLog
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; annotations are not evaluated at run time
 
 log = logging.getLogger("ampdiag")
 
@@ -123,7 +129,7 @@ class Diagnosis:
     @property
     def report_path(self) -> Path:
         """Where report.html is (or will be) written."""
-        return self.out / "report.html"
+        return self.out / REPORT_FILE
 
     def _repr_html_(self) -> str:
         """In Jupyter: the report inline once the block has ended, else where it will be."""
@@ -141,6 +147,7 @@ class Diagnosis:
         self.run.thread = threading.get_ident()  # the thread whose training the block observes
         global_hooks.block_started()
         started: list[Collector] = []
+        enter_run(self.run)
         try:
             self._discovery = Discovery(
                 on_model=self._found_model,
@@ -187,7 +194,7 @@ class Diagnosis:
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
             error = describe_exception(exc, tb)
         try:
-            self._finish_collectors()
+            self._after_stop()
             self.session = self._build_session(status, error)
             self._write_outputs()
         except Exception as failure:  # ampdiag's own bug must not replace the user's outcome
@@ -209,7 +216,7 @@ class Diagnosis:
                 self._end_step()
             except BaseException as exc:  # a KeyboardInterrupt raised in a callback
                 interrupt = exc
-        self.run.extra["block_raised"] = raised  # collectors' stop() may ask
+        self.run.block_raised = raised  # collectors' stop() may ask
         return self._teardown() or interrupt
 
     # --- callbacks from discovery ---------------------------------------------------------------
@@ -272,7 +279,7 @@ class Diagnosis:
         self._steps.end(
             step,
             now - self._step_start,
-            is_profiled_step(self.config, step),
+            self.run.is_profiled(step),
             self.run.is_sampled(step),
         )
         if step == 0 and self._discovery is not None:
@@ -307,6 +314,7 @@ class Diagnosis:
         parts: list[tuple[str, Callable[[], None]]] = []
         if self._discovery is not None:
             parts.append(("discovery", self._discovery.close))
+        parts.append(("run registry", partial(leave_run, self.run)))
         for collector in reversed(self._collectors):
             parts.append((collector.name, partial(collector.stop, self.run)))
         parts.append(("global hooks", global_hooks.block_ended))
@@ -320,13 +328,13 @@ class Diagnosis:
                 interrupt = interrupt or exc
         return interrupt
 
-    def _finish_collectors(self) -> None:
+    def _after_stop(self) -> None:
         """The collectors' extra work after every hook is gone (the speed probe's forwards)."""
-        for collector in reversed(self._collectors):
+        for collector in self._collectors:
             try:
-                collector.finish(self.run)
+                collector.after_stop(self.run)
             except Exception as exc:
-                self._warn(f"collector {collector.name!r} failed to finish: {exc!r}")
+                self._warn(f"collector {collector.name!r} failed after stopping: {exc!r}")
 
     # --- outputs ----------------------------------------------------------------------------------
 
@@ -393,8 +401,8 @@ def _describe_scaler(scaler: Any) -> dict[str, Any] | None:
         return None
     return {
         "class": type(scaler).__name__,
-        "enabled": bool(scaler.is_enabled()),
-        "device": str(getattr(scaler, "_device", "")),
+        "enabled": compat_scaler.is_enabled(scaler),
+        "device": compat_scaler.device(scaler),
     }
 
 
@@ -404,8 +412,9 @@ def diagnose(
     scaler: Any = None,
     *,
     out: str | Path | None = None,
+    config: DiagnoseConfig | None = None,
     collectors: list[Collector] | None = None,
-    **settings: Any,
+    **overrides: Unpack[Settings],
 ) -> Diagnosis:
     """Watches the training in a ``with`` block and writes a diagnosis report.
 
@@ -415,9 +424,11 @@ def diagnose(
         scaler: The GradScaler; found at its first ``scale()`` when omitted.
         out: The output folder (default: a new ``reports/run-<time>/``). It is created and
             checked before the block runs.
+        config: The settings (default: ``DiagnoseConfig()``); not modified.
         collectors: Replace the default collectors (advanced).
-        **settings: Any field of `DiagnoseConfig`, e.g. ``profile_active=5``,
-            ``sample_every=10``, ``report=False``.
+        **overrides: Any field of `DiagnoseConfig`, applied over ``config``, e.g.
+            ``profile_active=5``, ``sample_every=10``, ``report=False`` (typed: mypy checks
+            names and types).
 
     Returns:
         A `Diagnosis` handle: ``d.step()`` marks a step by hand; after the block ``d.session``
@@ -434,8 +445,11 @@ def diagnose(
         ...         train_step(x, y)
     """
     names = {f.name for f in fields(DiagnoseConfig)}
-    unknown = sorted(set(settings) - names)
+    unknown = sorted(set(overrides) - names)
     if unknown:
         raise TypeError(f"diagnose() got unknown settings {unknown}; known: {sorted(names)}")
-    config = DiagnoseConfig(**settings)
-    return Diagnosis(model, optimizer, scaler, out, config, collectors)
+    if config is not None and not isinstance(config, DiagnoseConfig):
+        kind = type(config).__name__
+        raise TypeError(f"diagnose(config=...) takes a DiagnoseConfig, not {kind}")
+    settings = replace(config or DiagnoseConfig(), **overrides)
+    return Diagnosis(model, optimizer, scaler, out, settings, collectors)

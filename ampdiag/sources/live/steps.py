@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ampdiag.schema import Step
 from ampdiag.sources.live.collectors._host import Deferred, pack
 
 BATCH = 64
@@ -127,7 +128,7 @@ class StepLog:
                 flags[row] |= _HAS_LOSS
         self._inflight = keep
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[Step]:
         """The steps' JSON records (waits for the last copies)."""
         self._flush()
         self._absorb(wait=True)

@@ -8,8 +8,11 @@ A collector watches one thing in a live run. `diagnose()` calls its callbacks in
     before_optimizer_step(run, opt)  before every optimizer.step() (grads final, maybe unscaled)
     on_step_end(run, step)           at each step boundary (after optimizer.step() or d.step())
     stop(run)                        once, on exit, error or not; must remove all its hooks
-    finish(run)                      once, after every collector stopped: extra work (probes)
+    after_stop(run)                  once, after every collector stopped (no hook of ours left)
     section()                        its JSON section for the Session, or None for nothing
+
+Collectors share facts only through typed `RunContext` fields, never through each other, so
+the order of the collector list does not matter.
 
 A collector never renders and never changes the user's numbers. Callbacks must be cheap on
 steps that are not sampled (`run.is_sampled(step)`).
@@ -20,19 +23,22 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ampdiag.config import DiagnoseConfig, is_sampled_step
+from ampdiag.config import DiagnoseConfig, is_profiled_step, is_sampled_step
+
+#: Called before every ``GradScaler.step(optimizer)`` with the scaler and the optimizer.
+ScalerStepListener = Callable[[Any, torch.optim.Optimizer], None]
 
 log = logging.getLogger("ampdiag")
 
 
-@dataclass
+@dataclass(eq=False)  # one object per run: compared by identity
 class RunContext:
     """What collectors share about the live run.
 
@@ -45,7 +51,16 @@ class RunContext:
         step: Index of the step in progress (from 0).
         autocast: Autocast states seen at the model's forward: "device:dtype" -> count.
         device_type: "cuda" when CUDA work was seen, else "cpu".
-        extra: Free slots collectors may share facts through (documented by the writer).
+        profile: The torch.profiler profile of the recorded window, once its trace is ready
+            (set by the profiler collector; the memory collector reads the same profile
+            rather than running a second profiler).
+        trace_files: The Kineto trace files this run wrote (set when the profiler stops).
+        block_raised: Whether the user's block raised; None until the block has ended.
+        before_scaler_step: Listeners the scaler collector calls before ``GradScaler.step``
+            (the gradients collector reads the still-scaled gradients there).
+        numerics_errors: Failures of the numerics observers (at most 10, kept in the
+            scaler section), so that a broken observation is reported, not silent.
+        memory_probes: Results of `ampdiag.memory_probe` run inside this block.
         thread: The thread that entered the block: the only one whose training it observes.
         warnings: What the session's report must say went unobserved or wrong (`warn`).
     """
@@ -58,7 +73,12 @@ class RunContext:
     step: int = 0
     autocast: dict[str, int] = field(default_factory=dict)
     device_type: str = "cpu"
-    extra: dict[str, Any] = field(default_factory=dict)
+    profile: torch.profiler.profile | None = None
+    trace_files: list[Path] = field(default_factory=list)
+    block_raised: bool | None = None
+    before_scaler_step: list[ScalerStepListener] = field(default_factory=list)
+    numerics_errors: list[str] = field(default_factory=list)
+    memory_probes: list[dict[str, Any]] = field(default_factory=list)
     thread: int = field(default_factory=threading.get_ident)
     warnings: list[str] = field(default_factory=list)
 
@@ -82,6 +102,10 @@ class RunContext:
     def is_sampled(self, step: int | None = None) -> bool:
         """Whether the sampled collectors run on this step (default: the step in progress)."""
         return is_sampled_step(self.config, self.step if step is None else step)
+
+    def is_profiled(self, step: int | None = None) -> bool:
+        """Whether the profiler records this step (default: the step in progress)."""
+        return is_profiled_step(self.config, self.step if step is None else step)
 
     @property
     def model(self) -> torch.nn.Module | None:
@@ -116,15 +140,36 @@ class Collector:
         Runs with Ctrl-C deferred (the removal must complete), so it must be quick.
         """
 
-    def finish(self, run: RunContext) -> None:
-        """Called once after every collector stopped: work that may take a while (a probe).
+    def after_stop(self, run: RunContext) -> None:
+        """Called once after every collector's stop(): extra work that no hook may observe.
 
-        Not called when a second Ctrl-C came during the exit.
+        Work that may take a while (a probe); not called when a second Ctrl-C came during the
+        exit.
         """
 
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> Mapping[str, Any] | None:
         """Returns this collector's JSON section, or None to write nothing."""
         return None
+
+
+_running: list[RunContext] = []  # diagnose() blocks in progress, the innermost last
+
+
+def enter_run(run: RunContext) -> None:
+    """Marks ``run`` as in progress (diagnose() on entering its block)."""
+    _running.append(run)
+
+
+def leave_run(run: RunContext) -> None:
+    """Marks ``run`` as over (diagnose() on exit, error or not)."""
+    if run in _running:
+        _running.remove(run)
+
+
+def running() -> RunContext | None:
+    """The innermost diagnose() block of this thread, if any (what `memory_probe` records into)."""
+    me = threading.get_ident()
+    return next((run for run in reversed(_running) if run.thread == me), None)
 
 
 _internal = threading.local()

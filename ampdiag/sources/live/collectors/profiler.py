@@ -17,13 +17,15 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
+from ampdiag._layout import TRACE_DIR
 from ampdiag.compat import profiler as compat_profiler
+from ampdiag.config import is_profiled_step
+from ampdiag.schema import ProfilerSection
 from ampdiag.sources.live import exclusive
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 from ampdiag.sources.live.patching import Patches
 
 TOP_OPS = 25
-TRACE_DIR = "trace"
 
 
 def profiler_activities() -> list[ProfilerActivity]:
@@ -50,7 +52,6 @@ class ProfilerCollector(Collector):
         self._earlier: set[Path] = set()
         self._top_ops: list[dict[str, Any]] = []
         self._recorded_steps: list[int] = []
-        self._first_recorded = 0
         self._steps_seen = 0
         self._run: RunContext | None = None
         self._error: str | None = None
@@ -74,7 +75,6 @@ class ProfilerCollector(Collector):
         self._trace_dir = run.out / TRACE_DIR
         self._trace_dir.mkdir(parents=True, exist_ok=True)
         self._earlier = set(self._trace_dir.glob("*.pt.trace.json*"))
-        self._first_recorded = cfg.profile_skip + cfg.profile_warmup
         self._made_before = compat_profiler.made_a_profiler()
         handler = tensorboard_trace_handler(
             str(self._trace_dir), worker_name=_worker_name(), use_gzip=True
@@ -84,7 +84,7 @@ class ProfilerCollector(Collector):
             handler(prof)
             self._top_ops = top_ops(prof)
             # For collectors that read the same profile (memory): no second profiler.
-            run.extra["profiler.profile"] = prof
+            run.profile = prof
 
         self._prof = profile(
             activities=profiler_activities(),
@@ -152,7 +152,7 @@ class ProfilerCollector(Collector):
             self._skipped = f"{why} at step {step + 1}"
             run.warn(f"ampdiag's profiler stopped at step {step + 1}: {why}", user=True)
             return
-        if self._first_recorded <= step < self._first_recorded + run.config.profile_active:
+        if run.is_profiled(step):
             self._recorded_steps.append(step)
         self._prof.step()
 
@@ -165,13 +165,13 @@ class ProfilerCollector(Collector):
         cfg = self._run.config if self._run is not None else None
         if cfg is None:
             return False
-        end = self._first_recorded + cfg.profile_active
-        ours_records = self._first_recorded <= step < end
-        return not ours_records and cfg.profile_skip <= step + 1 < end
+        end = cfg.profile_skip + cfg.profile_warmup + cfg.profile_active
+        return not is_profiled_step(cfg, step) and cfg.profile_skip <= step + 1 < end
 
     def stop(self, run: RunContext) -> None:
         """Stops the profiler; a trace of a partly recorded window is still written."""
         self._stop_profiler()
+        run.trace_files = self.trace_files()
 
     def _stop_profiler(self) -> None:
         prof, self._prof = self._prof, None
@@ -199,12 +199,12 @@ class ProfilerCollector(Collector):
         files = [p for p in self._trace_dir.glob("*.pt.trace.json*") if p not in self._earlier]
         return sorted(files, key=lambda p: p.stat().st_mtime)
 
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> ProfilerSection | None:
         """Trace files, profiled steps, step-time breakdown and top ops."""
         if self._run is None:
             return None
         files = self.trace_files()
-        out: dict[str, Any] = {
+        out: ProfilerSection = {
             "trace_files": [str(p.relative_to(self._run.out)) for p in files],
             "schedule": {
                 "skip": self._run.config.profile_skip,
