@@ -119,13 +119,14 @@ class ImportFilters:
     def remove_added(self) -> None:
         """Drops the filters added by imports since the block began (safe to call twice)."""
         keep = [f for f in warnings.filters if f in self._before or not self._from_new_module(f)]
-        if len(keep) != len(warnings.filters):
-            warnings.filters[:] = keep  # type: ignore[index]
-            mutated = getattr(warnings, "_filters_mutated", None)
-            if mutated is not None:
-                mutated()  # the warnings module's cache of what each filter decided
+        if len(keep) == len(warnings.filters):
+            return
+        warnings.filters[:] = keep  # type: ignore[index]
+        with warnings.catch_warnings():  # its entry and exit clear the module's decision cache
+            pass
 
     def _from_new_module(self, entry: Any) -> bool:
         category = entry[2] if isinstance(entry, tuple) and len(entry) > 2 else None
         module = getattr(category, "__module__", "builtins")
         return module not in self._modules
+
