@@ -129,4 +129,3 @@ class ImportFilters:
         category = entry[2] if isinstance(entry, tuple) and len(entry) > 2 else None
         module = getattr(category, "__module__", "builtins")
         return module not in self._modules
-

@@ -21,7 +21,7 @@ from ampdiag._layout import TRACE_DIR
 from ampdiag.compat import profiler as compat_profiler
 from ampdiag.config import is_profiled_step
 from ampdiag.schema import ProfilerSection
-from ampdiag.sources.live import exclusive
+from ampdiag.sources.live import exclusive, native_log
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 from ampdiag.sources.live.patching import Patches
 
@@ -60,6 +60,7 @@ class ProfilerCollector(Collector):
         self._yield_at_step = False
         self._made_before: bool | None = None  # whether torch's step tracker had a profiler
         self._patches = Patches()
+        self._native_log: list[str] = []
 
     def start(self, run: RunContext) -> None:
         """Starts the profiler, unless another one runs (then the block runs without it)."""
@@ -98,7 +99,8 @@ class ProfilerCollector(Collector):
         for owner, method in compat_profiler.start_points():
             self._patches.wrap(owner, method, self._watch)
         try:
-            self._prof.start()
+            with native_log.captured(self._native_log):
+                self._prof.start()
         except BaseException:
             self._release()
             raise
@@ -154,7 +156,10 @@ class ProfilerCollector(Collector):
             return
         if run.is_profiled(step):
             self._recorded_steps.append(step)
-        self._prof.step()
+        primer = native_log.prime_allocator_warning()
+        with native_log.captured(self._native_log):
+            self._prof.step()
+            del primer
 
     def _may_check(self, step: int) -> bool:
         """Whether to look for another profiler as ``step`` ends.
@@ -178,7 +183,8 @@ class ProfilerCollector(Collector):
         try:
             if prof is not None:
                 try:
-                    prof.stop()
+                    with native_log.captured(self._native_log):
+                        prof.stop()
                 except Exception as exc:  # a failed trace export must not hide the user's error
                     self._error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -216,6 +222,7 @@ class ProfilerCollector(Collector):
             "top_ops": self._top_ops,
             "error": self._error,
             "skipped": self._skipped,
+            "native_log": self._native_log,
         }
         if files:
             out["breakdown"] = host_breakdown_of(files[-1], self._recorded_steps)
