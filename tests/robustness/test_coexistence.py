@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.robustness.subproc import result, run_python
+
+# Each scenario starts a Python with torch (a few seconds).
+pytestmark = pytest.mark.slow
 
 
 def test_users_profiler_inside_the_block_records_whole_and_ours_steps_aside(

@@ -11,7 +11,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.robustness.subproc import result, run_python
+
+# Each scenario starts a Python with torch (a few seconds).
+pytestmark = pytest.mark.slow
 
 
 def test_an_exception_whose_str_and_repr_raise_still_tears_down(tmp_path: Path) -> None:

@@ -46,6 +46,7 @@ def test_loss_tensors_are_not_kept_past_a_batch() -> None:
     assert [r["loss"] for r in log.records()] == [float(i) for i in range(3 * BATCH + 5)]
 
 
+@pytest.mark.slow
 def test_a_long_live_run_keeps_bounded_records_and_counts_every_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
