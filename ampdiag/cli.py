@@ -166,9 +166,17 @@ def load_any(path: Path, hta: bool = False) -> Session:
     """A Session from a session folder/file, or from a trace file or folder of traces."""
     from ampdiag.session import SESSION_FILE, load
 
-    if not path.exists():
-        raise InputError(f"no such file or folder: {str(path)!r}")
-    if (path.is_dir() and (path / SESSION_FILE).is_file()) or path.name == SESSION_FILE:
+    try:
+        if not path.exists():
+            raise InputError(f"no such file or folder: {str(path)!r}")
+        is_session = (path.is_dir() and (path / SESSION_FILE).is_file()) or (
+            path.name == SESSION_FILE
+        )
+        if path.is_dir():
+            next(path.iterdir(), None)  # an unlistable folder: one line, not a traceback
+    except OSError as exc:
+        raise InputError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    if is_session:
         return load(path)
     if path.suffix in (".pickle", ".pkl"):  # a CUDA memory snapshot: loaded without code
         from ampdiag.sources.snapshot import session_from_snapshot

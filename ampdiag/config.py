@@ -37,7 +37,9 @@ class DiagnoseConfig:
             The scaler's telemetry (scale, skipped steps) covers every step whatever the
             schedule; to locate a NaN's origin at the very step it first appears, use
             ``sample_every=1``.
-        max_steps_recorded: Cap on per-step records kept (the first ones are kept).
+        max_steps_recorded: Most per-step records kept (steps, the GradScaler's history): past
+            it every other record is dropped and only every 2nd, 4th, ... step is recorded
+            from then on, so the records span the whole run and a long run stays flat.
         report: Render report.html (and the console summary) on exit.
         tensorboard: Write TensorBoard event files on exit.
         console: Print the short console summary on exit.
@@ -74,7 +76,7 @@ class DiagnoseConfig:
     sample_every: int = 0
     sample_first: int = 10
     sample_period: int = 20
-    max_steps_recorded: int = 100_000
+    max_steps_recorded: int = 10_000
     report: bool = True
     tensorboard: bool = True
     console: bool = True

@@ -82,6 +82,7 @@ class ProfilerSection(TypedDict, total=False):
     recorded_steps: list[int]
     top_ops: list[dict[str, Any]]
     error: str | None
+    skipped: str | None
     breakdown: dict[str, Any]
     native_log: list[str]
 
@@ -163,6 +164,12 @@ class ScalerSection(TypedDict, total=False):
     present: bool
     scaler: dict[str, Any] | None
     history: list[dict[str, Any]]
+    history_stride: int
+    steps_total: int
+    skipped_total: int
+    growth_total: int
+    backoff_total: int
+    scale_min: float | None
     skipped_steps: list[int]
     growth_steps: list[int]
     backoff_steps: list[int]

@@ -290,8 +290,8 @@ def load(path: str | os.PathLike[str]) -> Session:
         raise InputError(f"no session at {str(p)!r}: expected a folder with {SESSION_FILE}")
     try:
         doc = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"cannot read session {str(file)!r}: {exc}") from None
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad JSON, a huge int
+        raise InputError(f"cannot read session {str(file)!r}: {str(exc)[:300]}") from None
     if not isinstance(doc, dict):
         raise InputError(f"{str(file)!r} is not an ampdiag session (not a JSON object)")
     return Session.from_dict(doc, path=file.parent)

@@ -221,19 +221,23 @@ def grad_scaler_disabled(session: Session) -> Iterator[Finding]:
 @rule("loss-scale-collapse")
 def loss_scale_collapse(session: Session) -> Iterator[Finding]:
     """The loss scale fell below 1 (high) or to <= 2^-10 of its initial value (medium)."""
-    history = session.section("scaler").get("history") or []
+    sc = session.section("scaler")
+    history = sc.get("history") or []
     if not history:
         return
     initial = float(history[0]["scale"])
     scales = [float(h["scale"]) for h in history] + [float(h["scale_after"]) for h in history]
     smin = min(scales)
+    every_step_min = sc.get("scale_min")  # every step's, where the history is thinned
+    if isinstance(every_step_min, (int, float)):
+        smin = min(smin, float(every_step_min))
     if smin < THRESHOLDS["scale_collapse_abs"]:
         sev: Severity = "high"
     elif smin <= initial * THRESHOLDS["scale_collapse_ratio"]:
         sev = "medium"
     else:
         return
-    backoffs = session.section("scaler").get("backoff_steps", [])
+    backoffs = sc.get("backoff_total", len(sc.get("backoff_steps", [])))
     yield Finding(
         id="loss-scale-collapse",
         severity=sev,
@@ -245,8 +249,8 @@ def loss_scale_collapse(session: Session) -> Iterator[Finding]:
             "scale_initial": initial,
             "scale_min": smin,
             "scale_final": float(history[-1]["scale_after"]),
-            "backoffs": len(backoffs),
-            "steps": len(history),
+            "backoffs": backoffs,
+            "steps": sc.get("steps_total", len(history)),
         },
         fix=(
             "A collapsing scale means a real inf/NaN (not a too-large scale). Find its origin "
@@ -266,7 +270,10 @@ def skipped_steps(session: Session) -> Iterator[Finding]:
     skipped = sc.get("skipped_steps") or []
     if not history or not skipped:
         return
-    share = len(skipped) / len(history)
+    # Totals count every step where the history and the step lists are bounded.
+    n_skipped = int(sc.get("skipped_total", len(skipped)))
+    n_steps = int(sc.get("steps_total", len(history))) or len(history)
+    share = n_skipped / n_steps
     sev: Severity = (
         "high"
         if share >= THRESHOLDS["skipped_high"]
@@ -278,12 +285,12 @@ def skipped_steps(session: Session) -> Iterator[Finding]:
         id="skipped-steps",
         severity=sev,
         title=(
-            f"The GradScaler skipped {len(skipped)} of {len(history)} steps (inf/NaN in the "
+            f"The GradScaler skipped {n_skipped} of {n_steps} steps (inf/NaN in the "
             "gradients): those steps did not update the weights."
         ),
         evidence={
-            "skipped": len(skipped),
-            "steps": len(history),
+            "skipped": n_skipped,
+            "steps": n_steps,
             "share": round(share, 4),
             "first_skipped": skipped[:10],
             "scale_initial": float(history[0]["scale"]),

@@ -19,14 +19,15 @@ by op, the state every op ran in on its step; tests hold the two to the same ans
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.nn.modules import module as nn_module
-from torch.optim import optimizer as optim_module
 
-from ampdiag.sources.live.collectors.base import internal_work
+from ampdiag.sources.live import global_hooks
+from ampdiag.sources.live.collectors.base import internal_work, is_internal_work
+from ampdiag.sources.live.global_hooks import MODULE_POST, MODULE_PRE, OPTIMIZER_POST, OPTIMIZER_PRE
 from ampdiag.sources.live.patching import Patches
 from ampdiag.trace.step_breakdown import CLOSURE_PREFIX
 
@@ -97,7 +98,7 @@ class AutocastWatch:
         if id(module) not in self._probes and self._learning is None:
             # The first forward: learn which submodules run first and last.
             self._probes[id(module)] = []
-            self._learning = nn_module.register_module_forward_pre_hook(self._learn)
+            self._learning = global_hooks.add(MODULE_PRE, self._learn)
 
     def _learn(self, module: torch.nn.Module, args: Any) -> None:
         if self._root is None or not _has_own_parameters(module):
@@ -178,21 +179,26 @@ class Discovery:
         self._on_scaler_update = on_scaler_update
         self._on_backward = on_backward
         self._on_accumulated = on_accumulated
+        # The block observes the thread that entered it; hooks fire in every thread.
+        self._thread = threading.get_ident()
         self._depth = 0
         self._roots: set[int] = set()
         self._handles: list[Any] = []
         self._patches = Patches()
         self._global_module_hooks: list[Any] = []
-        self._global_module_hooks.append(
-            nn_module.register_module_forward_pre_hook(self._forward_pre)
-        )
-        self._global_module_hooks.append(
-            nn_module.register_module_forward_hook(self._forward_post, always_call=True)
-        )
-        self._handles.append(optim_module.register_optimizer_step_pre_hook(self._step_pre))
+        self._global_module_hooks.append(global_hooks.add(MODULE_PRE, self._forward_pre))
+        self._global_module_hooks.append(global_hooks.add(MODULE_POST, self._forward_post))
         self._handles.append(
-            optim_module.register_optimizer_step_post_hook(
-                lambda opt, args, kwargs: on_optimizer_post(opt)
+            global_hooks.add(
+                OPTIMIZER_PRE,
+                lambda opt, args, kwargs: (
+                    self._step_pre(opt, args, kwargs) if self._mine() else None
+                ),
+            )
+        )
+        self._handles.append(
+            global_hooks.add(
+                OPTIMIZER_POST, lambda opt: on_optimizer_post(opt) if self._mine() else None
             )
         )
         self._patch_backward()
@@ -200,7 +206,13 @@ class Discovery:
 
     # --- modules -------------------------------------------------------------------------------
 
+    def _mine(self) -> bool:
+        """Whether a hook fired for the block's own work (its thread, not ampdiag's probes)."""
+        return threading.get_ident() == self._thread and not is_internal_work()
+
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if not self._mine():
+            return
         is_new = self._depth == 0 and id(module) not in self._roots
         if is_new and any(True for _ in module.parameters()):
             self._roots.add(id(module))
@@ -211,6 +223,8 @@ class Discovery:
         self._depth += 1
 
     def _forward_post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if not self._mine():
+            return
         self._depth = max(0, self._depth - 1)
 
     def stop_searching_models(self) -> None:
@@ -225,7 +239,7 @@ class Discovery:
 
     def watch_root(self, module: torch.nn.Module) -> None:
         """Records the autocast state each forward of a known root module computed in."""
-        self._autocast.watch(module)
+        self._autocast.watch(module)  # counts only forwards of the block's thread
         reference = reference_parameter(module)
         if reference is not None:
             on_accumulated = self._on_accumulated

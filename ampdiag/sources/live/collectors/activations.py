@@ -139,7 +139,7 @@ class ActivationsCollector(Collector):
     # --- hooks ------------------------------------------------------------------------------
 
     def _forward(self, idx: int, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if not self._active:
+        if not self._active or (self._run is not None and not self._run.on_block_thread()):
             return
         t = next(tensors_in(output), None)
         if t is None or not t.is_floating_point() or t.numel() == 0:
@@ -319,7 +319,7 @@ class ActivationsCollector(Collector):
                 self._bnd_unscaled = np.zeros(UBINS, dtype=np.int64)
             self._bnd_raw += bhist
             np.add.at(self._bnd_unscaled, _shift_index(scale), bhist)
-        if bad_fwd is not None or bad_bwd is not None:
+        if (bad_fwd is not None or bad_bwd is not None) and len(self._nonfinite_steps) < 10_000:
             self._nonfinite_steps.append(step)
         if self._origin is None and (bad_fwd is not None or bad_bwd is not None):
             phase = "forward" if bad_fwd is not None else "backward"

@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 FIELDS = ("n", "zero", "flush", "subnormal", "overflow", "nonfinite")
 
 
+#: Most sampled steps whose totals are kept (thinned evenly past it; sums cover all).
+MAX_STEP_RECORDS = 2000
+
+
 class GradientsCollector(Collector):
     """Gradient statistics per parameter and in total on sampled steps."""
 
@@ -157,6 +161,10 @@ class GradientsCollector(Collector):
         self._norm_last[rows] = true_norms
         np.fmax.at(self._norm_max, rows, true_norms)  # a NaN norm does not erase the max
         np.add.at(self._nsteps, rows, 1)
+        if step not in self._steps and len(self._steps) >= MAX_STEP_RECORDS:
+            # A long run: every other record dropped, so those kept span the whole run.
+            kept = sorted(self._steps)[::2]
+            self._steps = {k: self._steps[k] for k in kept}
         rec = self._steps.setdefault(
             step,
             {"step": step, "scale": scale, "grads_scaled": scaled, "norm_sq": 0.0}

@@ -39,6 +39,7 @@ from ampdiag._layout import MEMORY_DIR
 from ampdiag.analysis import memory_timeline as tl_mod
 from ampdiag.compat import memory as compat_memory
 from ampdiag.schema import MemorySection
+from ampdiag.sources.live import exclusive
 from ampdiag.sources.live.collectors.base import (
     Collector,
     RunContext,
@@ -52,6 +53,8 @@ from ampdiag.trace.reader import read_trace
 log = logging.getLogger("ampdiag")
 
 SNAPSHOT_FILE = "snapshot.pickle"
+#: Steps whose batch size is noted (and every profiled step): enough for the batch in use.
+MAX_BATCH_STEPS = 1000
 
 
 def _storage_ptr(t: torch.Tensor) -> int:
@@ -165,14 +168,21 @@ class MemoryCollector(Collector):
         self._watch_saved_tensor_hooks(run)
         cfg = run.config
         if cfg.memory_history and compat_memory.cuda_history_available():
+            if not exclusive.claim(exclusive.CUDA_HISTORY, self):
+                run.warn("CUDA memory history not recorded: another diagnose() block records it")
+                return
             self._cuda_recording = compat_memory.start_cuda_history(cfg.memory_history_max_entries)
+            if not self._cuda_recording:
+                exclusive.release(exclusive.CUDA_HISTORY, self)
 
     def on_model(self, run: RunContext, model: torch.nn.Module) -> None:
         """Watches the batch size at the model's forward (reads a shape, nothing else)."""
 
         def pre(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
-            if run.step in self._batches:
+            if run.step in self._batches or not run.on_block_thread():
                 return
+            if len(self._batches) >= MAX_BATCH_STEPS and not run.is_profiled():
+                return  # a long run: the first steps and the profiled ones tell the sizes
             for a in (*args, *kwargs.values()):
                 if isinstance(a, torch.Tensor) and a.dim() >= 1:
                     self._batches[run.step] = int(a.shape[0])
@@ -259,6 +269,7 @@ class MemoryCollector(Collector):
             finally:
                 compat_memory.stop_cuda_history()
                 self._cuda_recording = False
+                exclusive.release(exclusive.CUDA_HISTORY, self)
 
     def _cuda_section(self, run: RunContext) -> dict[str, Any] | None:
         from ampdiag.sources.snapshot import summarize_snapshot

@@ -7,6 +7,7 @@ modules (``blocks.3.attn.proj``).
 from __future__ import annotations
 
 import bisect
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,10 +58,11 @@ class ModuleTracker:
         self._owners: list[str] = []
         self._params: dict[int, str] = {}
         self._handles: list[Any] = []
-        from torch.nn.modules import module as nn_module
+        self._thread = threading.get_ident()  # another thread's modules are not this audit's
+        from ampdiag.sources.live import global_hooks
 
-        self._handles.append(nn_module.register_module_forward_pre_hook(self._pre))
-        self._handles.append(nn_module.register_module_forward_hook(self._post, always_call=True))
+        self._handles.append(global_hooks.add(global_hooks.MODULE_PRE, self._pre))
+        self._handles.append(global_hooks.add(global_hooks.MODULE_POST, self._post))
 
     def name_of(self, module: torch.nn.Module) -> str:
         """The module's path from the root (``blocks.0.attn.proj``), or its class name."""
@@ -106,12 +108,12 @@ class ModuleTracker:
         self._pre(module, args)
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
-        if self.active:
+        if self.active and threading.get_ident() == self._thread:
             self.stack.append(self.name_of(module))
             self._mark()
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if not self.active:
+        if not self.active or threading.get_ident() != self._thread:
             return
         name = self.name_of(module)
         for i in range(len(self.stack) - 1, -1, -1):
