@@ -65,6 +65,7 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
     warnings: list[str] = []
     for index, (file, rt) in enumerate(zip(files, read_traces(files), strict=True)):
         # after the first read: the reader forks its workers before numpy is imported
+        from ampdiag.analysis.communication import rank_communication
         from ampdiag.analysis.timeline import analyse_rank, summarise
 
         if rt.rank in seen:
@@ -73,7 +74,9 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
         seen.add(rt.rank)
         devices = devices or rt.devices
         world = world or rt.world_size
-        ranks.append(analyse_rank(rt))
+        rank = analyse_rank(rt)
+        rank["collectives"] = rank_communication(rt)
+        ranks.append(rank)
         del rt
     ranks.sort(key=lambda r: r["rank"])
     for r in ranks:
@@ -84,14 +87,20 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
     import datetime as _dt
 
     from ampdiag._version import __version__
+    from ampdiag.analysis.communication import across_ranks
     from ampdiag.session import Session
 
     first = ranks[0]
+    communication = across_ranks(ranks)
+    summary = summarise(ranks)
+    if "straggler" in communication:  # the rank the others wait for, not the busiest one
+        summary["slowest_rank"] = communication["straggler"]["rank"]
     timeline: dict[str, Any] = {
         "source": "trace",
         "trace_files": [str(f) for f in files],
         "ranks": ranks,
-        "summary": summarise(ranks),
+        "summary": summary,
+        "communication": communication,
         "warnings": warnings,
     }
     if hta:

@@ -18,8 +18,12 @@ if TYPE_CHECKING:
     I64 = NDArray[np.int64]
 
 GPU_KINDS = ("kernel", "memcpy", "memset")
-HOST_CATEGORIES = ("forward", "backward", "optimizer", "data")
-"""Host categories of ``host_cat`` (the step breakdown's, without "other")."""
+HOST_CATEGORIES = (
+    *("forward", "backward", "optimizer", "data"),
+    *("all_reduce", "collective", "comm_op", "micro_batch"),
+)
+"""Host categories of ``host_cat``: the step breakdown's (without "other"), then the
+communication ones `ampdiag.trace.step_breakdown.classify` tells apart."""
 
 
 @dataclass

@@ -11,4 +11,5 @@ RULE_MODULES: tuple[str, ...] = (
     "numerics",
     "memory",
     "autocast_speed",
+    "distributed",
 )
