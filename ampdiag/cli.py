@@ -68,10 +68,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def load_any(path: Path, hta: bool = False) -> Session:
     """A Session from a session folder/file, or from a trace file or folder of traces."""
     from ampdiag.session import SESSION_FILE, load
+    from ampdiag.sources.ranks import is_derived, rank_folders, session_from_ranks
 
     if not path.exists():
         raise InputError(f"no such file or folder: {str(path)!r}")
-    if (path.is_dir() and (path / SESSION_FILE).is_file()) or path.name == SESSION_FILE:
+    if path.is_dir() and rank_folders(path):  # a distributed run: the ranks' own sessions
+        return session_from_ranks(path, hta=hta)
+    if path.name == SESSION_FILE or (
+        path.is_dir() and (path / SESSION_FILE).is_file() and not is_derived(path)
+    ):
         return load(path)
     if path.suffix in (".pickle", ".pkl"):  # a CUDA memory snapshot: loaded without code
         from ampdiag.sources.snapshot import session_from_snapshot

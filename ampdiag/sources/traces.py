@@ -39,13 +39,42 @@ def trace_files(path: Path) -> list[Path]:
     return found
 
 
-def session_from_traces(path: Path, hta: bool = False) -> Session:
+TRACE_MARKERS = (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"')
+"""Keys one of which a Kineto trace has near its start (it opens with the top-level keys)."""
+SNIFF_BYTES = 1 << 16
+
+
+def split_foreign(files: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(traces, other files): a JSON file of a folder without a trace's keys near its start.
+
+    A folder of traces may hold other JSON (``metrics.json``, a config): those are skipped
+    rather than failing the whole folder. Only the first bytes are read (decompressed).
+    """
+    import gzip
+
+    traces, foreign = [], []
+    for f in files:
+        try:
+            with open(f, "rb") as fh:
+                magic = fh.read(2)
+            opener: Any = gzip.open if magic == b"\x1f\x8b" else open
+            with opener(f, "rb") as fh:
+                head = fh.read(SNIFF_BYTES)
+        except (OSError, EOFError):
+            head = b""
+        (traces if any(m in head for m in TRACE_MARKERS) else foreign).append(f)
+    return traces, foreign
+
+
+def session_from_traces(path: Path, hta: bool = False, files: list[Path] | None = None) -> Session:
     """A Session analysing existing trace file(s), with the sections a trace supports.
 
     Args:
         path: A trace file (.json / .json.gz) or a folder of them (one per rank).
         hta: Also run HTA's own analyses (critical path, queue length, launch statistics) where
             HTA is installed and they succeed; their results go under ``timeline.hta``.
+        files: The trace files to read (default: `trace_files` of ``path``, where files that
+            are not Kineto traces are skipped with a warning).
 
     Returns:
         A Session whose ``timeline`` section holds one entry per rank (``ranks``: ``idle_us``,
@@ -57,21 +86,32 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
     """
     from ampdiag.trace.reader import read_traces
 
-    files = trace_files(path)
+    warnings: list[str] = []
+    if files is None:
+        files = trace_files(path)
+        if path.is_dir():
+            files, foreign = split_foreign(files)
+            warnings += [f"{f.name}: skipped, not a Kineto trace" for f in foreign]
+            if not files:
+                raise InputError(f"no Kineto traces in {str(path)!r} (only other JSON files)")
     ranks = []
     devices: list[str] = []
     world: int | None = None
-    seen: set[int] = set()
-    warnings: list[str] = []
+    seen: dict[int, Path] = {}
     for index, (file, rt) in enumerate(zip(files, read_traces(files), strict=True)):
         # after the first read: the reader forks its workers before numpy is imported
         from ampdiag.analysis.communication import rank_communication
         from ampdiag.analysis.timeline import analyse_rank, summarise
 
         if rt.rank in seen:
+            if rt.rank_source == "distributedInfo":
+                raise InputError(
+                    f"two runs in one folder: rank {rt.rank} is in both "
+                    f"{seen[rt.rank].name} and {file.name}; report each run's traces on their own"
+                )
             warnings.append(f"{file.name}: rank {rt.rank} appears twice; using {index}")
             rt.rank, rt.rank_source = index, "position"
-        seen.add(rt.rank)
+        seen[rt.rank] = file
         devices = devices or rt.devices
         world = world or rt.world_size
         rank = analyse_rank(rt)
