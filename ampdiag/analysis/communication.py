@@ -185,7 +185,7 @@ def across_ranks(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         and, where one rank is last in most collectives, ``straggler`` with its ``rank``,
         per-step ``lateness_us``, ``last_share``, ``attributed_us_per_step`` (the others'
         waiting summed) and ``extra_us_per_step`` (its host time by category, less the others'
-        mean, communication left out).
+        mean; "other" counts host time outside ops less the time each rank waited for others).
     """
     have = [r for r in ranks if (r.get("collectives") or {}).get("steps")]
     out: dict[str, Any] = {"ranks": [r["rank"] for r in have], "matched": 0}
@@ -218,15 +218,23 @@ def across_ranks(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     others = [i for i in range(len(have)) if i != s]
     lateness = [max(wait[i][j] for i in others) for j in range(len(common))]
     step_us = [by_step[s][step]["step_us"] for step in common]
-    extra = {}
-    for cat in BREAKDOWN:
-        if cat == "communication":
-            continue
-        mine = sum(by_step[s][st]["breakdown_us"][cat] for st in common) / len(common)
-        theirs = sum(by_step[i][st]["breakdown_us"][cat] for i in others for st in common) / (
-            len(common) * len(others)
-        )
-        extra[cat] = mine - theirs
+    def host(i: int, cat: str) -> float:
+        """Rank i's mean host time per step in a category.
+
+        "other" is its time outside ops and not waiting for another rank (in a host
+        collective or, on a GPU run, anywhere: a GPU run's host waits outside any op).
+        """
+        rows = [by_step[i][st]["breakdown_us"] for st in common]
+        if cat != "other":
+            return sum(b[cat] for b in rows) / len(rows)
+        free = [b["other"] + b["communication"] - w for b, w in zip(rows, wait[i], strict=True)]
+        return sum(max(0.0, f) for f in free) / len(rows)
+
+    extra = {
+        cat: host(s, cat) - sum(host(i, cat) for i in others) / len(others)
+        for cat in BREAKDOWN
+        if cat != "communication"
+    }
     out["straggler"] = {
         "rank": ids[s],
         "lateness_us_min": min(lateness),

@@ -56,13 +56,38 @@ def _counting_hook(counter: list[int]) -> Any:
     return hook
 
 
-def ddp(out: Path, rank: int, dtype: torch.dtype, sleep_rank: int | None = None) -> None:
-    """DDP under CPU autocast; fp16 with a GradScaler; optionally one rank sleeping per step."""
+def _digest(model: nn.Module) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().float().numpy().tobytes())
+    return h.hexdigest()
+
+
+def ddp(
+    out: Path,
+    rank: int,
+    dtype: torch.dtype,
+    sleep_rank: int | None = None,
+    diagnosed: bool = True,
+) -> None:
+    """DDP under CPU autocast; fp16 with a GradScaler; optionally one rank sleeping per step.
+
+    ``diagnosed=False`` trains the same without ampdiag (the parameters must be bit-identical).
+    """
+    import contextlib
+
     model = DDP(_model())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu") if dtype == torch.float16 else None
     slept: list[float] = []
-    with ampdiag.diagnose(model, opt, scaler, out=out, **SETTINGS):
+    watch = (
+        ampdiag.diagnose(model, opt, scaler, out=out, **SETTINGS)
+        if diagnosed
+        else contextlib.nullcontext()
+    )
+    with watch:
         for step in range(STEPS):
             x, y = _batch(step, rank)
             if rank == sleep_rank:
@@ -79,7 +104,7 @@ def ddp(out: Path, rank: int, dtype: torch.dtype, sleep_rank: int | None = None)
                 loss.backward()
                 opt.step()
             opt.zero_grad()
-    _write_truth(out, rank, {"slept_s": slept})
+    _write_truth(out, rank, {"slept_s": slept, "params_sha256": _digest(model)})
 
 
 def accumulate(out: Path, rank: int, no_sync: bool, micro: int = 4) -> None:
@@ -132,7 +157,9 @@ def fsdp2(out: Path, rank: int) -> None:
 
 SCENARIOS = {
     "ddp-bf16": lambda out, rank: ddp(out, rank, torch.bfloat16),
+    "ddp-bf16-plain": lambda out, rank: ddp(out, rank, torch.bfloat16, diagnosed=False),
     "ddp-fp16": lambda out, rank: ddp(out, rank, torch.float16),
+    "ddp-fp16-plain": lambda out, rank: ddp(out, rank, torch.float16, diagnosed=False),
     "straggler": lambda out, rank: ddp(out, rank, torch.bfloat16, sleep_rank=1),
     "accum": lambda out, rank: accumulate(out, rank, no_sync=False),
     "accum-nosync": lambda out, rank: accumulate(out, rank, no_sync=True),
