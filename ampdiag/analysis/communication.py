@@ -218,6 +218,7 @@ def across_ranks(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     others = [i for i in range(len(have)) if i != s]
     lateness = [max(wait[i][j] for i in others) for j in range(len(common))]
     step_us = [by_step[s][step]["step_us"] for step in common]
+
     def host(i: int, cat: str) -> float:
         """Rank i's mean host time per step in a category.
 

@@ -147,3 +147,22 @@ def test_a_report_reads_the_folder_as_it_is_now(runs: Path, tmp_path: Path) -> N
     assert (folder / "session.json").is_file()  # the report's own output ...
     shutil.rmtree(folder / "rank-1")
     assert [r["rank"] for r in report(folder)["ranks"]["rows"]] == [0]  # ... is not input
+
+
+def test_fsdp2_on_the_local_shard(runs: Path) -> None:
+    from ampdiag.session import load
+
+    for rank in (0, 1):
+        t = truth(runs / "fsdp2", rank)
+        session = load(runs / "fsdp2" / f"rank-{rank}")
+        assert not session.section("run")["warnings"]  # the gradient collector read DTensors
+        grads = session.section("gradients")["totals"]
+        assert grads["n"] > 0
+        # memory per rank is the local shard (half the model on 2 ranks), counted once
+        state = session.section("memory")["model_state"]
+        assert state["parameters"] == t["local_param_bytes"] == t["full_param_bytes"] // 2
+    found = findings(report(runs / "fsdp2"))
+    assert "low-precision-inactive" not in found  # the policy's bf16 matmuls are low precision
+    mp = found["fsdp-mixed-precision"]
+    assert mp["evidence"]["param_dtype"] == "bfloat16"
+    assert mp["evidence"]["reduce_dtype"] == "float32" and "FP32" in mp["title"]

@@ -191,3 +191,49 @@ def redundant_allreduce(session: Session) -> Iterator[Finding]:
         section="timeline",
         impact=share,
     )
+
+
+_LOW = frozenset({"bfloat16", "float16"})
+
+
+@rule("fsdp-mixed-precision")
+def fsdp_mixed_precision(session: Session) -> Iterator[Finding]:
+    """States FSDP2's MixedPrecisionPolicy (info): compute dtype, and the dtype of the reduce.
+
+    FSDP2 casts the parameters for forward and backward itself (no autocast), which the
+    precision audit sees as matmuls in low precision without autocast; the reduce dtype decides
+    the precision of the gradient reduction (FP32 keeps small gradient contributions).
+    """
+    policies = [
+        p
+        for m in session.section("run").get("models", [])
+        if isinstance(m, dict)
+        for p in m.get("fsdp_mixed_precision") or []
+    ]
+    low = [p for p in policies if p.get("param_dtype") in _LOW]
+    if not low:
+        return
+    param = low[0]["param_dtype"]
+    reduce = low[0].get("reduce_dtype") or param
+    note = (
+        "gradients are reduced in FP32"
+        if reduce == "float32"
+        else f"gradients are reduced in {reduce}: small contributions may round away"
+    )
+    yield Finding(
+        id="fsdp-mixed-precision",
+        severity="info",
+        title=(
+            f"FSDP2 MixedPrecisionPolicy: parameters computed in {param} on "
+            f"{len(low)} fully_shard module(s); {note}."
+        ),
+        evidence={"policies": policies, "param_dtype": param, "reduce_dtype": reduce},
+        fix=(
+            ""
+            if reduce == "float32"
+            else "Reduce in FP32: MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+            "reduce_dtype=torch.float32)"
+        ),
+        section="precision",
+        impact=0.0,
+    )

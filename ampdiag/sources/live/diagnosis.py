@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ampdiag._version import __version__
+from ampdiag.compat.dtensor import fsdp_mixed_precision
 from ampdiag.errors import OutputError
 from ampdiag.session import Session, StepRecord
 from ampdiag.sources.live.collectors import (
@@ -340,12 +341,16 @@ def _finite_or_text(loss: torch.Tensor) -> float | None:
 def _describe_model(model: torch.nn.Module) -> dict[str, Any]:
     params = list(model.parameters())
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params})
-    return {
+    out: dict[str, Any] = {
         "class": type(model).__name__,
         "parameters": sum(p.numel() for p in params),
         "param_dtypes": dtypes,
         "devices": sorted({str(p.device) for p in params}),
     }
+    policies = fsdp_mixed_precision(model)
+    if policies:
+        out["fsdp_mixed_precision"] = policies
+    return out
 
 
 def _describe_scaler(scaler: Any) -> dict[str, Any] | None:
