@@ -104,12 +104,11 @@ def session_from_traces(path: Path, hta: bool = False, files: list[Path] | None 
         from ampdiag.analysis.timeline import analyse_rank, summarise
 
         if rt.rank in seen:
-            if rt.rank_source == "distributedInfo":
-                raise InputError(
-                    f"two runs in one folder: rank {rt.rank} is in both "
-                    f"{seen[rt.rank].name} and {file.name}; report each run's traces on their own"
-                )
-            warnings.append(f"{file.name}: rank {rt.rank} appears twice; using {index}")
+            # different jobs' traces side by side, or two runs of one job: kept apart by position
+            warnings.append(
+                f"{file.name}: rank {rt.rank} appears twice (also {seen[rt.rank].name}: "
+                f"two runs in one folder?); using {index}"
+            )
             rt.rank, rt.rank_source = index, "position"
         seen[rt.rank] = file
         devices = devices or rt.devices
