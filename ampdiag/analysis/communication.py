@@ -227,9 +227,9 @@ def across_ranks(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         """
         rows = [by_step[i][st]["breakdown_us"] for st in common]
         if cat != "other":
-            return sum(b[cat] for b in rows) / len(rows)
+            return float(sum(b[cat] for b in rows)) / len(rows)
         free = [b["other"] + b["communication"] - w for b, w in zip(rows, wait[i], strict=True)]
-        return sum(max(0.0, f) for f in free) / len(rows)
+        return float(sum(max(0.0, f) for f in free)) / len(rows)
 
     extra = {
         cat: host(s, cat) - sum(host(i, cat) for i in others) / len(others)

@@ -23,7 +23,7 @@ def _dtensor_class() -> type | None:
         from torch.distributed.tensor import DTensor
     except ImportError:
         try:
-            from torch.distributed._tensor import DTensor  # torch 2.4
+            from torch.distributed._tensor import DTensor  # type: ignore[attr-defined,no-redef,unused-ignore]  # torch 2.4
         except ImportError:
             return None
     cls: type = DTensor
@@ -50,7 +50,9 @@ def _fsdp_module_class() -> type | None:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:
         try:
-            from torch.distributed._composable.fsdp import FSDPModule  # torch 2.4-2.5
+            from torch.distributed._composable.fsdp import (  # type: ignore[attr-defined,no-redef,unused-ignore]  # torch 2.4-2.5
+                FSDPModule,
+            )
         except ImportError:
             return None
     cls: type = FSDPModule

@@ -52,7 +52,8 @@ def split_foreign(files: list[Path]) -> tuple[list[Path], list[Path]]:
     """
     import gzip
 
-    traces, foreign = [], []
+    traces: list[Path] = []
+    foreign: list[Path] = []
     for f in files:
         try:
             with open(f, "rb") as fh:
