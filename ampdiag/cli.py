@@ -1,4 +1,4 @@
-"""The ``ampdiag`` command: ``demo``, ``report PATH``, ``--version``.
+"""The ``ampdiag`` command: ``demo``, ``report PATH``, ``diff A B``, ``--version``.
 
 Exit codes: 0 success; 1 internal error; 2 bad input (one line on stderr, no traceback);
 3 a finding at or above ``--fail-on`` exists.
@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ampdiag._layout import REPORT_FILE
 from ampdiag._version import __version__
 from ampdiag.errors import InputError
 
@@ -41,13 +42,50 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
     demo.add_argument("--steps", type=int, default=8)
 
-    report = sub.add_parser("report", help="re-render a session, or analyse a trace")
+    report = sub.add_parser("report", help="re-render a session, or analyze a trace")
     report.add_argument("path", help="a session folder, a trace file, or a folder of traces")
     report.add_argument("--format", choices=FORMATS, default="html")
     report.add_argument("--out", help="output folder (default: the session folder itself)")
     report.add_argument("--fail-on", choices=GATES, help="exit 3 if a finding this severe exists")
     report.add_argument("--hta", action="store_true", help="also run HTA's analyses (traces)")
+
+    diff = sub.add_parser("diff", help="compare two runs (before and after a change)")
+    diff.add_argument("before", help="run A: a session folder (or trace, like report PATH)")
+    diff.add_argument("after", help="run B, compared with A")
+    diff.add_argument("--format", choices=("console", "html", "json"), default="console")
+    diff.add_argument(
+        "--out", help="write diff.html and both runs' TensorBoard data (tensorboard/<run>/) here"
+    )
     return parser
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from ampdiag.analysis import analyze
+    from ampdiag.analysis.diff import diff_sessions, labels_for
+
+    a, b = load_any(Path(args.before)), load_any(Path(args.after))
+    for session in (a, b):
+        session.findings = analyze(session)
+    d = diff_sessions(a, b, labels=labels_for(a, b))
+    if args.format == "json":
+        import json
+
+        print(json.dumps(d.to_dict(), indent=1, default=str))
+    elif args.format == "console" and not args.out:
+        from ampdiag.render.diff import diff_text
+
+        print(diff_text(d))
+    if args.format == "html" or args.out:
+        from ampdiag.render.diff import write_diff_html
+        from ampdiag.render.tensorboard import write_tensorboard
+
+        out = Path(args.out or "reports/diff")
+        _check_out(out)
+        path = write_diff_html(d, out)
+        for session, run in zip((a, b), (d.before_label, d.after_label), strict=True):
+            write_tensorboard(session, out, run=run)
+        print(path)
+    return EXIT_OK
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -61,7 +99,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise InputError("--device cuda: no CUDA device is available")
     out = run_demo(args.out, device=args.device, dtype=args.dtype, steps=args.steps)
-    print(out / "report.html")
+    print(out / REPORT_FILE)
     return EXIT_OK
 
 
@@ -94,7 +132,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     path = Path(args.path)
     session = load_any(path, hta=args.hta)
-    # Re-analyse: rules are pure functions of the session, and a newer ampdiag may know more.
+    # Re-analyze: rules are pure functions of the session, and a newer ampdiag may know more.
     session.findings = analyze(session)
     if args.format == "json":
         print(dumps(session.to_dict()))
@@ -144,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_demo(args)
         if args.command == "report":
             return _cmd_report(args)
+        if args.command == "diff":
+            return _cmd_diff(args)
         build_parser().print_help()
         return EXIT_INPUT
     except InputError as exc:

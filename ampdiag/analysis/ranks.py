@@ -1,15 +1,16 @@
 """The ranks of a distributed run side by side, and their findings merged.
 
 A merged session (`ampdiag.sources.ranks`) holds every rank's session under ``ranks.members``.
-Each rank is analysed on its own, as if reported alone; a finding every rank has is stated
+Each rank is analyzed on its own, as if reported alone; a finding every rank has is stated
 once (``evidence.ranks = "all"``), one only some ranks have is named with those ranks. The
 findings about the ranks together (stragglers, communication) come from the merged timeline.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
+from ampdiag.schema import PrecisionSection
 from ampdiag.session import SEVERITIES, Finding, Session
 
 
@@ -38,7 +39,11 @@ def rank_row(rank: int, doc: dict[str, Any]) -> dict[str, Any]:
     mem = doc.get("memory") or {}
     model_state = mem.get("model_state") or {}
     prec = doc.get("precision") or {}
-    low = 1.0 - float(summarize(prec)["fp32_flops_share"]) if prec.get("ops") else None
+    low = (
+        1.0 - float(summarize(cast(PrecisionSection, prec))["fp32_flops_share"])
+        if prec.get("ops")
+        else None
+    )
     env = doc.get("environment") or {}
     return {
         "rank": rank,

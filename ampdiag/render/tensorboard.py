@@ -20,10 +20,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ampdiag._layout import TENSORBOARD_DIR
 from ampdiag.render.sections import section_modules
 from ampdiag.session import Session
-
-TB_DIR = "tensorboard"
 
 #: (finding id, evidence key) -> scalar tag, written once (step 0) when the evidence exists.
 SUMMARY_SCALARS: dict[tuple[str, str], str] = {
@@ -92,11 +91,15 @@ def add_png(writer: Any, tag: str, png: bytes, step: int = 0) -> None:
     writer.add_image(tag, image[:, :, :3], step, dataformats="HWC")
 
 
-def write_tensorboard(session: Session, out: Path) -> Path:
-    """Writes the event files and returns the folder."""
+def write_tensorboard(session: Session, out: Path, run: str | None = None) -> Path:
+    """Writes the event files into ``out/tensorboard/`` (or ``out/tensorboard/<run>/``).
+
+    ``run`` names the run, so that several sessions (a before/after diff) show as separate
+    runs in one TensorBoard logdir.
+    """
     from torch.utils.tensorboard import SummaryWriter
 
-    folder = out / TB_DIR
+    folder = out / TENSORBOARD_DIR if run is None else out / TENSORBOARD_DIR / run
     # One session, one event file: an earlier render of this folder would show every point
     # twice in TensorBoard, so ampdiag's own previous event files go first.
     for old in folder.glob("events.out.tfevents.*") if folder.is_dir() else []:

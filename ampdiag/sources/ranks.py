@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ampdiag.errors import InputError
+from ampdiag.schema import Environment
 
 if TYPE_CHECKING:
     from ampdiag.session import Session
@@ -79,7 +80,7 @@ def session_from_ranks(path: Path, hta: bool = False) -> Session:
     for rank, folder in folders:
         member = load(folder)
         doc = member.to_dict()
-        doc.pop("findings", None)  # re-analysed: a newer ampdiag may know more
+        doc.pop("findings", None)  # re-analyzed: a newer ampdiag may know more
         members.append({"rank": rank, "folder": folder.name, "session": doc})
         named = member.section("profiler").get("trace_files") or []
         mine = [folder / str(f) for f in named if (folder / str(f)).is_file()]
@@ -114,12 +115,10 @@ def _merged(members: list[dict[str, Any]], files: list[Path], hta: bool, path: P
     first = members[0]["session"]
     statuses = [m["session"].get("status", "ok") for m in members]
     status = next((s for s in ("error", "interrupted") if s in statuses), "ok")
-    env = dict(first.get("environment") or {})
-    env.update(
-        source="ranks",
-        ranks_merged=[m["rank"] for m in members],
-        world_size=env.get("world_size") or len(members),
-    )
+    env = cast(Environment, dict(first.get("environment") or {}))
+    env["source"] = "ranks"
+    env["ranks_merged"] = [m["rank"] for m in members]
+    env["world_size"] = env.get("world_size") or len(members)
     sections["ranks"] = {
         "world_size": env["world_size"],
         "rows": rank_rows(members),

@@ -9,13 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ampdiag._layout import MEMORY_DIR, TENSORBOARD_DIR
 from ampdiag.errors import InputError
 
 if TYPE_CHECKING:
+    from ampdiag.schema import Environment
     from ampdiag.session import Session
 
 TRACE_SUFFIXES = (".json", ".json.gz")
-NOT_TRACE_DIRS = frozenset({"tensorboard", "memory"})
+NOT_TRACE_DIRS = frozenset({TENSORBOARD_DIR, MEMORY_DIR})
 
 
 def trace_files(path: Path) -> list[Path]:
@@ -68,7 +70,7 @@ def split_foreign(files: list[Path]) -> tuple[list[Path], list[Path]]:
 
 
 def session_from_traces(path: Path, hta: bool = False, files: list[Path] | None = None) -> Session:
-    """A Session analysing existing trace file(s), with the sections a trace supports.
+    """A Session analyzing existing trace file(s), with the sections a trace supports.
 
     Args:
         path: A trace file (.json / .json.gz) or a folder of them (one per rank).
@@ -102,7 +104,7 @@ def session_from_traces(path: Path, hta: bool = False, files: list[Path] | None 
     for index, (file, rt) in enumerate(zip(files, read_traces(files), strict=True)):
         # after the first read: the reader forks its workers before numpy is imported
         from ampdiag.analysis.communication import rank_communication
-        from ampdiag.analysis.timeline import analyse_rank, summarise
+        from ampdiag.analysis.timeline import analyze_rank, summarize_ranks
 
         if rt.rank in seen:
             # different jobs' traces side by side, or two runs of one job: kept apart by position
@@ -114,7 +116,7 @@ def session_from_traces(path: Path, hta: bool = False, files: list[Path] | None 
         seen[rt.rank] = file
         devices = devices or rt.devices
         world = world or rt.world_size
-        rank = analyse_rank(rt)
+        rank = analyze_rank(rt)
         rank["collectives"] = rank_communication(rt)
         ranks.append(rank)
         del rt
@@ -132,7 +134,7 @@ def session_from_traces(path: Path, hta: bool = False, files: list[Path] | None 
 
     first = ranks[0]
     communication = across_ranks(ranks)
-    summary = summarise(ranks)
+    summary = summarize_ranks(ranks)
     if "straggler" in communication:  # the rank the others wait for, not the busiest one
         summary["slowest_rank"] = communication["straggler"]["rank"]
     timeline: dict[str, Any] = {
@@ -148,7 +150,7 @@ def session_from_traces(path: Path, hta: bool = False, files: list[Path] | None 
 
         timeline["hta"] = run_hta(path, files)
     has_gpu = any(r["has_gpu"] for r in ranks)
-    env = {
+    env: Environment = {
         "source": "trace",
         "device_type": "cuda" if has_gpu or devices else "cpu",
         "device_name": devices[0]
