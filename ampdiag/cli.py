@@ -169,7 +169,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _check_out(out: Path) -> None:
-    from ampdiag.sources.live.diagnosis import check_writable
+    from ampdiag.errors import check_writable
 
     check_writable(out)
 

@@ -84,3 +84,22 @@ def test_ranks_of_two_world_sizes_are_refused(tmp_path: Path, capsys: object) ->
     assert main(["report", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err  # type: ignore[attr-defined]
     assert len(err.strip().splitlines()) == 1 and "different world sizes" in err
+
+
+def test_the_merged_report_imports_no_torch(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    traces = tmp_path / "t"
+    traces.mkdir()
+    rank_traces(traces, 1)
+    for rank in (0, 1):
+        _rank_session(tmp_path / "out" / f"rank-{rank}", rank, traces / f"rank-{rank}.json")
+    code = (
+        "import sys\nfrom ampdiag.cli import main\n"
+        f"assert main(['report', {str(tmp_path / 'out')!r}]) == 0\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "report.html").is_file()
