@@ -137,7 +137,7 @@ class PrecisionSection(TypedDict, total=False):
     ops: list[dict[str, Any]]
     autocast_dtypes: dict[str, str]
     after_backward_ops: dict[str, Any]
-    reenabled_autocast_ops: list[dict[str, Any]]
+    reenabled_autocast_ops: list[str]  # op names (sorted), as the precision collector writes them
     errors: list[str]
 
 
