@@ -82,6 +82,7 @@ class ProfilerSection(TypedDict, total=False):
     top_ops: list[dict[str, Any]]
     error: str | None
     breakdown: dict[str, Any]
+    native_log: list[str]
 
 
 class SpeedProbeSection(TypedDict, total=False):
@@ -205,6 +206,21 @@ class RanksSection(TypedDict, total=False):
     warnings: list[str]
 
 
+class DerivedSection(TypedDict, total=False):
+    """What analysis derives for the reports (``derived``, `ampdiag.analysis.derive`).
+
+    ``precision``: the audited step's summary (shares, top FP32 ops, casts, per module, and
+    ``reason_fixes``); ``memory``: the what-if estimates (``rows``, model state, capacity, plan);
+    ``numerics``: ``fp16_in_use``, ``underflow`` and ``fp16_limits_log2``; ``errors``: part ->
+    why it could not be derived.
+    """
+
+    precision: dict[str, Any]
+    memory: dict[str, Any]
+    numerics: dict[str, Any]
+    errors: dict[str, str]
+
+
 #: Section name -> its type. A section not named here is kept as it is and not checked.
 SECTIONS: dict[str, type] = {
     "run": RunSection,
@@ -217,6 +233,7 @@ SECTIONS: dict[str, type] = {
     "activations": ActivationsSection,
     "timeline": TimelineSection,
     "ranks": RanksSection,
+    "derived": DerivedSection,
 }
 
 SectionName = Literal[
@@ -230,6 +247,7 @@ SectionName = Literal[
     "activations",
     "timeline",
     "ranks",
+    "derived",
 ]
 
 

@@ -7,14 +7,19 @@ from ampdiag.session import Finding, Session
 
 
 def analyze(session: Session) -> list[Finding]:
-    """Runs every registered rule, then the advisors, and returns the ranked findings.
+    """Derives the report's figures, runs every rule, then the advisors; returns the findings.
+
+    The derive step (`ampdiag.analysis.derive`) stores what it computes on the session as its
+    ``derived`` section, for the renderers, which only format.
 
     The advisors (`ampdiag.analysis.advisors`) run after all rules: they weigh every finding and
     merge the ones that one recommendation explains.
     """
     from ampdiag.analysis.advisors import advise
+    from ampdiag.analysis.derive import derive
     from ampdiag.analysis.ranks import members, merge_findings
 
+    derive(session)
     ranks = members(session)
     if ranks:  # a merged distributed run: each rank alone, then the ranks together
         together = Session(

@@ -31,7 +31,7 @@ from ampdiag.analysis.timeline import Intervals, coverage, intersect, total, uni
 from ampdiag.trace.columns import HOST_CATEGORIES
 
 if TYPE_CHECKING:
-    from ampdiag.trace.reader import RankTrace
+    from ampdiag.trace.records import RankTrace
 
 _CAT = {name: i for i, name in enumerate(HOST_CATEGORIES)}
 _COMPUTE = ("forward", "backward", "optimizer")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ampdiag.render import plots
+from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
@@ -39,15 +39,15 @@ def _rows(session: Session) -> list[dict[str, Any]]:
     return rows
 
 
-def figures(session: Session) -> dict[str, bytes]:
-    """The per-rank step-time chart (PNG bytes), when the ranks recorded two steps or more."""
+def figures(session: Session) -> dict[str, charts.Chart]:
+    """The per-rank step-time chart, when the ranks recorded two steps or more."""
     rows = session.section("ranks").get("rows", [])
     series = {f"rank {r['rank']}": r.get("step_times_ms") or [] for r in rows}
     n = min((len(v) for v in series.values()), default=0)
     if n < 2:
         return {}
     return {
-        "rank-step-times": plots.line(
+        "rank-step-times": charts.line(
             list(range(n)),
             {k: v[:n] for k, v in series.items()},
             "step",
@@ -67,7 +67,7 @@ def build(session: Session) -> ReportSection | None:
     if not any(f.id == "straggler-rank" for f in session.findings):
         straggler = None
     rows = _rows(session)
-    uris = {name: plots.data_uri(png) for name, png in figures(session).items()}
+    uris = {name: svg.data_uri(chart) for name, chart in figures(session).items()}
     html = render_template(
         "ranks.html.j2", ranks=ranks, rows=rows, comm=comm, straggler=straggler, figures=uris
     )
@@ -82,7 +82,7 @@ def build(session: Session) -> ReportSection | None:
 
 def write_tensorboard(session: Session, writer: Any) -> None:
     """The per-rank step-time chart."""
-    from ampdiag.render.tensorboard import add_png
+    from ampdiag.render.tensorboard import add_chart
 
-    for name, png in figures(session).items():
-        add_png(writer, f"figures/ranks/{name}", png)
+    for name, chart in figures(session).items():
+        add_chart(writer, f"figures/ranks/{name}", chart)

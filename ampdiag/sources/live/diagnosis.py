@@ -23,12 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ampdiag._layout import REPORT_FILE
+from ampdiag._layout import REPORT_FILE, check_writable
 from ampdiag._version import __version__
 from ampdiag.compat import scaler as compat_scaler
 from ampdiag.compat.dtensor import fsdp_mixed_precision
 from ampdiag.config import Settings
-from ampdiag.errors import check_writable
 from ampdiag.session import Session, StepRecord
 from ampdiag.sources.live.collectors import (
     Collector,
