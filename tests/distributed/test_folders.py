@@ -102,4 +102,9 @@ def test_the_merged_report_imports_no_torch(tmp_path: Path) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "out" / "report.html").is_file()
+    html = (tmp_path / "out" / "report.html").read_text()
+    ranks = html[html.index('<section id="ranks"') :]
+    ranks = ranks[: ranks.index("</section>")]
+    assert "rank-step-times" in ranks  # the per-rank step-time chart
+    assert ranks.count("<tr>") >= 3  # a header and one row per rank
+    assert "1 <strong>(straggler)</strong>" in ranks
