@@ -83,18 +83,27 @@ class ProfilerCollector(Collector):
 
     def on_step_end(self, run: RunContext, step: int) -> None:
         """Advances the profiler's schedule."""
+        self._steps_seen = step + 1
         if self._prof is None:
             return
-        self._steps_seen = step + 1
         if run.is_profiled(step):
             self._recorded_steps.append(step)
         primer = native_log.prime_allocator_warning()
         with native_log.captured(self._native_log):
             self._prof.step()
             del primer
+        cfg = run.config
+        if step + 1 >= cfg.profile_skip + cfg.profile_warmup + cfg.profile_active:
+            # the window is over and its trace written: stopping now costs nothing later,
+            # where stepping an idle profiler cost every step a captured fd 2 and a temp file
+            self._stop_profiler()
 
     def stop(self, run: RunContext) -> None:
         """Stops the profiler; a trace of a partly recorded window is still written."""
+        self._stop_profiler()
+        run.trace_files = self.trace_files()
+
+    def _stop_profiler(self) -> None:
         prof, self._prof = self._prof, None
         if prof is not None:
             try:
@@ -102,7 +111,6 @@ class ProfilerCollector(Collector):
                     prof.stop()
             except Exception as exc:  # a failed trace export must not hide the user's error
                 self._error = f"{type(exc).__name__}: {exc}"
-        run.trace_files = self.trace_files()
 
     def trace_files(self) -> list[Path]:
         """The trace files this run wrote, oldest first (not those of an earlier run)."""
