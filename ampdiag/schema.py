@@ -59,6 +59,7 @@ class Step(TypedDict, total=False):
     loss: float | str | None  # a non-finite loss reads back as "nan", "inf" or "-inf"
     profiled: bool
     sampled: bool
+    micro_batches: int | None
 
 
 class RunSection(TypedDict, total=False):
@@ -118,10 +119,24 @@ class MemorySection(TypedDict, total=False):
     peak: dict[str, Any]
     step_activation_peaks: dict[str, int]
     live_activation_points: list[list[int]]
+    saved_activations: dict[str, dict[str, Any]]
+    activation_peak: dict[str, Any]
+    micro_batches_max: int
     timeline: dict[str, Any]
     cuda: dict[str, Any]
     capacity_bytes: int | None
     capacity_source: str
+
+
+class AccumulationSection(TypedDict, total=False):
+    """Gradient accumulation (``accumulation``), per sampled step with several backward passes.
+
+    Each step: resets between its backward passes, the micro-batches' loss weights, the
+    gradient norm ratio (see `ampdiag.sources.live.collectors.accumulation`).
+    """
+
+    steps: list[dict[str, Any]]
+    errors: list[str]
 
 
 class PrecisionSection(TypedDict, total=False):
@@ -233,6 +248,7 @@ SECTIONS: dict[str, type] = {
     "activations": ActivationsSection,
     "timeline": TimelineSection,
     "ranks": RanksSection,
+    "accumulation": AccumulationSection,
     "derived": DerivedSection,
 }
 

@@ -81,9 +81,12 @@ class StepRecord:
     Attributes:
         index: Step number, from 0, counted from the start of the diagnosed block.
         wall_s: Wall-clock time from the previous step boundary to this one.
-        loss: The loss value where one was seen (the tensor passed to backward or the scaler).
+        loss: The step's loss where one was seen: the sum of the losses given to the scaler
+            (else passed to backward) over the step's micro-batches.
         profiled: Whether the profiler was recording this step.
         sampled: Whether the sampled (more expensive) collectors ran on this step.
+        micro_batches: Backward passes in this step that reached the model's first trainable
+            parameter (gradient accumulation: more than 1); None when no model was known.
     """
 
     index: int
@@ -91,6 +94,7 @@ class StepRecord:
     loss: float | None = None
     profiled: bool = False
     sampled: bool = False
+    micro_batches: int | None = None
 
     def to_dict(self) -> schema.Step:
         """Returns the JSON form."""
@@ -100,6 +104,7 @@ class StepRecord:
             loss=self.loss,
             profiled=self.profiled,
             sampled=self.sampled,
+            micro_batches=self.micro_batches,
         )
 
 

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ampdiag.analysis.advisors import Advice, advisor, find, number, worst_severity
+from ampdiag.analysis.rules.accumulation import accumulation_broken
 from ampdiag.session import Finding, Session
 
 THRESHOLDS: dict[str, float] = {
@@ -260,8 +261,11 @@ def memory_advice(session: Session, findings: list[Finding]) -> Iterator[Advice]
     ``activation_bytes`` (activations scale with the micro-batch, the rest does not): the target
     peak is (1 - 0.15) x capacity; accumulation_steps = ceil(activation_bytes / (target - (peak
     - activation_bytes))); micro_batch = floor(batch / steps) where the batch size is known.
-    Nothing is advised when the non-activation memory alone exceeds the target.
+    Nothing is advised when the non-activation memory alone exceeds the target, nor to a run
+    whose accumulation is broken (grad-accumulation-broken: more micro-batches would be lost).
     """
+    if accumulation_broken(session) or find(findings, "grad-accumulation-broken"):
+        return
     near = find(findings, "memory-near-capacity")
     existing = find(findings, "use-grad-accumulation")
     if existing:

@@ -89,7 +89,9 @@ class Diagnosis:
         self._discovery: Discovery | None = None
         self._steps: list[StepRecord] = []
         self._step_start = 0.0
-        self._losses: dict[int, tuple[torch.Tensor, bool]] = {}
+        # step -> (losses given to GradScaler.scale, losses passed to backward), detached
+        self._losses: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        self._backward_passes = 0  # in the step in progress
         self._manual_steps = False
         self._primary_optimizer: int | None = None
         self._scaler_in_use = False
@@ -133,6 +135,8 @@ class Diagnosis:
             on_scaler=self._found_scaler,
             on_scaler_update=self._after_scaler_update,
             on_autocast=self._saw_autocast,
+            on_backward=self._before_backward,
+            on_accumulated=self._after_backward,
         )
         started: list[Collector] = []
         enter_run(self.run)
@@ -219,10 +223,16 @@ class Diagnosis:
             self._end_step()
 
     def _saw_loss(self, loss: torch.Tensor, from_scaler: bool) -> None:
-        # Prefer the unscaled loss given to GradScaler.scale over the scaled one in backward.
-        previous = self._losses.get(self.run.step)
-        if previous is None or from_scaler or not previous[1]:
-            self._losses[self.run.step] = (loss, from_scaler)
+        scaled, plain = self._losses.setdefault(self.run.step, ([], []))
+        (scaled if from_scaler else plain).append(loss)
+
+    def _before_backward(self, tensor: torch.Tensor) -> None:
+        self._each("before_backward", tensor)
+
+    def _after_backward(self) -> None:
+        index = self._backward_passes
+        self._backward_passes += 1
+        self._each("after_backward", index)
 
     def _saw_autocast(self, state: str | None) -> None:
         key = state or "none"
@@ -243,12 +253,14 @@ class Diagnosis:
                     wall_s=now - self._step_start,
                     profiled=self.run.is_profiled(step),
                     sampled=self.run.is_sampled(step),
+                    micro_batches=self._backward_passes if self.run.models else None,
                 )
             )
         if step == 0 and self._discovery is not None:
             self._discovery.stop_searching_models()
         self._each("on_step_end", step)
         self.run.step = step + 1
+        self._backward_passes = 0
         self._step_start = time.perf_counter()
 
     # --- collectors -------------------------------------------------------------------------------
@@ -286,9 +298,9 @@ class Diagnosis:
     # --- outputs ----------------------------------------------------------------------------------
 
     def _build_session(self, status: str, error: dict[str, str] | None) -> Session:
-        for index, (loss, _) in self._losses.items():
+        for index, (scaled, plain) in self._losses.items():
             if index < len(self._steps) and self._steps[index].index == index:
-                self._steps[index].loss = _finite_or_text(loss)
+                self._steps[index].loss = _step_loss(scaled or plain)
         sections: dict[str, Any] = {}
         for collector in self._collectors:
             try:
@@ -335,9 +347,17 @@ class Diagnosis:
         render_all(self.session, self.out, self.config)
 
 
-def _finite_or_text(loss: torch.Tensor) -> float | None:
+def _step_loss(losses: list[torch.Tensor]) -> float | None:
+    """The loss of a step: the sum of its micro-batches' losses as backpropagated.
+
+    The unscaled losses given to GradScaler.scale are preferred over the scaled ones passed to
+    backward. With the usual accumulation recipe (each micro-batch's loss divided by their
+    number N) the sum is the mean of the micro-batch losses, the same figure a step without
+    accumulation reports; with losses summed instead of averaged it is N times that, which is
+    what the optimizer then follows (`accumulation-loss-not-averaged` says so).
+    """
     try:
-        return float(loss.float().item())
+        return float(sum(float(loss.float().item()) for loss in losses))
     except Exception:
         return None
 

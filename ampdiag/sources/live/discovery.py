@@ -29,6 +29,15 @@ def autocast_state() -> str | None:
     return None
 
 
+def reference_parameter(module: torch.nn.Module) -> torch.Tensor | None:
+    """The module's first parameter that requires a gradient.
+
+    Every backward through the model reaches it, so its accumulations count the backward
+    passes (micro-batches).
+    """
+    return next((p for p in module.parameters() if p.requires_grad), None)
+
+
 class Discovery:
     """Installs the global hooks and patches; calls back into the engine as things are seen.
 
@@ -42,6 +51,9 @@ class Discovery:
         on_scaler: Called with a GradScaler the first time its scale() runs.
         on_scaler_update: Called after each GradScaler.update().
         on_autocast: Called with the autocast state at each root module's forward.
+        on_backward: Called with the tensor itself before each ``Tensor.backward``.
+        on_accumulated: Called after each backward pass accumulated a gradient into a root
+            model's first trainable parameter (one call per backward pass that reached it).
     """
 
     def __init__(
@@ -54,12 +66,16 @@ class Discovery:
         on_scaler: Callable[[Any], None],
         on_scaler_update: Callable[[Any], None],
         on_autocast: Callable[[str | None], None],
+        on_backward: Callable[[torch.Tensor], None] = lambda t: None,
+        on_accumulated: Callable[[], None] = lambda: None,
     ) -> None:
         self._on_model = on_model
         self._on_autocast = on_autocast
         self._on_loss = on_loss
         self._on_scaler = on_scaler
         self._on_scaler_update = on_scaler_update
+        self._on_backward = on_backward
+        self._on_accumulated = on_accumulated
         self._depth = 0
         self._roots: set[int] = set()
         self._handles: list[Any] = []
@@ -113,17 +129,26 @@ class Discovery:
         self._handles.append(
             module.register_forward_pre_hook(lambda m, a: self._on_autocast(autocast_state()))
         )
+        reference = reference_parameter(module)
+        if reference is not None:
+            on_accumulated = self._on_accumulated
+            self._handles.append(
+                reference.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
+                    lambda p: on_accumulated()
+                )
+            )
 
     # --- loss and scaler -----------------------------------------------------------------------
 
     def _patch_backward(self) -> None:
-        on_loss = self._on_loss
+        on_loss, on_backward = self._on_loss, self._on_backward
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
                 if self.numel() == 1:
                     with internal_work():
                         on_loss(self.detach(), False)
+                on_backward(self)
                 return original(self, *args, **kwargs)
 
             backward.__doc__ = original.__doc__

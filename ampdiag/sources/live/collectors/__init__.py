@@ -24,11 +24,17 @@ def default_collectors(config: DiagnoseConfig) -> list[Collector]:
 
         collectors.append(PrecisionCollector())
     if config.numerics:
+        from ampdiag.sources.live.collectors.accumulation import AccumulationCollector
         from ampdiag.sources.live.collectors.activations import ActivationsCollector
         from ampdiag.sources.live.collectors.gradients import GradientsCollector
         from ampdiag.sources.live.collectors.scaler import ScalerCollector
 
-        collectors += [ScalerCollector(), GradientsCollector(), ActivationsCollector()]
+        collectors += [
+            ScalerCollector(),
+            GradientsCollector(),
+            ActivationsCollector(),
+            AccumulationCollector(),
+        ]
     return collectors
 
 

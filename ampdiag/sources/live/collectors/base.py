@@ -5,6 +5,9 @@ A collector watches one thing in a live run. `diagnose()` calls its callbacks in
     start(run)                       once, before the user's first step
     on_model(run, model)             when the model is known (given, or found on first forward)
     on_optimizer(run, optimizer)     when an optimizer is known (given, or found on first step)
+    before_backward(run, tensor)     before every Tensor.backward, with the tensor (its graph)
+    after_backward(run, index)       after each backward pass reached the model's first
+                                     trainable parameter; index counts them in the step from 0
     before_optimizer_step(run, opt)  before every optimizer.step() (grads final, maybe unscaled)
     on_step_end(run, step)           at each step boundary (after optimizer.step() or d.step())
     stop(run)                        once, on exit, error or not; must remove all its hooks
@@ -102,6 +105,12 @@ class Collector:
 
     def on_optimizer(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
         """Called when an optimizer becomes known."""
+
+    def before_backward(self, run: RunContext, tensor: torch.Tensor) -> None:
+        """Called before every ``Tensor.backward`` with the tensor (never change it)."""
+
+    def after_backward(self, run: RunContext, index: int) -> None:
+        """Called after each backward pass of the step (``index`` from 0: the micro-batch)."""
 
     def before_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
         """Called before every optimizer step."""
