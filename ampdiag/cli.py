@@ -165,15 +165,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def load_any(path: Path, hta: bool = False) -> Session:
     """A Session from a session folder/file, or from a trace file or folder of traces."""
     from ampdiag.session import SESSION_FILE, load
+    from ampdiag.sources.ranks import is_derived, rank_folders, session_from_ranks
 
     try:
         if not path.exists():
             raise InputError(f"no such file or folder: {str(path)!r}")
-        is_session = (path.is_dir() and (path / SESSION_FILE).is_file()) or (
-            path.name == SESSION_FILE
-        )
         if path.is_dir():
             next(path.iterdir(), None)  # an unlistable folder: one line, not a traceback
+        if path.is_dir() and rank_folders(path):  # a distributed run: the ranks' own sessions
+            return session_from_ranks(path, hta=hta)
+        is_session = path.name == SESSION_FILE or (
+            path.is_dir() and (path / SESSION_FILE).is_file() and not is_derived(path)
+        )
     except OSError as exc:
         raise InputError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
     if is_session:

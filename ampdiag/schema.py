@@ -40,6 +40,7 @@ class Environment(TypedDict, total=False):
     rank: int
     world_size: int
     ranks_in_trace: int
+    ranks_merged: list[int]
     device_type: str
     device_name: str
     device_memory_bytes: int
@@ -154,7 +155,7 @@ class PrecisionSection(TypedDict, total=False):
     ops: list[dict[str, Any]]
     autocast_dtypes: dict[str, str]
     after_backward_ops: dict[str, Any]
-    reenabled_autocast_ops: list[dict[str, Any]]
+    reenabled_autocast_ops: list[str]  # op names (sorted), as the precision collector writes them
     errors: list[str]
 
 
@@ -231,8 +232,18 @@ class TimelineSection(TypedDict, total=False):
     trace_files: list[str]
     ranks: list[dict[str, Any]]
     summary: dict[str, Any]
+    communication: dict[str, Any]  # ampdiag.analysis.communication.across_ranks
     warnings: list[str]
     hta: dict[str, Any]
+
+
+class RanksSection(TypedDict, total=False):
+    """The ranks of a merged distributed run (``ranks``), see `ampdiag.sources.ranks`."""
+
+    world_size: int
+    rows: list[dict[str, Any]]  # ampdiag.analysis.ranks.rank_row, one per rank
+    members: list[dict[str, Any]]  # {"rank", "folder", "session": that rank's document}
+    warnings: list[str]
 
 
 class DerivedSection(TypedDict, total=False):
@@ -262,6 +273,7 @@ SECTIONS: dict[str, type] = {
     "activations": ActivationsSection,
     "sentinel": SentinelSection,
     "timeline": TimelineSection,
+    "ranks": RanksSection,
     "accumulation": AccumulationSection,
     "derived": DerivedSection,
 }
@@ -277,6 +289,7 @@ SectionName = Literal[
     "activations",
     "sentinel",
     "timeline",
+    "ranks",
     "derived",
 ]
 

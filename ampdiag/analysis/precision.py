@@ -49,9 +49,25 @@ REASON_FIXES: dict[str, str] = {
 
 _WORK = ("low", "fp32")
 
+COMMUNICATION_OP_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::", "fsdp::")
+"""Collectives (and FSDP's buffer copies around them): they move gradients and parameters in
+the dtype the strategy chose (DDP reduces in FP32 by design), compute nothing, and their time is
+mostly waiting for the other ranks; counted as FP32 work they made ``fp32-ops-in-autocast``
+blame an all-reduce with "register an autocast rule"."""
+
+
+def is_communication_op(name: str) -> bool:
+    """Whether an op name is a collective or a communication buffer copy (never compute)."""
+    return name.startswith(COMMUNICATION_OP_PREFIXES)
+
 
 def _work_rows(section: PrecisionSection) -> list[dict[str, Any]]:
-    return [r for r in section.get("ops", []) if r.get("phase") in ("forward", "backward")]
+    return [
+        r
+        for r in section.get("ops", [])
+        if r.get("phase") in ("forward", "backward")
+        and not is_communication_op(str(r.get("op", "")))
+    ]
 
 
 def _time(r: dict[str, Any]) -> float:
@@ -178,6 +194,8 @@ def device_differences(section: PrecisionSection) -> list[dict[str, Any]]:
     found: dict[tuple[str, str], dict[str, Any]] = {}
     for r in section.get("ops", []):
         if r.get("phase") != "forward" or not r.get("autocast"):
+            continue
+        if is_communication_op(str(r.get("op", ""))):
             continue
         policy = r.get("cuda_policy")
         prec = r.get("precision")

@@ -29,8 +29,29 @@ CATEGORIES = ("forward", "backward", "optimizer", "data", "other")
 CLOSURE_PREFIX = "ampdiag.closure#"
 
 
+COLLECTIVE_PREFIXES = ("gloo:", "nccl:")
+"""A collective as the process group ran it (``gloo:all_reduce`` on gloo's own thread, ...):
+its span lasts until every rank has joined, so it includes the wait for the last one."""
+COMM_OP_PREFIXES = ("c10d::", "record_param_comms")
+"""Host ops that issue (or wait on) a collective: communication, not forward computation."""
+MICRO_BATCH_NAMES = frozenset({"DistributedDataParallel.forward"})
+"""Annotations that open one micro-batch (one forward of the DDP-wrapped model)."""
+
+
 def classify(name: str, cat: str) -> str | None:
-    """The breakdown category of one host event, or None for events that do not count."""
+    """The breakdown category of one host event, or None for events that do not count.
+
+    Besides the breakdown's own categories: ``all_reduce`` and other ``collective``,
+    ``comm_op`` and ``micro_batch``
+    (see the constants above), which `ampdiag.analysis.communication` reads and the step
+    breakdown leaves out of forward/backward time.
+    """
+    if name.startswith(COLLECTIVE_PREFIXES):
+        return "all_reduce" if "all_reduce" in name or "allreduce" in name else "collective"
+    if name.startswith(COMM_OP_PREFIXES):
+        return "comm_op"
+    if name in MICRO_BATCH_NAMES:
+        return "micro_batch"
     if name.startswith("enumerate(DataLoader)"):
         return "data"
     if name.startswith(CLOSURE_PREFIX):

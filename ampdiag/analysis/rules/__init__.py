@@ -12,4 +12,5 @@ RULE_MODULES: tuple[str, ...] = (
     "memory",
     "accumulation",
     "autocast_speed",
+    "distributed",
 )

@@ -106,11 +106,14 @@ def amp_attempted(session: Session) -> bool:
 
 @rule("low-precision-inactive", "amp-off")
 def low_precision_inactive(session: Session) -> Iterator[Finding]:
-    """Under 50% of matmul/conv FLOPs ran with autocast active, or >= 50% ran in FP32.
+    """>= 50% of matmul/conv FLOPs ran in FP32 (autocast inactive for them, or overridden).
 
     Either way the step does not get the low-precision speed-up: ``low-precision-inactive``
     (high) when the run tried mixed precision (autocast or a GradScaler seen), ``amp-off``
     (info) for a deliberate FP32 run, where neither was ever seen.
+
+    Matmuls that ran in low precision without autocast (parameters in bf16, as FSDP2's
+    MixedPrecisionPolicy casts them) get the speed-up and do not count.
     """
     sec = session.section("precision")
     if not sec.get("audited"):
@@ -121,7 +124,9 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
         return
     inactive = mm["autocast_share"] < THRESHOLDS["matmul_autocast_share_min"]
     fp32 = mm["fp32_share"] >= THRESHOLDS["matmul_fp32_share_max"]
-    if not (inactive or fp32):
+    # Without autocast, matmuls in low precision are the parameters' own dtype (FSDP2's
+    # MixedPrecisionPolicy(param_dtype=bf16), model.to(bf16)): the speed-up is there.
+    if not fp32:
         return
     device = sec.get("device_type", "cuda")
     dtype = "torch.bfloat16" if device == "cpu" else "torch.float16"

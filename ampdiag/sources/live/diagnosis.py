@@ -28,6 +28,7 @@ import torch
 from ampdiag._layout import REPORT_FILE, check_writable
 from ampdiag._version import __version__
 from ampdiag.compat import scaler as compat_scaler
+from ampdiag.compat.dtensor import fsdp_mixed_precision
 from ampdiag.config import Settings
 from ampdiag.session import Session
 from ampdiag.sources.live import global_hooks
@@ -387,12 +388,16 @@ class Diagnosis:
 def _describe_model(model: torch.nn.Module) -> dict[str, Any]:
     params = list(model.parameters())
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params})
-    return {
+    out: dict[str, Any] = {
         "class": type(model).__name__,
         "parameters": sum(p.numel() for p in params),
         "param_dtypes": dtypes,
         "devices": sorted({str(p.device) for p in params}),
     }
+    policies = fsdp_mixed_precision(model)
+    if policies:
+        out["fsdp_mixed_precision"] = policies
+    return out
 
 
 def _describe_scaler(scaler: Any) -> dict[str, Any] | None:

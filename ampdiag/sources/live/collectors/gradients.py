@@ -26,6 +26,7 @@ import torch
 
 from ampdiag.analysis import fp16range
 from ampdiag.compat import scaler as compat_scaler
+from ampdiag.compat.dtensor import local_tensor
 from ampdiag.compat.foreach import foreach_norm
 from ampdiag.schema import GradientsSection
 from ampdiag.sources.live.collectors._exponents import (
@@ -101,7 +102,9 @@ class GradientsCollector(Collector):
         ]
         if not params:
             return
-        grads = [p.grad for p in params if p.grad is not None]
+        # FSDP2/DTensor gradients: the statistics of this rank's shard (a DTensor has no
+        # strided views, and its global size is not what this rank holds)
+        grads = [local_tensor(p.grad) for p in params if p.grad is not None]
         by_device: dict[torch.device, list[int]] = {}
         for i, g in enumerate(grads):
             by_device.setdefault(g.device, []).append(i)

@@ -38,6 +38,7 @@ import torch
 from ampdiag._layout import MEMORY_DIR
 from ampdiag.analysis import memory_timeline as tl_mod
 from ampdiag.compat import memory as compat_memory
+from ampdiag.compat.dtensor import local_tensor
 from ampdiag.schema import MemorySection
 from ampdiag.sources.live import exclusive
 from ampdiag.sources.live.collectors.base import (
@@ -87,6 +88,7 @@ def model_state(
     count = 0
 
     def add(t: torch.Tensor, cat: str) -> int:
+        t = local_tensor(t)  # FSDP2/DTensor: this rank holds its shard, not the global size
         ptr = _storage_ptr(t)
         key = (ptr, int(t.storage_offset()), int(t.numel()))
         if ptr and key in seen:
@@ -109,8 +111,8 @@ def model_state(
             params.extend(p for p in group["params"] if isinstance(p, torch.Tensor))
     for p in params:
         if add(p, "parameters"):
-            count += p.numel()
-            dtypes[str(p.dtype).removeprefix("torch.")] += _nbytes(p)
+            count += local_tensor(p).numel()
+            dtypes[str(p.dtype).removeprefix("torch.")] += _nbytes(local_tensor(p))
     largest = 0
     for p in params:
         if p.grad is not None:

@@ -144,9 +144,9 @@ class ProfilerCollector(Collector):
 
     def on_step_end(self, run: RunContext, step: int) -> None:
         """Advances the profiler's schedule (or stops it when another profiler records)."""
+        self._steps_seen = step + 1
         if self._prof is None:
             return
-        self._steps_seen = step + 1
         busy = compat_profiler.running(ignore=self._prof) if self._may_check(step) else None
         if busy is not None or self._yield_at_step:
             self._stop_profiler()
@@ -160,6 +160,11 @@ class ProfilerCollector(Collector):
         with native_log.captured(self._native_log):
             self._prof.step()
             del primer
+        cfg = run.config
+        if step + 1 >= cfg.profile_skip + cfg.profile_warmup + cfg.profile_active:
+            # the window is over and its trace written: stopping now costs nothing later,
+            # where stepping an idle profiler cost every step a captured fd 2 and a temp file
+            self._stop_profiler()
 
     def _may_check(self, step: int) -> bool:
         """Whether to look for another profiler as ``step`` ends.
