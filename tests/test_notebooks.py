@@ -22,12 +22,7 @@ def test_there_are_tutorials() -> None:
 
 
 #: Tutorials that teach something ampdiag still gets wrong: a strict xfail, with the reason.
-KNOWN_WRONG: dict[str, str] = {
-    # With the sentinel's per-module hooks on, the measured CPU peak of this MLP at batch 512 is
-    # 23.5 MiB instead of 18.2 MiB (ampdiag's own memory counted as the run's: an observer
-    # effect to find and remove), so no micro-batch fits 24 MiB and no plan is given.
-    "02_memory_and_accumulation": "the sentinel inflates the measured CPU memory peak",
-}
+KNOWN_WRONG: dict[str, str] = {}
 
 
 def _case(path: Path) -> object:

@@ -56,7 +56,7 @@ def is_derived(path: Path) -> bool:
     if m is None:
         try:
             doc = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # load() says what is wrong with it
             return False
         env = doc.get("environment") if isinstance(doc, dict) else None
         return isinstance(env, dict) and env.get("source") in MERGED_SOURCES

@@ -37,11 +37,14 @@ class AutocastRecorder:
     """The framework's truth: the autocast state at each forward of one submodule."""
 
     def __init__(self, module: torch.nn.Module) -> None:
-        self.states: list[str | None] = []
-        self._handle = module.register_forward_pre_hook(self._pre)
-
-    def _pre(self, module: torch.nn.Module, args: Any) -> None:
-        self.states.append(autocast_now())
+        states: list[str | None] = []
+        self.states = states
+        # A plain function over the list, not a bound method: a deep copy of the model (the
+        # speed probe runs on one) keeps calling it, where it would copy a bound method's
+        # recorder and record into the copy.
+        self._handle = module.register_forward_pre_hook(
+            lambda module, args: states.append(autocast_now())
+        )
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ampdiag.compat.dtensor import local_tensor
 from ampdiag.schema import SentinelSection
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
@@ -163,7 +164,8 @@ class Sentinel(Collector):
     def on_step_end(self, run: RunContext, step: int) -> None:
         """Stacks the step's values with the gradients' max |g| and sends them to the host."""
         with internal_work():
-            grads = [p.grad for _, p in self._params if p.grad is not None]
+            # DTensor gradients (FSDP2): this rank's shard is what this rank can see
+            grads = [local_tensor(p.grad) for _, p in self._params if p.grad is not None]
             parts = [*self._fwd, *self._loss, *self._bwd]
             if grads:
                 parts.append(torch.nn.utils.get_total_norm(grads, math.inf).float())
