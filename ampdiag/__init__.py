@@ -16,20 +16,28 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ampdiag._version import __version__
+from ampdiag.errors import InputError, OutputError
 
 if TYPE_CHECKING:
+    from ampdiag.analysis import analyze
     from ampdiag.analysis.diff import diff
     from ampdiag.config import DiagnoseConfig
     from ampdiag.session import Finding, Session, load
+    from ampdiag.sources.live.collectors.base import Collector, RunContext
     from ampdiag.sources.live.diagnosis import Diagnosis, diagnose
     from ampdiag.sources.live.memory_probe import memory_probe
 
 __all__ = [
+    "Collector",
     "DiagnoseConfig",
     "Diagnosis",
     "Finding",
+    "InputError",
+    "OutputError",
+    "RunContext",
     "Session",
     "__version__",
+    "analyze",
     "diagnose",
     "diff",
     "load",
@@ -37,6 +45,9 @@ __all__ = [
 ]
 
 _LAZY = {
+    "analyze": "ampdiag.analysis",
+    "Collector": "ampdiag.sources.live.collectors.base",
+    "RunContext": "ampdiag.sources.live.collectors.base",
     "diff": "ampdiag.analysis.diff",
     "DiagnoseConfig": "ampdiag.config",
     "diagnose": "ampdiag.sources.live.diagnosis",

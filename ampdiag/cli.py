@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ampdiag._layout import REPORT_FILE
 from ampdiag._version import __version__
 from ampdiag.errors import InputError
 
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
     demo.add_argument("--steps", type=int, default=8)
 
-    report = sub.add_parser("report", help="re-render a session, or analyse a trace")
+    report = sub.add_parser("report", help="re-render a session, or analyze a trace")
     report.add_argument("path", help="a session folder, a trace file, or a folder of traces")
     report.add_argument("--format", choices=FORMATS, default="html")
     report.add_argument("--out", help="output folder (default: the session folder itself)")
@@ -98,7 +99,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise InputError("--device cuda: no CUDA device is available")
     out = run_demo(args.out, device=args.device, dtype=args.dtype, steps=args.steps)
-    print(out / "report.html")
+    print(out / REPORT_FILE)
     return EXIT_OK
 
 
@@ -126,7 +127,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     path = Path(args.path)
     session = load_any(path, hta=args.hta)
-    # Re-analyse: rules are pure functions of the session, and a newer ampdiag may know more.
+    # Re-analyze: rules are pure functions of the session, and a newer ampdiag may know more.
     session.findings = analyze(session)
     if args.format == "json":
         print(dumps(session.to_dict()))

@@ -7,6 +7,7 @@ settings without importing torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 
 @dataclass
@@ -53,7 +54,7 @@ class DiagnoseConfig:
         activation_every: Period of the activation hooks (0 = every sampled step).
         precision: Audit the dtype of every op of one step (forward and backward).
         precision_step: The step the precision audit runs on (default the second, index 1:
-            the first pays for lazy initialisation).
+            the first pays for lazy initialization).
         speed_probe: At the end of the run, time the model's forward + backward in FP32 and
             under the run's autocast (see collectors/speed_probe.py; changes nothing).
         speed_probe_repeats: Interleaved timed pairs of the speed probe.
@@ -87,6 +88,43 @@ class DiagnoseConfig:
     speed_probe_repeats: int = 3
 
 
+class Settings(TypedDict, total=False):
+    """Any `DiagnoseConfig` field, as a keyword of ``diagnose(**overrides)`` (checked by mypy)."""
+
+    profile: bool
+    profile_skip: int
+    profile_warmup: int
+    profile_active: int
+    record_shapes: bool
+    profile_memory: bool
+    with_stack: bool
+    sample_every: int
+    sample_first: int
+    sample_period: int
+    max_steps_recorded: int
+    report: bool
+    tensorboard: bool
+    console: bool
+    memory: bool
+    memory_history: bool
+    memory_history_max_entries: int
+    memory_target_batch: int | None
+    memory_limit_bytes: int | None
+    numerics: bool
+    numerics_sample_elements: int
+    activation_every: int
+    precision: bool
+    precision_step: int
+    speed_probe: bool
+    speed_probe_repeats: int
+
+
+def is_profiled_step(config: DiagnoseConfig, step: int) -> bool:
+    """Whether the profiler records ``step`` (after ``profile_skip + profile_warmup`` steps)."""
+    first = config.profile_skip + config.profile_warmup
+    return config.profile and first <= step < first + config.profile_active
+
+
 def is_sampled_step(config: DiagnoseConfig, step: int) -> bool:
     """Whether ``step`` is sampled under ``config`` (see `DiagnoseConfig.sample_every`).
 
@@ -95,10 +133,8 @@ def is_sampled_step(config: DiagnoseConfig, step: int) -> bool:
     """
     if config.sample_every > 0:
         return step % config.sample_every == 0
-    if config.profile:
-        first = config.profile_skip + config.profile_warmup
-        if first <= step < first + config.profile_active:
-            return False
+    if is_profiled_step(config, step):
+        return False
     if step < config.sample_first:
         return True
     return (step - config.sample_first) % max(1, config.sample_period) == 0

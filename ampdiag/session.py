@@ -1,4 +1,4 @@
-"""The Session: everything one diagnosed run (or one analysed trace) produced, as versioned JSON.
+"""The Session: everything one diagnosed run (or one analyzed trace) produced, as versioned JSON.
 
 A Session is the only thing renderers read. Collectors each contribute one *section* (a JSON
 object under a top-level key named after the collector); the core keys below are reserved.
@@ -11,14 +11,15 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast, overload
 
+from ampdiag import schema
 from ampdiag._layout import SESSION_FILE as SESSION_FILE  # re-exported
 from ampdiag.errors import InputError
-
-SCHEMA_VERSION = 1
+from ampdiag.schema import SCHEMA_VERSION as SCHEMA_VERSION  # re-exported
 
 Severity = Literal["high", "medium", "low", "info"]
 SEVERITIES: tuple[Severity, ...] = ("high", "medium", "low", "info")
@@ -91,14 +92,20 @@ class StepRecord:
     profiled: bool = False
     sampled: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> schema.Step:
         """Returns the JSON form."""
-        return asdict(self)
+        return schema.Step(
+            index=self.index,
+            wall_s=self.wall_s,
+            loss=self.loss,
+            profiled=self.profiled,
+            sampled=self.sampled,
+        )
 
 
 @dataclass
 class Session:
-    """A diagnosed run, ready to analyse and render.
+    """A diagnosed run, ready to analyze and render.
 
     Attributes:
         status: "ok", "error" (the block raised) or "interrupted" (KeyboardInterrupt).
@@ -113,9 +120,9 @@ class Session:
 
     status: Status = "ok"
     error: dict[str, str] | None = None
-    environment: dict[str, Any] = field(default_factory=dict)
+    environment: schema.Environment = field(default_factory=lambda: schema.Environment())
     config: dict[str, Any] = field(default_factory=dict)
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[schema.Step] = field(default_factory=list)
     sections: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     created: str = ""
@@ -123,8 +130,32 @@ class Session:
     ampdiag_version: str = ""
     path: Path | None = None
 
-    def section(self, name: str) -> dict[str, Any]:
-        """Returns a collector's section, or an empty dict when the run has none."""
+    @overload
+    def section(self, name: Literal["run"]) -> schema.RunSection: ...
+    @overload
+    def section(self, name: Literal["profiler"]) -> schema.ProfilerSection: ...
+    @overload
+    def section(self, name: Literal["speed_probe"]) -> schema.SpeedProbeSection: ...
+    @overload
+    def section(self, name: Literal["memory"]) -> schema.MemorySection: ...
+    @overload
+    def section(self, name: Literal["precision"]) -> schema.PrecisionSection: ...
+    @overload
+    def section(self, name: Literal["scaler"]) -> schema.ScalerSection: ...
+    @overload
+    def section(self, name: Literal["gradients"]) -> schema.GradientsSection: ...
+    @overload
+    def section(self, name: Literal["activations"]) -> schema.ActivationsSection: ...
+    @overload
+    def section(self, name: Literal["timeline"]) -> schema.TimelineSection: ...
+    @overload
+    def section(self, name: str) -> Mapping[str, Any]: ...
+
+    def section(self, name: str) -> Any:
+        """Returns a section, typed by `ampdiag.schema`, or an empty dict when the run has none.
+
+        A known name gives its TypedDict, so mypy rejects a key the collector never writes.
+        """
         value = self.sections.get(name)
         return value if isinstance(value, dict) else {}
 
@@ -188,10 +219,14 @@ class Session:
         status = doc.get("status", "ok")
         if status not in ("ok", "error", "interrupted"):
             raise InputError(f"session status {status!r} is not ok, error or interrupted")
+        problems = schema.check_document(doc)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise InputError(f"not a well-formed ampdiag session: {problems[0]}{more}")
         return cls(
             status=status,
             error=doc.get("error"),
-            environment=dict(doc.get("environment") or {}),
+            environment=cast(schema.Environment, dict(doc.get("environment") or {})),
             config=dict(doc.get("config") or {}),
             steps=list(doc.get("steps") or []),
             sections={k: v for k, v in doc.items() if k not in CORE_KEYS},
@@ -226,7 +261,7 @@ def _json_safe(value: Any) -> Any:
 
 
 def dumps(doc: dict[str, Any]) -> str:
-    """Serialises a session document as strict JSON (NaN and inf become strings)."""
+    """Serializes a session document as strict JSON (NaN and inf become strings)."""
     return json.dumps(_json_safe(doc), indent=1, allow_nan=False, default=str)
 
 

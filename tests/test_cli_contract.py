@@ -42,6 +42,7 @@ def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...]) -> None:
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_demo_then_report_rerenders(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     r = ampdiag_cli("demo", "--out", str(out), "--steps", "6")

@@ -92,6 +92,7 @@ def test_end_to_end(
     assert ampdiag.load(out).to_dict() == s.to_dict()
 
 
+@pytest.mark.slow
 def test_parameters_bit_identical_with_and_without(tmp_path: Path) -> None:
     for dtype, scaler in ((None, False), (torch.float16, True)):
         plain = train(steps=4, dtype=dtype, use_scaler=scaler)
@@ -168,6 +169,22 @@ def test_unknown_setting_is_a_type_error() -> None:
         ampdiag.diagnose(profile_steps=3)
 
 
+def test_config_object_with_overrides_on_top() -> None:
+    from dataclasses import asdict, fields
+
+    from ampdiag.config import Settings
+
+    base = ampdiag.DiagnoseConfig(profile_active=7, report=False)
+    d = ampdiag.diagnose(out="unused", config=base, report=True, sample_every=3)
+    assert (d.config.profile_active, d.config.report, d.config.sample_every) == (7, True, 3)
+    assert base.report is False  # the given config is not modified
+    assert asdict(ampdiag.diagnose(out="unused").config) == asdict(ampdiag.DiagnoseConfig())
+    # the typed overrides name exactly the config's fields
+    assert set(Settings.__annotations__) == {f.name for f in fields(ampdiag.DiagnoseConfig)}
+    with pytest.raises(TypeError, match="takes a DiagnoseConfig"):
+        ampdiag.diagnose(config={"report": False})  # type: ignore[arg-type]
+
+
 def test_short_run_says_nothing_was_profiled(tmp_path: Path) -> None:
     train(steps=1, wrap=lambda: ampdiag.diagnose(out=tmp_path, console=False))
     s = ampdiag.load(tmp_path)
@@ -193,6 +210,7 @@ def test_each_rank_writes_its_own_session(tmp_path: Path, monkeypatch: pytest.Mo
     assert (env["rank"], env["world_size"]) == (3, 4)
 
 
+@pytest.mark.slow
 def test_a_second_run_into_the_same_folder_lists_only_its_own_trace(tmp_path: Path) -> None:
     for _ in range(2):
         train(steps=6, wrap=lambda: ampdiag.diagnose(out=tmp_path, console=False))

@@ -18,7 +18,7 @@ def test_import_is_light() -> None:
     assert r.stdout.strip() == ""
 
 
-def test_diagnose_does_not_initialise_cuda() -> None:
+def test_diagnose_does_not_initialize_cuda() -> None:
     code = (
         "import torch, ampdiag\n"
         "d = ampdiag.diagnose(profile=False, report=False)\n"
@@ -28,3 +28,21 @@ def test_diagnose_does_not_initialise_cuda() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True
     )
     assert r.stdout.strip() == "False"
+
+
+def test_the_public_surface_is_exported_and_import_stays_light() -> None:
+    code = (
+        "import sys, ampdiag\n"
+        "names = ['InputError', 'OutputError', 'DiagnoseConfig', 'analyze', 'load']\n"
+        "got = [getattr(ampdiag, n) for n in names]\n"
+        "print('torch' in sys.modules)\n"
+        "print(ampdiag.analyze.__module__, ampdiag.OutputError.__mro__[1].__name__)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True
+    )
+    assert r.stdout.split() == ["False", "ampdiag.analysis", "InputError"]
+    import ampdiag
+
+    assert ampdiag.Collector.__name__ == "Collector" and ampdiag.RunContext.__name__ == "RunContext"
+    assert set(ampdiag.__all__) >= {"Collector", "DiagnoseConfig", "analyze", "InputError"}

@@ -1,4 +1,4 @@
-"""Categorised memory timelines: the peak, per-step peaks, thinning, and a fallback categoriser.
+"""Categorized memory timelines: the peak, per-step peaks, thinning, and a fallback categorizer.
 
 A timeline is ``{"t_us": [...], "bytes": {category: [...]}, "steps": [(name, start, end)],
 "source": str}``: after each allocator event, the bytes live in each category. torch's memory
@@ -91,7 +91,7 @@ def thin(tl: Mapping[str, Any], max_points: int = MAX_POINTS) -> dict[str, Any]:
     return out
 
 
-# --- fallback: our own categorisation from the Kineto trace ------------------------------------
+# --- fallback: our own categorization from the Kineto trace ------------------------------------
 
 
 def timeline_from_trace(
@@ -100,7 +100,7 @@ def timeline_from_trace(
     known_by_step: Mapping[int, Mapping[int, str]],
     known_sizes: Mapping[int, int] | None = None,
 ) -> dict[str, Any] | None:
-    """Categorises the trace's ``[memory]`` events with the known tensors (module docstring).
+    """Categorizes the trace's ``[memory]`` events with the known tensors (module docstring).
 
     Args:
         trace: A Kineto trace document.

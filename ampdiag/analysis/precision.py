@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from ampdiag.schema import PrecisionSection
+
 #: CUDA autocast policies that run an op in FP32 whatever its input dtype.
 FP32_POLICIES = frozenset({"fp32", "fp32_set_opt_dtype", "fp32_append_dtype"})
 
@@ -48,7 +50,7 @@ REASON_FIXES: dict[str, str] = {
 _WORK = ("low", "fp32")
 
 
-def _work_rows(section: dict[str, Any]) -> list[dict[str, Any]]:
+def _work_rows(section: PrecisionSection) -> list[dict[str, Any]]:
     return [r for r in section.get("ops", []) if r.get("phase") in ("forward", "backward")]
 
 
@@ -60,7 +62,7 @@ def _share(part: float, whole: float) -> float:
     return part / whole if whole > 0 else 0.0
 
 
-def summarize(section: dict[str, Any], top: int = 10) -> dict[str, Any]:
+def summarize(section: PrecisionSection, top: int = 10) -> dict[str, Any]:
     """The precision summary of an audit section.
 
     Returns:
@@ -161,7 +163,7 @@ def summarize(section: dict[str, Any], top: int = 10) -> dict[str, Any]:
     }
 
 
-def device_differences(section: dict[str, Any]) -> list[dict[str, Any]]:
+def device_differences(section: PrecisionSection) -> list[dict[str, Any]]:
     """Forward ops of a CPU run inside autocast that CUDA autocast would run in another dtype.
 
     Uses each op's ``cuda_policy`` (derived by the collector from torch's own autocast header

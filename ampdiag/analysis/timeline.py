@@ -102,7 +102,7 @@ def _type_codes(cols: Columns) -> I64:
 
 
 class _Acts:
-    """The GPU activities being analysed (a selection of a rank's columns)."""
+    """The GPU activities being analyzed (a selection of a rank's columns)."""
 
     def __init__(self, cols: Columns, name_type: I64, mask: Any = None) -> None:
         self.cols = cols if mask is None else cols.take_gpu(mask)
@@ -370,8 +370,8 @@ def per_step(rt: RankTrace, name_type: I64) -> list[dict[str, Any]]:
     return out
 
 
-def analyse_rank(rt: RankTrace) -> dict[str, Any]:
-    """Everything the timeline section holds for one rank (JSON-serialisable)."""
+def analyze_rank(rt: RankTrace) -> dict[str, Any]:
+    """Everything the timeline section holds for one rank (JSON-serializable)."""
     cols = rt.columns()
     name_type = _type_codes(cols)
     mask, win = window(rt)
@@ -438,7 +438,7 @@ def analyse_rank(rt: RankTrace) -> dict[str, Any]:
     return out
 
 
-def summarise(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize_ranks(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """Across ranks: the slowest rank, the spread of compute, mean overlap of communication."""
     gpu = [r for r in ranks if r.get("activities_in_window")]
     out: dict[str, Any] = {"ranks": len(ranks), "gpu_ranks": len(gpu)}

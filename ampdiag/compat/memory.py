@@ -6,7 +6,7 @@ Two private torch features live here, and only here:
   export is marked deprecated). It replays a profile's op tree and labels every tensor
   parameter, gradient, optimizer state, activation, temporary, input or autograd detail.
   `categorized_timeline` returns None when the module or the attributes it reads are missing
-  or changed, and the caller falls back to ampdiag's own categorisation
+  or changed, and the caller falls back to ampdiag's own categorization
   (`ampdiag.analysis.memory_timeline`), which needs only the public trace and the known tensors.
 * ``torch.cuda.memory._record_memory_history`` / ``_snapshot`` (torch >= 2.1, the ``enabled=``
   keyword form). `start_cuda_history` returns False when unavailable; `cuda_snapshot` returns
@@ -17,6 +17,7 @@ Two private torch features live here, and only here:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,16 +52,20 @@ def memory_profiler_available() -> bool:
 
 
 def categorized_timeline(
-    prof: Any, device: str, known: Mapping[int, str] | None = None
+    prof: Any, device: str, known_by_step: Mapping[int, Mapping[int, str]] | None = None
 ) -> dict[str, Any] | None:
     """The memory timeline of a finished profile, split by category, as torch labels tensors.
 
     Args:
         prof: A ``torch.profiler.profile`` whose trace is ready (``profile_memory=True``).
         device: "cpu" or "cuda:0" etc.: only that device's allocations are counted.
-        known: Storage address -> our category for the tensors ampdiag knows from the live run
-            (parameters, gradients, optimizer state). These override torch's label: without
-            ``with_stack=True`` torch cannot see the optimizer and labels its state "parameter".
+        known_by_step: Step index -> {storage address: our category} of the tensors ampdiag
+            saw at the end of that step (parameters, gradients, optimizer state). These
+            override torch's label: without ``with_stack=True`` torch cannot see the optimizer
+            and labels its state "parameter". An address names a tensor only while that
+            tensor lives: the allocator reuses it (a step's activation where the last step's
+            gradient was), so the label applies only to the allocation live at the end of
+            the step it was seen in.
 
     Returns:
         ``{"t_us": [...], "bytes": {category: [...]}, "steps": [(name, start_us, end_us)],
@@ -79,14 +84,44 @@ def categorized_timeline(
         timeline = profile.timeline
         categories = profile._categories
         want = torch.device(device)
-        known = dict(known or {})
-        known_params = {p for p, c in known.items() if c in ("parameters", "optimizer_state")}
+        by_step = {n: dict(ptrs) for n, ptrs in (known_by_step or {}).items()}
+        known_params = any(
+            c in ("parameters", "optimizer_state")
+            for ptrs in by_step.values()
+            for c in ptrs.values()
+        )
+        step_end = {
+            int(node.name.split("#", 1)[1]): node.end_time_ns
+            for node in profile._op_tree.sorted_nodes
+            if node.name.startswith("ProfilerStep#") and node.name.split("#", 1)[1].isdigit()
+        }
+        lives: dict[Any, list[float]] = {}  # key -> [created, destroyed] (ns; inf: not freed)
+        for t, action, (key, _), _ in timeline:
+            if action in (Action.PREEXISTING, Action.CREATE):
+                lives[key] = [-math.inf if action == Action.PREEXISTING else t, math.inf]
+            elif action == Action.DESTROY and key in lives:
+                lives[key][1] = t
+
+        decided: dict[Any, str | None] = {}
+
+        def known_category(key: Any) -> str | None:
+            if key not in decided:
+                ptr = int(key.storage.ptr)
+                created, destroyed = lives.get(key, (-math.inf, math.inf))
+                decided[key] = next(
+                    (
+                        ptrs[ptr]
+                        for n, ptrs in by_step.items()
+                        if ptr in ptrs and (n not in step_end or created <= step_end[n] < destroyed)
+                    ),
+                    None,
+                )
+            return decided[key]
 
         def category(key: Any, version: int) -> str:
             if not isinstance(key, TensorKey):
                 return "unknown"
-            ptr = int(key.storage.ptr)
-            ours = known.get(ptr)
+            ours = known_category(key)
             if ours is not None:
                 return ours
             cat = categories.get(key, version)

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from ampdiag._layout import REPORT_FILE
 from ampdiag.render.sections import ReportSection, build_sections
 from ampdiag.render.templating import render_template
 from ampdiag.session import Finding, Session
-
-REPORT_FILE = "report.html"
 
 #: Topic sections every report has, in order, with what fills them when a run has no data.
 TOPICS: tuple[tuple[str, str, str], ...] = (

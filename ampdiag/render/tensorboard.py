@@ -20,10 +20,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ampdiag._layout import TENSORBOARD_DIR
 from ampdiag.render.sections import section_modules
 from ampdiag.session import Session
-
-TB_DIR = "tensorboard"
 
 #: (finding id, evidence key) -> scalar tag, written once (step 0) when the evidence exists.
 SUMMARY_SCALARS: dict[tuple[str, str], str] = {
@@ -100,7 +99,7 @@ def write_tensorboard(session: Session, out: Path, run: str | None = None) -> Pa
     """
     from torch.utils.tensorboard import SummaryWriter
 
-    folder = out / TB_DIR if run is None else out / TB_DIR / run
+    folder = out / TENSORBOARD_DIR if run is None else out / TENSORBOARD_DIR / run
     # One session, one event file: an earlier render of this folder would show every point
     # twice in TensorBoard, so ampdiag's own previous event files go first.
     for old in folder.glob("events.out.tfevents.*") if folder.is_dir() else []:

@@ -9,13 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ampdiag._layout import MEMORY_DIR, TENSORBOARD_DIR
 from ampdiag.errors import InputError
 
 if TYPE_CHECKING:
+    from ampdiag.schema import Environment
     from ampdiag.session import Session
 
 TRACE_SUFFIXES = (".json", ".json.gz")
-NOT_TRACE_DIRS = frozenset({"tensorboard", "memory"})
+NOT_TRACE_DIRS = frozenset({TENSORBOARD_DIR, MEMORY_DIR})
 
 
 def trace_files(path: Path) -> list[Path]:
@@ -40,7 +42,7 @@ def trace_files(path: Path) -> list[Path]:
 
 
 def session_from_traces(path: Path, hta: bool = False) -> Session:
-    """A Session analysing existing trace file(s), with the sections a trace supports.
+    """A Session analyzing existing trace file(s), with the sections a trace supports.
 
     Args:
         path: A trace file (.json / .json.gz) or a folder of them (one per rank).
@@ -65,7 +67,7 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
     warnings: list[str] = []
     for index, (file, rt) in enumerate(zip(files, read_traces(files), strict=True)):
         # after the first read: the reader forks its workers before numpy is imported
-        from ampdiag.analysis.timeline import analyse_rank, summarise
+        from ampdiag.analysis.timeline import analyze_rank, summarize_ranks
 
         if rt.rank in seen:
             warnings.append(f"{file.name}: rank {rt.rank} appears twice; using {index}")
@@ -73,7 +75,7 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
         seen.add(rt.rank)
         devices = devices or rt.devices
         world = world or rt.world_size
-        ranks.append(analyse_rank(rt))
+        ranks.append(analyze_rank(rt))
         del rt
     ranks.sort(key=lambda r: r["rank"])
     for r in ranks:
@@ -91,7 +93,7 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
         "source": "trace",
         "trace_files": [str(f) for f in files],
         "ranks": ranks,
-        "summary": summarise(ranks),
+        "summary": summarize_ranks(ranks),
         "warnings": warnings,
     }
     if hta:
@@ -99,7 +101,7 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
 
         timeline["hta"] = run_hta(path, files)
     has_gpu = any(r["has_gpu"] for r in ranks)
-    env = {
+    env: Environment = {
         "source": "trace",
         "device_type": "cuda" if has_gpu or devices else "cpu",
         "device_name": devices[0]

@@ -286,3 +286,12 @@ def test_merged_recommendation_round_trips_through_session_json(tmp_path) -> Non
     back = load(tmp_path)
     rec = one(back.findings, "prefer-bf16")
     assert rec.evidence["merged"][0]["evidence"]["underflow_fraction"] == 0.42
+
+
+def test_grad_accumulation_reads_the_batch_the_memory_collector_observed() -> None:
+    # The memory collector writes `observed_batch`; with no speed probe it is the only source
+    # of the batch size (the rule read `memory.batch_size`, a key nothing writes).
+    session = Session(sections={"memory": {"observed_batch": 32}})
+    rec = one(advise(session, [near_capacity(6 * GiB)]), "use-grad-accumulation")
+    assert (rec.evidence["micro_batch"], rec.evidence["accumulation_steps"]) == (16, 2)
+    assert "batch_size=16" in rec.fix

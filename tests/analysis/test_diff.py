@@ -63,6 +63,7 @@ def _ids(doc: dict) -> set[str]:
     return ids
 
 
+@pytest.mark.slow
 def test_the_diff_numbers_are_the_sessions_own(runs: tuple[Path, Path]) -> None:
     before, after = runs
     d = ampdiag.diff(before, after)
@@ -79,6 +80,7 @@ def test_the_diff_numbers_are_the_sessions_own(runs: tuple[Path, Path]) -> None:
     assert d.metric("skipped_steps").after == len(_doc(after)["scaler"]["skipped_steps"])
 
 
+@pytest.mark.slow
 def test_a_finding_the_fix_removed_shows_as_resolved(runs: tuple[Path, Path]) -> None:
     before, after = runs
     a, b = _ids(_doc(before)), _ids(_doc(after))
@@ -90,6 +92,7 @@ def test_a_finding_the_fix_removed_shows_as_resolved(runs: tuple[Path, Path]) ->
     assert {f.id for f in d.unchanged} == a & b
 
 
+@pytest.mark.slow
 def test_cli_diff_formats(
     runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -115,6 +118,7 @@ def test_cli_diff_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert len(err) == 1 and err[0].startswith("ampdiag:")
 
 
+@pytest.mark.slow
 def test_session_shows_inline_in_a_notebook(runs: tuple[Path, Path]) -> None:
     session = ampdiag.load(runs[0])
     page = session._repr_html_()

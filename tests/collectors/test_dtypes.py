@@ -37,6 +37,7 @@ def _pair(dtype: torch.dtype, tmp_path: Path, steps: int = 3) -> tuple[Any, ...]
     return plain, audited, losses0, losses1, d
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_audit_is_bit_identical_including_custom_ops(dtype: torch.dtype, tmp_path: Path) -> None:
     plain, audited, losses0, losses1, d = _pair(dtype, tmp_path)
@@ -79,6 +80,7 @@ EXPECTED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_every_fp32_op_has_its_module_and_reason(dtype: torch.dtype, tmp_path: Path) -> None:
     *_, d = _pair(dtype, tmp_path, steps=2)

@@ -1,4 +1,4 @@
-"""The memory collector on real CPU runs: exact model state, categorised peak, OOM handling."""
+"""The memory collector on real CPU runs: exact model state, categorized peak, OOM handling."""
 
 import gc
 import json
@@ -95,7 +95,7 @@ def test_training_is_bit_identical(run) -> None:
         assert torch.equal(a, b)
 
 
-def test_fallback_categoriser_agrees_on_model_state(tmp_path: Path, monkeypatch) -> None:
+def test_fallback_categorizer_agrees_on_model_state(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(compat_memory, "categorized_timeline", lambda *a, **k: None)
     model, _, d = train(tmp_path / "fb")
     mem = d.session.section("memory")

@@ -28,9 +28,12 @@ ARGS = [
     "--disable-sync",
 ]
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(CHROMIUM) is None, reason="needs Debian's chromium at /usr/bin/chromium"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which(CHROMIUM) is None, reason="needs Debian's chromium at /usr/bin/chromium"
+    ),
+    pytest.mark.slow,  # starts a browser
+]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ampdiag.analysis.timeline import analyse_rank
+from ampdiag.analysis.timeline import analyze_rank
 from ampdiag.errors import InputError
 from ampdiag.trace import fastread as F
 from ampdiag.trace import reader as R
@@ -44,7 +44,7 @@ def test_fast_path_reads_every_real_trace_as_the_stdlib_path_does(traces):
         slow = R.read_trace_stdlib(path)
         assert fast.reader == "fast" and slow.reader == "stdlib"
         assert _records(fast) == _records(slow), row["path"]
-        _close(analyse_rank(slow), analyse_rank(fast))
+        _close(analyze_rank(slow), analyze_rank(fast))
 
 
 def test_read_trace_uses_the_fast_path(traces):
@@ -161,7 +161,7 @@ def test_without_msgspec_the_stdlib_path_reads(traces, monkeypatch):
     slow = R.read_trace(src)
     assert slow.reader == "stdlib" and fast.reader == "fast"
     assert _records(slow) == _records(fast)
-    _close(analyse_rank(slow), analyse_rank(fast))
+    _close(analyze_rank(slow), analyze_rank(fast))
 
 
 def test_truncated_gzip_same_error(traces, tmp_path):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ampdiag.analysis.timeline import analyse_rank
+from ampdiag.analysis.timeline import analyze_rank
 from ampdiag.errors import InputError
 from ampdiag.trace import fastread as F
 from ampdiag.trace import reader as R
@@ -59,7 +59,7 @@ def test_every_real_trace_reads_the_same_as_with_msgspec(traces, monkeypatch, us
         plain = F.read_fast(path)
         assert not used[-1]
         assert _records(fast) == _records(plain), row["path"]
-        assert analyse_rank(fast) == analyse_rank(plain), row["path"]
+        assert analyze_rank(fast) == analyze_rank(plain), row["path"]
 
 
 def test_mutated_traces_give_the_same_outcome(traces, tmp_path, monkeypatch):
@@ -159,7 +159,7 @@ def test_repeated_and_escaped_keys_read_as_msgspec_reads_them(tmp_path, monkeypa
     assert with_scanner == with_msgspec
 
 
-def test_an_uninitialised_scanner_raises():
+def test_an_uninitialized_scanner_raises():
     with pytest.raises(RuntimeError):
         kscan.Scanner.__new__(kscan.Scanner).feed(b"[]")
 

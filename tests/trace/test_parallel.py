@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from ampdiag.analysis.timeline import analyse_rank
+from ampdiag.analysis.timeline import analyze_rank
 from ampdiag.trace import fastread as F
 from ampdiag.trace import parallel as P
 from ampdiag.trace import reader as R
@@ -24,6 +24,7 @@ def _read(path, monkeypatch, workers):
     return F.read_fast(path)
 
 
+@pytest.mark.slow
 def test_every_real_trace_reads_the_same_with_several_processes(traces, monkeypatch):
     for row in manifest(traces):
         if row["events"] == "0":
@@ -39,7 +40,7 @@ def test_every_real_trace_reads_the_same_with_several_processes(traces, monkeypa
             # GPU activities in the same order (not only the same set), so the same analysis
             assert many.gpu == one.gpu
             assert list(many.cpu_ops) == list(one.cpu_ops)
-            assert analyse_rank(many) == analyse_rank(one)
+            assert analyze_rank(many) == analyze_rank(one)
 
 
 def test_parts_split_inside_small_buffers(traces, monkeypatch):

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ampdiag.analysis.timeline import analyse_rank
+from ampdiag.analysis.timeline import analyze_rank
 from ampdiag.trace.reader import RankTrace, read_trace
 from tests.trace.conftest import manifest, shared_traces
 
@@ -71,7 +71,7 @@ def ours(folder: str, rounded: bool = False) -> dict[int, dict[str, Any]]:
         rt = read_trace(f, i)
         if rounded:
             hta_round(rt)
-        r = analyse_rank(rt)
+        r = analyze_rank(rt)
         out[r["rank"]] = r
     return out
 
@@ -80,6 +80,7 @@ def ours(folder: str, rounded: bool = False) -> dict[int, dict[str, Any]]:
 HTA_WRONG = {"triton_example"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "folder",
     [
@@ -147,7 +148,7 @@ def test_sync_events_are_not_gpu_work(traces):
     # HTA also counts cuda_sync events (they carry a stream); we count device activities only.
     path = traces / "critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz"
     ivs = _direct_gpu_intervals(path)
-    r = analyse_rank(read_trace(path))
+    r = analyze_rank(read_trace(path))
     assert r["span_us"] == max(e for _, e, _ in ivs) - min(s for s, _, _ in ivs)
     busy = 0.0
     cur_s, cur_e = None, None

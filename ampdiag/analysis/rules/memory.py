@@ -7,6 +7,7 @@ from typing import Any
 
 from ampdiag.analysis import memory_estimates as estimates
 from ampdiag.analysis.registry import rule
+from ampdiag.schema import MemorySection
 from ampdiag.session import Finding, Session, Severity
 
 THRESHOLDS = {
@@ -29,18 +30,18 @@ def _mib(n: float) -> str:
     return f"{n / MiB:.1f} MiB"
 
 
-def _mem(session: Session) -> dict[str, Any]:
+def _mem(session: Session) -> MemorySection:
     return session.section("memory")
 
 
-def _peak_bytes(mem: dict[str, Any]) -> int:
+def _peak_bytes(mem: MemorySection) -> int:
     stats = (mem.get("cuda") or {}).get("stats") or {}
     if stats.get("reserved_peak_bytes"):
         return int(stats["reserved_peak_bytes"])
     return int((mem.get("peak") or {}).get("bytes") or 0)
 
 
-def _activation_bytes(mem: dict[str, Any]) -> int:
+def _activation_bytes(mem: MemorySection) -> int:
     by_cat = (mem.get("peak") or {}).get("by_category") or {}
     return int(by_cat.get("activations", 0)) + int(by_cat.get("autograd_detail", 0))
 

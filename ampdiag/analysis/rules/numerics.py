@@ -317,7 +317,7 @@ def activation_overflow(session: Session) -> Iterator[Finding]:
             "Keep that module's computation in float32 or bfloat16:\n"
             "with torch.autocast('cuda', enabled=False):\n"
             "    y = module(x.float())\n"
-            "or normalise/scale its input (e.g. a LayerNorm before it), or train in bfloat16."
+            "or normalize/scale its input (e.g. a LayerNorm before it), or train in bfloat16."
         ),
         section=SECTION,
         impact=0.7 if sev == "high" else 0.3,

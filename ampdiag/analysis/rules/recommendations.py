@@ -78,7 +78,7 @@ def device_type(session: Session) -> str:
 def batch_size(session: Session, *findings: Finding) -> int | None:
     """The batch size from evidence, the memory section or the speed probe, if any records it."""
     candidates: list[Any] = [f.evidence.get("batch_size") for f in findings]
-    candidates.append(session.section("memory").get("batch_size"))
+    candidates.append(session.section("memory").get("observed_batch"))
     candidates.append(session.section("speed_probe").get("batch_size"))
     for value in candidates:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:

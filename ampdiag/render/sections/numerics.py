@@ -98,8 +98,9 @@ def build(session: Session) -> ReportSection | None:
     parts = [f"underflow {u['underflow_fraction']:.1%}"]
     if history:
         parts.append(f"{len(sc.get('skipped_steps') or [])}/{len(history)} steps skipped")
-    if acts.get("nonfinite_origin"):
-        parts.append(f"NaN/inf from {acts['nonfinite_origin']['module']}")
+    origin = acts.get("nonfinite_origin")
+    if origin:
+        parts.append(f"NaN/inf from {origin['module']}")
     return ReportSection(
         id="numerics",
         title="Numerics",

@@ -16,14 +16,17 @@ import logging
 import sys
 import time
 import traceback
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ampdiag._layout import REPORT_FILE
 from ampdiag._version import __version__
+from ampdiag.compat import scaler as compat_scaler
+from ampdiag.config import Settings
 from ampdiag.errors import OutputError
 from ampdiag.session import Session, StepRecord
 from ampdiag.sources.live.collectors import (
@@ -32,8 +35,12 @@ from ampdiag.sources.live.collectors import (
     RunContext,
     default_collectors,
 )
+from ampdiag.sources.live.collectors.base import enter_run, leave_run
 from ampdiag.sources.live.discovery import Discovery
 from ampdiag.sources.live.environment import describe_environment, distributed_info
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; annotations are not evaluated at run time
 
 log = logging.getLogger("ampdiag")
 
@@ -116,7 +123,7 @@ class Diagnosis:
     @property
     def report_path(self) -> Path:
         """Where report.html is (or will be) written."""
-        return self.out / "report.html"
+        return self.out / REPORT_FILE
 
     def _repr_html_(self) -> str:
         """In Jupyter: the report inline once the block has ended, else where it will be."""
@@ -141,6 +148,7 @@ class Diagnosis:
             on_autocast=self._saw_autocast,
         )
         started: list[Collector] = []
+        enter_run(self.run)
         try:
             for collector in self._collectors:
                 collector.start(self.run)
@@ -176,7 +184,7 @@ class Diagnosis:
         # A partial step (the block ended between boundaries) is kept when it did something.
         if exc is None and self._step_has_activity():
             self._end_step()
-        self.run.extra["block_raised"] = exc is not None  # collectors' stop() may ask
+        self.run.block_raised = exc is not None
         self._teardown()
         self.session = self._build_session(status, error)
         self._write_outputs()
@@ -246,7 +254,7 @@ class Diagnosis:
                 StepRecord(
                     index=step,
                     wall_s=now - self._step_start,
-                    profiled=self._is_profiled(step),
+                    profiled=self.run.is_profiled(step),
                     sampled=self.run.is_sampled(step),
                 )
             )
@@ -255,10 +263,6 @@ class Diagnosis:
         self._each("on_step_end", step)
         self.run.step = step + 1
         self._step_start = time.perf_counter()
-
-    def _is_profiled(self, step: int) -> bool:
-        first = self.config.profile_skip + self.config.profile_warmup
-        return self.config.profile and first <= step < first + self.config.profile_active
 
     # --- collectors -------------------------------------------------------------------------------
 
@@ -280,11 +284,17 @@ class Diagnosis:
         self._closed = True
         if self._discovery is not None:
             self._discovery.close()
+        leave_run(self.run)
         for collector in reversed(self._collectors):
             try:
                 collector.stop(self.run)
             except Exception as exc:
                 self._warn(f"collector {collector.name!r} failed to stop: {exc!r}")
+        for collector in self._collectors:
+            try:
+                collector.after_stop(self.run)
+            except Exception as exc:
+                self._warn(f"collector {collector.name!r} failed after stopping: {exc!r}")
 
     # --- outputs ----------------------------------------------------------------------------------
 
@@ -361,8 +371,8 @@ def _describe_scaler(scaler: Any) -> dict[str, Any] | None:
         return None
     return {
         "class": type(scaler).__name__,
-        "enabled": bool(scaler.is_enabled()),
-        "device": str(getattr(scaler, "_device", "")),
+        "enabled": compat_scaler.is_enabled(scaler),
+        "device": compat_scaler.device(scaler),
     }
 
 
@@ -372,8 +382,9 @@ def diagnose(
     scaler: Any = None,
     *,
     out: str | Path | None = None,
+    config: DiagnoseConfig | None = None,
     collectors: list[Collector] | None = None,
-    **settings: Any,
+    **overrides: Unpack[Settings],
 ) -> Diagnosis:
     """Watches the training in a ``with`` block and writes a diagnosis report.
 
@@ -383,9 +394,11 @@ def diagnose(
         scaler: The GradScaler; found at its first ``scale()`` when omitted.
         out: The output folder (default: a new ``reports/run-<time>/``). It is created and
             checked before the block runs.
+        config: The settings (default: ``DiagnoseConfig()``); not modified.
         collectors: Replace the default collectors (advanced).
-        **settings: Any field of `DiagnoseConfig`, e.g. ``profile_active=5``,
-            ``sample_every=10``, ``report=False``.
+        **overrides: Any field of `DiagnoseConfig`, applied over ``config``, e.g.
+            ``profile_active=5``, ``sample_every=10``, ``report=False`` (typed: mypy checks
+            names and types).
 
     Returns:
         A `Diagnosis` handle: ``d.step()`` marks a step by hand; after the block ``d.session``
@@ -402,8 +415,11 @@ def diagnose(
         ...         train_step(x, y)
     """
     names = {f.name for f in fields(DiagnoseConfig)}
-    unknown = sorted(set(settings) - names)
+    unknown = sorted(set(overrides) - names)
     if unknown:
         raise TypeError(f"diagnose() got unknown settings {unknown}; known: {sorted(names)}")
-    config = DiagnoseConfig(**settings)
-    return Diagnosis(model, optimizer, scaler, out, config, collectors)
+    if config is not None and not isinstance(config, DiagnoseConfig):
+        kind = type(config).__name__
+        raise TypeError(f"diagnose(config=...) takes a DiagnoseConfig, not {kind}")
+    settings = replace(config or DiagnoseConfig(), **overrides)
+    return Diagnosis(model, optimizer, scaler, out, settings, collectors)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import platform
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
+
+from ampdiag.schema import Environment
 
 if TYPE_CHECKING:
     from ampdiag.sources.live.collectors.base import RunContext
@@ -27,7 +29,7 @@ def cpu_flags() -> list[str]:
 
 
 def distributed_info() -> dict[str, int]:
-    """Rank and world size when torch.distributed is initialised, else rank 0 of 1."""
+    """Rank and world size when torch.distributed is initialized, else rank 0 of 1."""
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         return {"rank": dist.get_rank(), "world_size": dist.get_world_size()}
@@ -37,9 +39,9 @@ def distributed_info() -> dict[str, int]:
     }
 
 
-def describe_environment(run: RunContext | None = None) -> dict[str, Any]:
+def describe_environment(run: RunContext | None = None) -> Environment:
     """Returns the session's ``environment`` section."""
-    env: dict[str, Any] = {
+    env: Environment = {
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
         "platform": platform.platform(),
@@ -47,7 +49,8 @@ def describe_environment(run: RunContext | None = None) -> dict[str, Any]:
         "cpu_flags": cpu_flags(),
         "cuda_available": torch.cuda.is_available(),
     }
-    env.update(distributed_info())
+    ranks = distributed_info()
+    env["rank"], env["world_size"] = ranks["rank"], ranks["world_size"]
     device_type = run.device_type if run is not None else "cpu"
     env["device_type"] = device_type
     if device_type == "cuda" and torch.cuda.is_available():

@@ -157,7 +157,9 @@ def memory_probe(
     if peaks:
         result["cuda_forward_peak"] = peaks
     if record:
-        from ampdiag.sources.live.collectors.memory import record_probe
+        from ampdiag.sources.live.collectors.base import running
 
-        record_probe(result)
+        run = running()
+        if run is not None:
+            run.memory_probes.append(result)
     return result

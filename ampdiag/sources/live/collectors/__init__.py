@@ -7,13 +7,11 @@ from ampdiag.sources.live.collectors.base import Collector, RunContext
 
 
 def default_collectors(config: DiagnoseConfig) -> list[Collector]:
-    """The collectors diagnose() attaches by default, in callback order."""
+    """The collectors diagnose() attaches by default (their order does not matter)."""
     from ampdiag.sources.live.collectors.profiler import ProfilerCollector
     from ampdiag.sources.live.collectors.speed_probe import SpeedProbe
 
     collectors: list[Collector] = []
-    # SpeedProbe stays FIRST: collectors stop in reverse order, so its stop() (which runs the
-    # probe's extra forward/backward) comes after every other collector removed its hooks.
     collectors.append(SpeedProbe(repeats=config.speed_probe_repeats))
     if config.profile:
         collectors.append(ProfilerCollector())
@@ -22,9 +20,9 @@ def default_collectors(config: DiagnoseConfig) -> list[Collector]:
 
         collectors.append(MemoryCollector())
     if config.precision:
-        from ampdiag.sources.live.collectors.dtypes import DtypeAuditCollector
+        from ampdiag.sources.live.collectors.precision import PrecisionCollector
 
-        collectors.append(DtypeAuditCollector())
+        collectors.append(PrecisionCollector())
     if config.numerics:
         from ampdiag.sources.live.collectors.activations import ActivationsCollector
         from ampdiag.sources.live.collectors.gradients import GradientsCollector

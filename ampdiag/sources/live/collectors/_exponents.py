@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ampdiag.compat.dispatch import below_autograd
+from ampdiag.compat.foreach import foreach_copy_
 
 if TYPE_CHECKING:
     import numpy as np
@@ -346,7 +347,7 @@ def host_signed_histograms(
         slices, rest_out, codes, offsets = plan.host()
         with below_autograd():  # only reads into our own buffer
             if plan.wide:  # _foreach_copy_ converts dtypes (as ``.float()``)
-                torch._foreach_copy_(slices, _wide_views(tensors, plan))
+                foreach_copy_(slices, _wide_views(tensors, plan))
             if plan.whole:
                 torch.cat([tensors[i] for i in plan.whole], out=rest_out)
     codes >>= 23  # arithmetic (int32)

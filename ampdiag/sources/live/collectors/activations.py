@@ -25,6 +25,7 @@ import torch
 
 from ampdiag.analysis import fp16range
 from ampdiag.compat import scaler as compat_scaler
+from ampdiag.schema import ActivationsSection
 from ampdiag.sources.live.collectors._exponents import BINS, sample_view, signed_histograms_of
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
@@ -250,7 +251,7 @@ class ActivationsCollector(Collector):
 
     # --- section ----------------------------------------------------------------------------
 
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> ActivationsSection | None:
         """Per-module range and underflow, predictions per candidate scale, NaN origin."""
         self._resolve(wait=True)
         if not self._sampled_steps:
@@ -293,7 +294,7 @@ class ActivationsCollector(Collector):
             {"scale_log2": k, **fp16range.predict(all_exps, k)} for k in fp16range.CANDIDATE_LOG2
         ]
         rec_all = fp16range.recommend_scale_log2(all_exps)
-        return {
+        section: ActivationsSection = {
             "sample_elements": self._limit,
             "sampled_steps": self._sampled_steps,
             "scales_seen": sorted(set(self._scales)),
@@ -305,6 +306,7 @@ class ActivationsCollector(Collector):
             "nonfinite_origin": self._origin,
             "nonfinite_steps": self._nonfinite_steps[:100],
         }
+        return section
 
 
 def _shift_index(scale: float) -> Any:

@@ -8,7 +8,11 @@ A collector watches one thing in a live run. `diagnose()` calls its callbacks in
     before_optimizer_step(run, opt)  before every optimizer.step() (grads final, maybe unscaled)
     on_step_end(run, step)           at each step boundary (after optimizer.step() or d.step())
     stop(run)                        once, on exit, error or not; must remove all its hooks
+    after_stop(run)                  once, after every collector stopped (no hook of ours left)
     section()                        its JSON section for the Session, or None for nothing
+
+Collectors share facts only through typed `RunContext` fields, never through each other, so
+the order of the collector list does not matter.
 
 A collector never renders and never changes the user's numbers. Callbacks must be cheap on
 steps that are not sampled (`run.is_sampled(step)`).
@@ -17,17 +21,20 @@ steps that are not sampled (`run.is_sampled(step)`).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ampdiag.config import DiagnoseConfig, is_sampled_step
+from ampdiag.config import DiagnoseConfig, is_profiled_step, is_sampled_step
+
+#: Called before every ``GradScaler.step(optimizer)`` with the scaler and the optimizer.
+ScalerStepListener = Callable[[Any, torch.optim.Optimizer], None]
 
 
-@dataclass
+@dataclass(eq=False)  # one object per run: compared by identity
 class RunContext:
     """What collectors share about the live run.
 
@@ -40,7 +47,16 @@ class RunContext:
         step: Index of the step in progress (from 0).
         autocast: Autocast states seen at the model's forward: "device:dtype" -> count.
         device_type: "cuda" when CUDA work was seen, else "cpu".
-        extra: Free slots collectors may share facts through (documented by the writer).
+        profile: The torch.profiler profile of the recorded window, once its trace is ready
+            (set by the profiler collector; the memory collector reads the same profile
+            rather than running a second profiler).
+        trace_files: The Kineto trace files this run wrote (set when the profiler stops).
+        block_raised: Whether the user's block raised; None until the block has ended.
+        before_scaler_step: Listeners the scaler collector calls before ``GradScaler.step``
+            (the gradients collector reads the still-scaled gradients there).
+        numerics_errors: Failures of the numerics observers (at most 10, kept in the
+            scaler section), so that a broken observation is reported, not silent.
+        memory_probes: Results of `ampdiag.memory_probe` run inside this block.
     """
 
     out: Path
@@ -51,11 +67,20 @@ class RunContext:
     step: int = 0
     autocast: dict[str, int] = field(default_factory=dict)
     device_type: str = "cpu"
-    extra: dict[str, Any] = field(default_factory=dict)
+    profile: torch.profiler.profile | None = None
+    trace_files: list[Path] = field(default_factory=list)
+    block_raised: bool | None = None
+    before_scaler_step: list[ScalerStepListener] = field(default_factory=list)
+    numerics_errors: list[str] = field(default_factory=list)
+    memory_probes: list[dict[str, Any]] = field(default_factory=list)
 
     def is_sampled(self, step: int | None = None) -> bool:
         """Whether the sampled collectors run on this step (default: the step in progress)."""
         return is_sampled_step(self.config, self.step if step is None else step)
+
+    def is_profiled(self, step: int | None = None) -> bool:
+        """Whether the profiler records this step (default: the step in progress)."""
+        return is_profiled_step(self.config, self.step if step is None else step)
 
     @property
     def model(self) -> torch.nn.Module | None:
@@ -87,9 +112,31 @@ class Collector:
     def stop(self, run: RunContext) -> None:
         """Called once on exit, error or not. Must remove every hook, mode and patch."""
 
-    def section(self) -> dict[str, Any] | None:
+    def after_stop(self, run: RunContext) -> None:
+        """Called once after every collector's stop(): extra work that no hook may observe."""
+
+    def section(self) -> Mapping[str, Any] | None:
         """Returns this collector's JSON section, or None to write nothing."""
         return None
+
+
+_running: list[RunContext] = []  # diagnose() blocks in progress, the innermost last
+
+
+def enter_run(run: RunContext) -> None:
+    """Marks ``run`` as in progress (diagnose() on entering its block)."""
+    _running.append(run)
+
+
+def leave_run(run: RunContext) -> None:
+    """Marks ``run`` as over (diagnose() on exit, error or not)."""
+    if run in _running:
+        _running.remove(run)
+
+
+def running() -> RunContext | None:
+    """The innermost diagnose() block in progress, if any (what `memory_probe` records into)."""
+    return _running[-1] if _running else None
 
 
 _internal = threading.local()

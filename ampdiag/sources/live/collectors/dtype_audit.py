@@ -1,7 +1,7 @@
 """The precision audit: which dtype every ATen op of one sampled step really ran in, and why.
 
 On the audited step (``DiagnoseConfig.precision_step``, default the second step: the first one
-pays for lazy initialisation and autocast's weight-cast cache warm-up) a TorchDispatchMode is
+pays for lazy initialization and autocast's weight-cast cache warm-up) a TorchDispatchMode is
 entered at the root model's first forward pre-hook and left before the optimizer step, so it
 sees the forward and the backward *after* autocast has cast the inputs. For each op it records
 the input and output dtypes, whether autocast was active when the op was called, the module it
@@ -42,6 +42,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ampdiag.compat import autocast as ac
+from ampdiag.compat.dispatch import flop_formula, op_name
 from ampdiag.sources.live.collectors.base import is_internal_work
 from ampdiag.sources.live.collectors.module_tracker import ModuleTracker, tensors_of
 from ampdiag.sources.live.patching import Patches
@@ -169,16 +170,14 @@ class DtypeAudit:
         """What is known of an op without running it (cached)."""
         got = self._info.get(func)
         if got is None:
-            from torch.utils import flop_counter
-
             ns = func.namespace
-            name = func._schema.name.split("::", 1)[-1]
+            name, overload = op_name(func)
             got = _OpInfo(
                 name=name,
-                overload=func._overloadname,
+                overload=overload,
                 foreign=ns not in ("aten", "prims"),
                 is_cast=name in CAST_OPS,
-                flops=flop_counter.flop_registry.get(func._overloadpacket),
+                flops=flop_formula(func),
             )
             self._info[func] = got
         return got

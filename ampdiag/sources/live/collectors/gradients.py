@@ -26,6 +26,8 @@ import torch
 
 from ampdiag.analysis import fp16range
 from ampdiag.compat import scaler as compat_scaler
+from ampdiag.compat.foreach import foreach_norm
+from ampdiag.schema import GradientsSection
 from ampdiag.sources.live.collectors._exponents import (
     host_signed_histograms,
     sampled_signed_histograms,
@@ -37,8 +39,6 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-#: Key in RunContext.extra: callbacks the scaler collector calls before ``GradScaler.step``.
-BEFORE_SCALER_STEP = "numerics.before_scaler_step"
 FIELDS = ("n", "zero", "flush", "subnormal", "overflow", "nonfinite")
 
 
@@ -69,7 +69,7 @@ class GradientsCollector(Collector):
         """Registers with the scaler collector (stats before ``scaler.step`` unscales)."""
         self._run = run
         self._limit = int(getattr(run.config, "numerics_sample_elements", 0))
-        run.extra.setdefault(BEFORE_SCALER_STEP, []).append(self._before_scaler_step)
+        run.before_scaler_step.append(self._before_scaler_step)
 
     def on_model(self, run: RunContext, model: torch.nn.Module) -> None:
         """Learns parameter names."""
@@ -180,11 +180,10 @@ class GradientsCollector(Collector):
     def stop(self, run: RunContext) -> None:
         """Reads every outstanding result and unregisters."""
         self._resolve(wait=True)
-        listeners = run.extra.get(BEFORE_SCALER_STEP, [])
-        if self._before_scaler_step in listeners:
-            listeners.remove(self._before_scaler_step)
+        if self._before_scaler_step in run.before_scaler_step:
+            run.before_scaler_step.remove(self._before_scaler_step)
 
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> GradientsSection | None:
         """Per-step totals, per-parameter sums over the sampled steps, log2|g| histograms."""
         self._resolve(wait=True)
         if not self._steps:
@@ -255,7 +254,7 @@ def device_stats(
     sign): two tensors, one transfer. CPU gradients: the same two arrays, made on the host
     (`Deferred.on_host`).
     """
-    norms = torch._foreach_norm(grads)
+    norms = foreach_norm(grads)
     if grads[0].is_cpu:
         # Already on the host: count in numpy, read the norms as they are (no stack, no copy).
         import numpy as np

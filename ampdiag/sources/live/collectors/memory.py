@@ -6,12 +6,12 @@
 * Timeline (profiled steps): read from the profile the profiler collector already records
   (``profile_memory=True``; no second profiler). torch's memory profiler labels the tensors
   (`ampdiag.compat.memory.categorized_timeline`); when it is unavailable, ampdiag's own
-  categoriser reads the Kineto trace (`ampdiag.analysis.memory_timeline.timeline_from_trace`).
+  categorizer reads the Kineto trace (`ampdiag.analysis.memory_timeline.timeline_from_trace`).
   Both use the parameter, gradient and optimizer-state addresses seen at the end of each
   profiled step.
 * CUDA: ``_record_memory_history`` over the block, a snapshot at its end (also when it raised,
   e.g. ``torch.OutOfMemoryError``: the failing frames still hold their tensors), written as
-  ``memory/snapshot.pickle`` (open it at https://pytorch.org/memory_viz) and summarised into
+  ``memory/snapshot.pickle`` (open it at https://pytorch.org/memory_viz) and summarized into
   the section; the allocator counters from ``torch.cuda.memory_stats``.
 * Batch size: the first dimension of the first tensor argument of the model's forward.
 """
@@ -26,26 +26,16 @@ from typing import Any
 
 import torch
 
+from ampdiag._layout import MEMORY_DIR
 from ampdiag.analysis import memory_timeline as tl_mod
 from ampdiag.compat import memory as compat_memory
+from ampdiag.schema import MemorySection
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 from ampdiag.trace.step_breakdown import load_trace_json
 
 log = logging.getLogger("ampdiag")
 
-SNAPSHOT_DIR = "memory"
 SNAPSHOT_FILE = "snapshot.pickle"
-PROFILE_KEY = "profiler.profile"  # RunContext.extra slot the profiler collector fills
-
-_ACTIVE: list[MemoryCollector] = []
-
-
-def record_probe(result: dict[str, Any]) -> bool:
-    """Adds a memory_probe result to the running diagnose() block, if any."""
-    if not _ACTIVE:
-        return False
-    _ACTIVE[-1].probes.append(result)
-    return True
 
 
 def _storage_ptr(t: torch.Tensor) -> int:
@@ -127,12 +117,11 @@ def host_memory_bytes() -> int | None:
 
 
 class MemoryCollector(Collector):
-    """Where the memory goes: model state, the categorised timeline, CUDA snapshots."""
+    """Where the memory goes: model state, the categorized timeline, CUDA snapshots."""
 
     name = "memory"
 
     def __init__(self) -> None:
-        self.probes: list[dict[str, Any]] = []
         self._run: RunContext | None = None
         self._handles: list[Any] = []
         self._batches: dict[int, int] = {}
@@ -147,9 +136,8 @@ class MemoryCollector(Collector):
     # --- lifecycle ----------------------------------------------------------------------------
 
     def start(self, run: RunContext) -> None:
-        """Registers for memory_probe and starts CUDA memory history where there is CUDA."""
+        """Starts CUDA memory history where there is CUDA."""
         self._run = run
-        _ACTIVE.append(self)
         cfg = run.config
         if cfg.memory_history and compat_memory.cuda_history_available():
             self._cuda_recording = compat_memory.start_cuda_history(cfg.memory_history_max_entries)
@@ -169,9 +157,7 @@ class MemoryCollector(Collector):
 
     def on_step_end(self, run: RunContext, step: int) -> None:
         """On profiled steps, notes where the parameters, gradients and optimizer state live."""
-        cfg = run.config
-        first = cfg.profile_skip + cfg.profile_warmup
-        if cfg.profile and first <= step < first + cfg.profile_active:
+        if run.is_profiled(step):
             _, ptrs, sizes = model_state(run.models, run.optimizers)
             self._known_by_step[step] = ptrs
             self._known_sizes.update(sizes)
@@ -181,8 +167,6 @@ class MemoryCollector(Collector):
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        if self in _ACTIVE:
-            _ACTIVE.remove(self)
         try:
             self._state, self._known_end, _ = model_state(run.models, run.optimizers)
         except Exception as exc:
@@ -205,11 +189,11 @@ class MemoryCollector(Collector):
             self._errors.append(f"cuda stats: {exc!r}")
         if snap is None:
             return out or None
-        folder = run.out / SNAPSHOT_DIR
+        folder = run.out / MEMORY_DIR
         folder.mkdir(parents=True, exist_ok=True)
         with (folder / SNAPSHOT_FILE).open("wb") as fh:
             pickle.dump(snap, fh)
-        out["snapshot_file"] = f"{SNAPSHOT_DIR}/{SNAPSHOT_FILE}"
+        out["snapshot_file"] = f"{MEMORY_DIR}/{SNAPSHOT_FILE}"
         out.update(summarize_snapshot(snap, self._known_end))
         return out
 
@@ -217,15 +201,14 @@ class MemoryCollector(Collector):
 
     def _timeline(self, run: RunContext) -> dict[str, Any] | None:
         cuda = run.device_type == "cuda"
-        known: dict[int, str] = {}
-        for ptrs in self._known_by_step.values():
-            known.update(ptrs)
-        prof = run.extra.get(PROFILE_KEY)
+        prof = run.profile
         if prof is not None:
-            tl = compat_memory.categorized_timeline(prof, "cuda:0" if cuda else "cpu", known)
+            tl = compat_memory.categorized_timeline(
+                prof, "cuda:0" if cuda else "cpu", self._known_by_step
+            )
             if tl is not None and tl["t_us"]:
                 return tl
-        files = sorted((run.out / "trace").glob("*.pt.trace.json*"))
+        files = run.trace_files
         if not files:
             return None
         doc = load_trace_json(max(files, key=lambda p: p.stat().st_mtime))
@@ -233,17 +216,17 @@ class MemoryCollector(Collector):
             doc, 1 if cuda else 0, self._known_by_step, self._known_sizes
         )
 
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> MemorySection | None:
         """Model state, timeline, peak, batch sizes, probes, CUDA summary, budget."""
         run = self._run
         if run is None:
             return None
         cfg = run.config
-        out: dict[str, Any] = {
+        out: MemorySection = {
             "device": run.device_type,
             "model_state": self._state,
             "batches": {str(k): v for k, v in sorted(self._batches.items())},
-            "probes": self.probes,
+            "probes": run.memory_probes,
             "target_batch": cfg.memory_target_batch,
             "limit_bytes": cfg.memory_limit_bytes,
             "errors": self._errors,

@@ -43,6 +43,9 @@ class ModuleTracker:
     Forward: global module pre/post hooks. Backward (as torch.utils.module_tracker does): a
     multi-grad hook on a module's outputs marks it entered when their gradients are ready, one
     on its inputs marks it left when theirs are.
+
+    Not torch's public ``ModuleTracker``: it keeps an unordered set of parents (no innermost
+    module), names modules itself, and cannot be closed while backward hooks are pending.
     """
 
     def __init__(self, names: dict[int, str]) -> None:

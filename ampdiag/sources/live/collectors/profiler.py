@@ -15,10 +15,11 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
+from ampdiag._layout import TRACE_DIR
+from ampdiag.schema import ProfilerSection
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 
 TOP_OPS = 25
-TRACE_DIR = "trace"
 
 
 def profiler_activities() -> list[ProfilerActivity]:
@@ -57,7 +58,6 @@ class ProfilerCollector(Collector):
         self._trace_dir = run.out / TRACE_DIR
         self._trace_dir.mkdir(parents=True, exist_ok=True)
         self._earlier = set(self._trace_dir.glob("*.pt.trace.json*"))
-        self._first_recorded = cfg.profile_skip + cfg.profile_warmup
         handler = tensorboard_trace_handler(
             str(self._trace_dir), worker_name=_worker_name(), use_gzip=True
         )
@@ -66,7 +66,7 @@ class ProfilerCollector(Collector):
             handler(prof)
             self._top_ops = top_ops(prof)
             # For collectors that read the same profile (memory): no second profiler.
-            run.extra["profiler.profile"] = prof
+            run.profile = prof
 
         self._prof = profile(
             activities=profiler_activities(),
@@ -83,7 +83,7 @@ class ProfilerCollector(Collector):
         if self._prof is None:
             return
         self._steps_seen = step + 1
-        if self._first_recorded <= step < self._first_recorded + run.config.profile_active:
+        if run.is_profiled(step):
             self._recorded_steps.append(step)
         self._prof.step()
 
@@ -95,6 +95,7 @@ class ProfilerCollector(Collector):
                 prof.stop()
             except Exception as exc:  # a failed trace export must not hide the user's error
                 self._error = f"{type(exc).__name__}: {exc}"
+        run.trace_files = self.trace_files()
 
     def trace_files(self) -> list[Path]:
         """The trace files this run wrote, oldest first (not those of an earlier run)."""
@@ -103,12 +104,12 @@ class ProfilerCollector(Collector):
         files = [p for p in self._trace_dir.glob("*.pt.trace.json*") if p not in self._earlier]
         return sorted(files, key=lambda p: p.stat().st_mtime)
 
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> ProfilerSection | None:
         """Trace files, profiled steps, step-time breakdown and top ops."""
         if self._run is None:
             return None
         files = self.trace_files()
-        out: dict[str, Any] = {
+        out: ProfilerSection = {
             "trace_files": [str(p.relative_to(self._run.out)) for p in files],
             "schedule": {
                 "skip": self._run.config.profile_skip,

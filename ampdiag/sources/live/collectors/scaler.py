@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from ampdiag.compat import scaler as compat_scaler
+from ampdiag.schema import ScalerSection
 from ampdiag.sources.live.collectors._host import Deferred, pack
 from ampdiag.sources.live.collectors.base import Collector, RunContext
-from ampdiag.sources.live.collectors.gradients import BEFORE_SCALER_STEP
 from ampdiag.sources.live.patching import Patches
 
 FLUSH_EVERY = 64
@@ -119,7 +119,7 @@ class ScalerCollector(Collector):
             fn(*args)
         except Exception as exc:  # pragma: no cover - defensive
             if self._run is not None:
-                notes = self._run.extra.setdefault("numerics.errors", [])
+                notes = self._run.numerics_errors
                 if len(notes) < 10:
                     notes.append(repr(exc))
 
@@ -129,7 +129,7 @@ class ScalerCollector(Collector):
         run = self._run
         assert run is not None
         self._check_params(optimizer)
-        for callback in list(run.extra.get(BEFORE_SCALER_STEP, [])):
+        for callback in list(run.before_scaler_step):
             callback(scaler, optimizer)
         if scaler is run.scaler or run.scaler is None:
             scale = compat_scaler.scale_tensor(scaler)
@@ -271,7 +271,7 @@ class ScalerCollector(Collector):
 
     # --- section ----------------------------------------------------------------------------
 
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> ScalerSection | None:
         """Scale history, skips, growth/backoff, misuse."""
         run = self._run
         if run is None:
@@ -299,5 +299,5 @@ class ScalerCollector(Collector):
             "clip_events": self._clips,
             "bypassed_steps": self._bypassed,
             "fp16_params": list(self._fp16.values()),
-            "errors": list(run.extra.get("numerics.errors", [])),
+            "errors": list(run.numerics_errors),
         }

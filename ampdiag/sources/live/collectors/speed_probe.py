@@ -9,8 +9,8 @@ How it measures, observing and never changing:
 - During the run a forward pre-hook on the root model keeps a reference to the inputs of the
   last forward that ran under autocast on a sampled step (no copy, no compute), and the batch
   size (the leading dimension of the first tensor input).
-- At ``stop()``, once the block has ended without an error and every other collector has
-  removed its hooks (this collector is first in the list, so it stops last), it runs the
+- At ``after_stop()``, once the block has ended without an error and every collector has
+  removed its hooks (diagnose() calls it after every ``stop()``), it runs the
   model's forward and a backward of a surrogate loss (the sum of the floating outputs) with
   ``torch.autograd.grad`` -- which returns gradients without touching any ``.grad`` -- once
   under ``torch.autocast(enabled=False)`` and once under the autocast the run used, warm-up
@@ -34,10 +34,11 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
+from ampdiag.schema import SpeedProbeSection
 from ampdiag.sources.live.collectors.base import Collector, RunContext, tensors_in
 from ampdiag.sources.live.discovery import autocast_state
 
@@ -92,12 +93,15 @@ class SpeedProbe(Collector):
             self._autocast = state
 
     def stop(self, run: RunContext) -> None:
-        """Removes the hook, then runs the probe unless the block failed or it cannot."""
+        """Removes the hook."""
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+
+    def after_stop(self, run: RunContext) -> None:
+        """Runs the probe, with no hook of ours left, unless the block failed or it cannot."""
         inputs, self._inputs = self._inputs, None
-        raised = run.extra.get("block_raised")
+        raised = run.block_raised
         if raised is None:
             raised = sys.exc_info()[1] is not None
         model = self._model
@@ -125,13 +129,15 @@ class SpeedProbe(Collector):
         finally:
             self._probing = False
 
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> SpeedProbeSection | None:
         """The timings (or why there are none) and the batch size seen."""
         if self._run is None:
             return None
-        out: dict[str, Any] = {"batch_size": self._batch, "skipped": self._skipped}
-        out.update(self._result)
-        return out
+        # the probe's timings are `SpeedProbeSection` keys (checked by the contract test)
+        return cast(
+            "SpeedProbeSection",
+            {"batch_size": self._batch, "skipped": self._skipped, **self._result},
+        )
 
 
 def probe(

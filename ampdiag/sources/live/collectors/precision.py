@@ -7,17 +7,18 @@ step ``DiagnoseConfig.precision_step``.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from ampdiag.compat import autocast as ac
+from ampdiag.schema import PrecisionSection
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 from ampdiag.sources.live.collectors.dtype_audit import DtypeAudit
 from ampdiag.sources.live.collectors.module_tracker import ROOT
 
 
-class DtypeAuditCollector(Collector):
+class PrecisionCollector(Collector):
     """Audits the dtype of every op of one step (``precision_step``), forward and backward."""
 
     name = "precision"
@@ -103,13 +104,13 @@ class DtypeAuditCollector(Collector):
                 h.remove()
             self._handles.clear()
 
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> PrecisionSection | None:
         """The audit's records, or why there are none."""
         run = self._run
         if run is None or not run.config.precision:
             return None
         policy, source = ac.cuda_policy()
-        base: dict[str, Any] = {
+        base: PrecisionSection = {
             "audited": self._result is not None,
             "step": self._step,
             "device_type": run.device_type,
@@ -124,5 +125,5 @@ class DtypeAuditCollector(Collector):
                 "(set diagnose(precision_step=0) to audit the first step)"
             )
             return base
-        base.update(self._result)
-        return base
+        # the audit's records are `PrecisionSection` keys (checked by the contract test)
+        return cast("PrecisionSection", {**base, **self._result})

@@ -1,0 +1,342 @@
+"""The shape of a session.json: one TypedDict per section, and a checker for loaded documents.
+
+Collectors return these types from ``section()``, analysis rules and renderers read them through
+`Session.section`, so ``mypy --strict`` catches a key one side writes and the other reads under
+another name. The top-level keys of each section are typed; values below them stay loose where
+their shape is a collector's own business (rows of a table, histograms).
+
+Every section is ``total=False``: a reader must cope with a key missing (an older session, a
+collector that failed half-way), and `check` only rejects a present key of the wrong type.
+Torch-free: the report of a saved session imports this module.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, Literal, TypedDict, Union
+
+#: Version of the session document. Bump it when a key changes meaning or type; readers
+#: accept every version up to this one.
+SCHEMA_VERSION = 1
+
+# JSON cannot hold NaN or inf: `ampdiag.session.dumps` writes them as these strings, so a float
+# read back from disk may be one of them.
+NONFINITE_TEXT = frozenset({"nan", "inf", "-inf"})
+
+
+class Environment(TypedDict, total=False):
+    """Where the run happened (``environment``); a trace source fills only part of it."""
+
+    source: str
+    torch_version: str
+    python_version: str
+    platform: str
+    cpu: str
+    cpu_flags: list[str]
+    cuda_available: bool
+    rank: int
+    world_size: int
+    ranks_in_trace: int
+    device_type: str
+    device_name: str
+    device_memory_bytes: int
+    device_capability: str
+    bf16_native: bool
+    bf16_supported: bool
+    autocast: str | None
+    autocast_seen: dict[str, int]
+
+
+class Step(TypedDict, total=False):
+    """One training step (``steps[i]``), see `ampdiag.session.StepRecord`."""
+
+    index: int
+    wall_s: float
+    loss: float | str | None  # a non-finite loss reads back as "nan", "inf" or "-inf"
+    profiled: bool
+    sampled: bool
+
+
+class RunSection(TypedDict, total=False):
+    """What diagnose() found (``run``): models, optimizers, scaler, autocast, warnings."""
+
+    models: list[dict[str, Any]]
+    optimizers: list[str]
+    scaler: dict[str, Any] | None
+    autocast_seen: dict[str, int]
+    duration_s: float
+    warnings: list[str]
+
+
+class ProfilerSection(TypedDict, total=False):
+    """The torch.profiler collector (``profiler``): trace files, schedule, step breakdown."""
+
+    trace_files: list[str]
+    schedule: dict[str, int]
+    steps_seen: int
+    recorded_steps: list[int]
+    top_ops: list[dict[str, Any]]
+    error: str | None
+    breakdown: dict[str, Any]
+
+
+class SpeedProbeSection(TypedDict, total=False):
+    """The speed probe (``speed_probe``): FP32 against autocast timings, or why none."""
+
+    batch_size: int | None
+    skipped: str | None
+    error: str
+    measured: str
+    repeats: int
+    fp32_ms: float
+    autocast_ms: float
+    fp32_ms_median: float
+    autocast_ms_median: float
+    fp32_ms_all: list[float]
+    autocast_ms_all: list[float]
+    ratio: float
+    modules: list[dict[str, Any]]
+    autocast: str
+
+
+class MemorySection(TypedDict, total=False):
+    """The memory collector (``memory``): model state, timeline, peak, batches, budget."""
+
+    device: str
+    model_state: dict[str, Any]
+    batches: dict[str, int]
+    observed_batch: int
+    probes: list[dict[str, Any]]
+    target_batch: int | None
+    limit_bytes: int | None
+    errors: list[str]
+    peak: dict[str, Any]
+    step_activation_peaks: dict[str, int]
+    live_activation_points: list[list[int]]
+    timeline: dict[str, Any]
+    cuda: dict[str, Any]
+    capacity_bytes: int | None
+    capacity_source: str
+
+
+class PrecisionSection(TypedDict, total=False):
+    """The dtype audit (``precision``): the dtype every op of one step ran in."""
+
+    audited: bool
+    step: int | None
+    device_type: str
+    entry_state: str
+    cuda_policy_source: str
+    cuda_policy_ops: int
+    audit_wall_s: float
+    not_audited_reason: str
+    ops: list[dict[str, Any]]
+    autocast_dtypes: dict[str, str]
+    after_backward_ops: dict[str, Any]
+    reenabled_autocast_ops: list[dict[str, Any]]
+    errors: list[str]
+
+
+class ScalerSection(TypedDict, total=False):
+    """The GradScaler collector (``scaler``): scale history, skips, misuse."""
+
+    present: bool
+    scaler: dict[str, Any] | None
+    history: list[dict[str, Any]]
+    skipped_steps: list[int]
+    growth_steps: list[int]
+    backoff_steps: list[int]
+    unscale_calls: int
+    clip_events: list[dict[str, Any]]
+    bypassed_steps: list[int]
+    fp16_params: list[dict[str, Any]]
+    errors: list[str]
+
+
+class GradientsSection(TypedDict, total=False):
+    """Gradient statistics (``gradients``): per step, per parameter, exponent histograms."""
+
+    sample_elements: int
+    steps: list[dict[str, Any]]
+    params: list[dict[str, Any]]
+    totals: dict[str, Any]
+    hist_held: dict[str, int]
+    hist_true: dict[str, int]
+    last_hist: dict[str, Any]
+
+
+class ActivationsSection(TypedDict, total=False):
+    """Activation range and underflow (``activations``), predictions per scale, NaN origin."""
+
+    sample_elements: int
+    sampled_steps: int
+    scales_seen: list[float]
+    modules: list[dict[str, Any]]
+    exponents: dict[str, int]
+    predictions: list[dict[str, Any]]
+    recommended_scale_log2: int | None
+    recommended_init_scale: float | None
+    nonfinite_origin: dict[str, Any] | None
+    nonfinite_steps: list[Any]
+
+
+class TimelineSection(TypedDict, total=False):
+    """GPU timeline figures per rank (``timeline``), in HTA's definitions."""
+
+    source: str
+    trace_files: list[str]
+    ranks: list[dict[str, Any]]
+    summary: dict[str, Any]
+    warnings: list[str]
+    hta: dict[str, Any]
+
+
+#: Section name -> its type. A section not named here is kept as it is and not checked.
+SECTIONS: dict[str, type] = {
+    "run": RunSection,
+    "profiler": ProfilerSection,
+    "speed_probe": SpeedProbeSection,
+    "memory": MemorySection,
+    "precision": PrecisionSection,
+    "scaler": ScalerSection,
+    "gradients": GradientsSection,
+    "activations": ActivationsSection,
+    "timeline": TimelineSection,
+}
+
+SectionName = Literal[
+    "run",
+    "profiler",
+    "speed_probe",
+    "memory",
+    "precision",
+    "scaler",
+    "gradients",
+    "activations",
+    "timeline",
+]
+
+
+def check(value: Any, expected: Any, where: str, strict: bool = False) -> list[str]:
+    """The places where ``value`` does not have the type ``expected`` (empty when it does).
+
+    Args:
+        value: A JSON value (as loaded, or as a collector returned it).
+        expected: A type from this module (a TypedDict, ``list[...]``, ``X | None``...).
+        where: The path of ``value`` in the document, for the messages.
+        strict: Also report keys a TypedDict does not declare (the contract test's mode:
+            every key a collector writes is in the schema). Loading is lenient, so a session
+            written by a newer ampdiag still loads.
+
+    Returns:
+        One message per mismatch, such as ``"memory.observed_batch: expected int, got str"``.
+    """
+    if not strict and _predicate(expected)(value):
+        return []  # the common case, fast: the messages are worked out only for a mismatch
+    if expected is Any or expected is object:
+        return []
+    if _is_typeddict(expected):
+        if not isinstance(value, dict):
+            return [f"{where}: expected an object, got {type(value).__name__}"]
+        hints = _hints(expected)
+        problems: list[str] = []
+        for key, item in value.items():
+            if key in hints:
+                problems += check(item, hints[key], f"{where}.{key}", strict)
+            elif strict:
+                problems.append(f"{where}.{key}: not in the schema")
+        return problems
+    origin = typing.get_origin(expected)
+    args = typing.get_args(expected)
+    if origin in (Union, types.UnionType):
+        options = [check(value, a, where, strict) for a in args]
+        if any(not o for o in options):
+            return []
+        return [f"{where}: expected {_name(expected)}, got {type(value).__name__}"]
+    if origin is Literal:
+        return [] if value in args else [f"{where}: expected one of {args}, got {value!r}"]
+    if origin is list:
+        if not isinstance(value, list):
+            return [f"{where}: expected a list, got {type(value).__name__}"]
+        return [p for i, v in enumerate(value) for p in check(v, args[0], f"{where}[{i}]", strict)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            return [f"{where}: expected an object, got {type(value).__name__}"]
+        return [p for k, v in value.items() for p in check(v, args[1], f"{where}.{k}", strict)]
+    if _scalar_ok(value, expected):
+        return []
+    return [f"{where}: expected {_name(expected)}, got {type(value).__name__}"]
+
+
+def check_document(doc: dict[str, Any], strict: bool = False) -> list[str]:
+    """The mismatches of a whole session document (environment, steps, known sections)."""
+    problems = check(doc.get("environment", {}), Environment, "environment", strict)
+    problems += check(doc.get("config", {}), dict[str, Any], "config", strict)
+    problems += check(doc.get("steps", []), list[Step], "steps", strict)
+    problems += check(doc.get("findings", []), list[dict[str, Any]], "findings", strict)
+    for name, kind in SECTIONS.items():
+        if name in doc:
+            problems += check(doc[name], kind, name, strict)
+    return problems
+
+
+def _scalar_ok(value: Any, expected: Any) -> bool:
+    if expected is type(None):
+        return value is None
+    if expected is bool:
+        return isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected is float:
+        if isinstance(value, str):
+            return value in NONFINITE_TEXT
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if expected is str:
+        return isinstance(value, str)
+    if expected is dict:
+        return isinstance(value, dict)
+    if expected is list:
+        return isinstance(value, list)
+    return False
+
+
+@functools.cache
+def _predicate(expected: Any) -> Callable[[Any], bool]:
+    """Whether a value has the type ``expected`` (lenient: unknown keys allowed), compiled once."""
+    if expected is Any or expected is object:
+        return lambda v: True
+    if _is_typeddict(expected):
+        fields = {k: _predicate(t) for k, t in _hints(expected).items()}
+        return lambda v: (
+            isinstance(v, dict) and all(fields[k](x) for k, x in v.items() if k in fields)
+        )
+    origin, args = typing.get_origin(expected), typing.get_args(expected)
+    if origin in (Union, types.UnionType):
+        options = [_predicate(a) for a in args]
+        return lambda v: any(ok(v) for ok in options)
+    if origin is Literal:
+        return lambda v: v in args
+    if origin is list:
+        item = _predicate(args[0])
+        return lambda v: isinstance(v, list) and all(item(x) for x in v)
+    if origin is dict:
+        value = _predicate(args[1])
+        return lambda v: isinstance(v, dict) and all(value(x) for x in v.values())
+    return lambda v: _scalar_ok(v, expected)
+
+
+@functools.cache
+def _hints(kind: type) -> dict[str, Any]:
+    # cached: a session's steps are checked one TypedDict at a time, thousands of them
+    return typing.get_type_hints(kind)
+
+
+def _is_typeddict(kind: Any) -> bool:
+    return isinstance(kind, type) and typing.is_typeddict(kind)
+
+
+def _name(kind: Any) -> str:
+    return getattr(kind, "__name__", None) or str(kind).replace("typing.", "")
