@@ -21,6 +21,7 @@ from ampdiag.errors import InputError, OutputError
 if TYPE_CHECKING:
     from ampdiag.analysis import analyze
     from ampdiag.analysis.diff import diff
+    from ampdiag.sources.live.compare import compare
     from ampdiag.config import DiagnoseConfig
     from ampdiag.session import Finding, Session, load
     from ampdiag.sources.live.collectors.base import Collector, RunContext
@@ -39,6 +40,7 @@ __all__ = [
     "__version__",
     "analyze",
     "diagnose",
+    "compare",
     "diff",
     "load",
     "memory_probe",
@@ -49,6 +51,7 @@ _LAZY = {
     "Collector": "ampdiag.sources.live.collectors.base",
     "RunContext": "ampdiag.sources.live.collectors.base",
     "diff": "ampdiag.analysis.diff",
+    "compare": "ampdiag.sources.live.compare",
     "DiagnoseConfig": "ampdiag.config",
     "diagnose": "ampdiag.sources.live.diagnosis",
     "Diagnosis": "ampdiag.sources.live.diagnosis",
