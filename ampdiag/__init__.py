@@ -21,10 +21,10 @@ from ampdiag.errors import InputError, OutputError
 if TYPE_CHECKING:
     from ampdiag.analysis import analyze
     from ampdiag.analysis.diff import diff
-    from ampdiag.sources.live.compare import compare
     from ampdiag.config import DiagnoseConfig
     from ampdiag.session import Finding, Session, load
     from ampdiag.sources.live.collectors.base import Collector, RunContext
+    from ampdiag.sources.live.compare import compare
     from ampdiag.sources.live.diagnosis import Diagnosis, diagnose
     from ampdiag.sources.live.memory_probe import memory_probe
 
@@ -39,8 +39,8 @@ __all__ = [
     "Session",
     "__version__",
     "analyze",
-    "diagnose",
     "compare",
+    "diagnose",
     "diff",
     "load",
     "memory_probe",
