@@ -81,6 +81,7 @@ class ProfilerSection(TypedDict, total=False):
     top_ops: list[dict[str, Any]]
     error: str | None
     breakdown: dict[str, Any]
+    native_log: list[str]
 
 
 class SpeedProbeSection(TypedDict, total=False):
@@ -194,6 +195,21 @@ class TimelineSection(TypedDict, total=False):
     hta: dict[str, Any]
 
 
+class DerivedSection(TypedDict, total=False):
+    """What analysis derives for the reports (``derived``, `ampdiag.analysis.derive`).
+
+    ``precision``: the audited step's summary (shares, top FP32 ops, casts, per module, and
+    ``reason_fixes``); ``memory``: the what-if estimates (``rows``, model state, capacity, plan);
+    ``numerics``: ``fp16_in_use``, ``underflow`` and ``fp16_limits_log2``; ``errors``: part ->
+    why it could not be derived.
+    """
+
+    precision: dict[str, Any]
+    memory: dict[str, Any]
+    numerics: dict[str, Any]
+    errors: dict[str, str]
+
+
 #: Section name -> its type. A section not named here is kept as it is and not checked.
 SECTIONS: dict[str, type] = {
     "run": RunSection,
@@ -205,6 +221,7 @@ SECTIONS: dict[str, type] = {
     "gradients": GradientsSection,
     "activations": ActivationsSection,
     "timeline": TimelineSection,
+    "derived": DerivedSection,
 }
 
 SectionName = Literal[
@@ -217,6 +234,7 @@ SectionName = Literal[
     "gradients",
     "activations",
     "timeline",
+    "derived",
 ]
 
 

@@ -96,7 +96,11 @@ def test_console_summary(tmp_path, capsys) -> None:
     assert "verdict: Data loading takes 75% of each step" in out
     assert "[  high] tune-input-pipeline" in out
     assert "explains: dataloader-bound" in out
-    assert "fix: loader = DataLoader(dataset, batch_size=..., num_workers=4" in out
+    # The whole fix, prose wrapped and code lines whole (not only its first line).
+    assert "loader = DataLoader(dataset, batch_size=..., num_workers=4, pin_memory=True," in out
+    assert "persistent_workers=True, prefetch_factor=2)" in out
+    # ... and the fix of the finding it merged, under it.
+    assert "fix for dataloader-bound: Load batches in worker processes" in out
 
 
 def test_html_in_place_and_elsewhere(tmp_path, capsys) -> None:

@@ -49,6 +49,9 @@ def test_demo_then_report_rerenders(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(out / "report.html")
     assert "report:" in r.stderr  # the console summary
+    # Nothing but ampdiag's summary: no Kineto "USDT ... profiler_start", no CPUAllocator line.
+    lines = r.stderr.strip().splitlines()
+    assert lines[0].startswith("ampdiag: ") and all(line.startswith("  ") for line in lines[1:])
     session = json.loads((out / "session.json").read_text())
     assert session["status"] == "ok" and len(session["steps"]) == 6
     assert session["environment"]["autocast"] == "cpu:float16"

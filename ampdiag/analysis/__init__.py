@@ -7,13 +7,18 @@ from ampdiag.session import Finding, Session
 
 
 def analyze(session: Session) -> list[Finding]:
-    """Runs every registered rule, then the advisors, and returns the ranked findings.
+    """Derives the report's figures, runs every rule, then the advisors; returns the findings.
+
+    The derive step (`ampdiag.analysis.derive`) stores what it computes on the session as its
+    ``derived`` section, for the renderers, which only format.
 
     The advisors (`ampdiag.analysis.advisors`) run after all rules: they weigh every finding and
     merge the ones that one recommendation explains.
     """
     from ampdiag.analysis.advisors import advise
+    from ampdiag.analysis.derive import derive
 
+    derive(session)
     return advise(session, run_rules(session))
 
 

@@ -101,7 +101,13 @@ def _merge(advice: Advice, pool: list[Finding]) -> None:
             if f.id not in ids:
                 ids.append(f.id)
             merged.append(
-                {"id": f.id, "severity": f.severity, "title": f.title, "evidence": f.evidence}
+                {
+                    "id": f.id,
+                    "severity": f.severity,
+                    "title": f.title,
+                    "evidence": f.evidence,
+                    "fix": f.fix,  # still applies: the reports show it under the recommendation
+                }
             )
         rec.evidence["explains"] = ids
         rec.evidence["merged"] = merged

@@ -14,6 +14,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ampdiag import units
+
 #: Fraction of the capacity a plan may use (the rest is left for the allocator and spikes).
 HEADROOM = 0.90
 
@@ -147,8 +149,9 @@ def whatif(section: Mapping[str, Any]) -> dict[str, Any]:
             "scenario": "Model state: parameters + gradients + optimizer state",
             "bytes": ms,
             "basis": (
-                f"params {state.get('parameters', 0)} B, grads {state.get('gradients', 0)} B, "
-                f"optimizer {state.get('optimizer_state', 0)} B (live tensors)"
+                f"params {units.nbytes(state.get('parameters', 0))}, "
+                f"grads {units.nbytes(state.get('gradients', 0))}, "
+                f"optimizer {units.nbytes(state.get('optimizer_state', 0))} (live tensors)"
             ),
         }
     )
@@ -157,7 +160,7 @@ def whatif(section: Mapping[str, Any]) -> dict[str, Any]:
             {
                 "scenario": f"Measured peak (batch {section.get('observed_batch') or '?'})",
                 "bytes": int(peak["bytes"]),
-                "basis": f"activations {act_peak} B at the peak",
+                "basis": f"activations {units.nbytes(act_peak)} at the peak",
             }
         )
     fit = activation_fit(section)
@@ -213,7 +216,9 @@ def whatif(section: Mapping[str, Any]) -> dict[str, Any]:
                         f"{plan['accumulation_steps']} accumulation steps"
                     ),
                     "bytes": plan["estimated_peak_bytes"],
-                    "basis": f"largest that fits {HEADROOM:.0%} of {cap} B ({cap_source})",
+                    "basis": (
+                        f"largest that fits {HEADROOM:.0%} of {units.nbytes(cap)} ({cap_source})"
+                    ),
                 }
             )
     out["rows"] = rows

@@ -1,30 +1,69 @@
-"""The console summary: the verdict, the top findings with their fixes' first line, the report."""
+"""The console summary: the verdict, the top findings with their whole fixes, the report.
+
+Prose is wrapped to the terminal's width; code lines of a fix are kept as they are (indented),
+since a wrapped line of code no longer runs.
+"""
 
 from __future__ import annotations
 
+import shutil
+import textwrap
 from pathlib import Path
 
+from ampdiag import units as humanize
+from ampdiag.render.templating import merged_fixes
 from ampdiag.session import Finding, Session
 
 TOP = 5
+INDENT = " " * 11
+MAX_WIDTH = 100
 
 
-def _first_code_line(fix: str) -> str:
-    for line in fix.splitlines():
-        text = line.strip()
-        if text and not text.startswith("#"):
-            return text
-    return ""
+def _width() -> int:
+    return max(60, min(MAX_WIDTH, shutil.get_terminal_size((MAX_WIDTH, 24)).columns))
 
 
-def _finding_lines(f: Finding) -> list[str]:
-    lines = [f"  [{f.severity:>6}] {f.id}: {f.title}"]
+def _wrap(text: str, first: str, rest: str, width: int) -> list[str]:
+    return textwrap.wrap(
+        text, width=width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False
+    ) or [first.rstrip()]
+
+
+def _is_prose(line: str) -> bool:
+    """A sentence (wrapped) rather than a line of code (kept whole, or it no longer runs)."""
+    s = line.strip()
+    return not line[:1].isspace() and (s.endswith((".", ":")) or ". " in s)
+
+
+def _fix_lines(label: str, fix: str, width: int) -> list[str]:
+    """A whole fix: prose wrapped under the label, code lines kept whole."""
+    lines: list[str] = []
+    head = f"{INDENT}{label}: "
+    for line in fix.strip().splitlines():
+        if not line.strip():
+            continue
+        if _is_prose(line):
+            lines.extend(
+                _wrap(line.strip(), head if not lines else INDENT + "  ", INDENT + "  ", width)
+            )
+        else:
+            if not lines:
+                lines.append(head.rstrip())
+            lines.append(INDENT + "    " + line.rstrip())
+    return lines
+
+
+def _finding_lines(f: Finding, width: int) -> list[str]:
+    lines = _wrap(f"{f.id}: {f.title}", f"  [{f.severity:>6}] ", INDENT, width)
     explains = f.evidence.get("explains") if isinstance(f.evidence, dict) else None
     if isinstance(explains, list) and explains:
-        lines.append(f"{'':11}explains: {', '.join(str(i) for i in explains)}")
-    code = _first_code_line(f.fix)
-    if code:
-        lines.append(f"{'':11}fix: {code}")
+        lines.extend(
+            _wrap(", ".join(str(i) for i in explains), f"{INDENT}explains: ", INDENT + "  ", width)
+        )
+    if f.fix:
+        lines.extend(_fix_lines("fix", f.fix, width))
+    for mid, fix in merged_fixes(f):
+        lines.extend(_fix_lines(f"fix for {mid}", fix, width))
     return lines
 
 
@@ -38,21 +77,25 @@ def summary(session: Session, report: Path | None = None, top: int = TOP) -> str
         f"{env.get('device_type', '?')} ({env.get('device_name', '?')}), "
         f"autocast {env.get('autocast') or 'off'}"
     ]
-    lines.append(f"  verdict: {verdict(session)}")
+    width = _width()
+    lines.extend(_wrap(verdict(session), "  verdict: ", INDENT, width))
     share = session.section("profiler").get("breakdown", {}).get("share", {})
     if share:
-        lines.append("  step time: " + ", ".join(f"{k} {v:.0%}" for k, v in share.items()))
+        lines.append(
+            "  step time: " + ", ".join(f"{k} {humanize.percent(v)}" for k, v in share.items())
+        )
     probe = session.section("speed_probe")
     if isinstance(probe.get("fp32_ms"), (int, float)):
         lines.append(
-            f"  speed probe: FP32 {probe['fp32_ms']:.3g} ms, {probe.get('autocast')} "
-            f"{probe.get('autocast_ms', 0):.3g} ms per forward + backward"
+            f"  speed probe: FP32 {humanize.by_key('fp32_ms', probe['fp32_ms'])}, "
+            f"{probe.get('autocast')} {humanize.by_key('autocast_ms', probe.get('autocast_ms'))} "
+            "per forward + backward"
         )
     shown = [f for f in session.findings if f.severity != "info"][:top]
     if shown:
         lines.append(f"  findings ({counts(session)}):")
         for f in shown:
-            lines.extend(_finding_lines(f))
+            lines.extend(_finding_lines(f, width))
         rest = len(session.findings) - len(shown)
         if rest > 0:
             lines.append(f"  ... and {rest} more in the report")

@@ -7,6 +7,7 @@ import math
 from importlib import resources
 from pathlib import Path
 
+from ampdiag import units
 from ampdiag.analysis.diff import MetricChange, SessionDiff
 from ampdiag.session import Finding
 
@@ -19,23 +20,16 @@ _CSP = (
 
 
 def format_value(value: float | None, unit: str) -> str:
-    """A figure as a user reads it: MiB, ms, %, or "not measured"."""
-    if value is None:
-        return "not measured"
-    if math.isnan(value) or math.isinf(value):
-        return str(value)
+    """A figure as a user reads it (MiB, ms, %, or "not measured"), as every report writes it."""
     if unit == "bytes":
-        for name, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-            if abs(value) >= size:
-                return f"{value / size:.1f} {name}"
-        return f"{value:.0f} B"
+        return units.nbytes(value)
     if unit == "s":
-        return f"{value * 1000:.1f} ms" if abs(value) < 10 else f"{value:.2f} s"
+        return units.micros(value * 1e6 if value is not None else None)
     if unit == "fraction":
-        return f"{value:.1%}"
+        return units.percent(value)
     if unit == "count":
-        return f"{value:.0f}"
-    return f"{value:.4g}"
+        return units.count(round(value) if value is not None and math.isfinite(value) else value)
+    return units.scalar(value)
 
 
 def format_change(m: MetricChange) -> str:

@@ -11,6 +11,7 @@ forbids every network access and every script.
 
 from __future__ import annotations
 
+import html as html_lib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -104,10 +105,40 @@ def render_html(session: Session, sections: list[ReportSection] | None = None) -
     )
 
 
+def fallback_html(session: Session, exc: BaseException) -> str:
+    """A plain report (findings as text) for when the full one cannot be rendered at all.
+
+    Each section already fails alone (`build_sections`); this is for a failure outside them,
+    so that the user still gets the findings and the reason instead of no file.
+    """
+    e = html_lib.escape
+    parts = [
+        f"<article><h3>{e(f.severity)} <code>{e(f.id)}</code></h3><p>{e(str(f.title))}</p>"
+        f"<pre>{e(str(f.fix))}</pre></article>"
+        for f in session.findings
+    ]
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+        "style-src 'unsafe-inline'\"><title>ampdiag report</title></head><body>"
+        "<h1>ampdiag report</h1><p>The full report could not be rendered from this session: "
+        f"<code>{e(type(exc).__name__)}: {e(str(exc))}</code>. The findings follow; "
+        "everything collected is in <code>session.json</code>.</p>"
+        + "".join(parts)
+        + "</body></html>"
+    )
+
+
 def write_html(session: Session, out: Path) -> Path:
-    """Writes out/report.html and returns its path."""
+    """Writes out/report.html and returns its path (a plain one if the full one fails)."""
     target = out / REPORT_FILE
     tmp = target.with_suffix(".html.tmp")
-    tmp.write_text(render_html(session), encoding="utf-8")
+    try:
+        text = render_html(session)
+    except Exception as exc:
+        text = fallback_html(session, exc)
+    # errors="replace": a lone surrogate (a name decoded with surrogateescape, say) becomes "?"
+    # instead of costing the whole file.
+    tmp.write_bytes(text.encode("utf-8", errors="replace"))
     tmp.replace(target)
     return target

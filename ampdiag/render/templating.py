@@ -8,55 +8,30 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-
-def _fmt_us(value: Any) -> str:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return str(value)
-    if v >= 1e6:
-        return f"{v / 1e6:.2f} s"
-    if v >= 1e3:
-        return f"{v / 1e3:.2f} ms"
-    return f"{v:.1f} µs"
+from ampdiag import units as humanize
 
 
-def _fmt_bytes(value: Any) -> str:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return str(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(v) < 1024 or unit == "TiB":
-            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.2f} {unit}"
-        v /= 1024
-    return str(value)
+def _evidence(value: Any, key: str = "") -> str:
+    """An evidence value as text, formatted by its key (see `ampdiag.render.humanize`)."""
+    return humanize.by_key(str(key), value)
 
 
-def _fmt_pct(value: Any) -> str:
-    try:
-        return f"{float(value) * 100:.1f}%"
-    except (TypeError, ValueError):
-        return str(value)
+def merged_fixes(finding: Any) -> list[tuple[str, str]]:
+    """(id, fix) of each finding a recommendation merged, whose fix it does not already say.
 
-
-def _fmt_evidence(value: Any) -> str:
-    """An evidence value as text: numbers short, lists and objects as compact JSON."""
-    import json
-
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, float):
-        if value.is_integer() and abs(value) < 1e15:
-            return str(int(value))
-        return f"{value:.4g}"
-    if isinstance(value, (list, tuple)):
-        if all(isinstance(v, str) for v in value):
-            return "; ".join(value)
-        return json.dumps(value, default=str)
-    if isinstance(value, dict):
-        return json.dumps(value, default=str)
-    return str(value)
+    A recommendation like ``prefer-bf16`` explains others (``grad-scaler-disabled``...); their
+    own fixes still apply and are shown under it, each once.
+    """
+    seen = {str(getattr(finding, "fix", "") or "").strip()}
+    out: list[tuple[str, str]] = []
+    evidence = getattr(finding, "evidence", None)
+    merged = evidence.get("merged") if isinstance(evidence, dict) else None
+    for m in merged if isinstance(merged, list) else []:
+        fix = str(m.get("fix") or "").strip() if isinstance(m, dict) else ""
+        if fix and fix not in seen:
+            seen.add(fix)
+            out.append((str(m.get("id")), fix))
+    return out
 
 
 @lru_cache(maxsize=1)
@@ -69,10 +44,13 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters["us"] = _fmt_us
-    env.filters["bytes"] = _fmt_bytes
-    env.filters["pct"] = _fmt_pct
-    env.filters["evidence"] = _fmt_evidence
+    env.filters["us"] = humanize.micros
+    env.filters["bytes"] = humanize.nbytes
+    env.filters["flops"] = humanize.flops
+    env.filters["pct"] = humanize.percent
+    env.filters["num"] = humanize.count
+    env.filters["evidence"] = _evidence
+    env.filters["merged_fixes"] = merged_fixes
     return env
 
 

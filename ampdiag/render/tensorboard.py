@@ -16,12 +16,15 @@ OUT`` lists the run "tensorboard" (these event files) and, with the plugin insta
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 from typing import Any
 
+from ampdiag import units as humanize
 from ampdiag._layout import TENSORBOARD_DIR
+from ampdiag.render import png
+from ampdiag.render.charts import Chart
 from ampdiag.render.sections import section_modules
+from ampdiag.render.templating import merged_fixes
 from ampdiag.session import Session
 
 #: (finding id, evidence key) -> scalar tag, written once (step 0) when the evidence exists.
@@ -52,14 +55,22 @@ def findings_markdown(session: Session) -> str:
 
 
 def finding_markdown(finding: Any) -> str:
-    """One finding as Markdown: title, evidence as JSON, fix as a code block."""
-    evidence = {k: v for k, v in finding.evidence.items() if k != "merged"}
-    parts = [
-        f"**{finding.severity}** `{finding.id}`: {finding.title}",
-        "    " + json.dumps(evidence, default=str, indent=1).replace("\n", "\n    "),
+    """One finding as Markdown: title, evidence as a table (humanized), fixes as code blocks.
+
+    The fixes of the findings a recommendation merged follow its own, each under its id.
+    """
+    parts = [f"**{finding.severity}** `{finding.id}`: {_md(finding.title)}"]
+    rows = [
+        f"| {_md(str(k))} | {_md(humanize.by_key(str(k), v))} |"
+        for k, v in finding.evidence.items()
+        if k != "merged"
     ]
+    if rows:
+        parts.append("\n".join(["| evidence | value |", "|---|---|", *rows]))
     if finding.fix:
         parts.append("Fix:\n\n    " + finding.fix.replace("\n", "\n    "))
+    for mid, fix in merged_fixes(finding):
+        parts.append(f"Also, for `{mid}`:\n\n    " + fix.replace("\n", "\n    "))
     return "\n\n".join(parts)
 
 
@@ -81,11 +92,33 @@ def _evidence_numbers(session: Session) -> dict[str, float]:
     return out
 
 
-def add_png(writer: Any, tag: str, png: bytes, step: int = 0) -> None:
-    """Adds a PNG (as the report embeds it) to TensorBoard's image dashboard."""
+def _clean(value: Any) -> Any:
+    """Text TensorBoard's protobufs can encode: lone surrogates replaced."""
+    if isinstance(value, str):
+        return value.encode("utf-8", errors="replace").decode("utf-8")
+    return value
+
+
+class _CleanWriter:
+    """A SummaryWriter whose tags and texts may hold any characters (a module's name can)."""
+
+    def __init__(self, writer: Any) -> None:
+        self._writer = writer
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._writer, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return method(*map(_clean, args), **{k: _clean(v) for k, v in kwargs.items()})
+
+        return call
+
+
+def add_chart(writer: Any, tag: str, chart: Chart, step: int = 0) -> None:
+    """Draws a chart as PNG and adds it to TensorBoard's image dashboard."""
     import matplotlib.image as mpimg
 
-    image = mpimg.imread(io.BytesIO(png), format="png")
+    image = mpimg.imread(io.BytesIO(png.draw(chart)), format="png")
     if image.ndim == 2:
         image = image[:, :, None]
     writer.add_image(tag, image[:, :, :3], step, dataformats="HWC")
@@ -104,7 +137,7 @@ def write_tensorboard(session: Session, out: Path, run: str | None = None) -> Pa
     # twice in TensorBoard, so ampdiag's own previous event files go first.
     for old in folder.glob("events.out.tfevents.*") if folder.is_dir() else []:
         old.unlink()
-    writer: Any = SummaryWriter(log_dir=str(folder))
+    writer: Any = _CleanWriter(SummaryWriter(log_dir=str(folder)))
     try:
         for step in session.steps:
             if isinstance(step.get("wall_s"), (int, float)):

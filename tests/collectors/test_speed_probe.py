@@ -154,5 +154,5 @@ def test_autocast_slower_thresholds_from_constructed_sessions() -> None:
     (high,) = [f for f in analyze(probe_session(10.0, 40.0)) if f.id == "autocast-slower"]
     assert high.severity == "high"
     assert high.evidence["step_ms"] == 50.0 and high.evidence["estimated_fp32_step_ms"] == 12.5
-    assert high.evidence["slowest_modules"] == ["<b>x</b>: 1 -> 4 ms"]
+    assert high.evidence["slowest_modules"] == ["<b>x</b>: 1.00 ms -> 4.00 ms"]
     assert "AVX512_BF16" in high.fix

@@ -76,4 +76,4 @@ def test_user_strings_are_escaped_and_nothing_loads_from_the_network() -> None:
     assert csp and "default-src 'none'" in csp.group(1) and "script-src 'none'" in csp.group(1)
     # Every src/href is a data: URI or an in-page anchor.
     for attr in re.findall(r'(?:src|href)="([^"]*)"', html):
-        assert attr.startswith(("data:image/png;base64,", "#")), attr
+        assert attr.startswith(("data:image/svg+xml;base64,", "#")), attr

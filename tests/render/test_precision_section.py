@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ampdiag.analysis.derive import derive
 from ampdiag.render.sections import precision
 from ampdiag.session import Session
 
@@ -75,14 +76,15 @@ def test_section_renders_tables_figure_and_escapes() -> None:
             }
         }
     )
+    derive(session)  # the summary is the derive step's; the section only formats it
     built = precision.build(session)
     assert built is not None and built.id == "precision"
     html = str(built.html)
     assert "native_layer_norm" in html and "promotion" in html
     assert "&lt;script&gt;" in html and "<script>" not in html
     assert "On CUDA these ops would run differently" in html and "_softmax" in html
-    assert built.figures == ["precision-modules"] and "data:image/png;base64," in html
-    assert "FP32 0% of FLOPs" in built.summary
+    assert built.figures == ["precision-modules"] and "data:image/svg+xml;base64," in html
+    assert "FP32 0.0% of FLOPs" in built.summary
 
 
 def test_section_says_why_not_audited() -> None:

@@ -129,7 +129,7 @@ def test_findings_text_and_figures_read_back(served: tuple) -> None:
     one = get_json(
         base, "/data/plugin/text/text", run=RUN, tag="findings/fp16-grad-underflow/text_summary"
     )
-    assert "init_scale=2.0**20" in one[0]["text"] and "0.31" in one[0]["text"]
+    assert "init_scale=2.0**20" in one[0]["text"] and "31.0%" in one[0]["text"]
     images = get_json(base, "/data/plugin/images/tags")[RUN]
     assert {"figures/time/step-times", "figures/time/speed-probe"} <= set(images)
 

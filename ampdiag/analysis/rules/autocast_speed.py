@@ -6,6 +6,7 @@ import statistics
 from collections.abc import Iterator
 from typing import Any
 
+from ampdiag import units
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
 
@@ -62,7 +63,9 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
     ][:3]
     if slowed:
         evidence["slowest_modules"] = [
-            f"{m['module']}: {m['fp32_ms']:.3g} -> {m['autocast_ms']:.3g} ms" for m in slowed
+            f"{m['module']}: {units.micros(m['fp32_ms'] * 1e3)} -> "
+            f"{units.micros(m['autocast_ms'] * 1e3)}"
+            for m in slowed
         ]
     if device == "cpu":
         native = env.get("bf16_native")
@@ -99,7 +102,7 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
         severity=severity,
         title=(
             f"Mixed precision ({autocast}) is {ratio:.2f}x slower than FP32 on this model: "
-            f"{amp:.3g} ms vs {fp32:.3g} ms per forward + backward."
+            f"{units.micros(amp * 1e3)} vs {units.micros(fp32 * 1e3)} per forward + backward."
         ),
         evidence=evidence,
         fix=fix,

@@ -25,6 +25,9 @@ SECTION_MODULES: tuple[str, ...] = (
     "environment",
 )
 
+#: Headings of the sections whose name does not say it (for a section that failed to build).
+TITLES = {"time": "Step time", "timeline": "GPU timeline", "gradscaler": "GradScaler"}
+
 
 @dataclass
 class ReportSection:
@@ -55,10 +58,26 @@ def section_modules() -> list[ModuleType]:
 
 
 def build_sections(session: Session) -> list[ReportSection]:
-    """Builds every section the session supports, in report order."""
+    """Builds every section the session supports, in report order.
+
+    A section that fails to build is replaced by one that says so (with the error): one odd
+    value in a session must not cost the user the rest of the report.
+    """
     built = []
-    for module in section_modules():
-        section = module.build(session)
+    for name, module in zip(SECTION_MODULES, section_modules(), strict=True):
+        try:
+            section = module.build(session)
+        except Exception as exc:
+            section = failed(name, exc)
         if section is not None:
             built.append(section)
     return built
+
+
+def failed(name: str, exc: BaseException) -> ReportSection:
+    """The stand-in for a section that could not be built."""
+    from ampdiag.render.templating import render_template
+
+    html = render_template("failed.html.j2", error=f"{type(exc).__name__}: {exc}")
+    title = TITLES.get(name, name.replace("_", " ").capitalize())
+    return ReportSection(id=name, title=title, html=html, summary="could not be rendered")

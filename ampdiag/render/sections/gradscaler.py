@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ampdiag.render import plots
+from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
@@ -39,8 +39,8 @@ def build(session: Session) -> ReportSection | None:
         return None
     figures: dict[str, str] = {}
     if len(history) >= 2:
-        figures["loss-scale"] = plots.data_uri(
-            plots.line(
+        figures["loss-scale"] = svg.data_uri(
+            charts.line(
                 [r["step"] for r in history],
                 {"loss scale": [float(r["scale"]) for r in history]},
                 "step",

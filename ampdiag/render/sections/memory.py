@@ -1,13 +1,15 @@
-"""Memory: the timeline by category, the breakdown at the peak, CUDA allocator facts, what-ifs."""
+"""Memory: the timeline by category, the breakdown at the peak, CUDA allocator facts, what-ifs.
+
+The what-if estimates are the derive step's (``derived.memory``); this module only formats.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from ampdiag.analysis import memory_estimates as estimates
-from ampdiag.analysis.memory_timeline import CATEGORIES
-from ampdiag.render import plots
+from ampdiag import units as humanize
+from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
@@ -15,42 +17,41 @@ from ampdiag.session import Session
 MiB = 1024**2
 
 
-@plots.memoized
-def stacked_area(
-    x: Sequence[float], series: Mapping[str, Sequence[float]], xlabel: str, title: str
-) -> bytes:
-    """A stacked area chart in MiB (one band per category, first at the bottom)."""
-    plt = plots._pyplot()
-    fig, ax = plt.subplots(figsize=(7, 3))
-    names = list(series)
-    ax.stackplot(list(x), *[[v / MiB for v in series[n]] for n in names], labels=names, step=None)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("MiB")
-    ax.set_title(title)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    return plots.figure_png(fig)
-
-
 def _figures(mem: Mapping[str, Any]) -> dict[str, str]:
     figures: dict[str, str] = {}
     tl = mem.get("timeline") or {}
     if tl.get("t_ms"):
-        series = {c: tl["bytes"][c] for c in CATEGORIES if any(tl["bytes"].get(c, []))}
+        series = {
+            str(c): [v / MiB for v in values] for c, values in tl["bytes"].items() if any(values)
+        }
         if series:
-            figures["memory-timeline"] = plots.data_uri(
-                stacked_area(tl["t_ms"], series, "ms (profiled steps)", "Memory by category")
+            figures["memory-timeline"] = svg.data_uri(
+                charts.line(
+                    tl["t_ms"],
+                    series,
+                    "ms (profiled steps)",
+                    "MiB",
+                    "Memory by category",
+                    kind="area",
+                )
             )
     by_cat = (mem.get("peak") or {}).get("by_category") or {}
     nonzero = [(c, v) for c, v in by_cat.items() if v]
     if nonzero:
         nonzero.sort(key=lambda cv: -cv[1])
-        figures["memory-peak"] = plots.data_uri(
-            plots.hbar([c for c, _ in nonzero], [v / MiB for _, v in nonzero], "MiB", "At the peak")
+        figures["memory-peak"] = svg.data_uri(
+            charts.bars(
+                [c for c, _ in nonzero],
+                {"MiB": [v / MiB for _, v in nonzero]},
+                "MiB",
+                "At the peak",
+                horizontal=True,
+            )
         )
     cuda_tl = (mem.get("cuda") or {}).get("timeline") or {}
     if len(cuda_tl.get("event", [])) >= 2:
-        figures["cuda-allocator"] = plots.data_uri(
-            plots.line(
+        figures["cuda-allocator"] = svg.data_uri(
+            charts.line(
                 cuda_tl["event"],
                 {
                     "allocated MiB": [v / MiB for v in cuda_tl["allocated"]],
@@ -70,15 +71,15 @@ def build(session: Session) -> ReportSection | None:
     if not mem:
         return None
     figures = _figures(mem)
-    what = estimates.whatif(mem)
+    what = session.section("derived").get("memory") or {}
     html = render_template(
         "memory.html.j2", mem=mem, what=what, figures=figures, cuda=mem.get("cuda") or {}
     )
     peak = (mem.get("peak") or {}).get("bytes")
-    summary = f"peak {peak / MiB:.1f} MiB" if peak else ""
-    ms = what["model_state_bytes"]
+    summary = f"peak {humanize.nbytes(peak)}" if peak else ""
+    ms = what.get("model_state_bytes")
     if ms:
-        summary += (", " if summary else "") + f"model state {ms / MiB:.1f} MiB"
+        summary += (", " if summary else "") + f"model state {humanize.nbytes(ms)}"
     return ReportSection(
         id="memory", title="Memory", html=html, summary=summary, figures=list(figures)
     )

@@ -8,13 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from ampdiag.analysis import fp16range
-from ampdiag.render import plots
+from ampdiag import units as humanize
+from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
 TABLE_ROWS = 40
+#: How each of FP16's limits (log2 exponents, from the derive step) is labelled on the histogram.
+LIMIT_LABELS = {
+    "flush": "2^{} (flush)",
+    "subnormal": "2^{} (subnormal)",
+    "overflow": "65504 (overflow)",
+}
 
 
 def _hist_items(hist: dict[str, int]) -> tuple[list[int], list[int]]:
@@ -22,43 +28,23 @@ def _hist_items(hist: dict[str, int]) -> tuple[list[int], list[int]]:
     return keys, [int(hist[str(k)]) for k in keys]
 
 
-@plots.memoized
-def histogram_png(series: dict[str, dict[str, int]], title: str) -> bytes:
-    """Bars of value counts per log2 exponent, with FP16's limits marked."""
-    plt = plots._pyplot()
-    fig, ax = plt.subplots(figsize=(7, 3))
-    width = 0.8 / max(1, len(series))
-    for i, (name, hist) in enumerate(series.items()):
-        xs, ys = _hist_items(hist)
-        ax.bar([x + i * width for x in xs], ys, width=width, label=name, align="edge")
-    for x, label, color in (
-        (fp16range.FP16_MIN_SUBNORMAL_LOG2, "2^-24 (flush)", "tab:red"),
-        (fp16range.FP16_MIN_NORMAL_LOG2, "2^-14 (subnormal)", "tab:orange"),
-        (fp16range.FP16_OVERFLOW_LOG2, "65504 (overflow)", "tab:red"),
-    ):
-        ax.axvline(x, color=color, linestyle="--", alpha=0.7)
-        ax.text(x, ax.get_ylim()[1] * 0.95, label, rotation=90, va="top", fontsize=7)
-    ax.set_xlabel("log2 |value|")
-    ax.set_ylabel("values")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    return plots.figure_png(fig)
+def _exponents(hist: dict[str, int]) -> dict[int, float]:
+    return {int(k): float(v) for k, v in hist.items()}
 
 
 def build(session: Session) -> ReportSection | None:
     """The numerics section, when any numerics collector wrote something."""
-    from ampdiag.analysis.rules.numerics import fp16_in_use, underflow_summary
-
     grads = session.section("gradients")
     acts = session.section("activations")
     sc = session.section("scaler")
     if not grads and not acts and not sc.get("present"):
         return None
+    derived = session.section("derived").get("numerics") or {}
     figures: dict[str, str] = {}
     history = sc.get("history") or []
     if history:
-        figures["loss-scale"] = plots.data_uri(
-            plots.line(
+        figures["loss-scale"] = svg.data_uri(
+            charts.line(
                 [h["step"] for h in history],
                 {"loss scale": [h["scale"] for h in history]},
                 "step",
@@ -68,34 +54,43 @@ def build(session: Session) -> ReportSection | None:
                 logy=True,
             )
         )
-    series: dict[str, dict[str, int]] = {}
+    series: dict[str, dict[int, float]] = {}
     if grads.get("hist_held"):
-        series["param grads as held (g·S)"] = grads["hist_held"]
+        series["param grads as held (g·S)"] = _exponents(grads["hist_held"])
     if acts.get("exponents"):
-        series["activation grads, unscaled"] = acts["exponents"]
+        series["activation grads, unscaled"] = _exponents(acts["exponents"])
     if series:
-        figures["log2-grad-histogram"] = plots.data_uri(
-            histogram_png(series, "log2 |gradient| against FP16's range")
+        figures["log2-grad-histogram"] = svg.data_uri(
+            charts.histogram(
+                series,
+                "log2 |value|",
+                "values",
+                "log2 |gradient| against FP16's range",
+                limits=[
+                    (float(x), LIMIT_LABELS.get(k, k).format(x))
+                    for k, x in (derived.get("fp16_limits_log2") or {}).items()
+                ],
+            )
         )
     modules = [m for m in acts.get("modules", []) if m.get("counts")]
     modules.sort(key=lambda m: -float(m.get("subnormal_fraction", 0.0)))
     ranged = [m for m in acts.get("modules", []) if "max_abs" in m]
     ranged.sort(key=lambda m: -float(m["max_abs"]) if m["max_abs"] == m["max_abs"] else 0.0)
-    u = underflow_summary(session)
+    u = derived.get("underflow") or {}
     html = render_template(
         "numerics.html.j2",
         grads=grads,
         acts=acts,
         sc=sc,
         u=u,
-        fp16=fp16_in_use(session),
+        fp16=derived.get("fp16_in_use"),
         modules=modules[:TABLE_ROWS],
         ranged=ranged[:TABLE_ROWS],
         params=sorted(grads.get("params", []), key=lambda p: -p["subnormal_fraction"])[:TABLE_ROWS],
         predictions=[p for p in acts.get("predictions", []) if p["scale_log2"] % 4 == 0],
         figures=figures,
     )
-    parts = [f"underflow {u['underflow_fraction']:.1%}"]
+    parts = [f"underflow {humanize.percent(u.get('underflow_fraction'))}"]
     if history:
         parts.append(f"{len(sc.get('skipped_steps') or [])}/{len(history)} steps skipped")
     origin = acts.get("nonfinite_origin")

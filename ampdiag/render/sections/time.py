@@ -8,27 +8,42 @@ from __future__ import annotations
 
 from typing import Any
 
-from ampdiag.render import plots
+from ampdiag import units as humanize
+from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
-from ampdiag.trace.step_breakdown import CATEGORIES
+
+#: At most this many per-step rows in the breakdown table (the chart shows every step).
+TABLE_STEPS = 50
 
 
-def figures(session: Session) -> dict[str, bytes]:
-    """The section's figures as PNG bytes, by name (shared by the HTML and TensorBoard)."""
+def categories(breakdown: dict[str, Any]) -> list[str]:
+    """The breakdown's categories in the order the trace analysis wrote them."""
+    return [str(c) for c in breakdown.get("share") or {}]
+
+
+def figures(session: Session) -> dict[str, charts.Chart]:
+    """The section's charts, by name (shared by the HTML and TensorBoard)."""
     prof = session.section("profiler")
     probe = session.section("speed_probe")
-    steps = session.steps
-    out: dict[str, bytes] = {}
-    rows = prof.get("breakdown", {}).get("steps", [])
+    steps = [s for s in session.steps if isinstance(s.get("wall_s"), (int, float))]
+    out: dict[str, charts.Chart] = {}
+    breakdown = prof.get("breakdown", {})
+    rows = breakdown.get("steps", [])
     if rows:
-        series = {c: [r[f"{c}_us"] / 1000 for r in rows] for c in CATEGORIES}
-        out["step-breakdown"] = plots.stacked_bar(
-            [f"step {r['step']}" for r in rows], series, "ms", "Host time per profiled step"
+        series = {
+            c: [float(r.get(f"{c}_us") or 0.0) / 1000 for r in rows] for c in categories(breakdown)
+        }
+        out["step-breakdown"] = charts.bars(
+            [f"step {r['step']}" for r in rows],
+            series,
+            "ms",
+            "Host time per profiled step",
+            unit="steps",
         )
     if len(steps) >= 2:
-        out["step-times"] = plots.line(
+        out["step-times"] = charts.line(
             [s["index"] for s in steps],
             {"wall time": [s["wall_s"] * 1000 for s in steps]},
             "step",
@@ -36,11 +51,12 @@ def figures(session: Session) -> dict[str, bytes]:
             "Wall time per step",
         )
     if isinstance(probe.get("fp32_ms"), (int, float)):
-        out["speed-probe"] = plots.hbar(
+        out["speed-probe"] = charts.bars(
             ["FP32", str(probe.get("autocast") or "autocast")],
-            [float(probe["fp32_ms"]), float(probe.get("autocast_ms") or 0.0)],
+            {"ms": [float(probe["fp32_ms"]), float(probe.get("autocast_ms") or 0.0)]},
             "ms per forward + backward (best of the samples)",
             "Speed probe: the same step in FP32 and under autocast",
+            horizontal=True,
         )
     return out
 
@@ -52,12 +68,23 @@ def build(session: Session) -> ReportSection | None:
     steps = session.steps
     if not prof and not steps and not probe.get("fp32_ms"):
         return None
-    uris = {name: plots.data_uri(png) for name, png in figures(session).items()}
+    uris = {name: svg.data_uri(chart) for name, chart in figures(session).items()}
+    breakdown = prof.get("breakdown", {})
+    rows = breakdown.get("steps", [])
+    top_ops = prof.get("top_ops") or []
     html = render_template(
-        "time.html.j2", prof=prof, probe=probe, steps=steps, figures=uris, categories=CATEGORIES
+        "time.html.j2",
+        prof=prof,
+        probe=probe,
+        steps=steps,
+        figures=uris,
+        categories=categories(breakdown),
+        rows=rows[:TABLE_STEPS],
+        more_rows=max(0, len(rows) - TABLE_STEPS),
+        device_column=any(float(op.get("self_device_us") or 0.0) > 0 for op in top_ops),
     )
-    share = prof.get("breakdown", {}).get("share", {})
-    summary = ", ".join(f"{c} {share[c]:.0%}" for c in CATEGORIES if c in share)
+    share = breakdown.get("share", {})
+    summary = ", ".join(f"{c} {humanize.percent(share[c])}" for c in categories(breakdown))
     return ReportSection(
         id="time", title="Step time", html=html, summary=summary, figures=list(uris)
     )
@@ -65,11 +92,11 @@ def build(session: Session) -> ReportSection | None:
 
 def write_tensorboard(session: Session, writer: Any) -> None:
     """The speed probe's two times and the section's figures."""
-    from ampdiag.render.tensorboard import add_png
+    from ampdiag.render.tensorboard import add_chart
 
     probe = session.section("speed_probe")
     for key in ("fp32_ms", "autocast_ms"):
         if isinstance(probe.get(key), (int, float)):
             writer.add_scalar(f"speed_probe/{key}", float(probe[key]), 0)
-    for name, png in figures(session).items():
-        add_png(writer, f"figures/time/{name}", png)
+    for name, chart in figures(session).items():
+        add_chart(writer, f"figures/time/{name}", chart)

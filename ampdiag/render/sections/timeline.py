@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ampdiag.render import plots
+from ampdiag import units
+from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
 DETAIL_RANKS = 2
+#: At most this many per-step rows per rank in the table.
+TABLE_STEPS = 50
 
 
 def build(session: Session) -> ReportSection | None:
@@ -26,9 +29,9 @@ def build(session: Session) -> ReportSection | None:
         detail.append(slow)
     figures: dict[str, str] = {}
     if gpu:
-        shown = gpu[:32]
-        figures["gpu-time"] = plots.data_uri(
-            plots.stacked_bar(
+        shown = gpu
+        figures["gpu-time"] = svg.data_uri(
+            charts.bars(
                 [f"rank {r['rank']}" for r in shown],
                 {
                     "compute": [r["compute_us"] / 1000 for r in shown],
@@ -37,16 +40,18 @@ def build(session: Session) -> ReportSection | None:
                 },
                 "ms",
                 "GPU time by rank",
+                unit="ranks",
             )
         )
         top = detail[0]["top_kernels"][:10]
         if top:
-            figures["top-kernels"] = plots.data_uri(
-                plots.hbar(
+            figures["top-kernels"] = svg.data_uri(
+                charts.bars(
                     [k["short_name"][:50] for k in top],
-                    [k["total_us"] / 1000 for k in top],
+                    {"ms": [k["total_us"] / 1000 for k in top]},
                     "ms",
                     f"Top kernels, rank {detail[0]['rank']}",
+                    horizontal=True,
                 )
             )
     cpu_only = [r for r in ranks if not r.get("activities_in_window")][:2]
@@ -59,12 +64,14 @@ def build(session: Session) -> ReportSection | None:
         cpu_only=cpu_only,
         figures=figures,
         hta=tl.get("hta") or {},
+        table_steps=TABLE_STEPS,
     )
     if gpu:
         r = gpu[0]
         text = (
-            f"rank {r['rank']}: idle {r['idle_share']:.0%}, compute {r['compute_share']:.0%}, "
-            f"non-compute {r['non_compute_share']:.0%}"
+            f"rank {r['rank']}: idle {units.percent(r['idle_share'])}, "
+            f"compute {units.percent(r['compute_share'])}, "
+            f"non-compute {units.percent(r['non_compute_share'])}"
         )
     else:
         text = "no GPU kernels (CPU side only)"

@@ -17,6 +17,7 @@ from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trac
 
 from ampdiag._layout import TRACE_DIR
 from ampdiag.schema import ProfilerSection
+from ampdiag.sources.live import native_log
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 
 TOP_OPS = 25
@@ -50,6 +51,7 @@ class ProfilerCollector(Collector):
         self._steps_seen = 0
         self._run: RunContext | None = None
         self._error: str | None = None
+        self._native_log: list[str] = []
 
     def start(self, run: RunContext) -> None:
         """Starts the profiler."""
@@ -76,7 +78,8 @@ class ProfilerCollector(Collector):
             profile_memory=cfg.profile_memory,
             with_stack=cfg.with_stack,
         )
-        self._prof.start()
+        with native_log.captured(self._native_log):
+            self._prof.start()
 
     def on_step_end(self, run: RunContext, step: int) -> None:
         """Advances the profiler's schedule."""
@@ -85,14 +88,18 @@ class ProfilerCollector(Collector):
         self._steps_seen = step + 1
         if run.is_profiled(step):
             self._recorded_steps.append(step)
-        self._prof.step()
+        primer = native_log.prime_allocator_warning()
+        with native_log.captured(self._native_log):
+            self._prof.step()
+            del primer
 
     def stop(self, run: RunContext) -> None:
         """Stops the profiler; a trace of a partly recorded window is still written."""
         prof, self._prof = self._prof, None
         if prof is not None:
             try:
-                prof.stop()
+                with native_log.captured(self._native_log):
+                    prof.stop()
             except Exception as exc:  # a failed trace export must not hide the user's error
                 self._error = f"{type(exc).__name__}: {exc}"
         run.trace_files = self.trace_files()
@@ -120,6 +127,7 @@ class ProfilerCollector(Collector):
             "recorded_steps": self._recorded_steps if files else [],
             "top_ops": self._top_ops,
             "error": self._error,
+            "native_log": self._native_log,
         }
         if files:
             out["breakdown"] = host_breakdown_of(files[-1], self._recorded_steps)

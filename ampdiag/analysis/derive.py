@@ -1,0 +1,77 @@
+"""The derive step: every figure the reports show that is computed, not collected.
+
+Runs in `ampdiag.analysis.analyze` and stores its results on the Session as the ``derived``
+section, so renderers only format what is there (and a saved session re-renders without any
+analysis code): the precision summary of the audited step (with the fix for each FP32 reason
+seen), the memory what-if estimates, and the FP16 underflow figures. A part whose input is
+missing is left out; a renderer says "not measured" for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ampdiag.analysis import fp16range, memory_estimates, precision
+from ampdiag.analysis.rules import numerics
+from ampdiag.schema import DerivedSection
+from ampdiag.session import Session
+
+SECTION = "derived"
+
+
+def derive(session: Session) -> DerivedSection:
+    """Computes the derived figures, stores them as the ``derived`` section, and returns them."""
+    out: DerivedSection = {}
+    errors: dict[str, str] = {}
+    for name, part in PARTS.items():
+        try:
+            value = part(session)
+        except Exception as exc:  # one odd section must not cost the findings or the report
+            errors[name] = f"{type(exc).__name__}: {exc}"
+            continue
+        if value is not None:
+            out[name] = value  # type: ignore[literal-required]
+    if errors:
+        out["errors"] = errors
+    session.sections[SECTION] = out
+    return out
+
+
+def _precision(session: Session) -> dict[str, Any] | None:
+    audit = session.section("precision")
+    if not audit.get("audited"):
+        return None
+    summary = precision.summarize(audit)
+    summary["reason_fixes"] = {
+        r: precision.REASON_FIXES[r] for r in summary["reasons"] if r in precision.REASON_FIXES
+    }
+    return summary
+
+
+def _memory(session: Session) -> dict[str, Any] | None:
+    memory = session.section("memory")
+    return memory_estimates.whatif(memory) if memory else None
+
+
+def _numerics(session: Session) -> dict[str, Any] | None:
+    seen = session.section("gradients") or session.section("activations")
+    if not seen and not session.section("scaler").get("present"):
+        return None
+    return {
+        "fp16_in_use": numerics.fp16_in_use(session),
+        "underflow": numerics.underflow_summary(session),
+        "fp16_limits_log2": {
+            "flush": fp16range.FP16_MIN_SUBNORMAL_LOG2,
+            "subnormal": fp16range.FP16_MIN_NORMAL_LOG2,
+            "overflow": fp16range.FP16_OVERFLOW_LOG2,
+        },
+    }
+
+
+#: Part name -> what computes it (None when the session has no input for it).
+PARTS: dict[str, Callable[[Session], dict[str, Any] | None]] = {
+    "precision": _precision,
+    "memory": _memory,
+    "numerics": _numerics,
+}

@@ -1,0 +1,167 @@
+"""Charts as data: what a figure shows, apart from how it is drawn.
+
+A section describes each figure as a `Chart`; the HTML report draws it as inline SVG
+(`ampdiag.render.svg`, plain string formatting, no matplotlib: a trace's report must not pay
+a second for a plotting library) and TensorBoard as a PNG (`ampdiag.render.png`, matplotlib's
+object-oriented API). Long series are aggregated here, before either draws them, so a run of
+100k steps gives a chart of a few hundred points in bounded time and size.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+Kind = Literal["bars", "hbars", "line", "area", "histogram"]
+
+#: Most bars or points a chart shows; longer series are averaged over runs of neighbors.
+MAX_POINTS = 300
+#: Most category bars (ranks, steps) in a bar chart before neighbors are averaged.
+MAX_BARS = 60
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One figure's content.
+
+    Attributes:
+        kind: bars (vertical, stacked), hbars (horizontal, stacked, first label on top), line,
+            area (stacked), histogram (side-by-side bars per integer x).
+        title, xlabel, ylabel: Text; any characters (drawers escape what their format needs).
+        labels: Category names (bars, hbars).
+        x: Positions (line, area, histogram).
+        series: (name, values) pairs, one value per label or x.
+        marks: Vertical dashed marks at these x (line: e.g. skipped steps).
+        limits: (x, label) reference lines (histogram: FP16's range).
+        logy: A logarithmic value axis (line).
+        note: Says how the data was aggregated, when it was.
+    """
+
+    kind: Kind
+    title: str
+    xlabel: str = ""
+    ylabel: str = ""
+    labels: tuple[str, ...] = ()
+    x: tuple[float, ...] = ()
+    series: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    marks: tuple[float, ...] = ()
+    limits: tuple[tuple[float, str], ...] = ()
+    logy: bool = False
+    note: str = ""
+    colors: tuple[str, ...] = field(default=())
+
+
+def _finite(v: float) -> float:
+    return v if math.isfinite(v) else 0.0
+
+
+def _runs(n: int, limit: int) -> list[tuple[int, int]]:
+    """Splits range(n) into at most `limit` consecutive runs of nearly equal length."""
+    if n <= limit:
+        return [(i, i + 1) for i in range(n)]
+    edges = [round(i * n / limit) for i in range(limit + 1)]
+    return [(a, b) for a, b in itertools.pairwise(edges) if b > a]
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def bars(
+    labels: Sequence[str],
+    series: Mapping[str, Sequence[float]],
+    ylabel: str,
+    title: str,
+    *,
+    unit: str = "",
+    horizontal: bool = False,
+    colors: Sequence[str] = (),
+) -> Chart:
+    """Stacked bars, one per label; beyond MAX_BARS, neighbors averaged into one bar."""
+    runs = _runs(len(labels), MAX_BARS)
+    note = ""
+    if len(runs) < len(labels):
+        names = [labels[a] if b - a == 1 else f"{labels[a]}…{labels[b - 1]}" for a, b in runs]
+        data = {
+            k: [_mean([_finite(float(x)) for x in v[a:b]]) for a, b in runs]
+            for k, v in series.items()
+        }
+        note = f"{len(labels)} {unit or 'bars'}, neighbors averaged into {len(runs)} bars"
+    else:
+        names = list(labels)
+        data = {k: [_finite(float(x)) for x in v] for k, v in series.items()}
+    return Chart(
+        kind="hbars" if horizontal else "bars",
+        title=title,
+        xlabel=ylabel if horizontal else "",
+        ylabel="" if horizontal else ylabel,
+        labels=tuple(str(n) for n in names),
+        series=tuple((str(k), tuple(v)) for k, v in data.items()),
+        note=note,
+        colors=tuple(colors),
+    )
+
+
+def line(
+    x: Sequence[float],
+    ys: Mapping[str, Sequence[float]],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    *,
+    marks: Sequence[float] = (),
+    logy: bool = False,
+    kind: Kind = "line",
+) -> Chart:
+    """A line (or stacked area) chart; beyond MAX_POINTS points, runs of neighbors averaged."""
+    runs = _runs(len(x), MAX_POINTS)
+    note = ""
+    if len(runs) < len(x):
+        xs = [_mean([float(v) for v in x[a:b]]) for a, b in runs]
+        data = {
+            k: [_mean([_finite(float(u)) for u in v[a:b]]) for a, b in runs] for k, v in ys.items()
+        }
+        note = f"{len(x)} points, neighbors averaged into {len(runs)}"
+    else:
+        xs = [float(v) for v in x]
+        data = {k: [_finite(float(u)) for u in v] for k, v in ys.items()}
+    shown_marks = sorted(set(float(m) for m in marks))
+    if len(shown_marks) > MAX_POINTS:
+        shown_marks = [shown_marks[a] for a, _ in _runs(len(shown_marks), MAX_POINTS)]
+    return Chart(
+        kind=kind,
+        title=title,
+        xlabel=xlabel,
+        ylabel=ylabel,
+        x=tuple(xs),
+        series=tuple((str(k), tuple(v)) for k, v in data.items()),
+        marks=tuple(shown_marks),
+        logy=logy,
+        note=note,
+    )
+
+
+def histogram(
+    series: Mapping[str, Mapping[int, float]],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    *,
+    limits: Sequence[tuple[float, str]] = (),
+) -> Chart:
+    """Counts per integer bin (e.g. log2 exponent), several series side by side."""
+    xs = sorted({int(k) for h in series.values() for k in h})
+    return Chart(
+        kind="histogram",
+        title=title,
+        xlabel=xlabel,
+        ylabel=ylabel,
+        x=tuple(float(v) for v in xs),
+        series=tuple(
+            (str(name), tuple(float(h.get(v, 0)) for v in xs)) for name, h in series.items()
+        ),
+        limits=tuple((float(a), str(b)) for a, b in limits),
+    )

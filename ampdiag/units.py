@@ -1,0 +1,139 @@
+"""Numbers as people read them, the same in findings, the HTML report, console and TensorBoard.
+
+Bytes in binary units (134179704 -> "128 MiB"), FLOPs in decimal ones ("318.9 MFLOP"), times
+in the unit that fits ("3.83 s", "12.5 ms", "840 µs"), fractions as percentages, counts with
+thousands separators. A missing value is "not measured", never ``None``. An evidence value is
+formatted by its key's suffix (``*_bytes``, ``*_us``, ``*_ms``, ``*_s``, ``*_fraction``,
+``*_share``, ``*flops``), since a finding's evidence is a flat mapping of measured numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+NOT_MEASURED = "not measured"
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _special(v: float) -> str | None:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return None
+
+
+def count(value: Any) -> str:
+    """An integer with thousands separators; other numbers to 4 significant digits."""
+    v = _number(value)
+    if v is None:
+        return NOT_MEASURED if value is None else str(value)
+    special = _special(v)
+    if special:
+        return special
+    if v.is_integer() and abs(v) < 1e18:
+        return f"{int(v):,}"
+    return f"{v:.4g}"
+
+
+def nbytes(value: Any) -> str:
+    """Bytes in B, KiB, MiB, GiB or TiB."""
+    v = _number(value)
+    if v is None:
+        return NOT_MEASURED if value is None else str(value)
+    special = _special(v)
+    if special:
+        return special
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(v) < 1024 or unit == "TiB":
+            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
+        v /= 1024
+    return str(value)
+
+
+def flops(value: Any) -> str:
+    """FLOPs in FLOP, kFLOP, MFLOP, GFLOP, TFLOP or PFLOP."""
+    v = _number(value)
+    if v is None:
+        return NOT_MEASURED if value is None else str(value)
+    special = _special(v)
+    if special:
+        return special
+    for unit in ("FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"):
+        if abs(v) < 1000 or unit == "PFLOP":
+            return f"{v:.0f} {unit}" if unit == "FLOP" else f"{v:.1f} {unit}"
+        v /= 1000
+    return str(value)
+
+
+def micros(value: Any) -> str:
+    """A time given in microseconds, in µs, ms, s, min or h."""
+    v = _number(value)
+    if v is None:
+        return NOT_MEASURED if value is None else str(value)
+    special = _special(v)
+    if special:
+        return special
+    a = abs(v)
+    if a >= 3600e6:
+        return f"{v / 3600e6:.2f} h"
+    if a >= 60e6:
+        return f"{v / 60e6:.1f} min"
+    if a >= 1e6:
+        return f"{v / 1e6:.2f} s"
+    if a >= 1e3:
+        return f"{v / 1e3:.2f} ms"
+    return f"{v:.1f} µs"
+
+
+def percent(value: Any) -> str:
+    """A fraction (0..1) as a percentage with one decimal."""
+    v = _number(value)
+    if v is None:
+        return NOT_MEASURED if value is None else str(value)
+    special = _special(v)
+    return special or f"{v * 100:.1f}%"
+
+
+def scalar(value: Any) -> str:
+    """A number without a known unit: integers separated, others to 4 significant digits."""
+    if value is None:
+        return NOT_MEASURED
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return count(value) if _number(value) is not None else str(value)
+
+
+def by_key(key: str, value: Any) -> str:
+    """A measured value formatted by what its key says it is."""
+    if value is None:
+        return NOT_MEASURED
+    if isinstance(value, Mapping):
+        return "; ".join(f"{k}: {by_key(str(k), v)}" for k, v in value.items()) or "none"
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "none"
+        return ", ".join(by_key(key, v) for v in value)
+    if _number(value) is None:
+        return scalar(value)
+    k = key.lower()
+    if k.endswith("bytes") or k.endswith("_b"):
+        return nbytes(value)
+    if "flop" in k:
+        return flops(value)
+    if k.endswith("_us"):
+        return micros(value)
+    if k.endswith("_ms"):
+        return micros(float(value) * 1e3)
+    if k.endswith("_s") or k.endswith("_seconds"):
+        return micros(float(value) * 1e6)
+    if k.endswith(("fraction", "share")):
+        return percent(value)
+    return scalar(value)
