@@ -164,7 +164,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _check_out(out: Path) -> None:
-    from ampdiag.sources.live.diagnosis import check_writable
+    from ampdiag._layout import check_writable  # torch-free: a report of a trace imports no torch
 
     check_writable(out)
 

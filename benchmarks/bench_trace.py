@@ -1,21 +1,24 @@
-"""Speed and peak memory of ampdiag's trace analysis vs HTA 0.5 (load + temporal breakdown).
+"""Speed and peak memory of ``ampdiag report TRACE`` vs HTA 0.5 (load + temporal breakdown).
 
-Inputs: df_index_resolver (54 MB of JSON) from ../shared/traces (or $AMPDIAG_TRACES) and a 4x
-larger trace made from it in a temporary folder (four copies of its events, shifted in time and
-correlation id; never committed). Each measurement runs in a fresh subprocess (wall time from
-before the imports to the finished session; peak RSS = VmHWM of that process, plus, where the
-reader forked worker processes (``ampdiag.trace.parallel``), each worker's own peak: its VmHWM
-less the pages it still shares with its parent, which the parent's figure counts already; the
-upper bound, every process's peak RSS in full, is printed beside it), interleaved:
-ampdiag, HTA, and ampdiag with its standard-library reader only (the path taken when msgspec is
-not installed, or for a file the fast path does not handle), ``--repeat`` times. Medians of the
-times are printed, the largest peak RSS, and the ratios: HTA time / ampdiag time, peak RSS /
-uncompressed JSON size, ampdiag time per MB of JSON, and 4x time / 1x time (linear = 4).
+Inputs: df_index_resolver (54 MB of JSON) from ../shared/traces (or $AMPDIAG_TRACES), and traces
+generated from it in a temporary folder (never committed): copies of its events shifted in time
+and correlation id. Every measurement runs in a fresh subprocess, imports included (wall time
+from before the first import to the end; peak RSS = VmHWM of that process), interleaved,
+``--repeat`` times; medians are printed.
 
-Last, a folder of ``--ranks`` copies of the trace (rank files), read with the reader's worker
-processes and in one process (``AMPDIAG_TRACE_WORKERS=1``), interleaved.
+1. 1x: ``ampdiag report --format json`` and the default HTML report (``main()`` of the CLI, as
+   the ``ampdiag`` command runs it) against HTA's ``TraceAnalysis`` + ``get_temporal_breakdown``,
+   and the lenient standard-library path alone (what a file the decoder cannot cut costs);
+   every tool's idle and compute time agree within 1 us. 4x: the same, linear = 4.
+2. Steps: the same bytes with many or few ``ProfilerStep`` spans (the other spans renamed to a
+   name of the same length), 4 copies (~215 MB) with 6738 vs 69 steps and ``--steps-copies``
+   copies (default 10, ~540 MB) with 16776 vs 170: the report must take at most 2x as long
+   with the many steps (analysis in O(events + steps)).
+3. Ranks: a folder of ``--ranks`` copies read one after the other (what the reader does) and
+   by a ``concurrent.futures`` process pool (measured here only: it decides whether the reader
+   should).
 
-    python benchmarks/bench_trace.py [--repeat 5] [--skip-hta-4x] [--skip-stdlib] [--ranks 4]
+    python benchmarks/bench_trace.py [--repeat 3] [--skip-4x] [--skip-steps] [--ranks 2]
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import compileall
 import gzip
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -35,36 +39,55 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # Linux-only: peak RSS is read from /proc/self/status (VmHWM), which restarts at exec.
 
-OURS = """
+REPORT = """
+import sys, time, io, contextlib, json
+sys.path.insert(0, {repo!r})
+t = time.perf_counter()
+from ampdiag.cli import main
+buf = io.StringIO()
+with contextlib.redirect_stdout(buf):
+    code = main(["report", {path!r}, "--format", {fmt!r}, "--out", {out!r}])
+dt = time.perf_counter() - t
+assert code == 0, code
+if {fmt!r} == "json":
+    r = json.loads(buf.getvalue())["timeline"]["ranks"][0]
+    idle, comp = r["idle_us"], r["compute_us"]
+else:
+    idle = comp = float("nan")
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+print(dt, int(hwm) * 1024, idle, comp)
+"""
+
+LENIENT = """
 import sys, time
 sys.path.insert(0, {repo!r})
 t = time.perf_counter()
-from ampdiag.sources.traces import session_from_traces
 from pathlib import Path
-if {stdlib!r}:
-    import ampdiag.trace.reader as R
-    R.FAST = False
 import ampdiag.trace.reader as R
-seen = []  # (processes, workers' own peak memory) of each file read
-reads = R.read_traces
-def recorded(paths):
-    for rt in reads(paths):
-        seen.append((rt.processes, sum(rt.worker_peak_bytes)))
-        yield rt
-R.read_traces = recorded
-s = session_from_traces(Path({path!r}))
-assert {stdlib!r} or s.sections["timeline"]["ranks"][0]["file"]
-r = s.sections["timeline"]["ranks"][0]
+from ampdiag.trace.lenient import read_lenient
+R.read_fast = lambda p, i=0: read_lenient(p, i)  # every file by the lenient path
+from ampdiag.sources.traces import session_from_traces
+r = session_from_traces(Path({path!r})).sections["timeline"]["ranks"][0]
 dt = time.perf_counter() - t
-import resource
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
-# the reader's worker processes (they exit before it returns): their peak RSS in full (an
-# upper bound: pages shared with this process counted twice), and their own peak
-workers = max(procs for procs, _ in seen) - 1
-child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 if workers else 0
-own = max(own for _, own in seen)
-print(dt, int(hwm) * 1024 + own, r["idle_us"], r["compute_us"], workers + 1,
-      int(hwm) * 1024 + workers * child)
+print(dt, int(hwm) * 1024, r["idle_us"], r["compute_us"])
+"""
+
+POOL = """
+import sys, time
+sys.path.insert(0, {repo!r})
+t = time.perf_counter()
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from ampdiag.analysis.timeline import analyze_rank
+from ampdiag.sources.traces import trace_files
+from ampdiag.trace.reader import read_trace
+files = trace_files(Path({path!r}))
+with ProcessPoolExecutor(max_workers={workers}) as pool:
+    ranks = [analyze_rank(rt) for rt in pool.map(read_trace, files, range(len(files)))]
+dt = time.perf_counter() - t
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+print(dt, int(hwm) * 1024, ranks[0]["idle_us"], ranks[0]["compute_us"])
 """
 
 HTA = """
@@ -79,7 +102,7 @@ with contextlib.redirect_stdout(io.StringIO()):
 dt = time.perf_counter() - t
 row = tb.iloc[0]
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
-print(dt, int(hwm) * 1024, row["idle_time(us)"], row["compute_time(us)"], 1, int(hwm) * 1024)
+print(dt, int(hwm) * 1024, row["idle_time(us)"], row["compute_time(us)"])
 """
 
 
@@ -91,156 +114,212 @@ def traces_root() -> Path:
     return root
 
 
-def make_4x(src: Path, out_dir: Path) -> tuple[Path, int]:
-    """Four copies of the trace's events, shifted in time and ids; returns (folder, JSON bytes)."""
+def make_copies(src: Path, dest: Path, copies: int, steps: int | None = None) -> int:
+    """``copies`` copies of the trace's events, shifted in time and ids; returns JSON bytes.
+
+    With ``steps``: the ProfilerStep spans are replaced by ``max(steps, many)`` spans of the
+    same length that tile the trace's time, of which ``steps`` are named ``ProfilerStep#N`` and
+    the rest ``ProfilerStap#N`` (not steps): the files for many and few steps have the same
+    bytes, only the step count differs.
+    """
     doc = json.loads(gzip.decompress(src.read_bytes()))
-    events = doc["traceEvents"]
+    events = doc.pop("traceEvents")
     ts = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
-    shift = max(ts) - min(ts) + 1000
-    out = []
-    for k in range(4):
-        for e in events:
-            e2 = dict(e)
-            if isinstance(e2.get("ts"), (int, float)):
-                e2["ts"] = e2["ts"] + k * shift
-            args = e2.get("args")
-            if isinstance(args, dict) and "correlation" in args:
-                args = dict(args)
-                args["correlation"] = args["correlation"] + k * 10_000_000
-                e2["args"] = args
-            if e2.get("ph") in ("s", "f") and isinstance(e2.get("id"), int):
-                e2["id"] += k * 10_000_000
-            name = e2.get("name")
-            if isinstance(name, str) and name.startswith("ProfilerStep#"):
-                e2["name"] = f"ProfilerStep#{int(name.split('#')[1]) + 10 * k}"
-            out.append(e2)
-    doc["traceEvents"] = out
-    text = json.dumps(doc, indent=2).encode()
-    folder = out_dir / "df_index_4x"
-    folder.mkdir()
-    (folder / "df_index_4x.json.gz").write_bytes(gzip.compress(text, compresslevel=1))
-    return folder, len(text)
+    t0, shift = min(ts), max(ts) - min(ts) + 1000
+    head = json.dumps(doc)[:-1] + ', "traceEvents": [\n'
+    size = 0
+    with gzip.open(dest, "wt", compresslevel=1, encoding="utf-8") as out:
+        out.write(head)
+        size += len(head)
+        first = True
+        host_pid = next(e["pid"] for e in events if str(e.get("name", "")).startswith("Profiler"))
+        for k in range(copies):
+            for e in events:
+                e2 = dict(e)
+                if isinstance(e2.get("ts"), (int, float)):
+                    e2["ts"] = e2["ts"] + k * shift
+                args = e2.get("args")
+                if isinstance(args, dict) and "correlation" in args:
+                    e2["args"] = {**args, "correlation": args["correlation"] + k * 10_000_000}
+                if e2.get("ph") in ("s", "f") and isinstance(e2.get("id"), int):
+                    e2["id"] += k * 10_000_000
+                name = e2.get("name")
+                if isinstance(name, str) and name.startswith("ProfilerStep#"):
+                    if steps is not None:
+                        continue  # replaced below
+                    e2["name"] = f"ProfilerStep#{int(name.split('#')[1]) + 10 * k}"
+                line = ("" if first else ",\n") + json.dumps(e2)
+                first = False
+                out.write(line)
+                size += len(line)
+        if steps is not None:
+            many = STEP_COUNTS[copies][0]
+            width = shift * copies / many
+            every = many // steps
+            for n in range(many):
+                kind = "ProfilerStep" if n % every == 0 and n // every < steps else "ProfilerStap"
+                span = {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": f"{kind}#{n:06d}",
+                    "pid": host_pid,
+                    "tid": host_pid,
+                    "ts": round(t0 + n * width, 3),
+                    "dur": round(width * 0.999, 3),
+                    "args": {},
+                }
+                line = ",\n" + json.dumps(span)
+                out.write(line)
+                size += len(line)
+        out.write("\n]}")
+    return size + 3
 
 
-def run(code: str, env: dict[str, str] | None = None) -> tuple[float, int, float, float, int, int]:
-    """(seconds, peak memory, idle us, compute us, processes, peak memory's upper bound)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+STEP_COUNTS = {4: (6738, 69), 10: (16776, 170)}
+
+
+def run(code: str) -> tuple[float, int, float, float, float]:
+    """(seconds, peak RSS bytes, idle us, compute us, CPU seconds) of a fresh process.
+
+    The CPU time (user + system of the whole process, interpreter start included) moves less
+    than the wall time when other work shares the machine's cores.
+    """
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    dt, rss, idle, comp = proc.stdout.strip().splitlines()[-1].split()
+    return float(dt), int(rss), float(idle), float(comp), cpu
+
+
+def report(path: Path, fmt: str, out: Path) -> str:
+    return REPORT.format(repo=str(REPO), path=str(path), fmt=fmt, out=str(out))
+
+
+def interleaved(
+    codes: dict[str, str], repeat: int, size: int, agree: bool = True
+) -> dict[str, list[float]]:
+    """Runs each code ``repeat`` times, interleaved; prints medians; checks the tools agree."""
+    runs: dict[str, tuple[list[float], list[int]]] = {k: ([], []) for k in codes}
+    cpus: dict[str, list[float]] = {k: [] for k in codes}
+    ref: tuple[float, float] | None = None
+    for _ in range(repeat):
+        for kind, code in codes.items():
+            dt, rss, idle, comp, cpu = run(code)
+            runs[kind][0].append(dt)
+            runs[kind][1].append(rss)
+            cpus[kind].append(cpu)
+            if (
+                agree and idle == idle
+            ):  # not NaN: every tool's idle and compute time agree within 1 us
+                ref = ref or (idle, comp)
+                assert abs(idle - ref[0]) < 1 and abs(comp - ref[1]) < 1, (kind, idle, comp, ref)
+    for kind, (times, peaks) in runs.items():
+        t, m, c = statistics.median(times), max(peaks), statistics.median(cpus[kind])
+        print(
+            f"  {kind:<26} {t:6.2f} s  ({t / (size / 1e6) * 1e3:5.1f} ms/MB)  CPU {c:6.2f} s"
+            f"  peak RSS {m / 1e6:6.0f} MB = {m / size:4.2f}x JSON",
+            flush=True,
+        )
+    out = {k: v[0] for k, v in runs.items()}
+    out.update({f"{k} CPU": v for k, v in cpus.items()})
+    return out
+
+
+def vs(times: dict[str, list[float]], base: str, ours: str) -> str:
+    pairs = [b / o for b, o in zip(times[base], times[ours], strict=True)]
+    return (
+        f"{statistics.median(times[base]) / statistics.median(times[ours]):.1f}x (medians; "
+        f"per-round {min(pairs):.1f}-{max(pairs):.1f})"
     )
-    dt, rss, idle, comp, procs, upper = proc.stdout.strip().splitlines()[-1].split()
-    return float(dt), int(rss), float(idle), float(comp), int(procs), int(upper)
 
 
-def _fmt(
-    label: str, times: list[float], rss: list[int], procs: list[int], upper: list[int], size: int
-) -> str:
-    t, m, u = statistics.median(times), max(rss), max(upper)
-    line = (
-        f"  {label:<16} {t:6.2f} s  ({t / (size / 1e6) * 1e3:5.1f} ms/MB)"
-        f"  peak RSS {m / 1e6:6.0f} MB = {m / size:4.2f}x JSON"
+def bench_size(src_dir: Path, size: int, label: str, repeat: int, tmp: Path, hta: bool) -> float:
+    codes = {
+        "ampdiag report --format json": report(src_dir, "json", tmp / "out"),
+        "ampdiag report (HTML)": report(src_dir, "html", tmp / "out"),
+    }
+    if hta:
+        codes["HTA 0.5"] = HTA.format(path=str(src_dir))
+    if label == "1x":
+        codes["lenient path alone"] = LENIENT.format(repo=str(REPO), path=str(src_dir))
+    print(f"{label}: JSON {size / 1e6:.0f} MB")
+    times = interleaved(codes, repeat, size)
+    if hta:
+        for fmt in ("ampdiag report --format json", "ampdiag report (HTML)"):
+            print(f"  HTA / {fmt}: wall {vs(times, 'HTA 0.5', fmt)}")
+            print(f"  HTA / {fmt}: CPU {vs(times, 'HTA 0.5 CPU', fmt + ' CPU')}")
+    if label == "1x":
+        ratio = vs(times, "lenient path alone", "ampdiag report --format json")
+        print(f"  lenient / decoder: {ratio}")
+    return statistics.median(times["ampdiag report --format json"])
+
+
+def bench_steps(src: Path, copies: int, repeat: int, tmp: Path) -> None:
+    many, few = STEP_COUNTS[copies]
+    files = {}
+    for steps in (many, few):
+        folder = tmp / f"steps-{copies}-{steps}"
+        folder.mkdir()
+        size = make_copies(src, folder / "trace.json.gz", copies, steps)
+        files[steps] = folder
+    print(f"steps: {copies} copies, JSON {size / 1e6:.0f} MB (the same bytes for both)")
+    codes = {f"{n} steps (json)": report(files[n], "json", tmp / "out") for n in (many, few)}
+    times = interleaved(codes, repeat, size, agree=False)  # other steps: another window
+    ratio = statistics.median(times[f"{many} steps (json)"]) / statistics.median(
+        times[f"{few} steps (json)"]
     )
-    if max(procs) > 1:
-        line += f"  ({max(procs)} processes; every RSS in full: {u / 1e6:.0f} MB = {u / size:.2f}x)"
-    return line
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--skip-hta-4x", action="store_true", help="HTA on 216 MB needs ~1.5 GB")
-    ap.add_argument("--skip-stdlib", action="store_true", help="no standard-library-path row")
-    ap.add_argument("--ranks", type=int, default=4, help="copies in the folder-of-ranks case")
-    ap.add_argument("--make-4x", nargs=2, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.make_4x:
-        folder, size = make_4x(Path(args.make_4x[0]), Path(args.make_4x[1]))
-        print(folder, size)
-        return
-    # Byte-compile ampdiag first, as installing a package does (HTA's files were compiled when
-    # pip installed it): with PYTHONDONTWRITEBYTECODE set, as on some machines, every timed
-    # process would otherwise compile ampdiag's source again.
-    compileall.compile_dir(REPO / "ampdiag", quiet=1)
-    root = traces_root()
-    src_dir = root / "df_index_resolver"
-    src = src_dir / "df_index_resolver.json.gz"
-    size1 = len(gzip.decompress(src.read_bytes()))
-    with tempfile.TemporaryDirectory(prefix="bench-trace-") as tmp:
-        # made in a child process so that this one stays small (children inherit nothing big)
-        made = subprocess.run(
-            [sys.executable, __file__, "--make-4x", str(src), tmp],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split()
-        big_dir, size4 = Path(made[0]), int(made[1])
-        medians = {}
-        for label, folder, size in (("1x", src_dir, size1), ("4x", big_dir, size4)):
-            runs: dict[str, tuple[list[float], list[int], list[int], list[int]]] = {}
-            ref: tuple[float, float] | None = None
-            kinds = ["ampdiag", "HTA 0.5"]
-            if label == "4x" and args.skip_hta_4x:
-                kinds.remove("HTA 0.5")
-            if not args.skip_stdlib and label == "1x":
-                kinds.append("ampdiag (stdlib)")
-            for _ in range(args.repeat):
-                for kind in kinds:
-                    if kind == "HTA 0.5":
-                        code = HTA.format(path=str(folder))
-                    else:
-                        stdlib = kind != "ampdiag"
-                        code = OURS.format(repo=str(REPO), path=str(folder), stdlib=stdlib)
-                    dt, rss, idle, comp, procs, upper = run(code)
-                    times, peaks, nprocs, uppers = runs.setdefault(kind, ([], [], [], []))
-                    times.append(dt)
-                    peaks.append(rss)
-                    nprocs.append(procs)
-                    uppers.append(upper)
-                    # every tool, every run: the same idle and compute time (within 1 us)
-                    ref = ref or (idle, comp)
-                    agree = abs(idle - ref[0]) < 1 and abs(comp - ref[1]) < 1
-                    assert agree, (kind, idle, comp, ref)
-            name = "df_index_resolver" + ("" if label == "1x" else " x4")
-            print(f"{label}: {name}, JSON {size / 1e6:.0f} MB")
-            for kind in kinds:
-                print(_fmt(kind, *runs[kind], size), flush=True)
-            ours = statistics.median(runs["ampdiag"][0])
-            medians[label] = ours
-            if "HTA 0.5" in runs:
-                hta_times = runs["HTA 0.5"][0]
-                hta = statistics.median(hta_times)
-                # paired: each round's HTA run against the same round's ampdiag run (drift on
-                # a shared machine moves both)
-                pairs = [h / o for h, o in zip(hta_times, runs["ampdiag"][0], strict=True)]
-                print(
-                    f"  speed-up vs HTA: {hta / ours:.1f}x (median times), "
-                    f"{statistics.median(pairs):.1f}x (median of per-round ratios, "
-                    f"{min(pairs):.1f}-{max(pairs):.1f})"
-                )
-            if "ampdiag (stdlib)" in runs:
-                slow = statistics.median(runs["ampdiag (stdlib)"][0])
-                print(f"  fast path vs standard-library path: {slow / ours:.1f}x")
-        print(f"ampdiag time 4x / 1x: {medians['4x'] / medians['1x']:.2f} (linear = 4.0)")
-        if args.ranks > 1:
-            bench_ranks(src, args.ranks, args.repeat, Path(tmp))
+    print(f"  {many} steps / {few} steps: {ratio:.2f}x the time (must be <= 2)")
+    for folder in files.values():
+        shutil.rmtree(folder)
 
 
 def bench_ranks(src: Path, n: int, repeat: int, tmp: Path) -> None:
-    """A folder of ``n`` ranks (copies of ``src``): worker processes vs one process."""
     folder = tmp / "ranks"
     folder.mkdir()
     for k in range(n):
         shutil.copy(src, folder / f"rank-{k}.json.gz")
-    code = OURS.format(repo=str(REPO), path=str(folder), stdlib=False)
-    alone = dict(os.environ, AMPDIAG_TRACE_WORKERS="1")
-    times: dict[str, list[float]] = {"workers": [], "one process": []}
-    for _ in range(repeat):
-        times["workers"].append(run(code)[0])
-        times["one process"].append(run(code, alone)[0])
-    many, one = (statistics.median(t) for t in times.values())
-    print(
-        f"{n} ranks (copies of df_index_resolver): {many:.2f} s with worker processes, "
-        f"{one:.2f} s in one process: {one / many:.2f}x"
-    )
+    size = n * len(gzip.decompress(src.read_bytes()))
+    print(f"{n} ranks (copies of df_index_resolver), {os.cpu_count()} cores")
+    codes = {
+        "one after the other": report(folder, "json", tmp / "out"),
+        f"process pool ({n} workers)": POOL.format(repo=str(REPO), path=str(folder), workers=n),
+    }
+    times = interleaved(codes, repeat, size)
+    ratio = vs(times, "one after the other", f"process pool ({n} workers)")
+    print(f"  one after the other / pool: {ratio}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--skip-4x", action="store_true")
+    ap.add_argument("--skip-steps", action="store_true")
+    ap.add_argument("--steps-copies", type=int, default=10, choices=sorted(STEP_COUNTS))
+    ap.add_argument("--ranks", type=int, default=2, help="copies in the folder-of-ranks case")
+    args = ap.parse_args()
+    # Byte-compile ampdiag first, as installing a package does (HTA's files were compiled when
+    # pip installed it).
+    compileall.compile_dir(REPO / "ampdiag", quiet=1)
+    src_dir = traces_root() / "df_index_resolver"
+    src = src_dir / "df_index_resolver.json.gz"
+    size1 = len(gzip.decompress(src.read_bytes()))
+    with tempfile.TemporaryDirectory(prefix="bench-trace-") as tmp_name:
+        tmp = Path(tmp_name)
+        one = bench_size(src_dir, size1, "1x", args.repeat, tmp, hta=True)
+        if not args.skip_4x:
+            big = tmp / "x4"
+            big.mkdir()
+            size4 = make_copies(src, big / "df_index_4x.json.gz", 4)
+            four = bench_size(big, size4, "4x", args.repeat, tmp, hta=False)
+            print(f"ampdiag time 4x / 1x: {four / one:.2f} (linear = 4.0)")
+            shutil.rmtree(big)
+        if not args.skip_steps:
+            bench_steps(src, 4, args.repeat, tmp)
+            if args.steps_copies != 4:
+                bench_steps(src, args.steps_copies, args.repeat, tmp)
+        if args.ranks > 1:
+            bench_ranks(src, args.ranks, args.repeat, tmp)
 
 
 if __name__ == "__main__":

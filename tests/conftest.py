@@ -10,14 +10,6 @@ import torch
 from torch import nn
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_TRACES = REPO.parent / "shared" / "traces"
-
-
-def shared_traces() -> Path:
-    """The shared real traces folder, or skip the test with the reason."""
-    if not SHARED_TRACES.is_dir():
-        pytest.skip(f"shared traces not found at {SHARED_TRACES} (see ../shared/README.md)")
-    return SHARED_TRACES
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -41,6 +41,7 @@ def test_notebook_runs_top_to_bottom(path: Path, tmp_path: Path) -> None:
     # A copy beside its data, so the run writes its reports/ into tmp_path, not the checkout.
     work = tmp_path / "notebooks"
     shutil.copytree(path.parent, work, ignore=shutil.ignore_patterns("reports", "*.ipynb"))
+    (tmp_path / "tests").symlink_to(path.parent.parent / "tests")  # the trace fixtures
     nb = nbformat.read(path, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), (
         "commit notebooks without outputs"

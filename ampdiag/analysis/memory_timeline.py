@@ -4,7 +4,7 @@ A timeline is ``{"t_us": [...], "bytes": {category: [...]}, "steps": [(name, sta
 "source": str}``: after each allocator event, the bytes live in each category. torch's memory
 profiler makes one (`ampdiag.compat.memory.categorized_timeline`); when it is unavailable,
 `timeline_from_trace` makes one from the public Kineto trace's ``[memory]`` events and the
-tensors ampdiag knows from the live run:
+tensors ampdiag knows from the live run (the trace read by `ampdiag.trace.reader`):
 
 * an allocation at the address of a known parameter / gradient / optimizer-state tensor, live
   at the end of the step where that tensor was seen, takes that tensor's category;
@@ -18,6 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ampdiag.trace.columns import HOST_CATEGORIES
+from ampdiag.trace.records import RankTrace
+
 #: Our memory category names, in plot order (bottom first).
 CATEGORIES: tuple[str, ...] = (
     "parameters",
@@ -30,7 +33,6 @@ CATEGORIES: tuple[str, ...] = (
     "unknown",
 )
 MODEL_STATE = ("parameters", "gradients", "optimizer_state")
-BACKWARD_PREFIX = "autograd::engine::evaluate_function"
 MAX_POINTS = 400
 
 
@@ -95,7 +97,7 @@ def thin(tl: Mapping[str, Any], max_points: int = MAX_POINTS) -> dict[str, Any]:
 
 
 def timeline_from_trace(
-    trace: Mapping[str, Any],
+    trace: RankTrace,
     device_type: int,
     known_by_step: Mapping[int, Mapping[int, str]],
     known_sizes: Mapping[int, int] | None = None,
@@ -103,7 +105,8 @@ def timeline_from_trace(
     """Categorizes the trace's ``[memory]`` events with the known tensors (module docstring).
 
     Args:
-        trace: A Kineto trace document.
+        trace: The Kineto trace, read by the trace reader (its ``memory`` events, steps and
+            backward host spans).
         device_type: 0 for CPU allocations, 1 for CUDA (the trace's ``Device Type``).
         known_by_step: Step index -> {storage address: category} seen at the end of that step.
         known_sizes: Storage address -> bytes of those tensors. A known tensor with no event
@@ -113,29 +116,13 @@ def timeline_from_trace(
     Returns:
         A timeline (source ``"ampdiag-known-tensors"``), or None without memory events.
     """
-    events = [e for e in trace.get("traceEvents", []) if isinstance(e, dict)]
-    mem = sorted(
-        (
-            e
-            for e in events
-            if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == device_type
-        ),
-        key=lambda e: float(e["ts"]),
-    )
+    mem = sorted((e for e in trace.memory if e[3] == device_type), key=lambda e: e[0])
     if not mem:
         return None
-    steps = sorted(
-        (
-            (str(e["name"]), float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
-            for e in events
-            if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X"
-        ),
-        key=lambda s: s[1],
-    )
-    backward = sorted(
-        float(e["ts"]) for e in events if str(e.get("name", "")).startswith(BACKWARD_PREFIX)
-    )
-    t0 = min([float(mem[0]["ts"])] + [s[1] for s in steps])
+    steps = [(f"ProfilerStep#{n}", start, end) for n, start, end, _pid in trace.steps]
+    host = trace.columns()
+    backward = sorted(host.host_start[host.host_cat == HOST_CATEGORIES.index("backward")].tolist())
+    t0 = min([mem[0][0]] + [s[1] for s in steps])
 
     def bwd_start(t: float) -> float | None:
         for _, start, end in steps:
@@ -146,9 +133,7 @@ def timeline_from_trace(
     # Allocation intervals: (addr, size, t_alloc, t_free or None).
     intervals: list[list[Any]] = []
     open_at: dict[int, int] = {}
-    for e in mem:
-        a = e["args"]
-        addr, size, t = int(a.get("Addr", 0)), int(a.get("Bytes", 0)), float(e["ts"])
+    for t, addr, size, _device in mem:
         if size > 0:
             open_at[addr] = len(intervals)
             intervals.append([addr, size, t, None])

@@ -31,7 +31,7 @@ import numpy as np
 
 from ampdiag.analysis import kernels as K
 from ampdiag.trace.columns import GPU_KINDS, HOST_CATEGORIES, Columns
-from ampdiag.trace.reader import RankTrace
+from ampdiag.trace.records import RankTrace
 from ampdiag.trace.step_breakdown import CATEGORIES, summarize
 
 if TYPE_CHECKING:
@@ -300,53 +300,118 @@ def precision_summary(acts: _Acts) -> dict[str, Any]:
 _HOST_PRIORITY = ("data", "optimizer", "backward", "forward")
 
 
-def host_cover(cols: Columns, sel: Any, start: float, end: float) -> dict[str, float]:
-    """Time of [start, end] covered by each host category, higher priority winning overlaps.
+def covered_by_group(group: I64, starts: F64, ends: F64, groups: int) -> F64:
+    """Length of the union of the intervals of each group (``out[g]``), in one sort.
 
-    Each elementary segment of the step
-    goes to the highest-priority category covering it; what none covers is "other".
+    A sweep over all groups at once: +1 at each start, -1 at each end, sorted by group then
+    time; a segment counts where the running count is positive. Every group's counts sum to
+    zero, so the sweep never carries from one group into the next.
     """
-    s = np.maximum(cols.host_start[sel], start)
-    e = np.minimum(cols.host_end[sel], end)
-    cat = cols.host_cat[sel]
-    ok = e > s
-    s, e, cat = s[ok], e[ok], cat[ok]
-    groups = []
-    for name in _HOST_PRIORITY:
-        k = HOST_CATEGORIES.index(name)
-        groups.append(union(s[cat == k], e[cat == k]))
-    cov = coverage(groups)
-    out = dict.fromkeys(CATEGORIES, 0.0)
-    covered = 0.0
-    for mask in range(1, len(cov)):
-        winner = _HOST_PRIORITY[(mask & -mask).bit_length() - 1]
-        out[winner] += float(cov[mask])
-        covered += float(cov[mask])
-    out["other"] = max(0.0, (end - start) - covered)
+    out = np.zeros(groups)
+    if not len(starts):
+        return out
+    t = np.concatenate([starts, ends])
+    g = np.concatenate([group, group])
+    d = np.concatenate([np.ones(len(starts), np.int64), np.full(len(ends), -1, np.int64)])
+    order = np.lexsort((-d, t, g))
+    t, g, d = t[order], g[order], d[order]
+    live = (np.cumsum(d)[:-1] > 0) & (g[1:] == g[:-1])
+    out += np.bincount(g[:-1], weights=np.where(live, np.diff(t), 0.0), minlength=groups)
     return out
 
 
+def _step_pairs(starts: F64, ends: F64, s: F64, e: F64) -> tuple[I64, I64]:
+    """(interval index, step index) of each interval and step that overlap (step-sorted steps).
+
+    Steps must be sorted and not overlap one another (ends ascending too); each interval is
+    paired with the run of steps it overlaps, so the pairs number about intervals + steps.
+    """
+    first = np.searchsorted(ends, s, side="right")  # the first step ending after the start
+    last = np.searchsorted(starts, e, side="left")  # past the last step starting before the end
+    count = np.maximum(last - first, 0)
+    idx = np.repeat(np.arange(len(s)), count)
+    offset = np.arange(len(idx)) - np.repeat(np.cumsum(count) - count, count)
+    return idx.astype(np.int64), (np.repeat(first, count) + offset).astype(np.int64)
+
+
+def _sorted_disjoint(starts: F64, ends: F64) -> bool:
+    return bool(np.all(starts[1:] >= ends[:-1])) if len(starts) > 1 else True
+
+
 def host_breakdown(rt: RankTrace) -> dict[str, Any]:
-    """The host step-time breakdown (forward/backward/optimizer/data/other) of the steps."""
+    """The host step-time breakdown (forward/backward/optimizer/data/other) of the steps.
+
+    Each elementary segment of a step goes to the highest-priority category of the host spans
+    of its process covering it (data > optimizer > backward > forward); what none covers is
+    "other". Computed for all steps at once: time in O((host spans + steps) log).
+    """
+    if not rt.steps:
+        return summarize([])
+    cols = rt.columns()
+    n = len(rt.steps)
+    total_by = np.zeros((n, len(CATEGORIES)))
+    pid_of = np.array(
+        [cols.pids.index(str(p)) if str(p) in cols.pids else -1 for _, _, _, p in rt.steps]
+    )
+    starts_all = np.array([st[1] for st in rt.steps], dtype=np.float64)
+    ends_all = np.array([st[2] for st in rt.steps], dtype=np.float64)
+    for pid in np.unique(pid_of).tolist():
+        which = np.flatnonzero(pid_of == pid)
+        on = np.flatnonzero(cols.host_pid == pid)
+        hs, he, hc = cols.host_start[on], cols.host_end[on], cols.host_cat[on]
+        st, en = starts_all[which], ends_all[which]
+        if _sorted_disjoint(st, en):
+            span, step = _step_pairs(st, en, hs, he)
+        else:  # overlapping steps (not written by torch): every span against every step
+            span = np.tile(np.arange(len(hs)), len(which))
+            step = np.repeat(np.arange(len(which)), len(hs))
+        s = np.maximum(hs[span], st[step])
+        e = np.minimum(he[span], en[step])
+        ok = e > s
+        s, e, cat, step = s[ok], e[ok], hc[span[ok]], step[ok]
+        # one sweep: per category +1/-1, sorted by step then time; a segment goes to the
+        # highest-priority category live in it
+        t = np.concatenate([s, e])
+        k = np.concatenate([cat, cat])
+        sign = np.concatenate([np.ones(len(s)), -np.ones(len(e))])
+        g = np.concatenate([step, step])
+        order = np.lexsort((t, g))
+        t, k, sign, g = t[order], k[order], sign[order], g[order]
+        live = np.zeros((len(t), len(HOST_CATEGORIES)), dtype=bool)
+        for c in range(len(HOST_CATEGORIES)):
+            live[:, c] = np.cumsum(np.where(k == c, sign, 0.0)) > 0.5
+        winner = np.full(len(t), -1, dtype=np.int64)
+        for name in reversed(_HOST_PRIORITY):  # the highest priority written last, so it wins
+            winner[live[:, HOST_CATEGORIES.index(name)]] = CATEGORIES.index(name)
+        seg = np.diff(t) if len(t) else np.empty(0)
+        use = (winner[:-1] >= 0) & (g[1:] == g[:-1])
+        flat = np.bincount(
+            g[:-1][use] * len(CATEGORIES) + winner[:-1][use],
+            weights=seg[use],
+            minlength=len(which) * len(CATEGORIES),
+        )
+        total_by[which] = flat.reshape(len(which), len(CATEGORIES))
+    other = CATEGORIES.index("other")
+    total_by[:, other] = np.maximum(0.0, (ends_all - starts_all) - total_by.sum(axis=1))
+    keys = [f"{c}_us" for c in CATEGORIES]
     rows = []
-    cols = rt.columns() if rt.steps else None
-    for number, start, end, pid in rt.steps:
-        assert cols is not None
-        key = pid if isinstance(pid, str) else str(pid)
-        pid_id = cols.pids.index(key) if key in cols.pids else -1
-        sel = (cols.host_pid == pid_id) & (cols.host_end > start) & (cols.host_start < end)
-        totals = host_cover(cols, sel, start, end)
+    for (number, start, end, _pid), values in zip(rt.steps, total_by.tolist(), strict=True):
         row: dict[str, Any] = {"step": number, "total_us": end - start}
-        row.update({f"{c}_us": totals[c] for c in CATEGORIES})
+        row.update(zip(keys, values, strict=True))
         rows.append(row)
     return summarize(rows)
 
 
 def per_step(rt: RankTrace, name_type: I64) -> list[dict[str, Any]]:
-    """GPU breakdown of each ProfilerStep: the activities its host work launched."""
+    """GPU breakdown of each ProfilerStep: the activities its host work launched.
+
+    All steps at once (one grouped sweep for the busy time, one for the computation kernels),
+    so the time grows with activities + steps, not their product.
+    """
     if not rt.steps:
         return []
     cols = rt.columns()
+    n = len(rt.steps)
     starts = np.array([s[1] for s in rt.steps], dtype=np.float64)
     ends = np.array([s[2] for s in rt.steps], dtype=np.float64)
     li = cols.launch_index(cols.gpu_corr)
@@ -354,19 +419,43 @@ def per_step(rt: RankTrace, name_type: I64) -> list[dict[str, Any]]:
     i = np.searchsorted(starts, t, side="right") - 1
     ok = i >= 0
     ok[ok] = t[ok] < ends[i[ok]]
-    group = np.where(ok, i, -1)
+    sel = np.flatnonzero(ok)
+    group = i[sel]
+    ts = cols.gpu_ts[sel]
+    end = ts + cols.gpu_dur[sel]
+    kernels = np.bincount(group, minlength=n)
+    first = np.full(n, np.inf)
+    last = np.full(n, -np.inf)
+    np.minimum.at(first, group, ts)
+    np.maximum.at(last, group, end)
+    busy = covered_by_group(group, ts, end, n)
+    is_comp = name_type[cols.gpu_name[sel]] == TYPE_ORDER.index(K.COMPUTATION)
+    compute = covered_by_group(group[is_comp], ts[is_comp], end[is_comp], n)
     out = []
-    for k, (number, start, end, _pid) in enumerate(rt.steps):
-        acts = _Acts(cols, name_type, group == k)
-        b = breakdown(acts)
-        out.append(
-            {
-                "step": number,
-                "host_us": end - start,
-                "kernels": len(acts),
-                **{key: v for key, v in b.items() if not key.startswith("_")},
-            }
-        )
+    columns = zip(
+        rt.steps,
+        kernels.tolist(),
+        first.tolist(),
+        last.tolist(),
+        busy.tolist(),
+        compute.tolist(),
+        strict=True,
+    )
+    for (number, start, stop, _pid), count, lo, hi, b, c in columns:
+        row: dict[str, Any] = {"step": number, "host_us": stop - start, "kernels": count}
+        if count:
+            row.update(
+                start_us=lo,
+                end_us=hi,
+                span_us=hi - lo,
+                busy_us=b,
+                idle_us=hi - lo - b,
+                compute_us=c,
+                non_compute_us=b - c,
+            )
+        else:
+            row.update(span_us=0.0, idle_us=0.0, compute_us=0.0, non_compute_us=0.0)
+        out.append(row)
     return out
 
 

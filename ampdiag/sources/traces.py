@@ -6,36 +6,48 @@ module only puts what they return into a Session (and must not import torch).
 
 from __future__ import annotations
 
+import datetime as _dt
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ampdiag._layout import MEMORY_DIR, TENSORBOARD_DIR
+from ampdiag._layout import MEMORY_DIR, SESSION_FILE, TENSORBOARD_DIR
+from ampdiag._version import __version__
+from ampdiag.analysis.timeline import analyze_rank, summarize_ranks
 from ampdiag.errors import InputError
+from ampdiag.session import Session
+from ampdiag.trace.hta_extra import run_hta
+from ampdiag.trace.reader import read_traces
 
 if TYPE_CHECKING:
     from ampdiag.schema import Environment
-    from ampdiag.session import Session
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 NOT_TRACE_DIRS = frozenset({TENSORBOARD_DIR, MEMORY_DIR})
 
 
 def trace_files(path: Path) -> list[Path]:
-    """The trace files at a path: the file itself, or the traces in a folder (sorted)."""
-    from ampdiag._layout import SESSION_FILE
+    """The trace files at a path: the file itself, or the traces in a folder (sorted).
 
+    Raises:
+        InputError: No trace files, or a folder (or subfolder) that cannot be listed: a rank
+            whose folder is unreadable is reported, not silently left out.
+    """
     if path.is_file():
         return [path]
-    # A folder of diagnose() outputs (rank-N/ sessions) holds other JSON: session files and
-    # TensorBoard/memory folders are not traces.
-    found = sorted(
-        p
-        for p in path.rglob("*")
-        if p.is_file()
-        and p.name.endswith(TRACE_SUFFIXES)
-        and p.name != SESSION_FILE
-        and not NOT_TRACE_DIRS.intersection(p.relative_to(path).parts[:-1])
-    )
+
+    def unlistable(err: OSError) -> None:
+        raise InputError(f"cannot list {err.filename!r}: {err.strerror or err}")
+
+    found = []
+    for folder, dirs, files in os.walk(path, onerror=unlistable):
+        # A folder of diagnose() outputs (rank-N/ sessions) holds other JSON: session files
+        # and TensorBoard/memory folders are not traces.
+        dirs[:] = [d for d in dirs if d not in NOT_TRACE_DIRS]
+        found += [
+            Path(folder, f) for f in files if f.endswith(TRACE_SUFFIXES) and f != SESSION_FILE
+        ]
+    found = sorted(p for p in found if p.is_file())
     if not found:
         raise InputError(f"no trace files (*.json, *.json.gz) in {str(path)!r}")
     return found
@@ -57,8 +69,6 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
     Raises:
         InputError: No trace files, or a file that is unreadable or not a Kineto trace.
     """
-    from ampdiag.trace.reader import read_traces
-
     files = trace_files(path)
     ranks = []
     devices: list[str] = []
@@ -66,9 +76,6 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
     seen: set[int] = set()
     warnings: list[str] = []
     for index, (file, rt) in enumerate(zip(files, read_traces(files), strict=True)):
-        # after the first read: the reader forks its workers before numpy is imported
-        from ampdiag.analysis.timeline import analyze_rank, summarize_ranks
-
         if rt.rank in seen:
             warnings.append(f"{file.name}: rank {rt.rank} appears twice; using {index}")
             rt.rank, rt.rank_source = index, "position"
@@ -82,12 +89,6 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
         warnings.extend(f"rank {r['rank']}: {w}" for w in r["warnings"])
         if not r["has_gpu"]:
             warnings.append(f"rank {r['rank']}: no GPU kernels in the trace (CPU side only)")
-    # imported after reading: the reader forks its workers before anything heavy is imported
-    import datetime as _dt
-
-    from ampdiag._version import __version__
-    from ampdiag.session import Session
-
     first = ranks[0]
     timeline: dict[str, Any] = {
         "source": "trace",
@@ -97,8 +98,6 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
         "warnings": warnings,
     }
     if hta:
-        from ampdiag.trace.hta_extra import run_hta
-
         timeline["hta"] = run_hta(path, files)
     has_gpu = any(r["has_gpu"] for r in ranks)
     env: Environment = {

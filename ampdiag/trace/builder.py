@@ -1,34 +1,101 @@
-"""Columns from decoded trace events: what the fast reader keeps, chunk by chunk.
+"""The events the reader decodes, and the columns it keeps of them: category routing, once.
 
-The fast reader (:mod:`ampdiag.trace.fastread`) hands each decoded chunk to a
-:class:`ColumnBuilder`, which routes the complete events by category (GPU activity, launch
-call, host op, other host event) and appends their fields as compact columns
-(``array.array``, so that a worker process of :mod:`ampdiag.trace.parallel` never imports
-numpy). ``finish`` turns them into :class:`~ampdiag.trace.columns.Columns` and the steps and
-CPU-op totals of a :class:`~ampdiag.trace.reader.RankTrace`; ``state`` / ``absorb`` carry the
-columns of a part read by another process into this one.
+Both paths of the reader end here. The decoder (:mod:`ampdiag.trace.decode`) has msgspec decode
+runs of events straight into the small structs below, which hold only the fields the analysis
+needs; the lenient paths (an odd run, or a whole file the decoder does not cut) decode with the
+standard library and turn each event into the same structs with :func:`event_from_dict`, which
+holds the rules for odd events (skipped and counted by reason). A :class:`ColumnBuilder` routes
+the structs by category (GPU activity, launch call, host op, other host event, ``[memory]``
+allocator event) into compact ``array.array`` columns, and ``finish`` makes the one
+:class:`~ampdiag.trace.records.RankTrace` of the file.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import math
 from array import array
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Union
 
-from ampdiag.trace.reader import (
+import msgspec
+import numpy as np
+
+from ampdiag.trace.columns import HOST_CATEGORIES, Columns
+from ampdiag.trace.records import (
     ANNOTATION_CATS,
+    GPU_CATS,
     HOST_OP_CATS,
     KERNEL_CATS,
     LAUNCH_CATS,
     MEMCPY_CATS,
     MEMSET_CATS,
+    STEP_RE,
     RankTrace,
+    apply_meta,
 )
 from ampdiag.trace.step_breakdown import classify
 
-BuilderState = tuple[int, list[str], dict[Any, int], list[str], dict[str, list[Any]]]
-"""(events read, names, raw pid -> id, pid texts, column name -> arrays): see ``state``."""
+_Finite = Annotated[float, msgspec.Meta(ge=-1e300, le=1e300)]
+_Duration = Annotated[float, msgspec.Meta(ge=0.0, le=1e300)]
+_I64 = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
+MEMORY_EVENT = "[memory]"
+
+
+class Args(msgspec.Struct, gc=False):
+    """What the analysis reads of a complete event's ``args`` (-1: absent)."""
+
+    stream: _I64 = -1
+    correlation: _I64 = -1
+
+
+class Complete(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
+    """A complete event: what the analysis reads of it."""
+
+    name: str
+    cat: str
+    ts: _Finite
+    dur: _Duration
+    pid: int | str | None = None
+    args: Args | None = None
+
+
+class MemoryArgs(msgspec.Struct, gc=False):
+    """The allocator's fields of a ``[memory]`` instant event."""
+
+    addr: _I64 = msgspec.field(default=0, name="Addr")
+    size: _I64 = msgspec.field(default=0, name="Bytes")
+    device_type: _I64 = msgspec.field(default=-1, name="Device Type")
+
+
+# the category the router sees for events whose ``cat`` it does not decode (a class attribute):
+# every event is routed by ``cat`` in one dict lookup. A complete event whose category is one
+# of these (a NUL escaped in JSON) is dropped, not misread: the class is checked after routing.
+OTHER_PHASE = "\x00other phase"
+INSTANT = "\x00instant"
+
+
+class Instant(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
+    """An instant event; only ``[memory]`` ones are kept."""
+
+    cat: ClassVar[str] = INSTANT
+    name: str = ""
+    ts: _Finite = 0.0
+    args: MemoryArgs | None = None
+
+
+# Every other phase of the Chrome trace format: decoded to an empty struct (all fields skipped).
+_PHASES: tuple[str, ...] = ("B", "E", "I", "C", "b", "n", "e", "s", "t", "f", "P", "O")
+_PHASES += ("N", "D", "M", "V", "v", "R", "c", "(", ")", "T", "S", "p", "F")
+_OTHER = tuple(
+    msgspec.defstruct(
+        f"_Phase{i}", [], gc=False, tag_field="ph", tag=ph, namespace={"cat": OTHER_PHASE}
+    )
+    for i, ph in enumerate(_PHASES)
+)
+_EVENT: Any = Union.__getitem__((Complete, Instant, *_OTHER))
+EVENTS_DECODER: Any = msgspec.json.Decoder(list[_EVENT])
+"""Decodes a JSON array of trace events into the structs (fields not listed are skipped)."""
 
 _KIND = {
     **dict.fromkeys(KERNEL_CATS, 0),
@@ -40,50 +107,117 @@ _GROUP = {
     **dict.fromkeys(LAUNCH_CATS, "launch"),
     **dict.fromkeys(HOST_OP_CATS, "op"),
 }
-_STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
+_INT64 = range(-(1 << 63), 1 << 63)
+
+
+def _arg_int(value: Any) -> int:
+    """An int arg as the decoder reads it (-1: absent, not an int, or beyond 64 bits)."""
+    if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) < 40:
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value in _INT64:
+        return value
+    return -1
+
+
+def event_from_dict(ev: Any, skip: dict[str, int]) -> Any:
+    """The struct of one event decoded by the standard library; None to ignore it.
+
+    The rules for odd events, in one place: an event that is not an object, a complete event
+    with missing or invalid ``ts``/``dur``, a non-finite time, a negative duration, or no string
+    ``name``/``cat`` is skipped and counted in ``skip`` by reason.
+    """
+
+    def skipped(why: str) -> None:
+        skip[why] = skip.get(why, 0) + 1
+
+    if not isinstance(ev, dict):
+        skipped("not a JSON object")
+        return None
+    ph = ev.get("ph")
+    if ph == "i" and ev.get("name") == MEMORY_EVENT:
+        a = ev.get("args")
+        a = a if isinstance(a, dict) else {}
+        ts = ev.get("ts")
+        if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts):
+            skipped("missing or invalid ts/dur")
+            return None
+        mem = MemoryArgs(
+            _arg_int(a.get("Addr", 0)), _arg_int(a.get("Bytes", 0)), _arg_int(a.get("Device Type"))
+        )
+        return Instant(MEMORY_EVENT, float(ts), mem)
+    if ph != "X":
+        return None
+    try:
+        ts = float(ev["ts"])
+        dur = float(ev["dur"])
+    except (KeyError, TypeError, ValueError, OverflowError):
+        skipped("missing or invalid ts/dur")
+        return None
+    name, cat = ev.get("name"), ev.get("cat")
+    if not isinstance(name, str) or not isinstance(cat, str):
+        skipped("missing name or cat")
+        return None
+    if not (math.isfinite(ts) and math.isfinite(dur)):
+        skipped("non-finite timestamp or duration")
+        return None
+    if dur < 0:
+        skipped("negative duration")
+        return None
+    args = None
+    raw = ev.get("args")
+    if cat in GPU_CATS or cat in LAUNCH_CATS:
+        raw = raw if isinstance(raw, dict) else {}
+        args = Args(_arg_int(raw.get("stream", -1)), _arg_int(raw.get("correlation", -1)))
+    pid = ev.get("pid")
+    if not (pid is None or isinstance(pid, str) or type(pid) is int):
+        pid = json.dumps(pid)  # a float or an object: keyed by its JSON text
+    return Complete(name, cat, ts, dur, pid, args)
 
 
 class ColumnBuilder:
-    """Accumulates the columns of decoded events, chunk by chunk.
+    """Accumulates the columns of decoded events, run by run, and makes the RankTrace."""
 
-    Args:
-        complete: The class of a complete ("X") event; ``add`` keeps events of this class only.
-            Such an event has ``name``, ``cat``, ``ts``, ``dur``, ``pid`` and ``args`` (None,
-            or with ``stream`` and ``correlation``; -1 when absent). None for a builder that
-            only absorbs what others read.
-    """
-
-    def __init__(self, complete: type | None, scanner: Any = None) -> None:
-        self.complete = complete
-        # the compiled scanner (ampdiag.trace._kscan.Scanner) when it reads instead of `add`
-        self.scanner = scanner
+    def __init__(self) -> None:
         self.names: dict[str, int] = {}
         self.pids: dict[str, int] = {}
         self.pid_raw: dict[Any, int] = {}
         self.events = 0
-        # column name -> arrays, one per chunk: g_* GPU activities, l_* launch calls, h_* host
+        self.skipped: dict[str, int] = {}
+        self.memory: list[tuple[float, int, int, int]] = []
+        # column name -> arrays, one per run: g_* GPU activities, l_* launch calls, h_* host
         # events (h_kind 0: op such as cpu_op, 1: annotation, 2: any other category)
         self.parts: dict[str, list[Any]] = {}
-        # per-chunk groups, emptied after each chunk; routed by category
+        # per-run groups, emptied after each run; routed by category
         self._gpu: list[Any] = []
         self._launch: list[Any] = []
         self._ops: list[Any] = []
         self._rest: list[Any] = []
+        self._instants: list[Any] = []
+        self._dropped: list[Any] = []
         groups = {"gpu": self._gpu, "launch": self._launch, "op": self._ops}
         self._route = {cat: groups[g].append for cat, g in _GROUP.items()}
+        self._route[INSTANT] = self._instants.append
+        self._route[OTHER_PHASE] = self._dropped.append
 
     def _put(self, key: str, values: list[Any], typecode: str) -> None:
-        # array.array, not numpy: a worker process of the parallel reader never imports numpy
         self.parts.setdefault(key, []).append(array(typecode, values))
 
     def _col(self, key: str, dtype: Any) -> Any:
-        import numpy as np
-
         # taken out of the builder, so each part is freed once concatenated (peak memory)
         parts = [np.frombuffer(p, dtype=dtype) for p in self.parts.pop(key, ())]
         if not parts:
             return np.empty(0, dtype=dtype)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def add_dicts(self, evs: list[Any], events: int | None = None) -> None:
+        """Adds events decoded by the standard library (see :func:`event_from_dict`).
+
+        Args:
+            evs: The events.
+            events: How many events to count as read (default: all of ``evs``).
+        """
+        structs = [event_from_dict(e, self.skipped) for e in evs]
+        self.add([s for s in structs if s is not None], len(evs) if events is None else events)
 
     @staticmethod
     def _ids(
@@ -105,15 +239,26 @@ class ColumnBuilder:
             ids = list(map(table.get, keys))
         return ids
 
-    def add(self, evs: list[Any]) -> None:
-        """Routes one chunk's events and appends their columns."""
-        self.events += len(evs)
+    def add(self, evs: list[Any], events: int | None = None) -> None:
+        """Routes one run of decoded structs and appends their columns.
+
+        Args:
+            evs: The structs (``Complete``, ``Instant``, other phases: ignored).
+            events: How many events to count as read (default: ``len(evs)``).
+        """
+        self.events += len(evs) if events is None else events
         route = self._route
         other = self._rest.append
-        complete: Any = self.complete
         for e in evs:
-            if e.__class__ is complete:
-                route.get(e.cat, other)(e)
+            route.get(e.cat, other)(e)
+        if self._instants:
+            self.memory += [
+                (e.ts, e.args.addr, e.args.size, e.args.device_type)
+                for e in self._instants
+                if e.__class__ is Instant and e.name == MEMORY_EVENT and e.args is not None
+            ]
+            self._instants.clear()
+        self._dropped.clear()
         names = self.names
         put, f64, i64 = self._put, "d", "q"
         gpu, launch = self._gpu, self._launch
@@ -149,47 +294,15 @@ class ColumnBuilder:
                 put("h_kind", [1 if e.cat in ANNOTATION_CATS else 2 for e in host], i64)
             host.clear()
 
-    def state(self) -> BuilderState:
-        """What `absorb` takes: the events read, the name and pid tables and the columns."""
-        if self.scanner is not None:
-            return _scanned_state(self.scanner.state())
-        return self.events, list(self.names), self.pid_raw, list(self.pids), self.parts
+    def finish(self, path: Path, meta: dict[str, Any], index: int, reader: str) -> RankTrace:
+        """The RankTrace of the file: columns, steps, CPU op totals, rank and devices.
 
-    def absorb(self, state: BuilderState) -> None:
-        """Appends the columns of the part read after this one (see `state`).
-
-        Its names and pids are renumbered into this builder's tables, which then list them in
-        the order one reader of the whole file would have met them.
+        Args:
+            path: The file.
+            meta: Its top-level keys other than traceEvents (see ``records.keep_meta``).
+            index: The file's position among the ranks (the rank of last resort).
+            reader: Which path read it ("fast" or "lenient").
         """
-        import numpy as np
-
-        self._take_scanned()  # this builder's own part first
-        events, names, pid_raw, pids, parts = state
-        self.events += events
-        name_id = np.array([self.names.setdefault(n, len(self.names)) for n in names], np.int64)
-        pid_id = np.array([self.pids.setdefault(p, len(self.pids)) for p in pids], np.int64)
-        for raw, local in pid_raw.items():
-            self.pid_raw.setdefault(raw, int(pid_id[local]))
-        for key, arrays in parts.items():
-            remap = pid_id if key == "h_pid" else name_id if key.endswith("_name") else None
-            if remap is not None:
-                arrays = [remap[np.frombuffer(a, dtype=np.int64)] for a in arrays]
-            self.parts.setdefault(key, []).extend(arrays)
-
-    def _take_scanned(self) -> None:
-        """Moves what the compiled scanner read into this builder's own tables and parts."""
-        if self.scanner is not None:
-            scanned, self.scanner = self.state(), None
-            self.absorb(scanned)
-
-    def finish(self, out: RankTrace) -> None:
-        """Puts the columns, steps and CPU op totals into ``out``."""
-        import numpy as np
-
-        from ampdiag.trace.columns import HOST_CATEGORIES, Columns
-
-        self._take_scanned()
-
         host_cat_index = {c: i for i, c in enumerate(HOST_CATEGORIES)}
         names = list(self.names)
         pids = list(self.pids)
@@ -217,7 +330,7 @@ class ColumnBuilder:
         for i in np.flatnonzero(np.bincount(h_name, minlength=n_names)).tolist():
             name = names[i]
             if name.startswith("ProfilerStep"):
-                m = _STEP_RE.match(name)
+                m = STEP_RE.match(name)
                 if m:
                     step_no[i] = int(m.group(1))
                     continue
@@ -226,12 +339,12 @@ class ColumnBuilder:
             c = classify(name, "user_annotation")
             cat_ann[i] = -1 if c is None else host_cat_index[c]
         is_step = step_no[h_name] >= 0
+        steps = []
         for j in np.flatnonzero(is_step).tolist():
             ts = float(h_ts[j])
-            out.steps.append(
-                (int(step_no[h_name[j]]), ts, ts + float(h_dur[j]), pids[int(h_pid[j])])
-            )
+            steps.append((int(step_no[h_name[j]]), ts, ts + float(h_dur[j]), pids[int(h_pid[j])]))
         ops = np.flatnonzero((h_kind == 0) & ~is_step)
+        cpu_ops: dict[str, list[float]] = {}
         if len(ops):
             op_names = h_name[ops]
             calls = np.bincount(op_names, minlength=n_names)
@@ -240,12 +353,11 @@ class ColumnBuilder:
             np.minimum.at(first, op_names, np.arange(len(ops)))
             used = np.flatnonzero(calls)
             used = used[np.argsort(first[used], kind="stable")]
-            out.cpu_ops = {names[i]: [int(calls[i]), float(inclusive[i])] for i in used.tolist()}
+            cpu_ops = {names[i]: [int(calls[i]), float(inclusive[i])] for i in used.tolist()}
         host_cat = np.where(h_kind == 0, cat_op[h_name], np.where(h_kind == 1, cat_ann[h_name], -1))
         host_cat[is_step] = -1
         keep = np.flatnonzero(host_cat >= 0)
-        out._gpu = out._launches = out._host = None
-        out._cols = Columns(
+        cols = Columns(
             names=names,
             gpu_ts=g_ts[order],
             gpu_dur=self._col("g_dur", f64)[order],
@@ -263,31 +375,18 @@ class ColumnBuilder:
             host_pid=h_pid[keep],
             pids=pids,
         )
+        out = RankTrace(path, cols)
+        out.steps = sorted(steps, key=lambda s: s[1])
+        out.cpu_ops = cpu_ops
+        out.memory = self.memory
         out.events = self.events
+        out.skipped = self.skipped
+        out.meta = meta
+        out.reader = reader
+        apply_meta(out, index)
+        return out
 
 
 def _pid_text(pid: Any) -> str:
-    """A pid as the general reader keys it (JSON text of a number, a string as it is)."""
+    """A pid as text (the JSON text of a number, a string as it is): 1 and "1" are one pid."""
     return pid if isinstance(pid, str) else json.dumps(pid)
-
-
-SCANNER_GROUPS = {"kernel": 0, "memcpy": 1, "memset": 2, "launch": 3, "op": 4, "annotation": 5}
-"""The compiled scanner's group codes (any other category: 6, a host event of its own)."""
-
-
-def scanner_groups() -> dict[bytes, int]:
-    """Category (UTF-8) -> the compiled scanner's group code, from the reader's categories."""
-    kinds = ("kernel", "memcpy", "memset")
-    groups = {cat.encode(): SCANNER_GROUPS[kinds[kind]] for cat, kind in _KIND.items()}
-    groups.update(dict.fromkeys([c.encode() for c in LAUNCH_CATS], SCANNER_GROUPS["launch"]))
-    groups.update(dict.fromkeys([c.encode() for c in HOST_OP_CATS], SCANNER_GROUPS["op"]))
-    annotations = [c.encode() for c in ANNOTATION_CATS]
-    groups.update(dict.fromkeys(annotations, SCANNER_GROUPS["annotation"]))
-    return groups
-
-
-def _scanned_state(scanned: tuple[int, list[Any], list[str], dict[str, bytes]]) -> BuilderState:
-    """The compiled scanner's state as `ColumnBuilder.state` gives it (names' escapes decoded)."""
-    events, names, pids, columns = scanned
-    decoded = [json.loads(f'"{n[0]}"') if isinstance(n, tuple) else n for n in names]
-    return events, decoded, {}, pids, {key: [data] for key, data in columns.items()}

@@ -1,21 +1,19 @@
 """Column (numpy) form of what the trace reader keeps, for the vectorised timeline analysis.
 
-The fast reader (:mod:`ampdiag.trace.fastread`) builds these columns directly; the
-standard-library reader builds lists of tuples, turned into columns by :func:`from_lists` when
-the analysis first asks for them. Either way the analysis sees the same arrays.
+The column builder (:mod:`ampdiag.trace.builder`) makes them for every file, whichever path
+decoded it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import numpy as np
-    from numpy.typing import NDArray
+import numpy as np
+from numpy.typing import NDArray
 
-    F64 = NDArray[np.float64]
-    I64 = NDArray[np.int64]
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
 
 GPU_KINDS = ("kernel", "memcpy", "memset")
 HOST_CATEGORIES = ("forward", "backward", "optimizer", "data")
@@ -64,8 +62,6 @@ class Columns:
 
     def launch_index(self, corr: I64) -> I64:
         """Index into the launch columns of each correlation key, -1 where there is none."""
-        import numpy as np
-
         lc = self.launch_corr
         if not len(lc):
             return np.full(len(corr), -1, dtype=np.int64)
@@ -94,7 +90,7 @@ class Columns:
             pids=self.pids,
         )
 
-    # -- back to the reader's tuples (tests and the standard-library path's interface) --
+    # -- as tuples, to read the records one by one --
 
     def gpu_tuples(self) -> list[tuple[float, float, int, int, str, str]]:
         """``RankTrace.gpu`` rows: (start_us, dur_us, stream, correlation, name, kind)."""
@@ -139,56 +135,3 @@ class Columns:
                 strict=True,
             )
         ]
-
-
-def _f64(values: Any) -> F64:
-    import numpy as np
-
-    return np.asarray(values, dtype=np.float64).reshape(-1)
-
-
-def _i64(values: Any) -> I64:
-    import numpy as np
-
-    return np.asarray(values, dtype=np.int64).reshape(-1)
-
-
-def from_lists(
-    gpu: list[tuple[float, float, int, int, str, str]],
-    launches: dict[int, tuple[float, float, str]],
-    host: list[tuple[float, float, str, Any]],
-) -> Columns:
-    """Columns from the reader's lists (the standard-library path, or lists a test set).
-
-    Correlation ids are replaced by dense keys (they may exceed 64 bits in odd traces); only
-    their equality matters to the analysis. GPU activities are sorted by start (stable).
-    """
-    names: dict[str, int] = {}
-    launch_items = sorted(launches.items(), key=lambda kv: kv[0])
-    corr_key = {c: i for i, (c, _) in enumerate(launch_items)}
-    gpu = sorted(gpu, key=lambda g: g[0])
-    kind_index = {k: i for i, k in enumerate(GPU_KINDS)}
-    cat_index = {c: i for i, c in enumerate(HOST_CATEGORIES)}
-    pid_index: dict[str, int] = {}
-    host = [h for h in host if h[2] in cat_index]
-    gpu_name = _i64([names.setdefault(g[4], len(names)) for g in gpu])
-    launch_name = _i64([names.setdefault(v[2], len(names)) for _, v in launch_items])
-    host_pid = _i64([pid_index.setdefault(str(h[3]), len(pid_index)) for h in host])
-    return Columns(
-        names=list(names),
-        gpu_ts=_f64([g[0] for g in gpu]),
-        gpu_dur=_f64([g[1] for g in gpu]),
-        gpu_stream=_i64([g[2] if -(1 << 63) <= g[2] < 1 << 63 else -1 for g in gpu]),
-        gpu_corr=_i64([corr_key.get(g[3], -1) for g in gpu]),
-        gpu_name=gpu_name,
-        gpu_kind=_i64([kind_index[g[5]] for g in gpu]),
-        launch_corr=_i64(list(range(len(launch_items)))),
-        launch_ts=_f64([v[0] for _, v in launch_items]),
-        launch_dur=_f64([v[1] for _, v in launch_items]),
-        launch_name=launch_name,
-        host_start=_f64([h[0] for h in host]),
-        host_end=_f64([h[1] for h in host]),
-        host_cat=_i64([cat_index[h[2]] for h in host]),
-        host_pid=host_pid,
-        pids=list(pid_index),
-    )

@@ -18,23 +18,9 @@ existing traces alike.
 
 from __future__ import annotations
 
-import gzip
-import json
-from pathlib import Path
 from typing import Any
 
 CATEGORIES = ("forward", "backward", "optimizer", "data", "other")
-
-
-def load_trace_json(path: str | Path) -> dict[str, Any]:
-    """Reads a Kineto trace file (.json or .json.gz) as a dict."""
-    p = Path(path)
-    opener = gzip.open if p.name.endswith(".gz") else open
-    with opener(p, "rt", encoding="utf-8") as fh:
-        doc = json.load(fh)
-    if not isinstance(doc, dict):
-        raise ValueError(f"{p} is not a Kineto trace (not a JSON object)")
-    return doc
 
 
 def classify(name: str, cat: str) -> str | None:

@@ -1,4 +1,5 @@
-"""Shared fixtures for the trace tests: the real traces in ../shared/traces, tiny synthetic ones."""
+"""Shared fixtures for the trace tests: real traces (trimmed copies in tests/data/traces), tiny
+synthetic ones."""
 
 from __future__ import annotations
 
@@ -14,21 +15,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def shared_traces() -> Path | None:
-    """The shared real traces: $AMPDIAG_TRACES, else <repo>/../shared/traces; None if absent."""
-    env = os.environ.get("AMPDIAG_TRACES")
-    for cand in ([Path(env)] if env else []) + [REPO.parent / "shared" / "traces"]:
-        if (cand / "MANIFEST.tsv").is_file():
-            return cand
-    return None
+FIXTURES = REPO / "tests" / "data" / "traces"
+"""Real traces from ../shared/traces, the two large ones trimmed (see README.md there): in the
+repository, so the reader and HTA-parity tests run on a fresh clone."""
 
 
 @pytest.fixture(scope="session")
 def traces() -> Path:
-    root = shared_traces()
-    if root is None:
-        pytest.skip("real traces not found: set AMPDIAG_TRACES or put them at ../shared/traces")
-    return root
+    return FIXTURES
 
 
 def manifest(root: Path) -> list[dict[str, str]]:

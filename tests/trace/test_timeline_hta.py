@@ -10,11 +10,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from ampdiag.analysis.timeline import analyze_rank
 from ampdiag.trace.reader import RankTrace, read_trace
-from tests.trace.conftest import manifest, shared_traces
+from tests.trace.conftest import FIXTURES, manifest
 
 TOLERANCE = 0.01  # of the trace's span
 
@@ -22,20 +23,18 @@ TOLERANCE = 0.01  # of the trace's span
 def hta_round(rt: RankTrace) -> None:
     """HTA's parser rounds fractional timestamps inward: start = ceil(ts), end = floor(ts + dur)."""
 
-    def rnd(ts: float, dur: float) -> tuple[float, float]:
-        start, end = math.ceil(ts), math.floor(ts + dur)
-        return float(start), float(end - start)
-
-    rt.gpu = sorted((*rnd(g[0], g[1]), *g[2:]) for g in rt.gpu)
-    rt.launches = {c: (*rnd(v[0], v[1]), v[2]) for c, v in rt.launches.items()}
+    cols = rt.columns()
+    for ts, dur in ((cols.gpu_ts, cols.gpu_dur), (cols.launch_ts, cols.launch_dur)):
+        end = np.floor(ts + dur)
+        ts[:] = np.ceil(ts)  # ceil keeps the activities sorted by start
+        dur[:] = end - ts
     rt.steps = [(n, float(math.ceil(s)), float(math.floor(e)), p) for n, s, e, p in rt.steps]
 
 
 def gpu_dirs() -> list[str]:
-    root = shared_traces()
-    if root is None:
-        return []
-    return sorted({str(Path(r["path"]).parent) for r in manifest(root) if int(r["gpu_kernels"])})
+    return sorted(
+        {str(Path(r["path"]).parent) for r in manifest(FIXTURES) if int(r["gpu_kernels"])}
+    )
 
 
 @cache
@@ -48,7 +47,7 @@ def hta_results(folder: str) -> tuple[dict[int, dict[str, float]], dict[str, flo
     logging.getLogger("hta").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ta = TraceAnalysis(trace_dir=str(shared_traces() / folder))
+        ta = TraceAnalysis(trace_dir=str(FIXTURES / folder))
         tb = ta.get_temporal_breakdown(visualize=False)
         kt, _ = ta.get_gpu_kernel_breakdown(visualize=False)
     per_rank = {
@@ -65,7 +64,7 @@ def hta_results(folder: str) -> tuple[dict[int, dict[str, float]], dict[str, flo
 
 
 def ours(folder: str, rounded: bool = False) -> dict[int, dict[str, Any]]:
-    files = sorted((shared_traces() / folder).glob("*.json*"))
+    files = sorted((FIXTURES / folder).glob("*.json*"))
     out = {}
     for i, f in enumerate(files):
         rt = read_trace(f, i)
@@ -83,12 +82,7 @@ HTA_WRONG = {"triton_example"}
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "folder",
-    [
-        # HTA needs ~5 s on the 54 MB trace (ours ~1.5 s): marked slow, still run by default
-        pytest.param(d, marks=pytest.mark.slow) if d.startswith("df_index") else d
-        for d in gpu_dirs()
-        if d not in HTA_WRONG
-    ],
+    [d for d in gpu_dirs() if d not in HTA_WRONG],
 )
 def test_temporal_breakdown_agrees_with_hta(traces, folder):
     theirs, their_types = hta_results(folder)

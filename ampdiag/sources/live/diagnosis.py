@@ -23,11 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ampdiag._layout import REPORT_FILE
+from ampdiag._layout import REPORT_FILE, check_writable
 from ampdiag._version import __version__
 from ampdiag.compat import scaler as compat_scaler
 from ampdiag.config import Settings
-from ampdiag.errors import OutputError
 from ampdiag.session import Session, StepRecord
 from ampdiag.sources.live.collectors import (
     Collector,
@@ -56,19 +55,6 @@ def default_out() -> Path:
         n += 1
         out = DEFAULT_ROOT / f"run-{stamp}-{n}"
     return out
-
-
-def check_writable(out: Path) -> None:
-    """Creates ``out`` and proves it writable, or raises OutputError with one clear line."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".ampdiag-write-test"
-        probe.write_text("ok", encoding="utf-8")
-        probe.unlink()
-    except OSError as exc:
-        raise OutputError(
-            f"cannot write the output folder {str(out)!r}: {exc.strerror or exc}"
-        ) from None
 
 
 class Diagnosis:

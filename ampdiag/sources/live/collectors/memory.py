@@ -31,7 +31,7 @@ from ampdiag.analysis import memory_timeline as tl_mod
 from ampdiag.compat import memory as compat_memory
 from ampdiag.schema import MemorySection
 from ampdiag.sources.live.collectors.base import Collector, RunContext
-from ampdiag.trace.step_breakdown import load_trace_json
+from ampdiag.trace.reader import read_trace
 
 log = logging.getLogger("ampdiag")
 
@@ -211,9 +211,9 @@ class MemoryCollector(Collector):
         files = run.trace_files
         if not files:
             return None
-        doc = load_trace_json(max(files, key=lambda p: p.stat().st_mtime))
+        trace = read_trace(max(files, key=lambda p: p.stat().st_mtime))
         return tl_mod.timeline_from_trace(
-            doc, 1 if cuda else 0, self._known_by_step, self._known_sizes
+            trace, 1 if cuda else 0, self._known_by_step, self._known_sizes
         )
 
     def section(self) -> MemorySection | None:

@@ -1,20 +1,19 @@
-"""The msgspec fast path of the reader against the standard-library path (the reference)."""
+"""The msgspec decoder of the reader against the lenient standard-library path (the reference)."""
 
 import gzip
 import json
 import random
-import sys
 
 import pytest
 
 from ampdiag.analysis.timeline import analyze_rank
 from ampdiag.errors import InputError
-from ampdiag.trace import fastread as F
+from ampdiag.trace import decode as F
 from ampdiag.trace import reader as R
+from ampdiag.trace.lenient import read_lenient
+from ampdiag.trace.records import Fallback
 from tests.trace.conftest import kernel, launch, manifest, step, write_trace
 from tests.trace.conftest import records as _records
-
-pytest.importorskip("msgspec")
 
 
 def _close(a, b, path=""):
@@ -33,16 +32,16 @@ def _close(a, b, path=""):
         assert a == b, path
 
 
-def test_fast_path_reads_every_real_trace_as_the_stdlib_path_does(traces):
+def test_fast_path_reads_every_real_trace_as_the_lenient_path_does(traces):
     for row in manifest(traces):
         path = traces / row["path"]
         if row["events"] == "0":
-            with pytest.raises(F.Fallback):  # not Kineto traces: the stdlib path says why
+            with pytest.raises(Fallback):  # not Kineto traces: the stdlib path says why
                 F.read_fast(path)
             continue
         fast = F.read_fast(path)
-        slow = R.read_trace_stdlib(path)
-        assert fast.reader == "fast" and slow.reader == "stdlib"
+        slow = read_lenient(path)
+        assert fast.reader == "fast" and slow.reader == "lenient"
         assert _records(fast) == _records(slow), row["path"]
         _close(analyze_rank(slow), analyze_rank(fast))
 
@@ -54,7 +53,7 @@ def test_read_trace_uses_the_fast_path(traces):
 
 def test_other_layouts_and_small_chunks(traces, tmp_path, monkeypatch):
     src = traces / "trace_filter/sampled_rank-0.json.gz"
-    slow = R.read_trace_stdlib(src)
+    slow = read_lenient(src)
     doc = json.loads(gzip.decompress(src.read_bytes()))
     for ev in doc["traceEvents"]:  # "ph" anywhere in the object, compact separators
         items = list(ev.items())
@@ -80,41 +79,58 @@ def test_non_ascii_names_stay_on_the_fast_path(tmp_path):
         fast = F.read_fast(path)
     finally:
         F.CHUNK_BYTES = monkeypatch_chunk
-    assert _records(fast) == _records(R.read_trace_stdlib(path))
+    assert _records(fast) == _records(read_lenient(path))
     assert fast.gpu[0][4] == "kernel_ü_名前"
 
 
-@pytest.mark.parametrize(
-    "mutate",
-    [
-        # what the fast path hands to the stdlib path, which skips or reports it
-        lambda t: t.replace('"dur": 3', '"dur": -3'),
-        lambda t: t.replace('"ts": 2', '"ts": NaN'),
-        lambda t: t.replace('"correlation": 1,', '"correlation": ' + "9" * 30 + ","),
-        lambda t: t.replace('"stream": 7', '"stream": "7"'),
-        lambda t: t.replace('"ph": "X", "cat": "kernel"', '"ph": "Q", "cat": "kernel"'),
-        lambda t: t.replace('"name": "k", ', ""),
-        lambda t: t.replace("[{", '["not an event", {'),
-        lambda t: t.replace('"pid": 0', '"pid": 0.5'),
-        lambda t: t.replace("{", '{"traceEvents": [], ', 1),  # read twice by the stdlib path
-    ],
-)
-def test_odd_events_fall_back_to_the_stdlib_path(tmp_path, mutate):
+ODD_EVENTS = [
+    # repaired or skipped one by one (counted), the rest of the file still decoded by msgspec
+    lambda t: t.replace('"dur": 3', '"dur": -3'),
+    lambda t: t.replace('"ts": 2', '"ts": NaN'),
+    lambda t: t.replace('"correlation": 1,', '"correlation": ' + "9" * 30 + ","),
+    lambda t: t.replace('"stream": 7', '"stream": "7"'),
+    lambda t: t.replace('"ph": "X", "cat": "kernel"', '"ph": "Q", "cat": "kernel"'),
+    lambda t: t.replace('"name": "k", ', ""),
+    lambda t: t.replace("[{", '["not an event", {'),
+    lambda t: t.replace('"pid": 0', '"pid": 0.5'),
+]
+
+
+@pytest.mark.parametrize("mutate", ODD_EVENTS)
+def test_odd_events_stay_on_the_fast_path(tmp_path, mutate):
     events = [launch(1, 1), kernel(2, 3, "k", 1), step(1, 0, 10)]
-    text = mutate(json.dumps({"traceEvents": events}))
+    # the odd event among 2000 plain ones (which no mutation touches), mid-file
+    plain = [
+        {**kernel(5000.5 + i, 1.5, "plain", 100000 + i, stream=9), "cat": "gpu_memcpy", "pid": 1}
+        for i in range(2000)
+    ]
+    text = mutate(json.dumps({"traceEvents": plain[:1000] + events + plain[1000:]}))
     path = tmp_path / "odd.json"
     path.write_text(text)
-    with pytest.raises(F.Fallback):
+    rt = R.read_trace(path)
+    assert rt.reader == "fast"
+    assert _records(rt) == _records(read_lenient(path))
+    assert len(rt.gpu) >= 2000
+
+
+def test_odd_top_level_goes_to_the_lenient_path(tmp_path):
+    text = json.dumps({"traceEvents": [launch(1, 1), kernel(2, 3, "k", 1)]})
+    path = tmp_path / "twice.json"
+    path.write_text(text.replace("{", '{"traceEvents": [], ', 1))  # traceEvents twice
+    with pytest.raises(Fallback):
         F.read_fast(path)
-    try:
-        expected = _records(R.read_trace_stdlib(path))
-    except InputError as exc:
-        with pytest.raises(InputError) as got:
-            R.read_trace(path)
-        assert str(got.value) == str(exc)
-    else:
-        rt = R.read_trace(path)
-        assert rt.reader == "stdlib" and _records(rt) == expected
+    rt = R.read_trace(path)
+    assert rt.reader == "lenient" and _records(rt) == _records(read_lenient(path))
+
+
+def test_an_odd_event_is_skipped_with_a_count_not_the_file(tmp_path):
+    plain = [kernel(100 + i, 1, "plain", i) for i in range(5000)]
+    plain[2500]["dur"] = -1  # the one odd event
+    path = write_trace(tmp_path / "neg.json", plain)
+    rt = R.read_trace(path)
+    assert rt.reader == "fast"
+    assert len(rt.gpu) == 4999  # counted directly: 5000 written, one with a negative duration
+    assert rt.skipped == {"negative duration": 1}
 
 
 BAD = [
@@ -141,7 +157,7 @@ def test_bad_files_give_the_same_error_with_or_without_the_fast_path(tmp_path, c
     path = tmp_path / "bad.json"
     path.write_bytes(content)
     with pytest.raises(InputError) as slow:
-        R.read_trace_stdlib(path)
+        read_lenient(path)
     with pytest.raises(InputError) as fast:
         R.read_trace(path)
     assert str(fast.value) == str(slow.value)
@@ -151,24 +167,11 @@ def test_bad_files_give_the_same_error_with_or_without_the_fast_path(tmp_path, c
         R.read_trace(gz)
 
 
-def test_without_msgspec_the_stdlib_path_reads(traces, monkeypatch):
-    src = traces / "with_gpu_user_annotation/step_based_trace_2543932.json.gz"
-    fast = R.read_trace(src)
-    # as without msgspec installed: importing the fast path fails
-    monkeypatch.setenv("AMPDIAG_TRACE_SCANNER", "0")  # (the compiled scanner needs no msgspec)
-    monkeypatch.setitem(sys.modules, "msgspec", None)
-    monkeypatch.delitem(sys.modules, "ampdiag.trace.msgspec_events", raising=False)
-    slow = R.read_trace(src)
-    assert slow.reader == "stdlib" and fast.reader == "fast"
-    assert _records(slow) == _records(fast)
-    _close(analyze_rank(slow), analyze_rank(fast))
-
-
 def test_truncated_gzip_same_error(traces, tmp_path):
     data = (traces / "trace_filter/sampled_rank-0.json.gz").read_bytes()
     path = tmp_path / "cut.json.gz"
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(F.Fallback):
+    with pytest.raises(Fallback):
         F.read_fast(path)
     with pytest.raises(InputError, match="truncated"):
         R.read_trace(path)

@@ -1,0 +1,125 @@
+"""What the trace reader keeps of one file (:class:`RankTrace`), and the categories it routes by.
+
+The bottom layer of :mod:`ampdiag.trace`: the decoder (:mod:`ampdiag.trace.decode`), the lenient
+reader (:mod:`ampdiag.trace.lenient`) and the column builder (:mod:`ampdiag.trace.builder`)
+import it; it imports none of them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from ampdiag.trace.columns import Columns
+
+KERNEL_CATS = frozenset({"kernel", "Kernel"})
+MEMCPY_CATS = frozenset({"gpu_memcpy", "Memcpy"})
+MEMSET_CATS = frozenset({"gpu_memset", "Memset"})
+GPU_CATS = KERNEL_CATS | MEMCPY_CATS | MEMSET_CATS
+LAUNCH_CATS = frozenset({"cuda_runtime", "Runtime", "cuda_driver", "privateuse1_runtime"})
+HOST_OP_CATS = frozenset({"cpu_op", "Operator", "operator"})
+ANNOTATION_CATS = frozenset({"user_annotation", "python_function"})
+# at most 18 digits: a step number always fits an int64 (a 5000-digit one is not a step)
+STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d{1,18})$")
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d{1,9})(?!\d)", re.IGNORECASE)
+_META_KEYS = ("distributedInfo", "deviceProperties", "schemaVersion", "traceName")
+
+GpuActivity = tuple[float, float, int, int, str, str]
+"""(start_us, dur_us, stream, correlation, name, kind) with kind kernel|memcpy|memset."""
+MemoryEvent = tuple[float, int, int, int]
+"""(ts_us, address, bytes (negative: freed), device type) of a ``[memory]`` event."""
+
+
+class Fallback(Exception):
+    """The decoder met a layout it does not cut safely: read the file with the lenient reader."""
+
+
+class RankTrace:
+    """What the reader kept of one trace file (built by :mod:`ampdiag.trace.builder` only).
+
+    The GPU, launch and host records are numpy columns (:meth:`columns`); ``gpu``,
+    ``launches`` and ``host`` give them as tuples, to read them one by one.
+
+    Attributes:
+        path: The file.
+        rank: ``distributedInfo.rank``, else a rank in the file name, else the file's index.
+        rank_source: Where the rank came from: "distributedInfo", "file name" or "position".
+        world_size: ``distributedInfo.world_size`` where present.
+        devices: Names of the GPUs in ``deviceProperties`` (empty for CPU-only traces).
+        steps: ``(N, start_us, end_us, pid)`` for each ``ProfilerStep#N``, sorted by start.
+        cpu_ops: CPU op name -> [calls, inclusive_us].
+        memory: The ``[memory]`` allocator events (see ``MemoryEvent``), in file order.
+        events: Number of trace events read.
+        skipped: Reason -> number of events skipped for it.
+        meta: Other top-level keys (small values only).
+        reader: "fast" (every event decoded by msgspec, odd events repaired one run at a
+            time) or "lenient" (the file read by the standard-library stream).
+    """
+
+    def __init__(self, path: Path, columns: Columns) -> None:
+        self.path = path
+        self.rank = 0
+        self.rank_source = "position"
+        self.world_size: int | None = None
+        self.devices: list[str] = []
+        self.steps: list[tuple[int, float, float, Any]] = []
+        self.cpu_ops: dict[str, list[float]] = {}
+        self.memory: list[MemoryEvent] = []
+        self.events = 0
+        self.skipped: dict[str, int] = {}
+        self.meta: dict[str, Any] = {}
+        self.reader = "fast"
+        self._cols = columns
+
+    def columns(self) -> Columns:
+        """The GPU, launch and host records as numpy columns."""
+        return self._cols
+
+    @property
+    def gpu(self) -> list[GpuActivity]:
+        """GPU activities (see ``GpuActivity``), sorted by start."""
+        return self._cols.gpu_tuples()
+
+    @property
+    def launches(self) -> dict[int, tuple[float, float, str]]:
+        """Correlation id -> (start_us, dur_us, name) of the host launch call."""
+        return self._cols.launch_dict()
+
+    @property
+    def host(self) -> list[tuple[float, float, str, Any]]:
+        """(start_us, end_us, category, pid) of host events the step breakdown counts."""
+        return self._cols.host_tuples()
+
+    @property
+    def warnings(self) -> list[str]:
+        """Human-readable lines about what was skipped."""
+        return [f"{n} event(s) skipped: {why}" for why, n in sorted(self.skipped.items())]
+
+
+def keep_meta(meta: dict[str, Any], key: str, val: Any) -> None:
+    """Keeps what the analysis needs of a top-level key other than traceEvents."""
+    if key in _META_KEYS:
+        meta[key] = val
+    elif key in ("schema", "nodes"):
+        meta[key] = True
+
+
+def apply_meta(out: RankTrace, index: int) -> None:
+    """Rank, world size and devices from the top-level keys read."""
+    dist = out.meta.get("distributedInfo")
+    rank = dist.get("rank") if isinstance(dist, dict) else None
+    if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 1 << 31:
+        out.rank, out.rank_source = rank, "distributedInfo"
+    else:
+        m = _RANK_IN_NAME.search(out.path.name)
+        if m:
+            out.rank, out.rank_source = int(m.group(1)), "file name"
+        else:
+            out.rank, out.rank_source = index, "position"
+    world = dist.get("world_size") if isinstance(dist, dict) else None
+    if isinstance(world, int) and not isinstance(world, bool) and 0 < world < 1 << 31:
+        out.world_size = world
+    props = out.meta.get("deviceProperties")
+    if isinstance(props, list):
+        out.devices = [str(d.get("name", "?")) for d in props if isinstance(d, dict)]
