@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ampdiag.sources.live.compare import compare
     from ampdiag.sources.live.diagnosis import Diagnosis, diagnose
     from ampdiag.sources.live.memory_probe import memory_probe
+    from ampdiag.sources.live.script import run
 
 __all__ = [
     "Collector",
@@ -44,6 +45,7 @@ __all__ = [
     "diff",
     "load",
     "memory_probe",
+    "run",
 ]
 
 _LAZY = {
@@ -59,6 +61,7 @@ _LAZY = {
     "Finding": "ampdiag.session",
     "load": "ampdiag.session",
     "memory_probe": "ampdiag.sources.live.memory_probe",
+    "run": "ampdiag.sources.live.script",
 }
 
 

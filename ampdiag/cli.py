@@ -1,14 +1,17 @@
-"""The ``ampdiag`` command: ``demo``, ``report PATH``, ``diff A B``, ``--version``.
+"""The ``ampdiag`` command: ``demo``, ``run SCRIPT``, ``report PATH``, ``diff A B``, ``--version``.
 
 Exit codes: 0 success; 1 internal error; 2 bad input (one line on stderr, no traceback);
-3 a finding at or above ``--fail-on`` exists.
+3 a finding at or above ``--fail-on`` exists. ``run`` exits with the script's own code (1
+with its traceback on stderr when it raised, 130 on Ctrl-C), as ``python SCRIPT`` would.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,6 +45,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
     demo.add_argument("--steps", type=int, default=8)
 
+    run = sub.add_parser(
+        "run",
+        help="run a training script under diagnose() (like python SCRIPT ARGS)",
+        description="Runs SCRIPT as __main__ with ARGS inside ampdiag.diagnose(); the "
+        "flags are DiagnoseConfig's settings. Options after SCRIPT are the script's.",
+    )
+    run.add_argument("--out", help="output folder (default: reports/run-<time>)")
+    _add_settings(run)
+    run.add_argument("script", help="the Python file to run")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+
     report = sub.add_parser("report", help="re-render a session, or analyze a trace")
     report.add_argument("path", help="a session folder, a trace file, or a folder of traces")
     report.add_argument("--format", choices=FORMATS, default="html")
@@ -57,6 +71,51 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", help="write diff.html and both runs' TensorBoard data (tensorboard/<run>/) here"
     )
     return parser
+
+
+def _add_settings(parser: argparse.ArgumentParser) -> None:
+    """One flag per DiagnoseConfig field: ``--profile-active 5``, ``--no-speed-probe``."""
+    from ampdiag.config import DiagnoseConfig
+
+    for f in fields(DiagnoseConfig):
+        flag = "--" + f.name.replace("_", "-")
+        kind = str(f.type)
+        if kind == "bool":
+            parser.add_argument(
+                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS
+            )
+        elif kind in ("int", "int | None"):
+            parser.add_argument(flag, dest=f.name, type=int, default=argparse.SUPPRESS)
+        else:  # a setting of another type has no flag yet: diagnose() in code sets it
+            continue
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from ampdiag.config import DiagnoseConfig
+    from ampdiag.sources.live.script import exit_code, run
+
+    settings = {
+        f.name: getattr(args, f.name) for f in fields(DiagnoseConfig) if hasattr(args, f.name)
+    }
+    script = Path(args.script)
+    if not script.is_file():
+        raise InputError(f"no such script: {args.script!r}")
+    script_args = list(args.args)
+    if script_args[:1] == ["--"]:
+        script_args = script_args[1:]
+    try:
+        d = run(script, script_args, out=args.out, **settings)
+    except SystemExit as exc:
+        return exit_code(exc)
+    except KeyboardInterrupt:
+        print("ampdiag: the script was interrupted; the session was written", file=sys.stderr)
+        return 130
+    except Exception:
+        # The script's own error: its traceback, as python would print it.
+        traceback.print_exc()
+        return 1
+    print(f"ampdiag: {d.out}", file=sys.stderr)
+    return EXIT_OK
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
@@ -106,10 +165,21 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def load_any(path: Path, hta: bool = False) -> Session:
     """A Session from a session folder/file, or from a trace file or folder of traces."""
     from ampdiag.session import SESSION_FILE, load
+    from ampdiag.sources.ranks import is_derived, rank_folders, session_from_ranks
 
-    if not path.exists():
-        raise InputError(f"no such file or folder: {str(path)!r}")
-    if (path.is_dir() and (path / SESSION_FILE).is_file()) or path.name == SESSION_FILE:
+    try:
+        if not path.exists():
+            raise InputError(f"no such file or folder: {str(path)!r}")
+        if path.is_dir():
+            next(path.iterdir(), None)  # an unlistable folder: one line, not a traceback
+        if path.is_dir() and rank_folders(path):  # a distributed run: the ranks' own sessions
+            return session_from_ranks(path, hta=hta)
+        is_session = path.name == SESSION_FILE or (
+            path.is_dir() and (path / SESSION_FILE).is_file() and not is_derived(path)
+        )
+    except OSError as exc:
+        raise InputError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    if is_session:
         return load(path)
     if path.suffix in (".pickle", ".pkl"):  # a CUDA memory snapshot: loaded without code
         from ampdiag.sources.snapshot import session_from_snapshot
@@ -177,6 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_demo(args)
         if args.command == "report":
             return _cmd_report(args)
+        if args.command == "run":
+            return _cmd_run(args)
         if args.command == "diff":
             return _cmd_diff(args)
         build_parser().print_help()

@@ -37,7 +37,9 @@ class DiagnoseConfig:
             The scaler's telemetry (scale, skipped steps) covers every step whatever the
             schedule; to locate a NaN's origin at the very step it first appears, use
             ``sample_every=1``.
-        max_steps_recorded: Cap on per-step records kept (the first ones are kept).
+        max_steps_recorded: Most per-step records kept (steps, the GradScaler's history): past
+            it every other record is dropped and only every 2nd, 4th, ... step is recorded
+            from then on, so the records span the whole run and a long run stays flat.
         report: Render report.html (and the console summary) on exit.
         tensorboard: Write TensorBoard event files on exit.
         console: Print the short console summary on exit.
@@ -48,6 +50,10 @@ class DiagnoseConfig:
         memory_limit_bytes: Memory budget for the plan (default: the device's capacity).
         numerics: Collect gradient statistics, activation range/underflow, NaN origin and
             GradScaler telemetry (collectors gradients, activations, scaler).
+        sentinel: Watch every step for the first inf/NaN (loss, each module's output, the
+            gradients in the backward) with the module and step it came from
+            (collectors/sentinel.py; one reduction per module output and gradient, one small
+            transfer per step).
         numerics_sample_elements: Values examined per tensor for the exponent histograms
             (runs of 16 consecutive values spread evenly over the tensor; 0 = all). Norms,
             the forward range and the scaler's inf checks always use all values.
@@ -70,7 +76,7 @@ class DiagnoseConfig:
     sample_every: int = 0
     sample_first: int = 10
     sample_period: int = 20
-    max_steps_recorded: int = 100_000
+    max_steps_recorded: int = 10_000
     report: bool = True
     tensorboard: bool = True
     console: bool = True
@@ -80,6 +86,7 @@ class DiagnoseConfig:
     memory_target_batch: int | None = None
     memory_limit_bytes: int | None = None
     numerics: bool = True
+    sentinel: bool = True
     numerics_sample_elements: int = 1024
     activation_every: int = 0
     precision: bool = True
@@ -111,6 +118,7 @@ class Settings(TypedDict, total=False):
     memory_target_batch: int | None
     memory_limit_bytes: int | None
     numerics: bool
+    sentinel: bool
     numerics_sample_elements: int
     activation_every: int
     precision: bool

@@ -40,6 +40,7 @@ class Environment(TypedDict, total=False):
     rank: int
     world_size: int
     ranks_in_trace: int
+    ranks_merged: list[int]
     device_type: str
     device_name: str
     device_memory_bytes: int
@@ -48,6 +49,7 @@ class Environment(TypedDict, total=False):
     bf16_supported: bool
     autocast: str | None
     autocast_seen: dict[str, int]
+    framework_precision: dict[str, str]  # what a framework asked for, e.g. {"accelerate": "fp16"}
 
 
 class Step(TypedDict, total=False):
@@ -58,6 +60,7 @@ class Step(TypedDict, total=False):
     loss: float | str | None  # a non-finite loss reads back as "nan", "inf" or "-inf"
     profiled: bool
     sampled: bool
+    micro_batches: int | None
 
 
 class RunSection(TypedDict, total=False):
@@ -80,6 +83,7 @@ class ProfilerSection(TypedDict, total=False):
     recorded_steps: list[int]
     top_ops: list[dict[str, Any]]
     error: str | None
+    skipped: str | None
     breakdown: dict[str, Any]
     native_log: list[str]
 
@@ -117,10 +121,24 @@ class MemorySection(TypedDict, total=False):
     peak: dict[str, Any]
     step_activation_peaks: dict[str, int]
     live_activation_points: list[list[int]]
+    saved_activations: dict[str, dict[str, Any]]
+    activation_peak: dict[str, Any]
+    micro_batches_max: int
     timeline: dict[str, Any]
     cuda: dict[str, Any]
     capacity_bytes: int | None
     capacity_source: str
+
+
+class AccumulationSection(TypedDict, total=False):
+    """Gradient accumulation (``accumulation``), per sampled step with several backward passes.
+
+    Each step: resets between its backward passes, the micro-batches' loss weights, the
+    gradient norm ratio (see `ampdiag.sources.live.collectors.accumulation`).
+    """
+
+    steps: list[dict[str, Any]]
+    errors: list[str]
 
 
 class PrecisionSection(TypedDict, total=False):
@@ -137,7 +155,7 @@ class PrecisionSection(TypedDict, total=False):
     ops: list[dict[str, Any]]
     autocast_dtypes: dict[str, str]
     after_backward_ops: dict[str, Any]
-    reenabled_autocast_ops: list[dict[str, Any]]
+    reenabled_autocast_ops: list[str]  # op names (sorted), as the precision collector writes them
     errors: list[str]
 
 
@@ -147,6 +165,12 @@ class ScalerSection(TypedDict, total=False):
     present: bool
     scaler: dict[str, Any] | None
     history: list[dict[str, Any]]
+    history_stride: int
+    steps_total: int
+    skipped_total: int
+    growth_total: int
+    backoff_total: int
+    scale_min: float | None
     skipped_steps: list[int]
     growth_steps: list[int]
     backoff_steps: list[int]
@@ -180,8 +204,25 @@ class ActivationsSection(TypedDict, total=False):
     predictions: list[dict[str, Any]]
     recommended_scale_log2: int | None
     recommended_init_scale: float | None
+    scale_reaches_target: bool
+    boundary: dict[str, Any] | None
+    scale_from_fp32_replay: bool
     nonfinite_origin: dict[str, Any] | None
     nonfinite_steps: list[Any]
+
+
+class SentinelSection(TypedDict, total=False):
+    """The divergence sentinel (``sentinel``): the first inf/NaN by phase, on every step."""
+
+    steps_watched: int
+    forward_origin: dict[str, Any] | None
+    backward_origin: dict[str, Any] | None
+    nonfinite_steps: list[int]
+    nonfinite_step_count: int
+    backward_only_steps: list[int]
+    loss_nonfinite_steps: list[int]
+    zero_grad_steps: list[int]
+    errors: list[str]
 
 
 class TimelineSection(TypedDict, total=False):
@@ -191,8 +232,18 @@ class TimelineSection(TypedDict, total=False):
     trace_files: list[str]
     ranks: list[dict[str, Any]]
     summary: dict[str, Any]
+    communication: dict[str, Any]  # ampdiag.analysis.communication.across_ranks
     warnings: list[str]
     hta: dict[str, Any]
+
+
+class RanksSection(TypedDict, total=False):
+    """The ranks of a merged distributed run (``ranks``), see `ampdiag.sources.ranks`."""
+
+    world_size: int
+    rows: list[dict[str, Any]]  # ampdiag.analysis.ranks.rank_row, one per rank
+    members: list[dict[str, Any]]  # {"rank", "folder", "session": that rank's document}
+    warnings: list[str]
 
 
 class DerivedSection(TypedDict, total=False):
@@ -220,7 +271,10 @@ SECTIONS: dict[str, type] = {
     "scaler": ScalerSection,
     "gradients": GradientsSection,
     "activations": ActivationsSection,
+    "sentinel": SentinelSection,
     "timeline": TimelineSection,
+    "ranks": RanksSection,
+    "accumulation": AccumulationSection,
     "derived": DerivedSection,
 }
 
@@ -233,7 +287,9 @@ SectionName = Literal[
     "scaler",
     "gradients",
     "activations",
+    "sentinel",
     "timeline",
+    "ranks",
     "derived",
 ]
 

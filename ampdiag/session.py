@@ -81,9 +81,12 @@ class StepRecord:
     Attributes:
         index: Step number, from 0, counted from the start of the diagnosed block.
         wall_s: Wall-clock time from the previous step boundary to this one.
-        loss: The loss value where one was seen (the tensor passed to backward or the scaler).
+        loss: The step's loss where one was seen: the sum of the losses given to the scaler
+            (else passed to backward) over the step's micro-batches.
         profiled: Whether the profiler was recording this step.
         sampled: Whether the sampled (more expensive) collectors ran on this step.
+        micro_batches: Backward passes in this step that reached the model's first trainable
+            parameter (gradient accumulation: more than 1); None when no model was known.
     """
 
     index: int
@@ -91,6 +94,7 @@ class StepRecord:
     loss: float | None = None
     profiled: bool = False
     sampled: bool = False
+    micro_batches: int | None = None
 
     def to_dict(self) -> schema.Step:
         """Returns the JSON form."""
@@ -100,6 +104,7 @@ class StepRecord:
             loss=self.loss,
             profiled=self.profiled,
             sampled=self.sampled,
+            micro_batches=self.micro_batches,
         )
 
 
@@ -146,6 +151,8 @@ class Session:
     def section(self, name: Literal["gradients"]) -> schema.GradientsSection: ...
     @overload
     def section(self, name: Literal["activations"]) -> schema.ActivationsSection: ...
+    @overload
+    def section(self, name: Literal["ranks"]) -> schema.RanksSection: ...
     @overload
     def section(self, name: Literal["timeline"]) -> schema.TimelineSection: ...
     @overload
@@ -285,8 +292,8 @@ def load(path: str | os.PathLike[str]) -> Session:
         raise InputError(f"no session at {str(p)!r}: expected a folder with {SESSION_FILE}")
     try:
         doc = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"cannot read session {str(file)!r}: {exc}") from None
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad JSON, a huge int
+        raise InputError(f"cannot read session {str(file)!r}: {str(exc)[:300]}") from None
     if not isinstance(doc, dict):
         raise InputError(f"{str(file)!r} is not an ampdiag session (not a JSON object)")
     return Session.from_dict(doc, path=file.parent)

@@ -10,7 +10,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q "torch==2.13.0"
-.venv/bin/pip install -q -e ".[dev,hta]"
+.venv/bin/pip install -q -e ".[dev,hta,frameworks]"
 # The browser test drives Debian's chromium through playwright (no browser download).
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then

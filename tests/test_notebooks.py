@@ -21,12 +21,8 @@ def test_there_are_tutorials() -> None:
     assert len(NOTEBOOKS) >= 3
 
 
-KNOWN_WRONG = {
-    # The accumulation plan's estimated peak leaves out the gradient temporary of accumulating
-    # into existing .grad (measured: 61 MiB against a 45 MiB estimate); fixed with #12's memory
-    # work, then this entry goes.
-    "02_memory_and_accumulation": "accumulation plan underestimates the accumulated peak",
-}
+#: Tutorials that teach something ampdiag still gets wrong: a strict xfail, with the reason.
+KNOWN_WRONG: dict[str, str] = {}
 
 
 def _case(path: Path) -> object:

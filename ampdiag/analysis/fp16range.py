@@ -24,8 +24,11 @@ FP16_MIN_NORMAL_LOG2 = -14
 FP16_MIN_SUBNORMAL_LOG2 = -24
 FP16_OVERFLOW_LOG2 = 16
 BIAS = 127
-#: Candidate loss scales (log2) the predictions are made for.
+#: Candidate loss scales (log2) the predictions are made for (the report's table).
 CANDIDATE_LOG2 = tuple(range(25))
+#: Loss scales (log2) searched for the recommended init_scale: far beyond 2^24 (tiny losses
+#: need it), up to where FP32 itself would overflow the scaled loss.
+SEARCH_LOG2 = tuple(range(121))
 #: The recommended init_scale keeps the predicted zero-or-subnormal share under this.
 UNDERFLOW_TARGET = 0.01
 
@@ -113,24 +116,32 @@ def predict(exponents: Mapping[int, int], scale_log2: int) -> dict[str, float]:
     }
 
 
-def recommend_scale_log2(exponents: Mapping[int, int]) -> int | None:
-    """The smallest k in 0..24 whose predicted subnormal share is under 1% with no overflow.
+def search_scale_log2(exponents: Mapping[int, int]) -> tuple[int | None, bool]:
+    """(k, reached): the smallest scale 2^k that keeps FP16's underflow under 1%.
 
-    When no k reaches 1%, the k with the smallest share among those that do not overflow
-    (ties: the smaller k). None when there is nothing to go on.
+    The smallest k in `SEARCH_LOG2` whose predicted subnormal share is under
+    1% with no overflow, and True; when no k reaches 1%, the k with the smallest share among
+    those that do not overflow (ties: the smaller k), and False -- the values span more than
+    FP16's range, and no loss scale keeps them (BF16 does). (None, False) when there is
+    nothing to go on.
     """
     if not exponents or sum(exponents.values()) == 0:
-        return None
+        return None, False
     best: tuple[float, int] | None = None
-    for k in CANDIDATE_LOG2:
+    for k in SEARCH_LOG2:
         p = predict(exponents, k)
         if p["overflow"] > 0:
-            continue
+            break  # a larger scale overflows too
         if p["subnormal"] < UNDERFLOW_TARGET:
-            return k
+            return k, True
         if best is None or p["subnormal"] < best[0]:
             best = (p["subnormal"], k)
-    return best[1] if best is not None else 0
+    return (best[1] if best is not None else 0), False
+
+
+def recommend_scale_log2(exponents: Mapping[int, int]) -> int | None:
+    """The k of `search_scale_log2` (reached or not); None when there is nothing to go on."""
+    return search_scale_log2(exponents)[0]
 
 
 def merge(into: dict[int, int], more: Mapping[int, int] | Mapping[str, int]) -> dict[int, int]:

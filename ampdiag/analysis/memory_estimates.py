@@ -2,10 +2,23 @@
 
 Activation memory is modelled as ``fixed + per_sample * batch``, with both terms fitted to
 activation bytes *measured* at two or more batch sizes (by `ampdiag.memory_probe`, or by the
-live run when its batch size varied). The peak memory at another batch ``b`` is estimated as
-the measured peak at the observed batch ``B`` plus ``per_sample * (b - B)``; without a measured
-peak, as model state + fixed + ``per_sample * b``. Nothing here is assumed: when there are no
-two measured batch sizes, estimates that need ``per_sample`` are absent.
+live run when its batch size varied). Activations are the storages autograd saved for the
+backward, parameters and their autocast copies excluded
+(`ampdiag.sources.live.saved_activations`); the per-sample slope is never negative.
+
+The peak at another batch ``b``: the timeline gives two measured points at the observed batch
+``B``, the overall peak (total ``T1``, activations ``A1`` live then; often the optimizer step,
+with no activations) and the point with the most activations (``T2``, ``A2``; the start of the
+backward), each at the batch of its own step. Each point's activations scale with the batch, by
+``k = act(b) / act(B)``, the rest stays: ``peak(b) = max(T1 + A1 (k1 - 1), T2 + A2 (k2 - 1))``.
+Backward temporaries that grow with the batch (the gradients of activations) are not in ``A``,
+so this is a lower bound for a larger batch. A plan that accumulates (two or more micro-batches)
+when the measured run did not also holds every gradient through each micro-batch, and each
+parameter's new gradient before it is added to ``.grad``: ``G - G_i + G_max`` is added to each
+point (``G`` all gradients' bytes, ``G_i`` those live at the point, ``G_max`` the largest
+parameter's). Without the activation point it is ``T1 + per_sample * (b - B)``; without a
+measured peak, model state + fixed + ``per_sample * b``. Nothing here is assumed: when there are
+no two measured batch sizes, estimates that need ``per_sample`` are absent.
 """
 
 from __future__ import annotations
@@ -34,7 +47,7 @@ def fit_linear(points: Sequence[Sequence[float]]) -> dict[str, float] | None:
     my = sum(v for _, v in pts) / n
     sxx = sum((b - mx) ** 2 for b, _ in pts)
     sxy = sum((b - mx) * (v - my) for b, v in pts)
-    slope = sxy / sxx
+    slope = max(0.0, sxy / sxx)  # activations never shrink as the batch grows
     return {"per_sample_bytes": slope, "fixed_bytes": my - slope * mx}
 
 
@@ -57,14 +70,42 @@ def activation_fit(section: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def estimate_peak(section: Mapping[str, Any], batch: int, fit: Mapping[str, Any]) -> float:
-    """Estimated peak bytes at ``batch`` (module docstring)."""
+def estimate_peak(
+    section: Mapping[str, Any], batch: int, fit: Mapping[str, Any], accumulate: bool = False
+) -> float:
+    """Estimated peak bytes at ``batch`` (module docstring).
+
+    With ``accumulate``, as one micro-batch of several (all gradients held throughout).
+    """
     per = float(fit["per_sample_bytes"])
+    fixed = float(fit["fixed_bytes"])
     observed = section.get("observed_batch")
-    peak = (section.get("peak") or {}).get("bytes")
-    if observed and peak:
-        return float(peak) + per * (batch - int(observed))
-    return model_state_bytes(section) + float(fit["fixed_bytes"]) + per * batch
+    pk = section.get("peak") or {}
+    peak = pk.get("bytes")
+    if not (observed and peak):
+        return model_state_bytes(section) + fixed + per * batch
+    state = section.get("model_state") or {}
+    extra = accumulate and int(section.get("micro_batches_max") or 1) < 2
+    grads, largest = float(state.get("gradients", 0)), float(state.get("largest_gradient", 0))
+
+    def held(point: Mapping[str, Any]) -> float:
+        live = float((point.get("by_category") or {}).get("gradients", point.get("gradients", 0)))
+        return grads - min(grads, live) + largest if extra else 0.0
+
+    most = section.get("activation_peak") or {}
+    if not most.get("activations"):
+        return float(peak) + per * (batch - int(observed)) + held(pk)
+
+    def grown(total: float, acts: float, at: int) -> float:
+        now = fixed + per * at
+        return total + acts * ((fixed + per * batch) / now - 1) if now > 0 else total
+
+    acts = (pk.get("by_category") or {}).get("activations", 0)
+    return max(
+        grown(float(peak), float(acts), int(observed)) + held(pk),
+        grown(float(most["bytes"]), float(most["activations"]), int(most.get("batch") or observed))
+        + held(most),
+    )
 
 
 def capacity(section: Mapping[str, Any]) -> tuple[int | None, str]:
@@ -96,10 +137,16 @@ def plan_accumulation(
         }
     if per <= 0:
         return None
-    base = estimate_peak(section, 0, fit)
-    largest = math.floor((usable - base) / per)
-    if largest < 1:
+    if estimate_peak(section, 1, fit, accumulate=True) > usable:
         return None
+    lo, hi = 1, target_batch  # estimate_peak grows with the batch: the largest that fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if estimate_peak(section, mid, fit, accumulate=True) <= usable:
+            lo = mid
+        else:
+            hi = mid - 1
+    largest = lo
     steps = math.ceil(target_batch / largest)
     micro = math.ceil(target_batch / steps)  # balanced micro-batches, none larger than `largest`
     return {
@@ -107,7 +154,7 @@ def plan_accumulation(
         "micro_batch": micro,
         "accumulation_steps": steps,
         "largest_fitting_micro_batch": largest,
-        "estimated_peak_bytes": int(estimate_peak(section, micro, fit)),
+        "estimated_peak_bytes": int(estimate_peak(section, micro, fit, accumulate=True)),
         "fits_without": False,
     }
 
@@ -143,7 +190,7 @@ def whatif(section: Mapping[str, Any]) -> dict[str, Any]:
     state = section.get("model_state") or {}
     peak = section.get("peak") or {}
     by_cat = peak.get("by_category") or {}
-    act_peak = int(by_cat.get("activations", 0)) + int(by_cat.get("autograd_detail", 0))
+    act_peak = int(by_cat.get("activations", 0))
     rows.append(
         {
             "scenario": "Model state: parameters + gradients + optimizer state",
@@ -161,6 +208,17 @@ def whatif(section: Mapping[str, Any]) -> dict[str, Any]:
                 "scenario": f"Measured peak (batch {section.get('observed_batch') or '?'})",
                 "bytes": int(peak["bytes"]),
                 "basis": f"activations {units.nbytes(act_peak)} at the peak",
+            }
+        )
+    most = section.get("activation_peak") or {}
+    if most.get("activations"):
+        rows.append(
+            {
+                "scenario": f"Activations at their most (batch {most.get('batch') or '?'})",
+                "bytes": int(most["activations"]),
+                "basis": (
+                    f"storages saved for the backward, live then; {int(most['bytes'])} B in all"
+                ),
             }
         )
     fit = activation_fit(section)

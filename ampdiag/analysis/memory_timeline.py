@@ -8,8 +8,12 @@ tensors ampdiag knows from the live run (the trace read by `ampdiag.trace.reader
 
 * an allocation at the address of a known parameter / gradient / optimizer-state tensor, live
   at the end of the step where that tensor was seen, takes that tensor's category;
-* any other allocation made before the step's backward began and still live after it is an
-  activation (autograd kept it for the backward);
+* an allocation made in a step whose saved tensors were counted (``saved_by_step``) is an
+  activation when it was live as the step's backward began (where they were counted) and
+  autograd saved a storage of its address and size for the backward, else a temporary (a
+  weight's autocast copy is a temporary);
+* without that count, an allocation made before the step's backward began and still live
+  after it is an activation (autograd kept it for the backward);
 * everything else is a temporary.
 """
 
@@ -33,6 +37,8 @@ CATEGORIES: tuple[str, ...] = (
     "unknown",
 )
 MODEL_STATE = ("parameters", "gradients", "optimizer_state")
+#: The profiler event the memory collector leaves where it counted a backward's saved tensors.
+SAVED_MARK = "ampdiag::saved_tensors_counted"
 MAX_POINTS = 400
 
 
@@ -53,6 +59,25 @@ def peak(tl: Mapping[str, Any]) -> dict[str, Any] | None:
         "bytes": tot[i],
         "t_us": tl["t_us"][i],
         "by_category": {c: int(v[i]) for c, v in tl["bytes"].items()},
+        "step": step_at(tl, tl["t_us"][i]),
+    }
+
+
+def activation_peak(tl: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The point with the most activation bytes live: its total and its activations.
+
+    With the overall `peak` it bounds the peak at another batch size (each point's activations
+    scale with the batch; see `ampdiag.analysis.memory_estimates.estimate_peak`).
+    """
+    acts = tl["bytes"].get("activations") or []
+    if not acts or max(acts) <= 0:
+        return None
+    i = max(range(len(acts)), key=acts.__getitem__)
+    return {
+        "bytes": sum(int(v[i]) for v in tl["bytes"].values()),
+        "activations": int(acts[i]),
+        "gradients": int((tl["bytes"].get("gradients") or [0] * len(acts))[i]),
+        "t_us": tl["t_us"][i],
         "step": step_at(tl, tl["t_us"][i]),
     }
 
@@ -101,6 +126,7 @@ def timeline_from_trace(
     device_type: int,
     known_by_step: Mapping[int, Mapping[int, str]],
     known_sizes: Mapping[int, int] | None = None,
+    saved_by_step: Mapping[int, Mapping[tuple[int, int], str]] | None = None,
 ) -> dict[str, Any] | None:
     """Categorizes the trace's ``[memory]`` events with the known tensors (module docstring).
 
@@ -112,6 +138,8 @@ def timeline_from_trace(
         known_sizes: Storage address -> bytes of those tensors. A known tensor with no event
             in the trace was live throughout it (allocated before, freed after) and is counted
             from the start.
+        saved_by_step: Step index -> {(storage address, bytes): category} of the storages
+            autograd saved in that step (activations, or temporaries for parameters' copies).
 
     Returns:
         A timeline (source ``"ampdiag-known-tensors"``), or None without memory events.
@@ -128,6 +156,13 @@ def timeline_from_trace(
         for _, start, end in steps:
             if start <= t <= end:
                 return next((b for b in backward if start <= b <= end), None)
+        return None
+
+    def saved_labels(t: float) -> Mapping[tuple[int, int], str] | None:
+        for name, start, end in steps:
+            if start <= t <= end:
+                n = step_number(name)
+                return (saved_by_step or {}).get(n) if n is not None else None
         return None
 
     # Allocation intervals: (addr, size, t_alloc, t_free or None).
@@ -156,7 +191,7 @@ def timeline_from_trace(
         except ValueError:
             continue
 
-    def classify(addr: int, t_alloc: float | None, t_free: float | None) -> str:
+    def classify(addr: int, size: int, t_alloc: float | None, t_free: float | None) -> str:
         for step, ptrs in known_by_step.items():
             cat = ptrs.get(addr)
             end = step_end.get(step)
@@ -167,6 +202,11 @@ def timeline_from_trace(
             )
             if live_at_end:
                 return cat
+        labels = saved_labels(t_alloc) if t_alloc is not None else None
+        if labels is not None and t_alloc is not None:
+            b = bwd_start(t_alloc)  # the saved tensors were counted just before it
+            live = b is not None and t_alloc < b and (t_free is None or t_free > b)
+            return labels.get((addr, size), "temporaries") if live else "temporaries"
         if t_alloc is not None:
             b = bwd_start(t_alloc)
             if b is not None and t_alloc < b and (t_free is None or t_free > b):
@@ -175,7 +215,7 @@ def timeline_from_trace(
 
     deltas: list[tuple[float, str, int]] = []
     for addr, size, t_alloc, t_free in intervals:
-        cat = classify(addr, t_alloc, t_free)
+        cat = classify(addr, size, t_alloc, t_free)
         deltas.append((t_alloc if t_alloc is not None else t0, cat, size))
         if t_free is not None:
             deltas.append((t_free, cat, -size))
@@ -219,16 +259,6 @@ def as_json(tl: Mapping[str, Any]) -> dict[str, Any]:
         "steps": [{"name": n, "start_ms": s / 1000, "end_ms": e / 1000} for n, s, e in tl["steps"]],
         "source": tl.get("source", ""),
     }
-
-
-def points_by_batch(step_values: Mapping[str, int], batches: Mapping[int, int]) -> list[list[int]]:
-    """[[batch, bytes], ...] for profiler steps whose batch size is known."""
-    out = []
-    for name, value in step_values.items():
-        n = step_number(name)
-        if n is not None and n in batches:
-            out.append([int(batches[n]), int(value)])
-    return out
 
 
 def nonzero_categories(tl: Mapping[str, Any]) -> Sequence[str]:

@@ -49,9 +49,25 @@ REASON_FIXES: dict[str, str] = {
 
 _WORK = ("low", "fp32")
 
+COMMUNICATION_OP_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::", "fsdp::")
+"""Collectives (and FSDP's buffer copies around them): they move gradients and parameters in
+the dtype the strategy chose (DDP reduces in FP32 by design), compute nothing, and their time is
+mostly waiting for the other ranks; counted as FP32 work they made ``fp32-ops-in-autocast``
+blame an all-reduce with "register an autocast rule"."""
+
+
+def is_communication_op(name: str) -> bool:
+    """Whether an op name is a collective or a communication buffer copy (never compute)."""
+    return name.startswith(COMMUNICATION_OP_PREFIXES)
+
 
 def _work_rows(section: PrecisionSection) -> list[dict[str, Any]]:
-    return [r for r in section.get("ops", []) if r.get("phase") in ("forward", "backward")]
+    return [
+        r
+        for r in section.get("ops", [])
+        if r.get("phase") in ("forward", "backward")
+        and not is_communication_op(str(r.get("op", "")))
+    ]
 
 
 def _time(r: dict[str, Any]) -> float:
@@ -70,8 +86,9 @@ def summarize(section: PrecisionSection, top: int = 10) -> dict[str, Any]:
         ``fp32_time_share`` (of low + FP32 work), ``matmul`` (FLOP-counted ops: low/fp32
         FLOPs, ``fp32_share``, ``autocast_share`` of their FLOPs run with autocast active),
         ``top_fp32_by_flops`` / ``top_fp32_by_time`` (op, module, reason, phase, count, flops,
-        time_us), ``reasons`` (reason -> count, flops, time_us), ``casts`` (origin -> count,
-        bytes, time_us, plus ``total``), ``modules`` (module -> low/fp32 time and FLOPs) and
+        time_us), ``top_fp32`` (the two without repeats: the table's rows), ``reasons``
+        (reason -> count, flops, time_us), ``casts`` (origin -> count, bytes, time_us, plus
+        ``total``), ``modules`` (module -> low/fp32 time and FLOPs) and
         ``device_differences``.
     """
     rows = _work_rows(section)
@@ -140,6 +157,8 @@ def summarize(section: PrecisionSection, top: int = 10) -> dict[str, Any]:
         "bytes": sum(c["bytes"] for c in casts.values()),
         "time_us": sum(c["time_us"] for c in casts.values()),
     }
+    by_flops = sorted((o for o in ops_list if o["flops"] > 0), key=lambda o: -o["flops"])[:top]
+    by_time = sorted(ops_list, key=lambda o: -o["time_us"])[:top]
     return {
         "flops": flops,
         "time_us": time_us,
@@ -152,10 +171,10 @@ def summarize(section: PrecisionSection, top: int = 10) -> dict[str, Any]:
             "fp32_share": _share(matmul["fp32"], mm_total),
             "autocast_share": _share(matmul["autocast"], mm_total),
         },
-        "top_fp32_by_flops": sorted(
-            (o for o in ops_list if o["flops"] > 0), key=lambda o: -o["flops"]
-        )[:top],
-        "top_fp32_by_time": sorted(ops_list, key=lambda o: -o["time_us"])[:top],
+        "top_fp32_by_flops": by_flops,
+        "top_fp32_by_time": by_time,
+        # One row per (op, module, reason, phase): the FLOP-heavy ones, then the slow ones.
+        "top_fp32": list({id(o): o for o in by_flops + by_time}.values()),
         "reasons": dict(reasons),
         "casts": {**dict(casts), "total": total_casts},
         "modules": dict(modules),
@@ -175,6 +194,8 @@ def device_differences(section: PrecisionSection) -> list[dict[str, Any]]:
     found: dict[tuple[str, str], dict[str, Any]] = {}
     for r in section.get("ops", []):
         if r.get("phase") != "forward" or not r.get("autocast"):
+            continue
+        if is_communication_op(str(r.get("op", ""))):
             continue
         policy = r.get("cuda_policy")
         prec = r.get("precision")

@@ -342,8 +342,9 @@ def host_breakdown(rt: RankTrace) -> dict[str, Any]:
     """The host step-time breakdown (forward/backward/optimizer/data/other) of the steps.
 
     Each elementary segment of a step goes to the highest-priority category of the host spans
-    of its process covering it (data > optimizer > backward > forward); what none covers is
-    "other". Computed for all steps at once: time in O((host spans + steps) log).
+    of its process covering it (data > optimizer > backward > forward; inside an optimizer's
+    closure, optimizer does not count); what none covers is "other". Computed for all steps at
+    once: time in O((host spans + steps) log).
     """
     if not rt.steps:
         return summarize([])
@@ -380,6 +381,8 @@ def host_breakdown(rt: RankTrace) -> dict[str, Any]:
         live = np.zeros((len(t), len(HOST_CATEGORIES)), dtype=bool)
         for c in range(len(HOST_CATEGORIES)):
             live[:, c] = np.cumsum(np.where(k == c, sign, 0.0)) > 0.5
+        # inside an optimizer's step(closure): forward/backward (or other), never optimizer
+        live[:, HOST_CATEGORIES.index("optimizer")] &= ~live[:, HOST_CATEGORIES.index("closure")]
         winner = np.full(len(t), -1, dtype=np.int64)
         for name in reversed(_HOST_PRIORITY):  # the highest priority written last, so it wins
             winner[live[:, HOST_CATEGORIES.index(name)]] = CATEGORIES.index(name)

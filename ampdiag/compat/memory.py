@@ -23,7 +23,10 @@ from typing import Any
 
 import torch
 
-from ampdiag.analysis.memory_timeline import CATEGORIES  # our category names, in plot order
+from ampdiag.analysis.memory_timeline import (  # our category names, in plot order
+    CATEGORIES,
+    SAVED_MARK,
+)
 from ampdiag.compat import torch_at_least
 
 log = logging.getLogger("ampdiag")
@@ -52,7 +55,10 @@ def memory_profiler_available() -> bool:
 
 
 def categorized_timeline(
-    prof: Any, device: str, known_by_step: Mapping[int, Mapping[int, str]] | None = None
+    prof: Any,
+    device: str,
+    known_by_step: Mapping[int, Mapping[int, str]] | None = None,
+    saved_by_step: Mapping[int, Mapping[tuple[int, int], str]] | None = None,
 ) -> dict[str, Any] | None:
     """The memory timeline of a finished profile, split by category, as torch labels tensors.
 
@@ -66,6 +72,13 @@ def categorized_timeline(
             tensor lives: the allocator reuses it (a step's activation where the last step's
             gradient was), so the label applies only to the allocation live at the end of
             the step it was seen in.
+        saved_by_step: Step index -> {(storage address, bytes): category} of the storages
+            autograd saved in that step, counted by ampdiag before each backward, where it
+            leaves a ``SAVED_MARK`` event. A tensor created in such a step is an activation
+            only when it was live at a mark with a saved storage's address and size (so a
+            later tensor at a freed activation's address is not); torch's own "activation"
+            label (a data-flow guess that also takes weights' casts and gradients) is then
+            replaced by "temporaries".
 
     Returns:
         ``{"t_us": [...], "bytes": {category: [...]}, "steps": [(name, start_us, end_us)],
@@ -96,11 +109,14 @@ def categorized_timeline(
             if node.name.startswith("ProfilerStep#") and node.name.split("#", 1)[1].isdigit()
         }
         lives: dict[Any, list[float]] = {}  # key -> [created, destroyed] (ns; inf: not freed)
-        for t, action, (key, _), _ in timeline:
+        sizes_of: dict[Any, int] = {}
+        for t, action, (key, _), nbytes in timeline:
             if action in (Action.PREEXISTING, Action.CREATE):
                 lives[key] = [-math.inf if action == Action.PREEXISTING else t, math.inf]
+                sizes_of[key] = int(nbytes)
             elif action == Action.DESTROY and key in lives:
                 lives[key][1] = t
+        saved = _saved_labels(profile, lives, sizes_of, saved_by_step or {})
 
         decided: dict[Any, str | None] = {}
 
@@ -121,11 +137,16 @@ def categorized_timeline(
         def category(key: Any, version: int) -> str:
             if not isinstance(key, TensorKey):
                 return "unknown"
+            label = saved.get(key)
+            if label:  # saved for its step's backward
+                return label
             ours = known_category(key)
             if ours is not None:
                 return ours
             cat = categories.get(key, version)
             name = _TORCH_TO_OURS.get(cat.name, "unknown") if cat is not None else "unknown"
+            if label is not None and name == "activations":
+                return "temporaries"  # torch's guess, but autograd did not save it
             if name == "parameters" and known_params:
                 # torch's data-flow guess; not one of the model's or optimizer's tensors.
                 return "temporaries"
@@ -168,6 +189,37 @@ def categorized_timeline(
     except Exception as exc:  # private API: any change in it means "use the fallback"
         log.info("torch memory profiler unavailable on this profile: %r", exc)
         return None
+
+
+def _saved_labels(
+    profile: Any,
+    lives: Mapping[Any, list[float]],
+    sizes_of: Mapping[Any, int],
+    saved_by_step: Mapping[int, Mapping[tuple[int, int], str]],
+) -> dict[Any, str]:
+    """Tensor key -> its category from the saved storages.
+
+    "" for a tensor made in a step whose saved tensors were counted, but not one of them.
+    """
+    steps = []
+    marks = []
+    for node in profile._op_tree.sorted_nodes:
+        name = node.name
+        if name.startswith("ProfilerStep#") and name.split("#", 1)[1].isdigit():
+            steps.append((int(name.split("#", 1)[1]), node.start_time_ns, node.end_time_ns))
+        elif name == SAVED_MARK:
+            marks.append(node.start_time_ns)
+    out: dict[Any, str] = {}
+    if not saved_by_step:
+        return out
+    for key, (born, died) in lives.items():
+        labels = next((saved_by_step.get(n) for n, s, e in steps if s <= born <= e), None)
+        if labels is None or not hasattr(key, "storage"):
+            continue
+        label = labels.get((int(key.storage.ptr), sizes_of.get(key, -1)))
+        live = any(born <= m < died for m in marks)
+        out[key] = label if label is not None and live else ""
+    return out
 
 
 def cuda_history_available() -> bool:

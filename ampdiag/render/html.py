@@ -29,7 +29,7 @@ TOPICS: tuple[tuple[str, str, str], ...] = (
     ("memory", "Memory", "the memory collector (allocator events or a CUDA snapshot)"),
     ("gradscaler", "GradScaler", "a GradScaler in the run (scale history, skipped steps)"),
 )
-_ORDER = ("overview", "time", "timeline", "precision", "numerics", "memory", "gradscaler")
+_ORDER = ("overview", "ranks", "time", "timeline", "precision", "numerics", "memory", "gradscaler")
 TOP_RECOMMENDATIONS = 3
 
 

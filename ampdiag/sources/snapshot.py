@@ -12,6 +12,7 @@ at that moment, and what was live at each OOM. It stays small: it goes into sess
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,11 @@ from typing import Any
 from ampdiag.errors import InputError
 
 TOP_SITES = 10
+#: OOMs described with what was live at each (the others are counted).
+MAX_OOMS = 20
+#: Longest text kept from a frame field.
+MAX_TEXT = 500
+_INT_LIMIT = 2**63
 FRAMES_PER_SITE = 6
 MAX_POINTS = 400
 _INTERNAL = ("/torch/", "\\torch\\", "<frozen", "/site-packages/", "??")
@@ -34,12 +40,39 @@ def check_snapshot(snap: Any) -> dict[str, Any]:
     return snap
 
 
+def _int(value: Any) -> int:
+    """An integer field as an int; anything else (a list, text, a 5000-digit number) is 0.
+
+    A snapshot is untrusted input: its numbers must stay numbers JSON can print.
+    """
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value if -_INT_LIMIT < value < _INT_LIMIT else 0
+    if isinstance(value, float) and math.isfinite(value) and abs(value) < _INT_LIMIT:
+        return int(value)
+    return 0
+
+
+def _text(value: Any) -> str:
+    """A text field, capped; never ``str()`` of a container.
+
+    A pickle's shared references can make a tiny file a container whose text doubles at each
+    level.
+    """
+    if isinstance(value, str):
+        return value[:MAX_TEXT]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(_int(value)) if isinstance(value, int) else f"{value:g}"
+    return "?"
+
+
 def _frame_text(frame: Any) -> str:
     if not isinstance(frame, dict):
-        return str(frame)
-    name = str(frame.get("filename", "?"))
+        return _text(frame)
+    name = _text(frame.get("filename", "?"))
     short = "/".join(name.replace("\\", "/").split("/")[-2:])
-    return f"{short}:{frame.get('line', '?')} {frame.get('name', '?')}"
+    return f"{short}:{_text(frame.get('line', '?'))} {_text(frame.get('name', '?'))}"
 
 
 def site_of(frames: Any) -> tuple[str, ...]:
@@ -54,7 +87,7 @@ def site_of(frames: Any) -> tuple[str, ...]:
 
 
 def _is_internal(frame: Mapping[str, Any]) -> bool:
-    name = str(frame.get("filename", ""))
+    name = _text(frame.get("filename", ""))
     return any(s in name for s in _INTERNAL) and "ampdiag" not in name
 
 
@@ -76,11 +109,12 @@ def _group(live: Mapping[int, tuple[int, Any]], known: Mapping[int, str]) -> dic
 
 def _device_index(snap: Mapping[str, Any]) -> int:
     traces = snap.get("device_traces") or []
-    best = max(range(len(traces)), key=lambda i: len(traces[i] or []), default=0)
-    if traces and traces[best]:
+    sizes = [len(t) if isinstance(t, list) else 0 for t in traces]
+    best = max(range(len(sizes)), key=lambda i: sizes[i], default=0)
+    if sizes and sizes[best]:
         return best
-    devices = [s.get("device", 0) for s in snap["segments"] if isinstance(s, dict)]
-    return int(devices[0]) if devices else 0
+    devices = [_int(s.get("device", 0)) for s in snap["segments"] if isinstance(s, dict)]
+    return devices[0] if devices else 0
 
 
 def summarize_snapshot(
@@ -102,26 +136,30 @@ def summarize_snapshot(
     known = dict(known or {})
     device = _device_index(snap)
     segments = [
-        s for s in snap["segments"] if isinstance(s, dict) and s.get("device", device) == device
+        s
+        for s in snap["segments"]
+        if isinstance(s, dict) and _int(s.get("device", device)) == device
     ]
-    reserved_end = sum(int(s.get("total_size", 0)) for s in segments)
+    reserved_end = sum(_int(s.get("total_size", 0)) for s in segments)
     end_live: dict[int, tuple[int, Any]] = {}
     for seg in segments:
-        for b in seg.get("blocks", []) or []:
+        blocks = seg.get("blocks")
+        for b in blocks if isinstance(blocks, list) else []:
             if isinstance(b, dict) and b.get("state") == "active_allocated":
-                end_live[int(b.get("address", 0))] = (int(b.get("size", 0)), b.get("frames"))
+                end_live[_int(b.get("address", 0))] = (_int(b.get("size", 0)), b.get("frames"))
     allocated_end = sum(size for size, _ in end_live.values())
     traces = snap.get("device_traces") or []
-    trace = [e for e in (traces[device] if device < len(traces) else []) if isinstance(e, dict)]
+    chosen = traces[device] if 0 <= device < len(traces) else []
+    trace = [e for e in (chosen if isinstance(chosen, list) else []) if isinstance(e, dict)]
 
     # The state at the trace's start: end state minus what the trace did.
     d_alloc = d_res = 0
     allocated_in_trace: set[int] = set()
     for e in trace:
-        act, size = e.get("action"), int(e.get("size", 0))
+        act, size = e.get("action"), _int(e.get("size", 0))
         if act == "alloc":
             d_alloc += size
-            allocated_in_trace.add(int(e.get("addr", 0)))
+            allocated_in_trace.add(_int(e.get("addr", 0)))
         elif act == "free_completed":
             d_alloc -= size
         elif act in ("segment_alloc", "segment_map"):
@@ -130,14 +168,22 @@ def summarize_snapshot(
             d_res -= size
     start_alloc, start_res = allocated_end - d_alloc, reserved_end - d_res
 
-    def replay(stop: int | None) -> tuple[dict[int, tuple[int, Any]], list[tuple[int, int]]]:
+    ooms_at = [i for i, e in enumerate(trace) if e.get("action") == "oom"]
+
+    def replay(wanted: set[int]) -> tuple[list[tuple[int, int]], dict[int, dict[str, Any]]]:
+        """One pass over the trace: (allocated, reserved) after each event, and more.
+
+        Also what was live just before each event index in ``wanted`` (grouped; an index of
+        ``len(trace)`` means at the end).
+        """
         live = {a: v for a, v in end_live.items() if a not in allocated_in_trace}
         alloc, res = start_alloc, start_res
         points = [(alloc, res)]
+        groups: dict[int, dict[str, Any]] = {}
         for i, e in enumerate(trace):
-            if stop is not None and i > stop:
-                break
-            act, size, addr = e.get("action"), int(e.get("size", 0)), int(e.get("addr", 0))
+            if i in wanted:
+                groups[i] = _group(live, known)
+            act, size, addr = e.get("action"), _int(e.get("size", 0)), _int(e.get("addr", 0))
             if act == "alloc":
                 alloc += size
                 live[addr] = (size, e.get("frames"))
@@ -149,34 +195,39 @@ def summarize_snapshot(
             elif act in ("segment_free", "segment_unmap"):
                 res -= size
             points.append((alloc, res))
-        return live, points
+        if len(trace) in wanted:
+            groups[len(trace)] = _group(live, known)
+        return points, groups
 
-    _, points = replay(None)
+    points, _ = replay(set())
     peak_i = max(range(len(points)), key=lambda i: points[i][0])
-    live_at_peak, _ = replay(peak_i - 1)
+    # What was live at the peak (after event peak_i - 1) and at each described OOM (before
+    # it): one more pass, however many OOMs (each described OOM costs one grouping).
+    described = ooms_at[:MAX_OOMS]
+    _, groups = replay({peak_i, *described})
+    at_peak = groups[peak_i]
     peak_alloc, peak_res = points[peak_i]
     peak = {
         "allocated_bytes": peak_alloc,
         "reserved_bytes": peak_res,
         "fragmentation_bytes": max(0, peak_res - peak_alloc),
         "event_index": peak_i - 1,
-        **_group(live_at_peak, known),
+        **at_peak,
     }
     ooms = []
-    for i, e in enumerate(trace):
-        if e.get("action") == "oom":
-            live, pts = replay(i - 1)
-            ooms.append(
-                {
-                    "event_index": i,
-                    "requested_bytes": int(e.get("size", 0)),
-                    "device_free_bytes": int(e.get("device_free", 0)),
-                    "allocated_bytes": pts[-1][0],
-                    "reserved_bytes": pts[-1][1],
-                    "frames": list(site_of(e.get("frames"))),
-                    **_group(live, known),
-                }
-            )
+    for i in described:
+        e = trace[i]
+        ooms.append(
+            {
+                "event_index": i,
+                "requested_bytes": _int(e.get("size", 0)),
+                "device_free_bytes": _int(e.get("device_free", 0)),
+                "allocated_bytes": points[i][0],
+                "reserved_bytes": points[i][1],
+                "frames": list(site_of(e.get("frames"))),
+                **groups[i],
+            }
+        )
     step = max(1, len(points) // MAX_POINTS)
     idx = list(range(0, len(points), step))
     if peak_i not in idx:
@@ -190,6 +241,7 @@ def summarize_snapshot(
         "trace_starts_empty": start_alloc == 0,
         "peak": peak,
         "ooms": ooms,
+        "oom_count": len(ooms_at),
         "timeline": {
             "event": idx,
             "allocated": [points[i][0] for i in idx],
@@ -204,7 +256,13 @@ def session_from_snapshot(path: Path) -> Any:
     from ampdiag.sources.safe_pickle import load_plain
 
     snap = check_snapshot(load_plain(path))
-    summary = summarize_snapshot(snap)
+    try:
+        summary = summarize_snapshot(snap)
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as exc:
+        # Plain data of the wrong shape somewhere inside: bad input, not a bug of ours.
+        raise InputError(
+            f"{path.name}: not a PyTorch CUDA memory snapshot ({type(exc).__name__})"
+        ) from None
     return Session(
         environment={"device_type": "cuda", "source": str(path)},
         sections={"memory": {"device": "cuda", "cuda": summary, "snapshot_file": path.name}},

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ampdiag._layout import MEMORY_DIR, SESSION_FILE, TENSORBOARD_DIR
 from ampdiag._version import __version__
+from ampdiag.analysis.communication import across_ranks, rank_communication
 from ampdiag.analysis.timeline import analyze_rank, summarize_ranks
 from ampdiag.errors import InputError
 from ampdiag.session import Session
@@ -53,13 +54,43 @@ def trace_files(path: Path) -> list[Path]:
     return found
 
 
-def session_from_traces(path: Path, hta: bool = False) -> Session:
+TRACE_MARKERS = (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"')
+"""Keys one of which a Kineto trace has near its start (it opens with the top-level keys)."""
+SNIFF_BYTES = 1 << 16
+
+
+def split_foreign(files: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(traces, other files): a JSON file of a folder without a trace's keys near its start.
+
+    A folder of traces may hold other JSON (``metrics.json``, a config): those are skipped
+    rather than failing the whole folder. Only the first bytes are read (decompressed).
+    """
+    import gzip
+
+    traces: list[Path] = []
+    foreign: list[Path] = []
+    for f in files:
+        try:
+            with open(f, "rb") as fh:
+                magic = fh.read(2)
+            opener: Any = gzip.open if magic == b"\x1f\x8b" else open
+            with opener(f, "rb") as fh:
+                head = fh.read(SNIFF_BYTES)
+        except (OSError, EOFError):
+            head = b""
+        (traces if any(m in head for m in TRACE_MARKERS) else foreign).append(f)
+    return traces, foreign
+
+
+def session_from_traces(path: Path, hta: bool = False, files: list[Path] | None = None) -> Session:
     """A Session analyzing existing trace file(s), with the sections a trace supports.
 
     Args:
         path: A trace file (.json / .json.gz) or a folder of them (one per rank).
         hta: Also run HTA's own analyses (critical path, queue length, launch statistics) where
             HTA is installed and they succeed; their results go under ``timeline.hta``.
+        files: The trace files to read (default: `trace_files` of ``path``, where files that
+            are not Kineto traces are skipped with a warning).
 
     Returns:
         A Session whose ``timeline`` section holds one entry per rank (``ranks``: ``idle_us``,
@@ -69,20 +100,32 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
     Raises:
         InputError: No trace files, or a file that is unreadable or not a Kineto trace.
     """
-    files = trace_files(path)
+    warnings: list[str] = []
+    if files is None:
+        files = trace_files(path)
+        if path.is_dir():
+            files, foreign = split_foreign(files)
+            warnings += [f"{f.name}: skipped, not a Kineto trace" for f in foreign]
+            if not files:
+                raise InputError(f"no Kineto traces in {str(path)!r} (only other JSON files)")
     ranks = []
     devices: list[str] = []
     world: int | None = None
-    seen: set[int] = set()
-    warnings: list[str] = []
+    seen: dict[int, Path] = {}
     for index, (file, rt) in enumerate(zip(files, read_traces(files), strict=True)):
         if rt.rank in seen:
-            warnings.append(f"{file.name}: rank {rt.rank} appears twice; using {index}")
+            # different jobs' traces side by side, or two runs of one job: kept apart by position
+            warnings.append(
+                f"{file.name}: rank {rt.rank} appears twice (also {seen[rt.rank].name}: "
+                f"two runs in one folder?); using {index}"
+            )
             rt.rank, rt.rank_source = index, "position"
-        seen.add(rt.rank)
+        seen[rt.rank] = file
         devices = devices or rt.devices
         world = world or rt.world_size
-        ranks.append(analyze_rank(rt))
+        rank = analyze_rank(rt)
+        rank["collectives"] = rank_communication(rt)
+        ranks.append(rank)
         del rt
     ranks.sort(key=lambda r: r["rank"])
     for r in ranks:
@@ -90,11 +133,16 @@ def session_from_traces(path: Path, hta: bool = False) -> Session:
         if not r["has_gpu"]:
             warnings.append(f"rank {r['rank']}: no GPU kernels in the trace (CPU side only)")
     first = ranks[0]
+    communication = across_ranks(ranks)
+    summary = summarize_ranks(ranks)
+    if "straggler" in communication:  # the rank the others wait for, not the busiest one
+        summary["slowest_rank"] = communication["straggler"]["rank"]
     timeline: dict[str, Any] = {
         "source": "trace",
         "trace_files": [str(f) for f in files],
         "ranks": ranks,
-        "summary": summarize_ranks(ranks),
+        "summary": summary,
+        "communication": communication,
         "warnings": warnings,
     }
     if hta:

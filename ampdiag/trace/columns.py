@@ -16,8 +16,13 @@ F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 
 GPU_KINDS = ("kernel", "memcpy", "memset")
-HOST_CATEGORIES = ("forward", "backward", "optimizer", "data")
-"""Host categories of ``host_cat`` (the step breakdown's, without "other")."""
+HOST_CATEGORIES = (
+    *("forward", "backward", "optimizer", "data", "closure"),
+    *("all_reduce", "collective", "comm_op", "micro_batch"),
+)
+"""Host categories of ``host_cat``: the step breakdown's (without "other"; "closure" marks an
+optimizer's ``step(closure)`` forward and backward, which are not optimizer time), then the
+communication ones `ampdiag.trace.step_breakdown.classify` tells apart."""
 
 
 @dataclass

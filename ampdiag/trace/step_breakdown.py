@@ -8,7 +8,11 @@ The categories come from names torch itself writes:
 - data: ``enumerate(DataLoader)#...`` annotations,
 - optimizer: ``Optimizer.step#...`` and ``Optimizer.zero_grad#...`` annotations,
 - backward: ``autograd::engine::evaluate_function: ...`` ops (on any thread of the process),
-- forward: every other CPU op inside the step.
+- forward: every other CPU op inside the step;
+- not optimizer: the closure an optimizer's ``step(closure)`` runs (Lightning's automatic
+  optimisation runs forward and backward there), marked by ``diagnose()`` with an
+  ``ampdiag.closure#<optimizer>`` annotation: inside it, ops count as forward or backward
+  and what they leave uncovered as other, never as optimizer.
 
 This module holds the categories and how an event is classified; the trace reader
 (`ampdiag.trace.reader`) keeps the classified host spans and
@@ -21,12 +25,37 @@ from __future__ import annotations
 from typing import Any
 
 CATEGORIES = ("forward", "backward", "optimizer", "data", "other")
+#: The annotation diagnose() puts around an optimizer's closure (see `classify`).
+CLOSURE_PREFIX = "ampdiag.closure#"
+
+
+COLLECTIVE_PREFIXES = ("gloo:", "nccl:")
+"""A collective as the process group ran it (``gloo:all_reduce`` on gloo's own thread, ...):
+its span lasts until every rank has joined, so it includes the wait for the last one."""
+COMM_OP_PREFIXES = ("c10d::", "record_param_comms")
+"""Host ops that issue (or wait on) a collective: communication, not forward computation."""
+MICRO_BATCH_NAMES = frozenset({"DistributedDataParallel.forward"})
+"""Annotations that open one micro-batch (one forward of the DDP-wrapped model)."""
 
 
 def classify(name: str, cat: str) -> str | None:
-    """The breakdown category of one host event, or None for events that do not count."""
+    """The breakdown category of one host event, or None for events that do not count.
+
+    Besides the breakdown's own categories: ``all_reduce`` and other ``collective``,
+    ``comm_op`` and ``micro_batch``
+    (see the constants above), which `ampdiag.analysis.communication` reads and the step
+    breakdown leaves out of forward/backward time.
+    """
+    if name.startswith(COLLECTIVE_PREFIXES):
+        return "all_reduce" if "all_reduce" in name or "allreduce" in name else "collective"
+    if name.startswith(COMM_OP_PREFIXES):
+        return "comm_op"
+    if name in MICRO_BATCH_NAMES:
+        return "micro_batch"
     if name.startswith("enumerate(DataLoader)"):
         return "data"
+    if name.startswith(CLOSURE_PREFIX):
+        return "closure"
     if name.startswith(("Optimizer.step#", "Optimizer.zero_grad#")):
         return "optimizer"
     if name.startswith("autograd::engine::evaluate_function"):

@@ -137,10 +137,11 @@ class Mlp(nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
-def _train(tmp_path: Path, use_autocast: bool) -> Session:
+def _train(tmp_path: Path, use_autocast: bool, use_scaler: bool = False) -> Session:
     torch.manual_seed(0)
     model = Mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu") if use_scaler else None
     with ampdiag.diagnose(
         model, opt, out=tmp_path, profile=False, report=False, tensorboard=False, console=False
     ) as d:
@@ -149,16 +150,32 @@ def _train(tmp_path: Path, use_autocast: bool) -> Session:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_autocast):
                 loss = model(x).square().mean()
             opt.zero_grad()
-            loss.backward()
-            opt.step()
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
     assert d.session is not None
     return d.session
 
 
 def test_low_precision_inactive_on_a_real_run(tmp_path: Path) -> None:
-    off = _train(tmp_path / "off", use_autocast=False)
-    found = {f.id: f for f in off.findings}
-    assert "low-precision-inactive" in found
+    # A GradScaler says mixed precision was meant; autocast never ran: high.
+    meant = _train(tmp_path / "meant", use_autocast=False, use_scaler=True)
+    found = {f.id: f for f in meant.findings}
+    assert "low-precision-inactive" in found and "amp-off" not in found
+    assert found["low-precision-inactive"].severity == "high"
     assert found["low-precision-inactive"].evidence["matmul_autocast_share"] == 0.0
     on = _train(tmp_path / "on", use_autocast=True)
-    assert "low-precision-inactive" not in {f.id for f in on.findings}
+    ids = {f.id for f in on.findings}
+    assert "low-precision-inactive" not in ids and "amp-off" not in ids
+
+
+def test_deliberate_fp32_run_says_amp_is_off(tmp_path: Path) -> None:
+    off = _train(tmp_path / "off", use_autocast=False)
+    found = {f.id: f for f in off.findings}
+    assert "low-precision-inactive" not in found
+    assert found["amp-off"].severity == "info"
+    assert found["amp-off"].evidence["matmul_fp32_share"] == 1.0

@@ -78,9 +78,11 @@ def test_peak_split_by_category(run) -> None:
 def test_activations_grow_with_the_batch_as_measured(run) -> None:
     _, _, d = run
     mem = d.session.section("memory")
-    points = sorted(mem["live_activation_points"])
-    assert [b for b, _ in points] == [8, 16, 32]
-    values = [v for _, v in points]
+    # measured before each backward of the sampled and profiled steps (step 0's batch is not
+    # known: the model is found during its forward)
+    points = dict(sorted(mem["live_activation_points"]))
+    assert sorted(points) == [8, 16, 32]
+    values = [points[b] for b in sorted(points)]
     assert values[0] < values[1] < values[2]
     from ampdiag.analysis.memory_estimates import activation_fit
 
@@ -137,3 +139,40 @@ def test_cuda_demo_writes_snapshot(tmp_path: Path) -> None:
     assert (out / cuda["snapshot_file"]).is_file()
     load_plain(out / cuda["snapshot_file"])  # plain data only
     assert cuda["stats"]["allocated_peak_bytes"] >= cuda["peak"]["allocated_bytes"] > 0
+
+
+def test_user_saved_tensor_hooks_are_never_unpacked(tmp_path: Path) -> None:
+    # Non-reentrant checkpointing recomputes its segment when a saved tensor is unpacked:
+    # counting the activations of such a step would run the recomputation early. ampdiag
+    # skips the steps whose forward ran under the user's saved-tensor hooks.
+    from torch.utils.checkpoint import checkpoint
+
+    def loop(model: nn.Module, opt: torch.optim.Optimizer, calls: list[int]) -> None:
+        gen = torch.Generator().manual_seed(0)
+        for step in range(4):
+            x = torch.randn(8, 16, generator=gen)
+            opt.zero_grad(set_to_none=True)
+            out = checkpoint(model, x, use_reentrant=False) if step % 2 else model(x)
+            out.square().mean().backward()
+            opt.step()
+
+    def build() -> tuple[nn.Module, torch.optim.Optimizer, list[int]]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+        calls: list[int] = []
+        model[1].register_forward_hook(lambda m, a, o: calls.append(1))
+        return model, torch.optim.SGD(model.parameters(), lr=0.1), calls
+
+    hooks = torch.autograd.graph.saved_tensors_hooks
+    original = (hooks.__dict__["__enter__"], hooks.__dict__["__exit__"])
+    model, opt, calls = build()
+    with diagnose(out=tmp_path, **QUIET, profile=False) as d:
+        loop(model, opt, calls)
+    plain, plain_opt, plain_calls = build()
+    loop(plain, plain_opt, plain_calls)
+    assert len(calls) == len(plain_calls) == 6  # 4 forwards + 2 recomputations
+    for a, b in zip(model.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(a, b)
+    saved = d.session.section("memory")["saved_activations"]
+    assert sorted(saved) == ["0", "2"]  # the checkpointed steps 1 and 3 are not counted
+    assert (hooks.__dict__["__enter__"], hooks.__dict__["__exit__"]) == original  # restored

@@ -55,12 +55,15 @@ def test_activation_hooks_exist_only_on_sampled_steps(tmp_path: Path) -> None:
     def count_hooks(i: int, m: nn.Module, opt: Any, scaler: Any) -> None:
         hooked.append(sum(len(mod._forward_hooks) for mod in m.modules()))
 
-    settings = QUIET | {"sample_first": 2, "sample_period": 3}
+    # The sentinel's hooks are on every step by design (tests/collectors/test_sentinel.py).
+    settings = QUIET | {"sample_first": 2, "sample_period": 3, "sentinel": False}
     with ampdiag.diagnose(out=tmp_path, **settings) as d:
         train(model, 7, dtype=torch.float16, hook=count_hooks)
     assert d.session is not None
     expected = [0, 1, 2, 5]
-    assert [i for i, n in enumerate(hooked) if n] == expected
+    # The root keeps one forward hook on every step (discovery's autocast watch).
+    assert [i for i, n in enumerate(hooked) if n > min(hooked)] == expected
+    assert min(hooked) == 1
     assert [s["index"] for s in d.session.steps if s["sampled"]] == expected
     assert [s["step"] for s in d.session.section("gradients")["steps"]] == expected
     assert d.session.section("activations")["sampled_steps"] == len(expected)

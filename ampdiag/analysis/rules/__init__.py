@@ -10,5 +10,7 @@ RULE_MODULES: tuple[str, ...] = (
     "precision",
     "numerics",
     "memory",
+    "accumulation",
     "autocast_speed",
+    "distributed",
 )

@@ -7,6 +7,7 @@ from typing import Any
 
 from ampdiag.analysis import memory_estimates as estimates
 from ampdiag.analysis.registry import rule
+from ampdiag.analysis.rules.accumulation import accumulation_broken
 from ampdiag.schema import MemorySection
 from ampdiag.session import Finding, Session, Severity
 
@@ -43,7 +44,7 @@ def _peak_bytes(mem: MemorySection) -> int:
 
 def _activation_bytes(mem: MemorySection) -> int:
     by_cat = (mem.get("peak") or {}).get("by_category") or {}
-    return int(by_cat.get("activations", 0)) + int(by_cat.get("autograd_detail", 0))
+    return int(by_cat.get("activations", 0))
 
 
 @rule("memory-near-capacity")
@@ -88,8 +89,11 @@ def use_grad_accumulation(session: Session) -> Iterator[Finding]:
     """The target batch does not fit in 90% of the budget (medium).
 
     The target is ``memory_target_batch``, or the observed batch after an OOM or near capacity;
-    a measured per-sample activation size gives the largest micro-batch that fits.
+    a measured per-sample activation size gives the largest micro-batch that fits. Never for a
+    run whose accumulation is broken (`grad-accumulation-broken`): fix that first.
     """
+    if accumulation_broken(session):
+        return
     mem = _mem(session)
     fit = estimates.activation_fit(mem)
     cap, source = estimates.capacity(mem)

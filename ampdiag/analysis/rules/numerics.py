@@ -43,7 +43,16 @@ def fp16_in_use(session: Session) -> bool:
 
 
 def underflow_summary(session: Session) -> dict[str, Any]:
-    """The measured underflow figures (activation gradients and parameter gradients)."""
+    """The measured underflow figures.
+
+    ``underflow_fraction`` is the largest of: the share of nonzero FP32 gradient values that
+    FP16 held as zero or subnormal where the backward cast them to FP16 (the autocast
+    boundary: counted against the FP32 value, so values flushed to zero count), and the
+    zero-or-subnormal shares of the nonzero activation and parameter gradients inside FP16.
+    ``recommended_init_scale``: the smallest power of two that keeps the predicted share
+    under 1% without overflow, searched up to 2^120; ``scale_reaches_target`` False when no
+    scale does (the gradients span more than FP16's range).
+    """
     acts = session.section("activations")
     grads = session.section("gradients")
     act_nz = act_sub = act_flush = 0
@@ -58,15 +67,19 @@ def underflow_summary(session: Session) -> dict[str, Any]:
         act_flush += c["flush"]
         if nz > 0 and m["subnormal_fraction"] > worst[0]:
             worst = (m["subnormal_fraction"], m["module"])
+    boundary = acts.get("boundary") or {}
+    bnd_fraction = float(boundary.get("lost_fraction", 0.0))
     totals = grads.get("totals", {})
     act_fraction = act_sub / act_nz if act_nz else 0.0
     grad_fraction = float(totals.get("subnormal_fraction", 0.0))
     rec = acts.get("recommended_init_scale")
+    reached = acts.get("scale_reaches_target", True)
     if rec is None and grads.get("hist_true"):
-        k = fp16range.recommend_scale_log2({int(e): c for e, c in grads["hist_true"].items()})
+        k, reached = fp16range.search_scale_log2({int(e): c for e, c in grads["hist_true"].items()})
         rec = float(2**k) if k is not None else None
     return {
-        "underflow_fraction": round(max(act_fraction, grad_fraction), 6),
+        "underflow_fraction": round(max(bnd_fraction, act_fraction, grad_fraction), 6),
+        "boundary_lost_fraction": round(bnd_fraction, 6),
         "activation_grad_subnormal_fraction": round(act_fraction, 6),
         "activation_grad_flush_fraction": round(act_flush / act_nz if act_nz else 0.0, 6),
         "param_grad_subnormal_fraction": round(grad_fraction, 6),
@@ -75,7 +88,8 @@ def underflow_summary(session: Session) -> dict[str, Any]:
         "worst_module": worst[1] or None,
         "worst_module_fraction": round(worst[0], 6),
         "recommended_init_scale": rec,
-        "measured": bool(act_nz or totals.get("n")),
+        "scale_reaches_target": bool(reached) if rec is not None else None,
+        "measured": bool(act_nz or totals.get("n") or boundary.get("counts", {}).get("n")),
     }
 
 
@@ -88,8 +102,10 @@ def _scale_in_use(session: Session) -> float | None:
 def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
     """FP16 holds >= 5% of nonzero gradient values as zero/subnormal (medium), >= 20% (high).
 
-    Measured on activation gradients (what the FP16 backward holds) and parameter gradients
-    at the loss scale in use; only for runs that compute in FP16.
+    Measured where FP32 gradients are cast to FP16 (against the FP32 value, so values flushed
+    to zero count), on activation gradients and on parameter gradients, at the loss scale in
+    use (`underflow_summary`); only for runs that compute in FP16. When no scale reaches 1%
+    (``scale_reaches_target`` False) the fix is BF16.
     """
     if not fp16_in_use(session):
         return
@@ -102,7 +118,25 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
     scale = _scale_in_use(session)
     ev = {k: v for k, v in u.items() if k != "measured"}
     ev |= {"scale_in_use": scale if scale is not None else 1.0, "threshold": 0.05}
-    rec_txt = f"{rec:g}" if rec else "2.**16"
+    if u["scale_reaches_target"] is False:
+        fix = (
+            "No loss scale keeps FP16's underflow under 1% without overflowing other "
+            "gradients: they span more than FP16's range. Train in bfloat16 (FP32's exponent "
+            "range, no GradScaler):\n"
+            "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+            "    loss = loss_fn(model(x), y)\n"
+            "loss.backward(); optimizer.step()"
+        )
+    else:
+        rec_txt = f"{rec:g}" if rec else "2.**16"
+        fix = (
+            "Scale the loss so small gradients stay representable (smallest scale that keeps "
+            f"underflow under 1%: {rec_txt}):\n"
+            f'scaler = torch.amp.GradScaler("cuda", init_scale={rec_txt})\n'
+            "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()\n"
+            "or train in bfloat16 (same exponent range as float32): "
+            "torch.autocast('cuda', dtype=torch.bfloat16)"
+        )
     yield Finding(
         id="fp16-grad-underflow",
         severity=sev,
@@ -111,14 +145,7 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
             f"(zero or subnormal) at loss scale {ev['scale_in_use']:g}."
         ),
         evidence=ev,
-        fix=(
-            "Scale the loss so small gradients stay representable (smallest scale that keeps "
-            f"underflow under 1%: {rec_txt}):\n"
-            f'scaler = torch.amp.GradScaler("cuda", init_scale={rec_txt})\n'
-            "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()\n"
-            "or train in bfloat16 (same exponent range as float32): "
-            "torch.autocast('cuda', dtype=torch.bfloat16)"
-        ),
+        fix=fix,
         section=SECTION,
         impact=min(1.0, frac),
     )
@@ -194,19 +221,23 @@ def grad_scaler_disabled(session: Session) -> Iterator[Finding]:
 @rule("loss-scale-collapse")
 def loss_scale_collapse(session: Session) -> Iterator[Finding]:
     """The loss scale fell below 1 (high) or to <= 2^-10 of its initial value (medium)."""
-    history = session.section("scaler").get("history") or []
+    sc = session.section("scaler")
+    history = sc.get("history") or []
     if not history:
         return
     initial = float(history[0]["scale"])
     scales = [float(h["scale"]) for h in history] + [float(h["scale_after"]) for h in history]
     smin = min(scales)
+    every_step_min = sc.get("scale_min")  # every step's, where the history is thinned
+    if isinstance(every_step_min, (int, float)):
+        smin = min(smin, float(every_step_min))
     if smin < THRESHOLDS["scale_collapse_abs"]:
         sev: Severity = "high"
     elif smin <= initial * THRESHOLDS["scale_collapse_ratio"]:
         sev = "medium"
     else:
         return
-    backoffs = session.section("scaler").get("backoff_steps", [])
+    backoffs = sc.get("backoff_total", len(sc.get("backoff_steps", [])))
     yield Finding(
         id="loss-scale-collapse",
         severity=sev,
@@ -218,8 +249,8 @@ def loss_scale_collapse(session: Session) -> Iterator[Finding]:
             "scale_initial": initial,
             "scale_min": smin,
             "scale_final": float(history[-1]["scale_after"]),
-            "backoffs": len(backoffs),
-            "steps": len(history),
+            "backoffs": backoffs,
+            "steps": sc.get("steps_total", len(history)),
         },
         fix=(
             "A collapsing scale means a real inf/NaN (not a too-large scale). Find its origin "
@@ -239,7 +270,10 @@ def skipped_steps(session: Session) -> Iterator[Finding]:
     skipped = sc.get("skipped_steps") or []
     if not history or not skipped:
         return
-    share = len(skipped) / len(history)
+    # Totals count every step where the history and the step lists are bounded.
+    n_skipped = int(sc.get("skipped_total", len(skipped)))
+    n_steps = int(sc.get("steps_total", len(history))) or len(history)
+    share = n_skipped / n_steps
     sev: Severity = (
         "high"
         if share >= THRESHOLDS["skipped_high"]
@@ -251,12 +285,12 @@ def skipped_steps(session: Session) -> Iterator[Finding]:
         id="skipped-steps",
         severity=sev,
         title=(
-            f"The GradScaler skipped {len(skipped)} of {len(history)} steps (inf/NaN in the "
+            f"The GradScaler skipped {n_skipped} of {n_steps} steps (inf/NaN in the "
             "gradients): those steps did not update the weights."
         ),
         evidence={
-            "skipped": len(skipped),
-            "steps": len(history),
+            "skipped": n_skipped,
+            "steps": n_steps,
             "share": round(share, 4),
             "first_skipped": skipped[:10],
             "scale_initial": float(history[0]["scale"]),
@@ -280,11 +314,13 @@ def activation_overflow(session: Session) -> Iterator[Finding]:
     modules = [
         m
         for m in session.section("activations").get("modules", [])
+        # An inf output is the NaN/inf origin's business (nonfinite-origin names it).
         if isinstance(m.get("max_abs"), (int, float)) and m["max_abs"] != float("inf")
     ]
     if not modules:
         return
-    top = max(modules, key=lambda m: m["max_abs"])
+    # Ties (a container repeats its last child's output): the innermost module.
+    top = max(modules, key=lambda m: (m["max_abs"], str(m["module"]).count(".")))
     peak = float(top["max_abs"])
     fp16 = fp16_in_use(session)
     if peak >= THRESHOLDS["activation_overflow"]:
@@ -324,39 +360,74 @@ def activation_overflow(session: Session) -> Iterator[Finding]:
     )
 
 
-@rule("nonfinite-origin")
-def nonfinite_origin(session: Session) -> Iterator[Finding]:
-    """Where inf/NaN first appeared: a module's output (high) or incoming gradient (medium).
+def _nonfinite_origin(session: Session) -> tuple[dict[str, Any], int] | None:
+    """The origin to report and the number of steps that held inf/NaN, or None.
 
-    Backward-only inf/NaN is not reported when an enabled GradScaler skipped every such step.
+    The sentinel (every step) is exact; the activations collector's sampled origin is the
+    fallback for sessions without it. A forward or loss origin always counts; a backward-only
+    origin not when an enabled GradScaler skipped every such step (that is the scaler finding
+    its scale, not a fault). Of the two, the earlier step is the origin.
     """
+    sc = session.section("scaler")
+    enabled = bool((sc.get("scaler") or {}).get("enabled"))
+    skipped = set(sc.get("skipped_steps") or [])
+    sentinel = session.section("sentinel")
+    if sentinel:
+        count = int(sentinel.get("nonfinite_step_count") or 0)
+        found = []
+        if sentinel.get("forward_origin"):
+            found.append(dict(sentinel["forward_origin"]))
+        origin = sentinel.get("backward_origin")
+        bad = sentinel.get("backward_only_steps") or []
+        if origin and not (enabled and all(s in skipped for s in bad)):
+            found.append(dict(origin))
+        if not found:
+            return None
+        return min(found, key=lambda o: int(o["step"])), count
     acts = session.section("activations")
     origin = acts.get("nonfinite_origin")
     if not origin:
-        return
-    sc = session.section("scaler")
-    enabled = bool((sc.get("scaler") or {}).get("enabled"))
+        return None
     bad_steps = acts.get("nonfinite_steps") or [origin["step"]]
-    skipped = set(sc.get("skipped_steps") or [])
     if origin["phase"] == "backward" and enabled and all(s in skipped for s in bad_steps):
+        return None
+    return dict(origin), len(bad_steps)
+
+
+@rule("nonfinite-origin")
+def nonfinite_origin(session: Session) -> Iterator[Finding]:
+    """Where inf/NaN first appeared: a module's output or the loss (high), or the backward.
+
+    In the backward: the first module whose input gradient held it (medium).
+    Backward-only inf/NaN is not reported when an enabled GradScaler skipped every such step.
+    """
+    found = _nonfinite_origin(session)
+    if found is None:
         return
-    sev: Severity = "high" if origin["phase"] == "forward" else "medium"
+    origin, count = found
+    sev: Severity = "medium" if origin["phase"] == "backward" else "high"
+    where = (
+        "the loss"
+        if origin["module"] == "(loss)" and origin["phase"] == "loss"
+        else f"the {origin['kind']} of {origin['module']}"
+    )
     yield Finding(
         id="nonfinite-origin",
         severity=sev,
-        title=(
-            f"inf/NaN first appears at step {origin['step']} in the {origin['kind']} of "
-            f"{origin['module']}."
-        ),
+        title=f"inf/NaN first appears at step {origin['step']} in {where}.",
         evidence={
             "step": origin["step"],
             "module": origin["module"],
             "phase": origin["phase"],
-            "steps_with_nonfinite": len(bad_steps),
+            "kind": origin["kind"],
+            "steps_with_nonfinite": count,
+            "dtype": _compute_dtype(session),
         },
         fix=(
             f"Inspect {origin['module']} at step {origin['step']}: a division by ~0, log of 0, "
-            "exp/softmax of large values, or an FP16 overflow. Compute it in float32:\n"
+            "sqrt of 0 in the backward, exp/softmax of large values"
+            + (", or an FP16 overflow" if fp16_in_use(session) else "")
+            + ". Compute it in float32:\n"
             "with torch.autocast('cuda', enabled=False):\n"
             "    y = module(x.float())\n"
             "or add an epsilon (x / (d + 1e-6), torch.log(x.clamp_min(1e-6)))."
@@ -364,6 +435,16 @@ def nonfinite_origin(session: Session) -> Iterator[Finding]:
         section=SECTION,
         impact=0.95 if sev == "high" else 0.6,
     )
+
+
+def _compute_dtype(session: Session) -> str:
+    """The run's low-precision dtype: "float16", "bfloat16", or "float32" (no autocast)."""
+    if fp16_in_use(session):
+        return "float16"
+    autocast = session.section("run").get("autocast_seen") or {}
+    if any(str(k).endswith(":bfloat16") for k in autocast):
+        return "bfloat16"
+    return "float32"
 
 
 @rule("clip-before-unscale")

@@ -22,11 +22,7 @@ THRESHOLDS = {
 
 
 def _top(summary: dict[str, object], n: int = 5) -> list[dict[str, object]]:
-    seen: dict[tuple[object, object, object], dict[str, object]] = {}
-    for key in ("top_fp32_by_flops", "top_fp32_by_time"):
-        for o in summary.get(key, []):  # type: ignore[attr-defined]
-            seen.setdefault((o["op"], o["module"], o["reason"]), o)
-    rows = list(seen.values())[:n]
+    rows: list[dict[str, object]] = summary["top_fp32"][:n]  # type: ignore[index]
     return [
         {
             "op": o["op"],
@@ -90,11 +86,34 @@ def fp32_ops_in_autocast(session: Session) -> Iterator[Finding]:
     )
 
 
-@rule("low-precision-inactive")
-def low_precision_inactive(session: Session) -> Iterator[Finding]:
-    """Under 50% of matmul/conv FLOPs ran with autocast active, or >= 50% ran in FP32.
+def amp_attempted(session: Session) -> bool:
+    """Whether the run tried mixed precision: low-precision autocast or a GradScaler seen.
 
-    Either way the step does not get the low-precision speed-up.
+    Autocast counts wherever it was entered (``autocast_seen``: the state the model's ops ran
+    in), and so does any op the precision audit saw run under autocast, or a framework asked
+    for mixed precision (``environment.framework_precision``, e.g. Accelerate's fp16 on a
+    CPU, which silently trains in FP32).
+    """
+    if session.environment.get("framework_precision"):
+        return True
+    run = session.section("run")
+    if any(k != "none" for k in run.get("autocast_seen") or {}):
+        return True
+    if run.get("scaler") is not None or session.section("scaler").get("present"):
+        return True
+    return bool(session.section("precision").get("autocast_dtypes"))
+
+
+@rule("low-precision-inactive", "amp-off")
+def low_precision_inactive(session: Session) -> Iterator[Finding]:
+    """>= 50% of matmul/conv FLOPs ran in FP32 (autocast inactive for them, or overridden).
+
+    Either way the step does not get the low-precision speed-up: ``low-precision-inactive``
+    (high) when the run tried mixed precision (autocast or a GradScaler seen), ``amp-off``
+    (info) for a deliberate FP32 run, where neither was ever seen.
+
+    Matmuls that ran in low precision without autocast (parameters in bf16, as FSDP2's
+    MixedPrecisionPolicy casts them) get the speed-up and do not count.
     """
     sec = session.section("precision")
     if not sec.get("audited"):
@@ -105,7 +124,33 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
         return
     inactive = mm["autocast_share"] < THRESHOLDS["matmul_autocast_share_min"]
     fp32 = mm["fp32_share"] >= THRESHOLDS["matmul_fp32_share_max"]
-    if not (inactive or fp32):
+    # Without autocast, matmuls in low precision are the parameters' own dtype (FSDP2's
+    # MixedPrecisionPolicy(param_dtype=bf16), model.to(bf16)): the speed-up is there.
+    if not fp32:
+        return
+    device = sec.get("device_type", "cuda")
+    dtype = "torch.bfloat16" if device == "cpu" else "torch.float16"
+    if not amp_attempted(session):
+        yield Finding(
+            id="amp-off",
+            severity="info",
+            title=(
+                "Mixed precision is off: no autocast and no GradScaler were seen, and "
+                f"{mm['fp32_share']:.0%} of the matmul FLOPs ran in FP32."
+            ),
+            evidence={
+                "matmul_fp32_share": round(mm["fp32_share"], 4),
+                "matmul_fp32_flops": mm["fp32_flops"],
+                "step": sec.get("step"),
+            },
+            fix=(
+                "If FP32 is not deliberate, run the forward and the loss under autocast:\n"
+                f"with torch.autocast(device_type={device!r}, dtype={dtype}):\n"
+                "    loss = loss_fn(model(x), y)"
+            ),
+            section="precision",
+            impact=0.0,
+        )
         return
     if inactive:
         title = (
@@ -114,8 +159,6 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
         )
     else:
         title = f"{mm['fp32_share']:.0%} of the matmul FLOPs ran in FP32 despite autocast."
-    device = sec.get("device_type", "cuda")
-    dtype = "torch.bfloat16" if device == "cpu" else "torch.float16"
     yield Finding(
         id="low-precision-inactive",
         severity="high",

@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from ampdiag.analysis.advisors import Advice, advisor, find, number, worst_severity
+from ampdiag.analysis.rules.accumulation import accumulation_broken
+from ampdiag.analysis.rules.numerics import fp16_in_use
 from ampdiag.session import Finding, Session
 
 THRESHOLDS: dict[str, float] = {
@@ -110,14 +112,25 @@ def _fp16_evidence(merged: list[Finding]) -> dict[str, Any]:
     return out
 
 
+def computes_fp16(session: Session) -> bool:
+    """Whether the run computes in FP16 (autocast or parameters).
+
+    The only runs FP16 advice is for: a BF16 or FP32 run's inf/NaN points at its origin,
+    not at the dtype.
+    """
+    autocast = str(session.environment.get("autocast") or "")
+    return fp16_in_use(session) or autocast.endswith(":float16")
+
+
 @advisor("prefer-bf16", "tune-grad-scaler")
 def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advice]:
     """FP16 trouble answered by BF16 where the device runs it, else by GradScaler settings.
 
     prefer-bf16: any of fp16-grad-underflow, grad-scaler-missing/-disabled, skipped-steps,
     loss-scale-collapse, activation-overflow, nonfinite-origin (not info) on a device with
-    ``environment.bf16_supported`` (CUDA capability >= 8.0; any CPU). BF16 has FP32's exponent
-    range: no underflow at 2^-24, no overflow at 65504, no GradScaler needed.
+    ``environment.bf16_supported`` (CUDA capability >= 8.0; any CPU). BF16 has FP32's
+    exponent range: no underflow at 2^-24, no overflow at 65504, no GradScaler needed.
+    Neither is advised to a run that does not compute in FP16 (`computes_fp16`).
 
     tune-grad-scaler: the same evidence (less the forward-range findings, which no loss scale
     fixes) where BF16 is not supported or unknown. ``init_scale`` = the underflow finding's
@@ -130,7 +143,7 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
     """
     scaler_ids = (FP16_UNDERFLOW, *SCALER_MISUSE, *SCALE_TROUBLE)
     trouble = _actionable(findings, *scaler_ids, *RANGE_TROUBLE)
-    if not trouble:
+    if not trouble or not computes_fp16(session):
         return
     env = session.environment
     dev = device_type(session)
@@ -260,8 +273,11 @@ def memory_advice(session: Session, findings: list[Finding]) -> Iterator[Advice]
     ``activation_bytes`` (activations scale with the micro-batch, the rest does not): the target
     peak is (1 - 0.15) x capacity; accumulation_steps = ceil(activation_bytes / (target - (peak
     - activation_bytes))); micro_batch = floor(batch / steps) where the batch size is known.
-    Nothing is advised when the non-activation memory alone exceeds the target.
+    Nothing is advised when the non-activation memory alone exceeds the target, nor to a run
+    whose accumulation is broken (grad-accumulation-broken: more micro-batches would be lost).
     """
+    if accumulation_broken(session) or find(findings, "grad-accumulation-broken"):
+        return
     near = find(findings, "memory-near-capacity")
     existing = find(findings, "use-grad-accumulation")
     if existing:

@@ -64,7 +64,11 @@ def dataloader_bound(session: Session) -> Iterator[Finding]:
 def profiler_no_steps(session: Session) -> Iterator[Finding]:
     """The profiler recorded no step (the block ran fewer steps than skip + warm-up + 1)."""
     prof = session.sections.get("profiler")
-    if not isinstance(prof, dict) or prof.get("trace_files"):
+    if not isinstance(prof, dict):
+        return
+    # A trace is written at exit even when the block ended in the warm-up: what counts is
+    # whether a step was recorded (older sessions have no recorded_steps: their trace says).
+    if prof.get("recorded_steps") or ("recorded_steps" not in prof and prof.get("trace_files")):
         return
     sched = prof.get("schedule", {})
     need = int(sched.get("skip", 0)) + int(sched.get("warmup", 0)) + 1

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ampdiag.analysis.registry import rule
+from ampdiag.analysis.rules.distributed import straggler
 from ampdiag.session import Finding, Session, Severity
 
 THRESHOLDS = {
@@ -30,8 +31,17 @@ THRESHOLDS = {
 
 
 def _ranks(session: Session) -> list[dict[str, Any]]:
+    """The ranks whose timeline speaks for itself.
+
+    With a straggler (see `straggler-rank`), only the straggler: the others' idle time and
+    exposed communication is waiting for it, and advice about them would point elsewhere.
+    """
     ranks = session.section("timeline").get("ranks", [])
-    return [r for r in ranks if isinstance(r, dict) and r.get("activities_in_window")]
+    found = [r for r in ranks if isinstance(r, dict) and r.get("activities_in_window")]
+    late = straggler(session)
+    if late is not None:
+        found = [r for r in found if r.get("rank") == late["rank"]]
+    return found
 
 
 def _worst(ranks: list[dict[str, Any]], key: Any) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from ampdiag.session import Session
 
 SECTION_MODULES: tuple[str, ...] = (
     "overview",
+    "ranks",
     "time",
     "timeline",
     "precision",

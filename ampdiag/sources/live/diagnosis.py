@@ -14,9 +14,11 @@ import datetime as _dt
 import html
 import logging
 import sys
+import threading
 import time
-import traceback
+from collections.abc import Callable
 from dataclasses import asdict, fields, replace
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -26,8 +28,10 @@ import torch
 from ampdiag._layout import REPORT_FILE, check_writable
 from ampdiag._version import __version__
 from ampdiag.compat import scaler as compat_scaler
+from ampdiag.compat.dtensor import fsdp_mixed_precision
 from ampdiag.config import Settings
-from ampdiag.session import Session, StepRecord
+from ampdiag.session import Session
+from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors import (
     Collector,
     DiagnoseConfig,
@@ -37,6 +41,8 @@ from ampdiag.sources.live.collectors import (
 from ampdiag.sources.live.collectors.base import enter_run, leave_run
 from ampdiag.sources.live.discovery import Discovery
 from ampdiag.sources.live.environment import describe_environment, distributed_info
+from ampdiag.sources.live.shielding import ImportFilters, describe_exception, sigint_deferred
+from ampdiag.sources.live.steps import StepLog
 
 if TYPE_CHECKING:
     from typing import Unpack  # Python 3.11; annotations are not evaluated at run time
@@ -75,6 +81,8 @@ class Diagnosis:
         config: DiagnoseConfig,
         collectors: list[Collector] | None,
     ) -> None:
+        # Before the collectors are made: their imports (sympy, numpy) may add warning filters.
+        self._filters = ImportFilters()
         self.out = Path(out) if out is not None else default_out()
         ranks = distributed_info()
         if ranks["world_size"] > 1:
@@ -86,15 +94,15 @@ class Diagnosis:
         self._given = (model, optimizer, scaler)
         self._collectors = collectors if collectors is not None else default_collectors(config)
         self._discovery: Discovery | None = None
-        self._steps: list[StepRecord] = []
+        self._steps = StepLog(config.max_steps_recorded)
         self._step_start = 0.0
-        self._losses: dict[int, tuple[torch.Tensor, bool]] = {}
+        self._backward_passes = 0  # in the step in progress
         self._manual_steps = False
         self._primary_optimizer: int | None = None
         self._scaler_in_use = False
-        self._warnings: list[str] = []
         self._started = 0.0
         self._closed = False
+        self._lock = threading.Lock()
 
     # --- public ---------------------------------------------------------------------------------
 
@@ -124,18 +132,22 @@ class Diagnosis:
         check_writable(self.out)
         self._started = time.time()
         model, optimizer, scaler = self._given
-        self._discovery = Discovery(
-            on_model=self._found_model,
-            on_optimizer_pre=self._before_optimizer_step,
-            on_optimizer_post=self._after_optimizer_step,
-            on_loss=self._saw_loss,
-            on_scaler=self._found_scaler,
-            on_scaler_update=self._after_scaler_update,
-            on_autocast=self._saw_autocast,
-        )
+        self.run.thread = threading.get_ident()  # the thread whose training the block observes
+        global_hooks.block_started()
         started: list[Collector] = []
         enter_run(self.run)
         try:
+            self._discovery = Discovery(
+                on_model=self._found_model,
+                on_optimizer_pre=self._before_optimizer_step,
+                on_optimizer_post=self._after_optimizer_step,
+                on_loss=self._saw_loss,
+                on_scaler=self._found_scaler,
+                on_scaler_update=self._after_scaler_update,
+                on_autocast=self._saw_autocast,
+                on_backward=self._before_backward,
+                on_accumulated=self._after_backward,
+            )
             for collector in self._collectors:
                 collector.start(self.run)
                 started.append(collector)
@@ -158,23 +170,44 @@ class Diagnosis:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        # First take everything out of the user's process, with Ctrl-C deferred: nothing the
+        # user's objects do and no second interrupt may leave a hook or patch behind.
+        with sigint_deferred() as deferred:
+            broke = self._close(exc is not None)
+        deferred.deliver()  # a Ctrl-C during the removal: raised now, everything removed
+        if broke is not None:
+            raise broke
+        # Then describe what happened, defensively, and write what was collected.
         status = "ok"
         error = None
         if exc is not None:
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
-            error = {
-                "type": type(exc).__qualname__,
-                "message": str(exc),
-                "traceback": "".join(traceback.format_exception(exc_type, exc, tb))[-4000:],
-            }
-        # A partial step (the block ended between boundaries) is kept when it did something.
-        if exc is None and self._step_has_activity():
-            self._end_step()
-        self.run.block_raised = exc is not None
-        self._teardown()
-        self.session = self._build_session(status, error)
-        self._write_outputs()
+            error = describe_exception(exc, tb)
+        try:
+            self._after_stop()
+            self.session = self._build_session(status, error)
+            self._write_outputs()
+        except Exception as failure:  # ampdiag's own bug must not replace the user's outcome
+            print(
+                f"ampdiag: could not write the report to {self.out}: {failure!r}", file=sys.stderr
+            )
+        finally:
+            self._filters.remove_added()  # the renderers' imports too
         # Returning None lets the user's exception propagate unchanged (the same object).
+
+    def _close(self, raised: bool) -> BaseException | None:
+        """Ends a partial step and removes every hook and patch; returns an interrupt to re-raise.
+
+        A partial step (the block ended between boundaries) is kept when it did something.
+        """
+        interrupt: BaseException | None = None
+        if not raised and self._step_has_activity():
+            try:
+                self._end_step()
+            except BaseException as exc:  # a KeyboardInterrupt raised in a callback
+                interrupt = exc
+        self.run.block_raised = raised  # collectors' stop() may ask
+        return self._teardown() or interrupt
 
     # --- callbacks from discovery ---------------------------------------------------------------
 
@@ -218,10 +251,16 @@ class Diagnosis:
             self._end_step()
 
     def _saw_loss(self, loss: torch.Tensor, from_scaler: bool) -> None:
-        # Prefer the unscaled loss given to GradScaler.scale over the scaled one in backward.
-        previous = self._losses.get(self.run.step)
-        if previous is None or from_scaler or not previous[1]:
-            self._losses[self.run.step] = (loss, from_scaler)
+        self._steps.saw_loss(loss.detach(), from_scaler)
+        self._each("on_loss", loss, from_scaler)
+
+    def _before_backward(self, tensor: torch.Tensor) -> None:
+        self._each("before_backward", tensor)
+
+    def _after_backward(self) -> None:
+        index = self._backward_passes
+        self._backward_passes += 1
+        self._each("after_backward", index)
 
     def _saw_autocast(self, state: str | None) -> None:
         key = state or "none"
@@ -230,24 +269,23 @@ class Diagnosis:
     # --- steps ------------------------------------------------------------------------------------
 
     def _step_has_activity(self) -> bool:
-        return self.run.step in self._losses
+        return self._steps.has_activity()
 
     def _end_step(self) -> None:
         now = time.perf_counter()
         step = self.run.step
-        if len(self._steps) < self.config.max_steps_recorded:
-            self._steps.append(
-                StepRecord(
-                    index=step,
-                    wall_s=now - self._step_start,
-                    profiled=self.run.is_profiled(step),
-                    sampled=self.run.is_sampled(step),
-                )
-            )
+        self._steps.end(
+            step,
+            now - self._step_start,
+            self.run.is_profiled(step),
+            self.run.is_sampled(step),
+            micro_batches=self._backward_passes if self.run.models else None,
+        )
         if step == 0 and self._discovery is not None:
             self._discovery.stop_searching_models()
         self._each("on_step_end", step)
         self.run.step = step + 1
+        self._backward_passes = 0
         self._step_start = time.perf_counter()
 
     # --- collectors -------------------------------------------------------------------------------
@@ -260,22 +298,38 @@ class Diagnosis:
                 self._warn(f"collector {collector.name!r} failed in {method}: {exc!r}")
 
     def _warn(self, message: str) -> None:
-        if message not in self._warnings:
-            self._warnings.append(message)
-            log.warning(message)
+        self.run.warn(message)
 
-    def _teardown(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _teardown(self) -> BaseException | None:
+        """Removes what this block installed; every part runs, whatever another one raises.
+
+        Returns the first interrupt (a BaseException that is not an Exception) to re-raise
+        once everything is removed; a collector's ordinary error is only noted.
+        """
+        with self._lock:
+            if self._closed:
+                return None
+            self._closed = True
+        interrupt: BaseException | None = None
+        parts: list[tuple[str, Callable[[], None]]] = []
         if self._discovery is not None:
-            self._discovery.close()
-        leave_run(self.run)
+            parts.append(("discovery", self._discovery.close))
+        parts.append(("run registry", partial(leave_run, self.run)))
         for collector in reversed(self._collectors):
+            parts.append((collector.name, partial(collector.stop, self.run)))
+        parts.append(("global hooks", global_hooks.block_ended))
+        parts.append(("warning filters", self._filters.remove_added))
+        for name, stop in parts:
             try:
-                collector.stop(self.run)
+                stop()
             except Exception as exc:
-                self._warn(f"collector {collector.name!r} failed to stop: {exc!r}")
+                self._warn(f"collector {name!r} failed to stop: {exc!r}")
+            except BaseException as exc:
+                interrupt = interrupt or exc
+        return interrupt
+
+    def _after_stop(self) -> None:
+        """The collectors' extra work after every hook is gone (the speed probe's forwards)."""
         for collector in self._collectors:
             try:
                 collector.after_stop(self.run)
@@ -285,9 +339,6 @@ class Diagnosis:
     # --- outputs ----------------------------------------------------------------------------------
 
     def _build_session(self, status: str, error: dict[str, str] | None) -> Session:
-        for index, (loss, _) in self._losses.items():
-            if index < len(self._steps) and self._steps[index].index == index:
-                self._steps[index].loss = _finite_or_text(loss)
         sections: dict[str, Any] = {}
         for collector in self._collectors:
             try:
@@ -303,14 +354,14 @@ class Diagnosis:
             "scaler": _describe_scaler(self.run.scaler),
             "autocast_seen": self.run.autocast,
             "duration_s": time.time() - self._started,
-            "warnings": self._warnings,
+            "warnings": list(self.run.warnings),
         }
         session = Session(
             status=status,  # type: ignore[arg-type]
             error=error,
             environment=describe_environment(self.run),
             config=asdict(self.config),
-            steps=[s.to_dict() for s in self._steps],
+            steps=self._steps.records(),
             sections=sections,
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             ampdiag_version=__version__,
@@ -334,22 +385,19 @@ class Diagnosis:
         render_all(self.session, self.out, self.config)
 
 
-def _finite_or_text(loss: torch.Tensor) -> float | None:
-    try:
-        return float(loss.float().item())
-    except Exception:
-        return None
-
-
 def _describe_model(model: torch.nn.Module) -> dict[str, Any]:
     params = list(model.parameters())
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params})
-    return {
+    out: dict[str, Any] = {
         "class": type(model).__name__,
         "parameters": sum(p.numel() for p in params),
         "param_dtypes": dtypes,
         "devices": sorted({str(p.device) for p in params}),
     }
+    policies = fsdp_mixed_precision(model)
+    if policies:
+        out["fsdp_mixed_precision"] = policies
+    return out
 
 
 def _describe_scaler(scaler: Any) -> dict[str, Any] | None:

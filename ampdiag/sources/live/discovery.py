@@ -3,19 +3,33 @@
 Global hooks (torch's module and optimizer hook registries) and observe-only patches of
 ``torch.Tensor.backward`` and ``GradScaler.scale/update`` tell the engine what the user's code
 does, without the user passing anything. Everything here is removed by `Discovery.close()`.
+
+**Where autocast is seen.** What counts is the autocast state the model's ops actually ran
+in, wherever autocast was entered: around the loop, inside ``forward``, in a wrapped forward
+(Accelerate and so HF Trainer do ``model.forward = autocast(...)(model.forward)``, entered
+*after* the root's forward pre-hooks), in a framework's precision plugin, or around part of
+the model. So the state is not read at the root's entry but inside its forward: at the
+forward pre-hooks of the first and the last submodule with parameters of their own that run
+(the *probes*, found during the root's first forward), and at the root's entry only when no
+probe ran. A forward counts under a low-precision state when either probe saw it (a model
+whose embedding runs outside autocast and the rest inside still computes under autocast).
+That is two hooks per forward, whatever the model's size. The precision audit records, op
+by op, the state every op ran in on its step; tests hold the two to the same answer.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.nn.modules import module as nn_module
-from torch.optim import optimizer as optim_module
 
-from ampdiag.sources.live.collectors.base import internal_work
+from ampdiag.sources.live import global_hooks
+from ampdiag.sources.live.collectors.base import internal_work, is_internal_work
+from ampdiag.sources.live.global_hooks import MODULE_POST, MODULE_PRE, OPTIMIZER_POST, OPTIMIZER_PRE
 from ampdiag.sources.live.patching import Patches
+from ampdiag.trace.step_breakdown import CLOSURE_PREFIX
 
 AUTOCAST_DEVICES = ("cuda", "cpu")
 
@@ -29,19 +43,119 @@ def autocast_state() -> str | None:
     return None
 
 
+def reference_parameter(module: torch.nn.Module) -> torch.Tensor | None:
+    """The module's first parameter that requires a gradient.
+
+    Every backward through the model reaches it, so its accumulations count the backward
+    passes (micro-batches).
+    """
+    return next((p for p in module.parameters() if p.requires_grad), None)
+
+
+def dominant_autocast(seen: dict[str, int]) -> str | None:
+    """The low-precision autocast state most forwards ran under ("cpu:bfloat16"), or None.
+
+    ``seen`` is the run's ``autocast_seen`` ("device:dtype" or "none" -> forwards); this is
+    what the environment header, the speed probe and the rules call *the* autocast of a run.
+    """
+    states = {k: v for k, v in seen.items() if k != "none"}
+    return max(states, key=states.__getitem__) if states else None
+
+
+def _has_own_parameters(module: torch.nn.Module) -> bool:
+    return any(True for _ in module.parameters(recurse=False))
+
+
+class AutocastWatch:
+    """The autocast state each forward of the watched roots computed in (see the module doc).
+
+    Args:
+        on_state: Called once per root forward with its state ("device:dtype" or None).
+    """
+
+    def __init__(self, on_state: Callable[[str | None], None]) -> None:
+        self._on_state = on_state
+        self._handles: list[Any] = []
+        self._probes: dict[int, list[torch.nn.Module]] = {}
+        self._learning: Any = None
+        self._root: int | None = None
+        self._root_state: str | None = None
+        self._seen: str | None = None
+        self._probed = False
+
+    def watch(self, root: torch.nn.Module) -> None:
+        """Hooks a root model's forward (entry and exit)."""
+        self._handles.append(root.register_forward_pre_hook(self._pre, prepend=True))
+        self._handles.append(root.register_forward_hook(self._post, always_call=True))
+
+    def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        if self._root is not None:  # a root called inside another root's forward
+            return
+        self._root = id(module)
+        self._root_state = autocast_state()
+        self._seen = None
+        self._probed = False
+        if id(module) not in self._probes and self._learning is None:
+            # The first forward: learn which submodules run first and last.
+            self._probes[id(module)] = []
+            self._learning = global_hooks.add(MODULE_PRE, self._learn)
+
+    def _learn(self, module: torch.nn.Module, args: Any) -> None:
+        if self._root is None or not _has_own_parameters(module):
+            return
+        self._check(module, args)
+        found = self._probes[self._root]
+        found[min(len(found), 1) :] = [module]  # [first, last]
+
+    def _check(self, module: torch.nn.Module, args: Any) -> None:
+        if self._root is None:
+            return
+        self._probed = True
+        if self._seen is None:
+            self._seen = autocast_state()
+
+    def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._root != id(module):
+            return
+        self._root = None
+        if self._learning is not None:
+            self._learning.remove()
+            self._learning = None
+            found = self._probes.get(id(module), [])
+            for probe in found:
+                self._handles.append(probe.register_forward_pre_hook(self._check))
+        self._on_state(self._seen if self._probed else self._root_state)
+
+    def close(self) -> None:
+        """Removes every hook. Safe to call twice."""
+        if self._learning is not None:
+            self._learning.remove()
+            self._learning = None
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
 class Discovery:
     """Installs the global hooks and patches; calls back into the engine as things are seen.
 
     Args:
         on_model: Called with a root module (one with parameters, called outside any other
             module) the first time it runs.
-        on_optimizer_pre: Called before every optimizer step with the optimizer.
+        on_optimizer_pre: Called with the optimizer when its step is about to use the
+            gradients: before ``step()``, or, for ``step(closure)`` (Lightning, LBFGS), after
+            the closure (which runs forward and backward) returned.
         on_optimizer_post: Called after every optimizer step with the optimizer.
-        on_loss: Called with each scalar passed to backward or to GradScaler.scale (detached),
+        on_loss: Called with each scalar passed to backward or to GradScaler.scale (the live
+            tensor, before its backward: collectors may walk its graph; never modify it),
             and whether it came from the scaler (unscaled loss).
         on_scaler: Called with a GradScaler the first time its scale() runs.
         on_scaler_update: Called after each GradScaler.update().
-        on_autocast: Called with the autocast state at each root module's forward.
+        on_autocast: Called with the autocast state each root forward computed in
+            (`AutocastWatch`).
+        on_backward: Called with the tensor itself before each ``Tensor.backward``.
+        on_accumulated: Called after each backward pass accumulated a gradient into a root
+            model's first trainable parameter (one call per backward pass that reached it).
     """
 
     def __init__(
@@ -54,31 +168,37 @@ class Discovery:
         on_scaler: Callable[[Any], None],
         on_scaler_update: Callable[[Any], None],
         on_autocast: Callable[[str | None], None],
+        on_backward: Callable[[torch.Tensor], None] = lambda t: None,
+        on_accumulated: Callable[[], None] = lambda: None,
     ) -> None:
         self._on_model = on_model
-        self._on_autocast = on_autocast
+        self._on_optimizer_pre = on_optimizer_pre
+        self._autocast = AutocastWatch(on_autocast)
         self._on_loss = on_loss
         self._on_scaler = on_scaler
         self._on_scaler_update = on_scaler_update
+        self._on_backward = on_backward
+        self._on_accumulated = on_accumulated
+        # The block observes the thread that entered it; hooks fire in every thread.
+        self._thread = threading.get_ident()
         self._depth = 0
         self._roots: set[int] = set()
         self._handles: list[Any] = []
         self._patches = Patches()
         self._global_module_hooks: list[Any] = []
-        self._global_module_hooks.append(
-            nn_module.register_module_forward_pre_hook(self._forward_pre)
-        )
-        self._global_module_hooks.append(
-            nn_module.register_module_forward_hook(self._forward_post, always_call=True)
-        )
+        self._global_module_hooks.append(global_hooks.add(MODULE_PRE, self._forward_pre))
+        self._global_module_hooks.append(global_hooks.add(MODULE_POST, self._forward_post))
         self._handles.append(
-            optim_module.register_optimizer_step_pre_hook(
-                lambda opt, args, kwargs: on_optimizer_pre(opt)
+            global_hooks.add(
+                OPTIMIZER_PRE,
+                lambda opt, args, kwargs: (
+                    self._step_pre(opt, args, kwargs) if self._mine() else None
+                ),
             )
         )
         self._handles.append(
-            optim_module.register_optimizer_step_post_hook(
-                lambda opt, args, kwargs: on_optimizer_post(opt)
+            global_hooks.add(
+                OPTIMIZER_POST, lambda opt: on_optimizer_post(opt) if self._mine() else None
             )
         )
         self._patch_backward()
@@ -86,22 +206,31 @@ class Discovery:
 
     # --- modules -------------------------------------------------------------------------------
 
+    def _mine(self) -> bool:
+        """Whether a hook fired for the block's own work (its thread, not ampdiag's probes)."""
+        return threading.get_ident() == self._thread and not is_internal_work()
+
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if not self._mine():
+            return
         is_new = self._depth == 0 and id(module) not in self._roots
         if is_new and any(True for _ in module.parameters()):
             self._roots.add(id(module))
             self._on_model(module)
-        if self._depth == 0 and id(module) in self._roots:
-            self._on_autocast(autocast_state())
+            if self._depth == 0:
+                # Hooks registered now run from the next call on: this forward's state.
+                self._autocast._pre(module, args)
         self._depth += 1
 
     def _forward_post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if not self._mine():
+            return
         self._depth = max(0, self._depth - 1)
 
     def stop_searching_models(self) -> None:
         """Removes the global module hooks (called once the first step ended: a cost saver).
 
-        Root modules already found keep a forward pre-hook of their own that records autocast.
+        Root modules already found keep hooks of their own that record autocast.
         """
         for handle in self._global_module_hooks:
             handle.remove()
@@ -109,21 +238,59 @@ class Discovery:
         self._depth = 0
 
     def watch_root(self, module: torch.nn.Module) -> None:
-        """Records the autocast state at each forward of a known root module."""
-        self._handles.append(
-            module.register_forward_pre_hook(lambda m, a: self._on_autocast(autocast_state()))
-        )
+        """Records the autocast state each forward of a known root module computed in."""
+        self._autocast.watch(module)  # counts only forwards of the block's thread
+        reference = reference_parameter(module)
+        if reference is not None:
+            on_accumulated = self._on_accumulated
+            self._handles.append(
+                reference.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
+                    lambda p: on_accumulated()
+                )
+            )
+
+    # --- optimizer -----------------------------------------------------------------------------
+
+    def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        """Reports the step before it uses the gradients: after its closure, if it has one.
+
+        Lightning runs forward and backward inside ``optimizer.step(closure)``: at the step's
+        pre-hook no gradient of this step exists yet. The closure is handed on wrapped (same
+        call, same result) so that the report comes when it returns, before the update.
+        """
+        # args[0] is the optimizer itself (the hook sees step's own arguments).
+        closure = kwargs.get("closure") if kwargs else None
+        in_args = closure is None and len(args) > 1 and callable(args[1])
+        if in_args:
+            closure = args[1]
+        if closure is None:
+            self._on_optimizer_pre(optimizer)
+            return None
+        on_pre = self._on_optimizer_pre
+        label = CLOSURE_PREFIX + type(optimizer).__name__
+
+        def closure_then_report() -> Any:
+            # Marked in the trace: the step split counts it as forward/backward, not optimizer.
+            with torch.profiler.record_function(label):
+                result = closure()
+            on_pre(optimizer)
+            return result
+
+        if in_args:
+            return (args[0], closure_then_report, *args[2:]), kwargs
+        return args, {**kwargs, "closure": closure_then_report}
 
     # --- loss and scaler -----------------------------------------------------------------------
 
     def _patch_backward(self) -> None:
-        on_loss = self._on_loss
+        on_loss, on_backward = self._on_loss, self._on_backward
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
                 if self.numel() == 1:
                     with internal_work():
-                        on_loss(self.detach(), False)
+                        on_loss(self, False)
+                on_backward(self)
                 return original(self, *args, **kwargs)
 
             backward.__doc__ = original.__doc__
@@ -143,7 +310,7 @@ class Discovery:
                     on_scaler(self)
                 if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
                     with internal_work():
-                        on_loss(outputs.detach(), True)
+                        on_loss(outputs, True)
                 return original(self, outputs)
 
             return scale
@@ -162,6 +329,7 @@ class Discovery:
     def close(self) -> None:
         """Removes every hook and patch. Safe to call twice."""
         self.stop_searching_models()
+        self._autocast.close()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ampdiag.compat.frameworks import accelerate_mixed_precision
 from ampdiag.schema import Environment
+from ampdiag.sources.live.discovery import dominant_autocast
 
 if TYPE_CHECKING:
     from ampdiag.sources.live.collectors.base import RunContext
@@ -39,6 +41,20 @@ def distributed_info() -> dict[str, int]:
     }
 
 
+def framework_precision() -> dict[str, str]:
+    """The mixed precision a framework was asked for, where torch alone cannot tell.
+
+    ``Accelerator(mixed_precision="fp16")`` on a CPU enters no autocast and makes no
+    GradScaler: the run trains in FP32 although mixed precision was asked for, which is not
+    the same as a deliberate FP32 run. Read only when the user's code imported Accelerate.
+    """
+    found: dict[str, str] = {}
+    mode = accelerate_mixed_precision()
+    if mode is not None and mode != "no":
+        found["accelerate"] = mode
+    return found
+
+
 def describe_environment(run: RunContext | None = None) -> Environment:
     """Returns the session's ``environment`` section."""
     env: Environment = {
@@ -66,7 +82,7 @@ def describe_environment(run: RunContext | None = None) -> Environment:
         env["bf16_native"] = "avx512_bf16" in flags or "amx_bf16" in flags
         env["bf16_supported"] = True  # CPU autocast runs bf16 everywhere, natively or not
     if run is not None:
-        seen = {k: v for k, v in run.autocast.items() if k != "none"}
-        env["autocast"] = max(seen, key=seen.__getitem__) if seen else None
+        env["autocast"] = dominant_autocast(run.autocast)
         env["autocast_seen"] = dict(run.autocast)
+        env["framework_precision"] = framework_precision()
     return env

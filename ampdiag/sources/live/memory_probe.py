@@ -3,11 +3,13 @@
 Activation memory is what autograd keeps from the forward pass for the backward pass. The probe
 runs the model's forward (training mode, gradients on) at each batch size and counts, through
 ``torch.autograd.graph.saved_tensors_hooks``, the bytes of every distinct storage autograd saves,
-parameters excluded. On CUDA it also reports the forward's peak above the starting allocation
-(``torch.cuda.max_memory_allocated``). It never runs backward or an optimizer: parameters,
-gradients and optimizer state are untouched; buffers (BatchNorm statistics) and the RNG
-states are restored afterwards. Call it before the training loop (or before ``diagnose()``);
-when a ``diagnose()`` block is running, the result is also recorded in its memory section.
+parameters and their autocast copies excluded (the definition in
+`ampdiag.sources.live.saved_activations`). On CUDA it also reports the forward's peak above
+the starting allocation (``torch.cuda.max_memory_allocated``). It never runs backward or an
+optimizer: parameters, gradients and optimizer state are untouched; buffers (BatchNorm
+statistics) and the RNG states are restored afterwards. Call it before the training loop (or
+before ``diagnose()``); when a ``diagnose()`` block is running, the result is also recorded in
+its memory section.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.autograd.graph import saved_tensors_hooks
+
+from ampdiag.sources.live.collectors.base import internal_work
+from ampdiag.sources.live.saved_activations import ParameterIndex, SavedMemory
 
 
 def _as_args(batch: Any) -> tuple[tuple[Any, ...], Any]:
@@ -36,14 +42,11 @@ def _saved_bytes(
     loss_fn: Callable[[Any, Any], torch.Tensor] | None,
     autocast: tuple[str, torch.dtype] | None,
 ) -> tuple[int, int | None]:
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
+    params = ParameterIndex.of(model.parameters())
+    saved = SavedMemory()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr not in params and ptr != 0:
-            seen[ptr] = max(seen.get(ptr, 0), storage.nbytes())
+        saved.add(t, params)
         return t
 
     def unpack(t: torch.Tensor) -> torch.Tensor:
@@ -55,7 +58,7 @@ def _saved_bytes(
         torch.cuda.synchronize(device)
         start = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+    with torch.enable_grad(), internal_work(), saved_tensors_hooks(pack, unpack):
         if autocast is not None:
             with torch.autocast(autocast[0], dtype=autocast[1]):
                 out = model(*args)
@@ -69,7 +72,7 @@ def _saved_bytes(
         peak = int(torch.cuda.max_memory_allocated(device) - start)
     del out, loss
     gc.collect()
-    return int(sum(seen.values())), peak
+    return saved.activation_bytes, peak
 
 
 def memory_probe(

@@ -23,12 +23,22 @@ def default_collectors(config: DiagnoseConfig) -> list[Collector]:
         from ampdiag.sources.live.collectors.precision import PrecisionCollector
 
         collectors.append(PrecisionCollector())
+    if config.sentinel:
+        from ampdiag.sources.live.collectors.sentinel import Sentinel
+
+        collectors.append(Sentinel())
     if config.numerics:
+        from ampdiag.sources.live.collectors.accumulation import AccumulationCollector
         from ampdiag.sources.live.collectors.activations import ActivationsCollector
         from ampdiag.sources.live.collectors.gradients import GradientsCollector
         from ampdiag.sources.live.collectors.scaler import ScalerCollector
 
-        collectors += [ScalerCollector(), GradientsCollector(), ActivationsCollector()]
+        collectors += [
+            ScalerCollector(),
+            GradientsCollector(),
+            ActivationsCollector(),
+            AccumulationCollector(),
+        ]
     return collectors
 
 

@@ -9,6 +9,21 @@ keeps a small copy of a sample of it (at most ``numerics_sample_elements`` value
 samples (``_exponents.histograms``) tells which share FP16 holds as zero or subnormal at the
 scale in use and, shifted by the scale, predicts the share at any candidate scale 2^0..2^24.
 
+Values that FP16 flushes to zero are invisible in an FP16 gradient (a zero looks like any
+zero), so underflow is also counted where it happens, against the higher-precision value: at
+every autocast boundary the backward crosses from FP32 into FP16 (the cast of an FP16 output
+to FP32 for the loss, or for an FP32-policy op), a hook on the cast's backward node sees the
+FP32 gradient just before it is cast to FP16. Its nonzero values that FP16 holds as zero or
+subnormal at the scale in use (|g·S| < 2^-14) are lost ("boundary" in the section); their
+exponent histogram, unscaled, predicts the loss at any other scale. The nodes are found by
+walking the loss's graph once per sampled step (`on_loss`).
+
+Where that boundary is the model's output, the step's inputs and the FP32 gradient there are
+kept (the latest sampled step's), and at the end of the run an FP32 replay
+(`fp32_replay.reference_exponents`) gives the true gradient entering every module: the
+recommended init_scale is searched on those and the boundary's values, so gradients that FP16
+flushed inside the model still count.
+
 The step's results (the ranges, the histograms, the scale) go to the host in one transfer
 (`_host.Deferred`) and are accumulated there with numpy. The first module, in execution
 order, whose output (forward) or incoming gradient (backward) holds inf/NaN is the NaN
@@ -29,6 +44,7 @@ from ampdiag.schema import ActivationsSection
 from ampdiag.sources.live.collectors._exponents import BINS, sample_view, signed_histograms_of
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
+from ampdiag.sources.live.collectors.fp32_replay import MAX_OUTPUT_VALUES, reference_exponents
 
 if TYPE_CHECKING:
     import numpy as np
@@ -59,9 +75,20 @@ class ActivationsCollector(Collector):
         self._bwd_idx: list[int] = []
         self._bwd: list[torch.Tensor] = []
         self._scale: torch.Tensor | None = None
+        self._walked = -1
+        self._node_handles: list[Any] = []
+        self._bnd: list[torch.Tensor] = []
+        self._bcache: dict[tuple[object, ...], torch.Tensor] = {}
+        self._bnd_raw: npt.NDArray[np.int64] | None = None
+        self._bnd_unscaled: npt.NDArray[np.int64] | None = None
+        self._root_args: tuple[Any, ...] | None = None
+        self._root_node: Any = None
+        self._replay: tuple[tuple[Any, ...], torch.Tensor, torch.Tensor] | None = None
+        self._ref_exps: dict[int, int] = {}
+        self._root_idx = -1  # the main model's index: its output is where the replay starts
         self._acc_raw: npt.NDArray[np.int64] | None = None
         self._acc_unscaled: npt.NDArray[np.int64] | None = None
-        self._pending: list[tuple[int, list[int], list[int], Deferred]] = []
+        self._pending: list[tuple[int, list[int], list[int], bool, Deferred]] = []
         self._max_abs: dict[int, float] = {}
         self._out_dtype: dict[int, str] = {}
         self._grad_dtype: dict[int, str] = {}
@@ -94,6 +121,8 @@ class ActivationsCollector(Collector):
             self._names.append(label)
             self._modules.append(module)
             added.append(idx)
+        if self._root_idx < 0 and id(model) in self._index:
+            self._root_idx = self._index[id(model)]
         if self._active:
             self._hook(added)
 
@@ -110,7 +139,7 @@ class ActivationsCollector(Collector):
     # --- hooks ------------------------------------------------------------------------------
 
     def _forward(self, idx: int, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if not self._active:
+        if not self._active or (self._run is not None and not self._run.on_block_thread()):
             return
         t = next(tensors_in(output), None)
         if t is None or not t.is_floating_point() or t.numel() == 0:
@@ -124,6 +153,8 @@ class ActivationsCollector(Collector):
         self._fwd_max.append(hi)
         if t.requires_grad and torch.is_grad_enabled():
             t.register_hook(partial(self._backward, idx))  # type: ignore[no-untyped-call]
+            if idx == self._root_idx:
+                self._root_args, self._root_node = args, t.grad_fn
 
     def _backward(self, idx: int, grad: torch.Tensor) -> None:
         if not self._active or grad is None or grad.numel() == 0:
@@ -131,15 +162,55 @@ class ActivationsCollector(Collector):
         with internal_work():
             self._record_grad(idx, grad)
 
-    def _record_grad(self, idx: int, grad: torch.Tensor) -> None:
+    def _scale_now(self, device: torch.device) -> None:
         if self._scale is None:
             run = self._run
             live = compat_scaler.scale_tensor(run.scaler if run is not None else None)
             self._scale = (
-                live.detach().float().clone()
-                if live is not None
-                else torch.ones((), device=grad.device)
+                live.detach().float().clone() if live is not None else torch.ones((), device=device)
             )
+
+    def on_loss(self, run: RunContext, loss: torch.Tensor, from_scaler: bool) -> None:
+        """On a sampled step, hooks the backward of every cast in the loss's graph (once)."""
+        if not self._active or self._walked == run.step or loss.grad_fn is None:
+            return
+        self._walked = run.step
+        seen: dict[int, Any] = {}  # holds the nodes, so that no id is reused during the walk
+        todo: list[Any] = [loss.grad_fn]
+        while todo:
+            node = todo.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen[id(node)] = node
+            if node.name() == "ToCopyBackward0":
+                self._node_handles.append(node.register_hook(partial(self._boundary, node)))
+            todo.extend(n for n, _ in node.next_functions)
+
+    def _boundary(self, node: Any, grad_inputs: Any, grad_outputs: Any) -> None:
+        # The backward of a cast: grad_outputs[0] arrives in the cast's output dtype, and
+        # grad_inputs[0] leaves in its input dtype. FP32 -> FP16 is where FP16 loses values.
+        gi, go = grad_inputs[0], grad_outputs[0]
+        if gi is None or go is None or gi.dtype != torch.float16 or go.dtype != torch.float32:
+            return
+        try:
+            with internal_work():
+                self._keep_boundary(node, go)
+        except Exception:  # a refinement: never break the user's backward for it
+            return
+
+    def _keep_boundary(self, node: Any, go: torch.Tensor) -> None:
+        self._scale_now(go.device)
+        sample = sample_view(go.detach(), self._limit)
+        self._bnd.append(sample.clone(memory_format=torch.contiguous_format))
+        at_root = self._root_node is not None and any(
+            n is self._root_node for n, _ in node.next_functions
+        )
+        if at_root and self._root_args is not None and go.numel() <= MAX_OUTPUT_VALUES:
+            assert self._scale is not None
+            self._replay = (self._root_args, go.detach().clone(), self._scale)
+
+    def _record_grad(self, idx: int, grad: torch.Tensor) -> None:
+        self._scale_now(grad.device)
         if idx not in self._grad_dtype:
             self._grad_dtype[idx] = str(grad.dtype).removeprefix("torch.")
         # A copy: the gradient itself is freed as the backward moves on.
@@ -151,11 +222,16 @@ class ActivationsCollector(Collector):
 
     def on_step_end(self, run: RunContext, step: int) -> None:
         """Queues the step's results for the host; hooks or unhooks for the next step."""
-        if self._active and (self._fwd_idx or self._bwd_idx):
+        if self._active and (self._fwd_idx or self._bwd_idx or self._bnd):
             with internal_work():
                 self._finish_step(step)
         self._fwd_idx, self._fwd_min, self._fwd_max = [], [], []
         self._bwd_idx, self._bwd, self._scale = [], [], None
+        self._bnd = []
+        self._root_args = self._root_node = None
+        for handle in self._node_handles:
+            handle.remove()
+        self._node_handles.clear()
         active = self._wants(run, step + 1)
         if active and not self._handles:
             self._hook(list(range(len(self._modules))))
@@ -168,10 +244,10 @@ class ActivationsCollector(Collector):
     def _finish_step(self, step: int) -> None:
         self._sampled_steps += 1
         fwd_idx, bwd_idx = self._fwd_idx, self._bwd_idx
-        device = (self._fwd_min[0] if self._fwd_min else self._bwd[0]).device
+        device = (self._fwd_min or self._bwd or self._bnd)[0].device
         parts: list[torch.Tensor] = []
         scalars = [*self._fwd_min, *self._fwd_max]
-        if bwd_idx:
+        if bwd_idx or self._bnd:
             scalars.append(self._scale if self._scale is not None else torch.ones(()))
         if scalars:
             if any(t.device != device for t in scalars):
@@ -185,7 +261,11 @@ class ActivationsCollector(Collector):
             if any(t.device != device for t in samples):
                 samples = [t.to(device) for t in samples]
             parts.append(signed_histograms_of(samples, bwd_idx, len(self._names), self._cache))
-        self._pending.append((step, fwd_idx, bwd_idx, Deferred(parts, copy=False)))
+        if self._bnd:
+            samples = [t.to(device) for t in self._bnd]
+            parts.append(signed_histograms_of(samples, [0] * len(samples), 1, self._bcache))
+        boundary = bool(self._bnd)
+        self._pending.append((step, fwd_idx, bwd_idx, boundary, Deferred(parts, copy=False)))
 
     def _resolve(self, wait: bool) -> None:
         self._pending = absorb_ready(self._pending, self._absorb, wait)
@@ -206,7 +286,9 @@ class ActivationsCollector(Collector):
         self._acc_raw[:m] += hist
         np.add.at(self._acc_unscaled[:m].T, _shift_index(scale), hist.T)
 
-    def _absorb(self, step: int, fwd: list[int], bwd: list[int], deferred: Deferred) -> None:
+    def _absorb(
+        self, step: int, fwd: list[int], bwd: list[int], boundary: bool, deferred: Deferred
+    ) -> None:
         import numpy as np
 
         arrays = deferred.arrays()
@@ -223,14 +305,21 @@ class ActivationsCollector(Collector):
                 if bad_fwd is None:
                     bad_fwd = idx
         bad_bwd = None
+        scale = float(values[2 * k]) if bwd or boundary else 1.0
         if bwd:
-            scale = float(values[2 * k])
             self._scales.append(scale)
             hist = arrays[1].reshape(-1, 2, BINS).sum(axis=1)
             self._accumulate(hist, scale)
             nonfinite = hist[:, BINS - 1]
             bad_bwd = next((i for i in bwd if nonfinite[i] > 0), None)
-        if bad_fwd is not None or bad_bwd is not None:
+        if boundary:
+            bhist = arrays[-1].reshape(2, BINS).sum(axis=0)
+            if self._bnd_raw is None or self._bnd_unscaled is None:
+                self._bnd_raw = np.zeros(BINS, dtype=np.int64)
+                self._bnd_unscaled = np.zeros(UBINS, dtype=np.int64)
+            self._bnd_raw += bhist
+            np.add.at(self._bnd_unscaled, _shift_index(scale), bhist)
+        if (bad_fwd is not None or bad_bwd is not None) and len(self._nonfinite_steps) < 10_000:
             self._nonfinite_steps.append(step)
         if self._origin is None and (bad_fwd is not None or bad_bwd is not None):
             phase = "forward" if bad_fwd is not None else "backward"
@@ -244,10 +333,20 @@ class ActivationsCollector(Collector):
             }
 
     def stop(self, run: RunContext) -> None:
-        """Removes every hook and reads what is still on the device."""
+        """Removes every hook, reads what is still on the device, runs the FP32 replay."""
         self._unhook()
         self._active = False
         self._resolve(wait=True)
+        replay, self._replay = self._replay, None
+        if replay is None or run.model is None or run.block_raised:
+            return
+        args, grad, scale = replay
+        try:
+            with internal_work():
+                unscaled = grad / scale.to(grad.device)
+                self._ref_exps = reference_exponents(run.model, args, unscaled, self._limit)
+        except Exception:  # the replay is a refinement: without it the FP16 figures stand
+            self._ref_exps = {}
 
     # --- section ----------------------------------------------------------------------------
 
@@ -290,10 +389,17 @@ class ActivationsCollector(Collector):
                 }
             if seen:
                 modules.append(row)
+        boundary = self._boundary_section()
+        if self._ref_exps:
+            # The true gradients replace what survived in FP16 (flushed values are missing
+            # there).
+            all_exps = dict(self._ref_exps)
+        if boundary:
+            fp16range.merge(all_exps, boundary["exponents"])
         predictions = [
             {"scale_log2": k, **fp16range.predict(all_exps, k)} for k in fp16range.CANDIDATE_LOG2
         ]
-        rec_all = fp16range.recommend_scale_log2(all_exps)
+        rec_all, reached = fp16range.search_scale_log2(all_exps)
         section: ActivationsSection = {
             "sample_elements": self._limit,
             "sampled_steps": self._sampled_steps,
@@ -303,10 +409,32 @@ class ActivationsCollector(Collector):
             "predictions": predictions,
             "recommended_scale_log2": rec_all,
             "recommended_init_scale": float(2**rec_all) if rec_all is not None else None,
+            "scale_reaches_target": reached,
+            "boundary": boundary,
+            "scale_from_fp32_replay": bool(self._ref_exps),
             "nonfinite_origin": self._origin,
             "nonfinite_steps": self._nonfinite_steps[:100],
         }
         return section
+
+    def _boundary_section(self) -> dict[str, Any] | None:
+        """What FP16 lost where FP32 gradients were cast to FP16 (None: no such cast seen)."""
+        if self._bnd_raw is None or self._bnd_unscaled is None:
+            return None
+        counts = fp16range.range_counts(self._bnd_raw.tolist())
+        nz = counts["n"] - counts["zero"] - counts["nonfinite"]
+        exps = {
+            i - OFF - fp16range.BIAS: int(c)
+            for i, c in enumerate(self._bnd_unscaled.tolist())
+            if 0 < i < UBINS - 1 and c
+        }
+        return {
+            "counts": counts,
+            # Nonzero FP32 values FP16 holds as zero or subnormal at the scale in use.
+            "lost_fraction": counts["subnormal"] / nz if nz > 0 else 0.0,
+            "flush_fraction": counts["flush"] / nz if nz > 0 else 0.0,
+            "exponents": {str(k): v for k, v in sorted(exps.items())},
+        }
 
 
 def _shift_index(scale: float) -> Any:

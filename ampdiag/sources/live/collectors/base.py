@@ -5,6 +5,11 @@ A collector watches one thing in a live run. `diagnose()` calls its callbacks in
     start(run)                       once, before the user's first step
     on_model(run, model)             when the model is known (given, or found on first forward)
     on_optimizer(run, optimizer)     when an optimizer is known (given, or found on first step)
+    before_backward(run, tensor)     before every Tensor.backward, with the tensor (its graph)
+    after_backward(run, index)       after each backward pass reached the model's first
+                                     trainable parameter; index counts them in the step from 0
+    on_loss(run, loss, from_scaler)  a loss about to be backpropagated (live; from_scaler: the
+                                     unscaled loss given to GradScaler.scale)
     before_optimizer_step(run, opt)  before every optimizer.step() (grads final, maybe unscaled)
     on_step_end(run, step)           at each step boundary (after optimizer.step() or d.step())
     stop(run)                        once, on exit, error or not; must remove all its hooks
@@ -20,7 +25,9 @@ steps that are not sampled (`run.is_sampled(step)`).
 
 from __future__ import annotations
 
+import logging
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +39,8 @@ from ampdiag.config import DiagnoseConfig, is_profiled_step, is_sampled_step
 
 #: Called before every ``GradScaler.step(optimizer)`` with the scaler and the optimizer.
 ScalerStepListener = Callable[[Any, torch.optim.Optimizer], None]
+
+log = logging.getLogger("ampdiag")
 
 
 @dataclass(eq=False)  # one object per run: compared by identity
@@ -57,6 +66,8 @@ class RunContext:
         numerics_errors: Failures of the numerics observers (at most 10, kept in the
             scaler section), so that a broken observation is reported, not silent.
         memory_probes: Results of `ampdiag.memory_probe` run inside this block.
+        thread: The thread that entered the block: the only one whose training it observes.
+        warnings: What the session's report must say went unobserved or wrong (`warn`).
     """
 
     out: Path
@@ -73,6 +84,25 @@ class RunContext:
     before_scaler_step: list[ScalerStepListener] = field(default_factory=list)
     numerics_errors: list[str] = field(default_factory=list)
     memory_probes: list[dict[str, Any]] = field(default_factory=list)
+    thread: int = field(default_factory=threading.get_ident)
+    warnings: list[str] = field(default_factory=list)
+
+    def on_block_thread(self) -> bool:
+        """Whether the caller runs in the block's thread (hooks fire in any thread)."""
+        return threading.get_ident() == self.thread
+
+    def warn(self, message: str, *, user: bool = False) -> None:
+        """Notes ``message`` for the session; ``user=True`` also issues a Python warning.
+
+        The Python warning is for what changes what the user gets (a part of the run that was
+        not observed), so it shows without reading the report.
+        """
+        if message in self.warnings:
+            return
+        self.warnings.append(message)
+        log.warning(message)
+        if user:
+            warnings.warn(f"ampdiag: {message}", RuntimeWarning, stacklevel=2)
 
     def is_sampled(self, step: int | None = None) -> bool:
         """Whether the sampled collectors run on this step (default: the step in progress)."""
@@ -103,6 +133,15 @@ class Collector:
     def on_optimizer(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
         """Called when an optimizer becomes known."""
 
+    def before_backward(self, run: RunContext, tensor: torch.Tensor) -> None:
+        """Called before every ``Tensor.backward`` with the tensor (never change it)."""
+
+    def after_backward(self, run: RunContext, index: int) -> None:
+        """Called after each backward pass of the step (``index`` from 0: the micro-batch)."""
+
+    def on_loss(self, run: RunContext, loss: torch.Tensor, from_scaler: bool) -> None:
+        """Called with each loss before its backward (the live tensor: read, never modify)."""
+
     def before_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
         """Called before every optimizer step."""
 
@@ -110,10 +149,17 @@ class Collector:
         """Called at each step boundary with the index of the step that ended."""
 
     def stop(self, run: RunContext) -> None:
-        """Called once on exit, error or not. Must remove every hook, mode and patch."""
+        """Called once on exit, error or not. Must remove every hook, mode and patch.
+
+        Runs with Ctrl-C deferred (the removal must complete), so it must be quick.
+        """
 
     def after_stop(self, run: RunContext) -> None:
-        """Called once after every collector's stop(): extra work that no hook may observe."""
+        """Called once after every collector's stop(): extra work that no hook may observe.
+
+        Work that may take a while (a probe); not called when a second Ctrl-C came during the
+        exit.
+        """
 
     def section(self) -> Mapping[str, Any] | None:
         """Returns this collector's JSON section, or None to write nothing."""
@@ -135,8 +181,9 @@ def leave_run(run: RunContext) -> None:
 
 
 def running() -> RunContext | None:
-    """The innermost diagnose() block in progress, if any (what `memory_probe` records into)."""
-    return _running[-1] if _running else None
+    """The innermost diagnose() block of this thread, if any (what `memory_probe` records into)."""
+    me = threading.get_ident()
+    return next((run for run in reversed(_running) if run.thread == me), None)
 
 
 _internal = threading.local()

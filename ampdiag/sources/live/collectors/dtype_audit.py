@@ -256,7 +256,7 @@ class DtypeAudit:
         if phase == "other":
             self.other["count"] += 1
             return None
-        module = self.tracker.current
+        module = self.tracker.current if phase == "forward" else self.tracker.backward_module()
         if phase == "forward":
             self.fw_autocast[module] = self.fw_autocast.get(module, False) or active
             if active and device not in self.autocast_dtypes:

@@ -26,6 +26,7 @@ import torch
 
 from ampdiag.analysis import fp16range
 from ampdiag.compat import scaler as compat_scaler
+from ampdiag.compat.dtensor import local_tensor
 from ampdiag.compat.foreach import foreach_norm
 from ampdiag.schema import GradientsSection
 from ampdiag.sources.live.collectors._exponents import (
@@ -40,6 +41,10 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 FIELDS = ("n", "zero", "flush", "subnormal", "overflow", "nonfinite")
+
+
+#: Most sampled steps whose totals are kept (thinned evenly past it; sums cover all).
+MAX_STEP_RECORDS = 2000
 
 
 class GradientsCollector(Collector):
@@ -97,7 +102,9 @@ class GradientsCollector(Collector):
         ]
         if not params:
             return
-        grads = [p.grad for p in params if p.grad is not None]
+        # FSDP2/DTensor gradients: the statistics of this rank's shard (a DTensor has no
+        # strided views, and its global size is not what this rank holds)
+        grads = [local_tensor(p.grad) for p in params if p.grad is not None]
         by_device: dict[torch.device, list[int]] = {}
         for i, g in enumerate(grads):
             by_device.setdefault(g.device, []).append(i)
@@ -157,6 +164,10 @@ class GradientsCollector(Collector):
         self._norm_last[rows] = true_norms
         np.fmax.at(self._norm_max, rows, true_norms)  # a NaN norm does not erase the max
         np.add.at(self._nsteps, rows, 1)
+        if step not in self._steps and len(self._steps) >= MAX_STEP_RECORDS:
+            # A long run: every other record dropped, so those kept span the whole run.
+            kept = sorted(self._steps)[::2]
+            self._steps = {k: self._steps[k] for k in kept}
         rec = self._steps.setdefault(
             step,
             {"step": step, "scale": scale, "grads_scaled": scaled, "norm_sq": 0.0}

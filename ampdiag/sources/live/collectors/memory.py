@@ -13,6 +13,15 @@
   e.g. ``torch.OutOfMemoryError``: the failing frames still hold their tensors), written as
   ``memory/snapshot.pickle`` (open it at https://pytorch.org/memory_viz) and summarized into
   the section; the allocator counters from ``torch.cuda.memory_stats``.
+* Activations (sampled and profiled steps): just before each backward, the storages autograd
+  saved for it, parameters and their autocast copies excluded
+  (`ampdiag.sources.live.saved_activations`). Their bytes against the step's batch size give
+  ``live_activation_points`` (the per-sample fit); on profiled steps their addresses label the
+  timeline's activations, so a weight's cast or a gradient is never an activation there.
+  Reading a saved tensor runs the user's saved-tensor hooks, if any (non-reentrant activation
+  checkpointing would recompute its segment, CPU offloading would copy back): a step whose
+  forward ran under the user's ``torch.autograd.graph.saved_tensors_hooks`` (seen through an
+  observe-only patch of its ``__enter__``/``__exit__``) is not counted.
 * Batch size: the first dimension of the first tensor argument of the model's forward.
 """
 
@@ -29,13 +38,24 @@ import torch
 from ampdiag._layout import MEMORY_DIR
 from ampdiag.analysis import memory_timeline as tl_mod
 from ampdiag.compat import memory as compat_memory
+from ampdiag.compat.dtensor import local_tensor
 from ampdiag.schema import MemorySection
-from ampdiag.sources.live.collectors.base import Collector, RunContext
+from ampdiag.sources.live import exclusive
+from ampdiag.sources.live.collectors.base import (
+    Collector,
+    RunContext,
+    internal_work,
+    is_internal_work,
+)
+from ampdiag.sources.live.patching import Patches
+from ampdiag.sources.live.saved_activations import ParameterIndex, saved_by_graph
 from ampdiag.trace.reader import read_trace
 
 log = logging.getLogger("ampdiag")
 
 SNAPSHOT_FILE = "snapshot.pickle"
+#: Steps whose batch size is noted (and every profiled step): enough for the batch in use.
+MAX_BATCH_STEPS = 1000
 
 
 def _storage_ptr(t: torch.Tensor) -> int:
@@ -68,6 +88,7 @@ def model_state(
     count = 0
 
     def add(t: torch.Tensor, cat: str) -> int:
+        t = local_tensor(t)  # FSDP2/DTensor: this rank holds its shard, not the global size
         ptr = _storage_ptr(t)
         key = (ptr, int(t.storage_offset()), int(t.numel()))
         if ptr and key in seen:
@@ -90,11 +111,12 @@ def model_state(
             params.extend(p for p in group["params"] if isinstance(p, torch.Tensor))
     for p in params:
         if add(p, "parameters"):
-            count += p.numel()
-            dtypes[str(p.dtype).removeprefix("torch.")] += _nbytes(p)
+            count += local_tensor(p).numel()
+            dtypes[str(p.dtype).removeprefix("torch.")] += _nbytes(local_tensor(p))
+    largest = 0
     for p in params:
         if p.grad is not None:
-            add(p.grad, "gradients")
+            largest = max(largest, add(p.grad, "gradients"))
     for opt in optimizers:
         for state in opt.state.values():
             if not isinstance(state, dict):
@@ -102,6 +124,7 @@ def model_state(
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
                     by_key[str(key)] += add(value, "optimizer_state")
+    out["largest_gradient"] = largest
     out["optimizer_state_by_key"] = dict(by_key)
     out["parameter_count"] = count
     out["parameter_dtypes"] = dict(dtypes)
@@ -125,7 +148,13 @@ class MemoryCollector(Collector):
         self._run: RunContext | None = None
         self._handles: list[Any] = []
         self._batches: dict[int, int] = {}
+        self._micro_batches_max = 0
         self._known_by_step: dict[int, dict[int, str]] = {}
+        self._saved: dict[int, dict[str, int]] = {}
+        self._saved_by_step: dict[int, dict[tuple[int, int], str]] = {}
+        self._patches = Patches()
+        self._user_hooks = 0  # the user's saved-tensor hook contexts open now
+        self._user_hooks_step = -1  # the last step one was entered in
         self._state: dict[str, Any] = {}
         self._known_end: dict[int, str] = {}
         self._known_sizes: dict[int, int] = {}
@@ -138,22 +167,86 @@ class MemoryCollector(Collector):
     def start(self, run: RunContext) -> None:
         """Starts CUDA memory history where there is CUDA."""
         self._run = run
+        self._watch_saved_tensor_hooks(run)
         cfg = run.config
         if cfg.memory_history and compat_memory.cuda_history_available():
+            if not exclusive.claim(exclusive.CUDA_HISTORY, self):
+                run.warn("CUDA memory history not recorded: another diagnose() block records it")
+                return
             self._cuda_recording = compat_memory.start_cuda_history(cfg.memory_history_max_entries)
+            if not self._cuda_recording:
+                exclusive.release(exclusive.CUDA_HISTORY, self)
 
     def on_model(self, run: RunContext, model: torch.nn.Module) -> None:
         """Watches the batch size at the model's forward (reads a shape, nothing else)."""
 
         def pre(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
-            if run.step in self._batches:
+            if run.step in self._batches or not run.on_block_thread():
                 return
+            if len(self._batches) >= MAX_BATCH_STEPS and not run.is_profiled():
+                return  # a long run: the first steps and the profiled ones tell the sizes
             for a in (*args, *kwargs.values()):
                 if isinstance(a, torch.Tensor) and a.dim() >= 1:
                     self._batches[run.step] = int(a.shape[0])
                     return
 
         self._handles.append(model.register_forward_pre_hook(pre, with_kwargs=True))
+
+    def _watch_saved_tensor_hooks(self, run: RunContext) -> None:
+        hooks_cls = torch.autograd.graph.saved_tensors_hooks
+
+        def make_enter(original: Any) -> Any:
+            def enter(hooks: Any) -> Any:
+                if not is_internal_work():
+                    self._user_hooks += 1
+                    self._user_hooks_step = run.step
+                return original(hooks)
+
+            return enter
+
+        def make_exit(original: Any) -> Any:
+            def exit_(hooks: Any, *exc: Any) -> Any:
+                if not is_internal_work():
+                    self._user_hooks = max(0, self._user_hooks - 1)
+                return original(hooks, *exc)
+
+            return exit_
+
+        self._patches.wrap(hooks_cls, "__enter__", make_enter)
+        self._patches.wrap(hooks_cls, "__exit__", make_exit)
+
+    def before_backward(self, run: RunContext, tensor: torch.Tensor) -> None:
+        """On sampled and profiled steps, counts what the coming backward holds (no sync)."""
+        step = run.step
+        profiled = run.is_profiled(step)
+        if not (profiled or run.is_sampled(step)) or tensor.grad_fn is None:
+            return
+        if self._user_hooks or self._user_hooks_step == step:
+            return  # reading saved tensors would run the user's unpack hooks
+        params: list[torch.Tensor] = []
+        for m in run.models:
+            params.extend(m.parameters())
+        with internal_work():
+            saved = saved_by_graph(tensor, ParameterIndex.of(params))
+        previous = self._saved.get(step)
+        if previous is None or saved.activation_bytes > previous["activation_bytes"]:
+            # micro-batches free their activations at their backward: the step holds the largest
+            self._saved[step] = {
+                "activation_bytes": saved.activation_bytes,
+                "weight_cast_bytes": saved.weight_cast_bytes,
+                "storages": len(saved.activations),
+            }
+        if profiled:
+            with torch.profiler.record_function(tl_mod.SAVED_MARK):
+                pass  # where the count was made: the tensors live now are the saved ones
+            labels = self._saved_by_step.setdefault(step, {})
+            labels.update({key: "activations" for key in saved.activations.items()})
+            for key in saved.weight_casts.items():
+                labels.setdefault(key, "temporaries")
+
+    def after_backward(self, run: RunContext, index: int) -> None:
+        """Notes whether the run accumulates (its timeline then holds accumulation's memory)."""
+        self._micro_batches_max = max(self._micro_batches_max, index + 1)
 
     def on_step_end(self, run: RunContext, step: int) -> None:
         """On profiled steps, notes where the parameters, gradients and optimizer state live."""
@@ -167,6 +260,7 @@ class MemoryCollector(Collector):
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self._patches.restore()
         try:
             self._state, self._known_end, _ = model_state(run.models, run.optimizers)
         except Exception as exc:
@@ -177,6 +271,7 @@ class MemoryCollector(Collector):
             finally:
                 compat_memory.stop_cuda_history()
                 self._cuda_recording = False
+                exclusive.release(exclusive.CUDA_HISTORY, self)
 
     def _cuda_section(self, run: RunContext) -> dict[str, Any] | None:
         from ampdiag.sources.snapshot import summarize_snapshot
@@ -204,7 +299,7 @@ class MemoryCollector(Collector):
         prof = run.profile
         if prof is not None:
             tl = compat_memory.categorized_timeline(
-                prof, "cuda:0" if cuda else "cpu", self._known_by_step
+                prof, "cuda:0" if cuda else "cpu", self._known_by_step, self._saved_by_step
             )
             if tl is not None and tl["t_us"]:
                 return tl
@@ -213,7 +308,7 @@ class MemoryCollector(Collector):
             return None
         trace = read_trace(max(files, key=lambda p: p.stat().st_mtime))
         return tl_mod.timeline_from_trace(
-            trace, 1 if cuda else 0, self._known_by_step, self._known_sizes
+            trace, 1 if cuda else 0, self._known_by_step, self._known_sizes, self._saved_by_step
         )
 
     def section(self) -> MemorySection | None:
@@ -228,9 +323,18 @@ class MemoryCollector(Collector):
             "batches": {str(k): v for k, v in sorted(self._batches.items())},
             "probes": run.memory_probes,
             "target_batch": cfg.memory_target_batch,
+            "micro_batches_max": self._micro_batches_max,
             "limit_bytes": cfg.memory_limit_bytes,
             "errors": self._errors,
         }
+        out["saved_activations"] = {
+            str(k): {**v, "batch": self._batches.get(k)} for k, v in sorted(self._saved.items())
+        }
+        out["live_activation_points"] = [
+            [self._batches[k], v["activation_bytes"]]
+            for k, v in sorted(self._saved.items())
+            if k in self._batches
+        ]
         if self._batches:
             out["observed_batch"] = Counter(self._batches.values()).most_common(1)[0][0]
         try:
@@ -245,9 +349,11 @@ class MemoryCollector(Collector):
                 n = tl_mod.step_number(pk.get("step"))
                 if n is not None and n in self._batches:
                     out["observed_batch"] = self._batches[n]
-            acts = tl_mod.step_peaks(tl, "activations")
-            out["step_activation_peaks"] = acts
-            out["live_activation_points"] = tl_mod.points_by_batch(acts, self._batches)
+            out["step_activation_peaks"] = tl_mod.step_peaks(tl, "activations")
+            most = tl_mod.activation_peak(tl)
+            if most is not None:
+                most["batch"] = self._batches.get(tl_mod.step_number(most.get("step")) or -1)
+                out["activation_peak"] = most
             out["timeline"] = tl_mod.as_json(tl_mod.thin(tl))
         if self._cuda is not None:
             out["cuda"] = self._cuda

@@ -1,4 +1,4 @@
-"""The innermost module each op runs under, in the forward and in the backward.
+"""The module each op runs under, in the forward and in the backward.
 
 Used by the precision audit (:mod:`ampdiag.sources.live.collectors.dtype_audit`) to attribute ops to
 modules (``blocks.3.attn.proj``).
@@ -6,10 +6,14 @@ modules (``blocks.3.attn.proj``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import bisect
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from ampdiag.compat import autograd
 
 ROOT = "<root>"
 OUTSIDE = "<outside>"
@@ -30,34 +34,35 @@ def tensors_of(obj: Any) -> Iterator[torch.Tensor]:
             yield from tensors_of(x)
 
 
-def _is_ancestor(outer: str, inner: str) -> bool:
-    """Whether module path ``outer`` contains ``inner`` (the root contains every module)."""
-    if outer == inner:
-        return False
-    return outer == ROOT or inner.startswith(outer + ".")
-
-
 class ModuleTracker:
-    """The innermost module an op runs under, in the forward and in the backward.
+    """The module an op runs under, in the forward and in the backward.
 
-    Forward: global module pre/post hooks. Backward (as torch.utils.module_tracker does): a
-    multi-grad hook on a module's outputs marks it entered when their gradients are ready, one
-    on its inputs marks it left when theirs are.
+    Forward: global module pre/post hooks keep the stack of modules entered; the innermost
+    one is the op's module. Backward: autograd's own record (`ampdiag.compat.autograd`). At
+    every module boundary of the forward the tracker notes the sequence number the next
+    autograd node will get, so the nodes each module's ops made form runs of numbers; a
+    backward op belongs to the module whose run holds the number of the node being executed
+    (a gradient accumulation into a parameter, to the parameter's module). Modules that pass
+    a tensor through unchanged (``Dropout(p=0)``, ``Identity``) make no node and so never take
+    a neighbour's backward, whatever order gradient hooks would fire in.
 
-    Not torch's public ``ModuleTracker``: it keeps an unordered set of parents (no innermost
-    module), names modules itself, and cannot be closed while backward hooks are pending.
+    Not torch's public ``torch.utils.module_tracker.ModuleTracker``: it keeps an unordered
+    set of parents (no innermost module) and attributes the backward through gradient hooks.
     """
 
     def __init__(self, names: dict[int, str]) -> None:
         self.names = names
         self.active = True
         self.stack: list[str] = []
+        self._seqs: list[int] = []
+        self._owners: list[str] = []
+        self._params: dict[int, str] = {}
         self._handles: list[Any] = []
-        self._grad_handles: list[Any] = []
-        from torch.nn.modules import module as nn_module
+        self._thread = threading.get_ident()  # another thread's modules are not this audit's
+        from ampdiag.sources.live import global_hooks
 
-        self._handles.append(nn_module.register_module_forward_pre_hook(self._pre))
-        self._handles.append(nn_module.register_module_forward_hook(self._post, always_call=True))
+        self._handles.append(global_hooks.add(global_hooks.MODULE_PRE, self._pre))
+        self._handles.append(global_hooks.add(global_hooks.MODULE_POST, self._post))
 
     def name_of(self, module: torch.nn.Module) -> str:
         """The module's path from the root (``blocks.0.attn.proj``), or its class name."""
@@ -68,58 +73,59 @@ class ModuleTracker:
         """The innermost module entered (``<outside>`` when none)."""
         return self.stack[-1] if self.stack else OUTSIDE
 
-    def push(self, name: str) -> None:
-        """Marks a module entered."""
-        if self.active:
-            self.stack.append(name)
-
-    def push_backward(self, name: str) -> None:
-        """Marks a module entered by the backward, below its submodules already entered.
-
-        A module and its last submodule share an output, whose grad hooks fire outer last.
-        """
-        if not self.active:
+    def _mark(self) -> None:
+        """Notes that nodes made from now on belong to the current module."""
+        seq = autograd.next_sequence_nr()
+        if seq is None:
             return
-        i = len(self.stack)
-        while i > 0 and _is_ancestor(name, self.stack[i - 1]):
-            i -= 1
-        self.stack.insert(i, name)
+        if self._seqs and self._seqs[-1] == seq:
+            self._owners[-1] = self.current
+        else:
+            self._seqs.append(seq)
+            self._owners.append(self.current)
 
-    def pop(self, name: str) -> None:
-        """Marks a module left (its last entry)."""
-        if not self.active:
-            return
-        for i in range(len(self.stack) - 1, -1, -1):
-            if self.stack[i] == name:
-                del self.stack[i]
-                return
-
-    def _grad_hook(self, tensors: list[torch.Tensor], fn: Callable[[], None]) -> None:
-        from torch.autograd.graph import register_multi_grad_hook
-
-        grads = [t for t in tensors if t.requires_grad]
-        if grads and torch.is_grad_enabled():
-            self._grad_handles.append(register_multi_grad_hook(grads, lambda _g: fn(), mode="any"))
+    def backward_module(self) -> str:
+        """The module whose forward made the autograd node now running its backward."""
+        node = autograd.current_node()
+        if node is None:
+            return OUTSIDE
+        variable = getattr(node, "variable", None)  # AccumulateGrad: the parameter
+        if isinstance(variable, torch.Tensor):
+            return self._params.get(id(variable), OUTSIDE)
+        seq = autograd.node_sequence_nr(node)
+        if seq is None:
+            return OUTSIDE
+        i = bisect.bisect_right(self._seqs, seq) - 1
+        return self._owners[i] if i >= 0 else OUTSIDE
 
     def enter_root(self, module: torch.nn.Module, args: Any) -> None:
         """The root's own entry (its pre-hook ran before our global hooks existed)."""
+        for sub in module.modules():
+            name = self.name_of(sub)
+            for p in sub.parameters(recurse=False):
+                self._params.setdefault(id(p), name)
+        self._mark()
         self._pre(module, args)
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
-        name = self.name_of(module)
-        self.push(name)
-        self._grad_hook(list(tensors_of(args)), lambda: self.pop(name))
+        if self.active and threading.get_ident() == self._thread:
+            self.stack.append(self.name_of(module))
+            self._mark()
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if not self.active or threading.get_ident() != self._thread:
+            return
         name = self.name_of(module)
-        self.pop(name)
-        self._grad_hook(list(tensors_of(output)), lambda: self.push_backward(name))
+        for i in range(len(self.stack) - 1, -1, -1):
+            if self.stack[i] == name:
+                del self.stack[i]
+                break
+        self._mark()
 
     def close(self) -> None:
-        """Removes the hooks (grad hooks still pending become no-ops)."""
+        """Removes the hooks."""
         self.active = False
-        for h in self._handles + self._grad_handles:
+        for h in self._handles:
             h.remove()
         self._handles.clear()
-        self._grad_handles.clear()
         self.stack.clear()

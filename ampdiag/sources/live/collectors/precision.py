@@ -13,6 +13,7 @@ import torch
 
 from ampdiag.compat import autocast as ac
 from ampdiag.schema import PrecisionSection
+from ampdiag.sources.live import exclusive
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 from ampdiag.sources.live.collectors.dtype_audit import DtypeAudit
 from ampdiag.sources.live.collectors.module_tracker import ROOT
@@ -31,6 +32,7 @@ class PrecisionCollector(Collector):
         self._step: int | None = None
         self._result: dict[str, Any] | None = None
         self._error: str | None = None
+        self._busy: str | None = None
         self._wall_s = 0.0
         self._t0 = 0.0
 
@@ -51,12 +53,17 @@ class PrecisionCollector(Collector):
 
     def _root_forward(self, module: torch.nn.Module, args: Any, names: dict[int, str]) -> None:
         run = self._run
-        if run is None:
+        if run is None or not run.on_block_thread():
             return
         if self._audit is not None:
             self._audit.new_forward()
             return
         if self._done or run.step != run.config.precision_step:
+            return
+        if not exclusive.claim(exclusive.DISPATCH_MODE, self):
+            self._done = True
+            self._busy = f"another diagnose() block was auditing at step {run.step}"
+            run.warn(f"the precision audit did not run: {self._busy}")
             return
         fallback = {d: torch.is_autocast_enabled(d) for d in ("cpu", "cuda")}
         self._step = run.step
@@ -68,6 +75,7 @@ class PrecisionCollector(Collector):
             self._audit.exit()
             self._audit = None
             self._done = True
+            exclusive.release(exclusive.DISPATCH_MODE, self)
             raise
 
     def _finish(self) -> None:
@@ -78,6 +86,7 @@ class PrecisionCollector(Collector):
         try:
             audit.exit()
         finally:
+            exclusive.release(exclusive.DISPATCH_MODE, self)
             self._wall_s = time.perf_counter() - self._t0
             self._result = {
                 "ops": list(audit.rows.values()),
@@ -119,6 +128,9 @@ class PrecisionCollector(Collector):
             "cuda_policy_ops": len(policy),
             "audit_wall_s": round(self._wall_s, 6),
         }
+        if self._result is None and self._busy is not None:
+            base["not_audited_reason"] = self._busy
+            return base
         if self._result is None:
             base["not_audited_reason"] = (
                 f"the run ended before step {run.config.precision_step} "

@@ -9,6 +9,8 @@ profiler's own ``key_averages()`` counts them.
 from __future__ import annotations
 
 import socket
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +18,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 from ampdiag._layout import TRACE_DIR
+from ampdiag.compat import profiler as compat_profiler
+from ampdiag.config import is_profiled_step
 from ampdiag.schema import ProfilerSection
-from ampdiag.sources.live import native_log
+from ampdiag.sources.live import exclusive, native_log
 from ampdiag.sources.live.collectors.base import Collector, RunContext
+from ampdiag.sources.live.patching import Patches
 
 TOP_OPS = 25
 
@@ -47,19 +52,31 @@ class ProfilerCollector(Collector):
         self._earlier: set[Path] = set()
         self._top_ops: list[dict[str, Any]] = []
         self._recorded_steps: list[int] = []
-        self._first_recorded = 0
         self._steps_seen = 0
         self._run: RunContext | None = None
         self._error: str | None = None
+        self._skipped: str | None = None
+        self._thread = 0
+        self._yield_at_step = False
+        self._made_before: bool | None = None  # whether torch's step tracker had a profiler
+        self._patches = Patches()
         self._native_log: list[str] = []
 
     def start(self, run: RunContext) -> None:
-        """Starts the profiler."""
+        """Starts the profiler, unless another one runs (then the block runs without it)."""
         cfg = run.config
         self._run = run
+        self._thread = threading.get_ident()
+        busy = compat_profiler.running()
+        if busy is None and not exclusive.claim(exclusive.PROFILER, self):
+            busy = "another diagnose() block is profiling"
+        if busy is not None:
+            self._not_started(run, f"{busy} when the block began")
+            return
         self._trace_dir = run.out / TRACE_DIR
         self._trace_dir.mkdir(parents=True, exist_ok=True)
         self._earlier = set(self._trace_dir.glob("*.pt.trace.json*"))
+        self._made_before = compat_profiler.made_a_profiler()
         handler = tensorboard_trace_handler(
             str(self._trace_dir), worker_name=_worker_name(), use_gzip=True
         )
@@ -78,31 +95,113 @@ class ProfilerCollector(Collector):
             profile_memory=cfg.profile_memory,
             with_stack=cfg.with_stack,
         )
-        with native_log.captured(self._native_log):
-            self._prof.start()
+        # A profiler the user's code starts inside the block: ours steps aside first.
+        for owner, method in compat_profiler.start_points():
+            self._patches.wrap(owner, method, self._watch)
+        try:
+            with native_log.captured(self._native_log):
+                self._prof.start()
+        except BaseException:
+            self._release()
+            raise
+
+    def _not_started(self, run: RunContext, why: str) -> None:
+        self._skipped = why
+        run.warn(
+            f"ran without torch.profiler: {why} (one profiler at a time; the trace, "
+            "step-time breakdown and memory timeline are missing)",
+            user=True,
+        )
+
+    def _watch(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        collector = self
+
+        def start_point(prof: Any, *args: Any, **kwargs: Any) -> Any:
+            collector._other_profiler(prof)
+            return original(prof, *args, **kwargs)
+
+        return start_point
+
+    def _other_profiler(self, starting: Any) -> None:
+        mine = self._prof
+        if mine is None or starting is compat_profiler.inner_profile(mine):
+            return
+        run = self._run
+        step = run.step if run is not None else "?"
+        if threading.get_ident() != self._thread:
+            # Kineto's state is per thread: ours can only be stopped from the block's thread.
+            self._yield_at_step = True
+            return
+        self._stop_profiler()
+        if run is not None:
+            run.warn(
+                f"another torch profiler started at step {step}: ampdiag's profiler stopped "
+                "there so that it records whole (the trace and step-time breakdown cover "
+                "only the steps before it)",
+                user=True,
+            )
+            self._skipped = f"another torch profiler started at step {step}"
 
     def on_step_end(self, run: RunContext, step: int) -> None:
-        """Advances the profiler's schedule."""
+        """Advances the profiler's schedule (or stops it when another profiler records)."""
+        self._steps_seen = step + 1
         if self._prof is None:
             return
-        self._steps_seen = step + 1
+        busy = compat_profiler.running(ignore=self._prof) if self._may_check(step) else None
+        if busy is not None or self._yield_at_step:
+            self._stop_profiler()
+            why = busy or "another torch profiler started in another thread"
+            self._skipped = f"{why} at step {step + 1}"
+            run.warn(f"ampdiag's profiler stopped at step {step + 1}: {why}", user=True)
+            return
         if run.is_profiled(step):
             self._recorded_steps.append(step)
         primer = native_log.prime_allocator_warning()
         with native_log.captured(self._native_log):
             self._prof.step()
             del primer
+        cfg = run.config
+        if step + 1 >= cfg.profile_skip + cfg.profile_warmup + cfg.profile_active:
+            # the window is over and its trace written: stopping now costs nothing later,
+            # where stepping an idle profiler cost every step a captured fd 2 and a temp file
+            self._stop_profiler()
+
+    def _may_check(self, step: int) -> bool:
+        """Whether to look for another profiler as ``step`` ends.
+
+        Only when ours is about to warm up or record (then another one would collide), and
+        not while ours records (then torch's flag is ours).
+        """
+        cfg = self._run.config if self._run is not None else None
+        if cfg is None:
+            return False
+        end = cfg.profile_skip + cfg.profile_warmup + cfg.profile_active
+        return not is_profiled_step(cfg, step) and cfg.profile_skip <= step + 1 < end
 
     def stop(self, run: RunContext) -> None:
         """Stops the profiler; a trace of a partly recorded window is still written."""
-        prof, self._prof = self._prof, None
-        if prof is not None:
-            try:
-                with native_log.captured(self._native_log):
-                    prof.stop()
-            except Exception as exc:  # a failed trace export must not hide the user's error
-                self._error = f"{type(exc).__name__}: {exc}"
+        self._stop_profiler()
         run.trace_files = self.trace_files()
+
+    def _stop_profiler(self) -> None:
+        prof, self._prof = self._prof, None
+        try:
+            if prof is not None:
+                try:
+                    with native_log.captured(self._native_log):
+                        prof.stop()
+                except Exception as exc:  # a failed trace export must not hide the user's error
+                    self._error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self._made_before is False:
+            compat_profiler.forget_profiler()
+            self._made_before = None
+        self._prof = None
+        self._patches.restore()
+        exclusive.release(exclusive.PROFILER, self)
 
     def trace_files(self) -> list[Path]:
         """The trace files this run wrote, oldest first (not those of an earlier run)."""
@@ -127,6 +226,7 @@ class ProfilerCollector(Collector):
             "recorded_steps": self._recorded_steps if files else [],
             "top_ops": self._top_ops,
             "error": self._error,
+            "skipped": self._skipped,
             "native_log": self._native_log,
         }
         if files:

@@ -21,9 +21,12 @@ from ampdiag.schema import ScalerSection
 from ampdiag.sources.live.collectors._host import Deferred, pack
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 from ampdiag.sources.live.patching import Patches
+from ampdiag.sources.live.steps import ThinnedRows
 
 FLUSH_EVERY = 64
 MAX_EVENTS = 50
+#: Most step numbers listed per kind of event (skipped, growth, backoff); all are counted.
+MAX_EVENT_STEPS = 10_000
 
 
 class ScalerCollector(Collector):
@@ -38,7 +41,11 @@ class ScalerCollector(Collector):
         self._step_rows: dict[int, dict[str, Any]] = {}
         self._buffer: list[tuple[int, torch.Tensor]] = []
         self._pending: list[tuple[list[int], Deferred]] = []
-        self._history: dict[int, dict[str, Any]] = {}
+        # Columns: scale, skipped, scale after update(); bounded (see start()).
+        self._history = ThinnedRows(10_000, "dBd")
+        self._totals = {"steps": 0, "skipped": 0, "growth": 0, "backoff": 0}
+        self._events: dict[str, list[int]] = {"skipped": [], "growth": [], "backoff": []}
+        self._scale_min: float | None = None
         self._unscale_calls = 0
         self._clips: list[dict[str, Any]] = []
         self._clip_pending: list[tuple[dict[str, Any], torch.Tensor | None]] = []
@@ -52,6 +59,7 @@ class ScalerCollector(Collector):
     def start(self, run: RunContext) -> None:
         """Installs the observe-only patches."""
         self._run = run
+        self._history = ThinnedRows(run.config.max_steps_recorded, "dBd")
         cls = torch.amp.GradScaler
         self._patches.wrap(cls, "step", self._make_step)
         self._patches.wrap(cls, "unscale_", self._make_unscale)
@@ -207,7 +215,7 @@ class ScalerCollector(Collector):
         scaler = run.scaler
         active = scaler is not None and compat_scaler.is_enabled(scaler)
         new = not self._bypassed or self._bypassed[-1] != run.step
-        if self._in_step == 0 and active and new:
+        if self._in_step == 0 and active and new and len(self._bypassed) < MAX_EVENT_STEPS:
             self._bypassed.append(run.step)
 
     def on_step_end(self, run: RunContext, step: int) -> None:
@@ -254,12 +262,7 @@ class ScalerCollector(Collector):
             for i, step in enumerate(steps):
                 scale, found, after = values[3 * i : 3 * i + 3]
                 skipped = found > 0 if found >= 0 else after < scale
-                self._history[step] = {
-                    "step": step,
-                    "scale": scale,
-                    "skipped": bool(skipped),
-                    "scale_after": after,
-                }
+                self._count(step, scale, bool(skipped), after)
         self._pending = keep
         if wait:
             for event, norm in self._clip_pending:
@@ -269,6 +272,22 @@ class ScalerCollector(Collector):
                 self._clips.append(event)
             self._clip_pending = []
 
+    def _count(self, step: int, scale: float, skipped: bool, after: float) -> None:
+        """Adds one step to the totals, the (bounded) event lists and the (thinned) history."""
+        self._totals["steps"] += 1
+        low = min(scale, after)
+        self._scale_min = low if self._scale_min is None else min(self._scale_min, low)
+        for name, happened in (
+            ("skipped", skipped),
+            ("growth", after > scale),
+            ("backoff", after < scale),
+        ):
+            if happened:
+                self._totals[name] += 1
+                if len(self._events[name]) < MAX_EVENT_STEPS:
+                    self._events[name].append(step)
+        self._history.add(step, scale, skipped, after)
+
     # --- section ----------------------------------------------------------------------------
 
     def section(self) -> ScalerSection | None:
@@ -277,9 +296,11 @@ class ScalerCollector(Collector):
         if run is None:
             return None
         self._resolve(wait=True)
-        history = [self._history[k] for k in sorted(self._history)]
-        growth = [h["step"] for h in history if h["scale_after"] > h["scale"]]
-        backoff = [h["step"] for h in history if h["scale_after"] < h["scale"]]
+        scales, skips, afters = self._history.columns
+        history = [
+            {"step": step, "scale": scales[i], "skipped": bool(skips[i]), "scale_after": afters[i]}
+            for i, step in enumerate(self._history.index)
+        ]
         info = self._scaler_info
         if info is None and run.scaler is not None:
             info = {
@@ -292,9 +313,15 @@ class ScalerCollector(Collector):
             "present": run.scaler is not None,
             "scaler": info,
             "history": history,
-            "skipped_steps": [h["step"] for h in history if h["skipped"]],
-            "growth_steps": growth,
-            "backoff_steps": backoff,
+            "history_stride": self._history.stride,
+            "steps_total": self._totals["steps"],
+            "skipped_total": self._totals["skipped"],
+            "growth_total": self._totals["growth"],
+            "backoff_total": self._totals["backoff"],
+            "scale_min": self._scale_min,
+            "skipped_steps": self._events["skipped"],
+            "growth_steps": self._events["growth"],
+            "backoff_steps": self._events["backoff"],
             "unscale_calls": self._unscale_calls,
             "clip_events": self._clips,
             "bypassed_steps": self._bypassed,

@@ -7,40 +7,54 @@ user's own model and batch, instead of assuming it.
 How it measures, observing and never changing:
 
 - During the run a forward pre-hook on the root model keeps a reference to the inputs of the
-  last forward that ran under autocast on a sampled step (no copy, no compute), and the batch
-  size (the leading dimension of the first tensor input).
+  last forward of a sampled step (no copy, no compute), and the batch size (the leading
+  dimension of the first tensor input). The autocast it compares with is the run's
+  (`discovery.dominant_autocast` of ``autocast_seen``: the state the model's ops ran in,
+  wherever autocast was entered). A forward wrapped in autocast by a framework
+  (``model.forward = autocast(...)(model.forward)``, as Accelerate does) is timed through the
+  class's own forward, so that the FP32 pass really runs in FP32.
 - At ``after_stop()``, once the block has ended without an error and every collector has
-  removed its hooks (diagnose() calls it after every ``stop()``), it runs the
-  model's forward and a backward of a surrogate loss (the sum of the floating outputs) with
-  ``torch.autograd.grad`` -- which returns gradients without touching any ``.grad`` -- once
-  under ``torch.autocast(enabled=False)`` and once under the autocast the run used, warm-up
+  removed its hooks, it deep-copies the model and runs the copy's forward and a backward of a
+  surrogate loss (the sum of the floating outputs) with ``torch.autograd.grad`` -- which
+  returns gradients without touching any ``.grad`` -- once under
+  ``torch.autocast(enabled=False)`` and once under the autocast the run used, warm-up
   first, then ``repeats`` interleaved pairs (ABBA order). The headline times are the best of
   the samples (timeit's convention: other load on the machine only ever adds time), the
   medians are kept beside them. One more
   forward of each, with timing hooks on the leaf modules, gives the per-module times.
-- Parameters are never written; every buffer (BatchNorm running statistics,
-  ``num_batches_tracked``) is saved before and copied back after; the CPU and CUDA random
-  number generators are forked (``torch.random.fork_rng``), so dropout draws nothing the
-  training would see. Training after the block is bit-identical to training without it.
+- The extra forwards run on the copy, never on the user's objects: the user's parameters,
+  buffers, ``.grad`` and the Python state a ``forward`` may keep (a step counter, a cache) are
+  untouched. The copy is skipped, with the reason, when it is impossible or would take more
+  than a quarter of the device's free memory. The CPU and CUDA random number generators are
+  forked (``torch.random.fork_rng``), so dropout draws nothing the training would see.
+  Training after the block is bit-identical to training without it.
 
 It does not run under torch.distributed with several ranks (extra forwards on one rank would
 desynchronise DDP/FSDP collectives), when the block raised, or with ``speed_probe=False``.
-User forward hooks on the model do see the probe's extra forwards.
+Forward hooks the user registered as plain functions on the model are copied by reference, so
+they do see the probe's extra forwards (on the copy).
 """
 
 from __future__ import annotations
 
+import copy
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import torch
 
 from ampdiag.schema import SpeedProbeSection
-from ampdiag.sources.live.collectors.base import Collector, RunContext, tensors_in
-from ampdiag.sources.live.discovery import autocast_state
+from ampdiag.sources.live.collectors.base import (
+    Collector,
+    RunContext,
+    internal_work,
+    tensors_in,
+)
+from ampdiag.sources.live.discovery import dominant_autocast
 
 TOP_MODULES = 15
 
@@ -81,53 +95,60 @@ class SpeedProbe(Collector):
         self._handle = model.register_forward_pre_hook(self._pre, with_kwargs=True)
 
     def _pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self._probing:
+        if self._probing or (self._run is not None and not self._run.on_block_thread()):
             return
         if self._batch is None:
             first = next(tensors_in((args, kwargs), max_depth=2), None)
             if first is not None and first.dim() > 0:
                 self._batch = int(first.shape[0])
-        state = autocast_state()
-        if state is not None and (self._run is None or self._run.is_sampled()):
+        if self._run is None or self._run.is_sampled():
             self._inputs = (args, kwargs)
-            self._autocast = state
 
     def stop(self, run: RunContext) -> None:
-        """Removes the hook."""
+        """Removes the hook (the probe runs in `after_stop`, once every hook is gone)."""
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
 
     def after_stop(self, run: RunContext) -> None:
-        """Runs the probe, with no hook of ours left, unless the block failed or it cannot."""
+        """Runs the probe on a copy of the model, unless the block failed or it cannot."""
         inputs, self._inputs = self._inputs, None
         raised = run.block_raised
         if raised is None:
             raised = sys.exc_info()[1] is not None
         model = self._model
+        self._autocast = dominant_autocast(run.autocast)
         if not run.config.speed_probe:
             self._skipped = "disabled (speed_probe=False)"
         elif raised:
             self._skipped = "the block raised: no extra work after an error"
         elif model is None:
             self._skipped = "no model was found"
-        elif inputs is None or self._autocast is None:
-            self._skipped = "no forward ran under autocast on a sampled step"
+        elif self._autocast is None:
+            self._skipped = "no forward ran under autocast"
+        elif inputs is None:
+            self._skipped = "no forward ran on a sampled step"
         elif _is_distributed(model):
             self._skipped = "distributed run: extra forwards would desynchronise the ranks"
         if self._skipped is not None or model is None or inputs is None or self._autocast is None:
             return
+        copy, why = copy_of(model)
+        if copy is None:
+            self._skipped = why
+            return
         device, dtype_name = self._autocast.split(":", 1)
         self._probing = True
         try:
-            self._result = probe(
-                model, inputs[0], inputs[1], device, getattr(torch, dtype_name), self.repeats
-            )
+            with internal_work():  # other blocks' hooks must not take the copy for a new model
+                self._result = probe(
+                    copy, inputs[0], inputs[1], device, getattr(torch, dtype_name), self.repeats
+                )
             self._result["autocast"] = self._autocast
         except Exception as exc:  # the probe must never cost the user the report
             self._result = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
             self._probing = False
+            del copy
 
     def section(self) -> SpeedProbeSection | None:
         """The timings (or why there are none) and the batch size seen."""
@@ -138,6 +159,46 @@ class SpeedProbe(Collector):
             "SpeedProbeSection",
             {"batch_size": self._batch, "skipped": self._skipped, **self._result},
         )
+
+
+def copy_of(model: torch.nn.Module) -> tuple[torch.nn.Module | None, str]:
+    """A deep copy of the model for the probe's forwards, or None and why not.
+
+    The extra forwards run on a copy so that nothing of the user's model changes: not its
+    parameters, buffers or ``.grad``, and not the Python state its ``forward`` may keep (a
+    counter, a cache). The copy is refused when it would take more than a quarter of the
+    memory left on the model's device.
+    """
+    size = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    free = _free_bytes(model)
+    if free is not None and size > free // 4:
+        return None, (
+            f"the model ({size / 2**20:.0f} MiB) is too large to copy for the probe "
+            f"({free / 2**20:.0f} MiB free): the probe runs on a copy, never on the user's model"
+        )
+    try:
+        return copy.deepcopy(model), ""
+    except Exception as exc:
+        return None, (
+            f"the model cannot be copied ({type(exc).__name__}: {str(exc)[:200]}): the probe "
+            "runs on a copy, never on the user's model"
+        )
+
+
+def _free_bytes(model: torch.nn.Module) -> int | None:
+    """Free memory on the model's device (CUDA: the driver's figure; CPU: MemAvailable)."""
+    first = next(iter(model.parameters()), None)
+    try:
+        if first is not None and first.is_cuda:
+            free, _ = torch.cuda.mem_get_info(first.device)
+            return int(free)
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, RuntimeError):
+        return None
+    return None
 
 
 def probe(
@@ -195,7 +256,10 @@ def probe(
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     fp32: list[float] = []
     amp: list[float] = []
-    with torch.random.fork_rng(devices=cuda_devices if torch.cuda.is_available() else []):
+    with (
+        torch.random.fork_rng(devices=cuda_devices if torch.cuda.is_available() else []),
+        _class_forward(model),
+    ):
         try:
             once(False)
             once(True)
@@ -221,6 +285,24 @@ def probe(
         "ratio": round(amp_ms / fp32_ms, 4) if fp32_ms > 0 else None,
         "modules": modules,
     }
+
+
+@contextmanager
+def _class_forward(model: torch.nn.Module) -> Iterator[None]:
+    """Times the class's forward where the instance's was replaced (a wrapped forward).
+
+    Accelerate sets ``model.forward`` to the forward wrapped in autocast: through it the FP32
+    pass would run under autocast too. The instance attribute is put back on exit.
+    """
+    wrapped = vars(model).get("forward")
+    if wrapped is None:
+        yield
+        return
+    del model.forward
+    try:
+        yield
+    finally:
+        model.forward = wrapped
 
 
 def _module_times(

@@ -1,0 +1,109 @@
+"""The ranks of a distributed run side by side, and their findings merged.
+
+A merged session (`ampdiag.sources.ranks`) holds every rank's session under ``ranks.members``.
+Each rank is analyzed on its own, as if reported alone; a finding every rank has is stated
+once (``evidence.ranks = "all"``), one only some ranks have is named with those ranks. The
+findings about the ranks together (stragglers, communication) come from the merged timeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from ampdiag.schema import PrecisionSection
+from ampdiag.session import SEVERITIES, Finding, Session
+
+
+def members(session: Session) -> list[tuple[int, Session]]:
+    """(rank, that rank's Session) of a merged session; empty for any other session."""
+    out = []
+    for m in session.section("ranks").get("members") or []:
+        if isinstance(m, dict) and isinstance(m.get("session"), dict):
+            out.append((int(m["rank"]), Session.from_dict(m["session"])))
+    return out
+
+
+def _median(values: list[float]) -> float | None:
+    v = sorted(values)
+    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2 if v else None
+
+
+def rank_row(rank: int, doc: dict[str, Any]) -> dict[str, Any]:
+    """One rank's figures for the side-by-side table (from its session document)."""
+    from ampdiag.analysis.precision import summarize
+
+    steps = [s for s in doc.get("steps") or [] if isinstance(s, dict)]
+    walls = [float(s["wall_s"]) for s in steps if isinstance(s.get("wall_s"), (int, float))]
+    losses = [s.get("loss") for s in steps]
+    grads = (doc.get("gradients") or {}).get("totals") or {}
+    mem = doc.get("memory") or {}
+    model_state = mem.get("model_state") or {}
+    prec = doc.get("precision") or {}
+    low = (
+        1.0 - float(summarize(cast(PrecisionSection, prec))["fp32_flops_share"])
+        if prec.get("ops")
+        else None
+    )
+    env = doc.get("environment") or {}
+    return {
+        "rank": rank,
+        "status": doc.get("status", "ok"),
+        "steps": len(steps),
+        "step_times_ms": [w * 1000 for w in walls],
+        "step_ms_median": (_median(walls) or 0.0) * 1000 if walls else None,
+        "last_loss": losses[-1] if losses else None,
+        "nonfinite_losses": sum(1 for x in losses if isinstance(x, str)),
+        "grad_nonfinite": grads.get("nonfinite"),
+        "grad_zero_fraction": grads.get("zero_fraction"),
+        "autocast": env.get("autocast"),
+        "low_precision_flops_share": low,
+        "peak_bytes": (mem.get("peak") or {}).get("bytes"),
+        "parameter_bytes": model_state.get("parameters"),
+    }
+
+
+def rank_rows(members: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rank_row` of each member of a merged session (``{"rank", "session"}`` dicts)."""
+    return [rank_row(int(m["rank"]), m["session"]) for m in members]
+
+
+def _label(ranks: list[int]) -> str:
+    return ("Rank " if len(ranks) == 1 else "Ranks ") + ", ".join(map(str, ranks))
+
+
+def merge_findings(
+    per_rank: list[tuple[int, list[Finding]]], together: list[Finding]
+) -> list[Finding]:
+    """Per-rank findings merged by id (see the module doc), then the cross-rank ones; ranked."""
+    all_ranks = [r for r, _ in per_rank]
+    by_id: dict[str, list[tuple[int, Finding]]] = {}
+    for rank, found in per_rank:
+        for f in found:
+            by_id.setdefault(f.id, []).append((rank, f))
+    out = list(together)
+    taken = {f.id for f in together}
+    for fid, hits in by_id.items():
+        if fid in taken:
+            continue
+        ranks = sorted({r for r, _ in hits})
+        worst = min(hits, key=lambda h: (SEVERITIES.index(h[1].severity), -h[1].impact))[1]
+        evidence = dict(worst.evidence)
+        if ranks == sorted(all_ranks):
+            evidence["ranks"] = "all"
+            title = worst.title
+        else:
+            evidence["ranks"] = ranks
+            title = f"{_label(ranks)}: {worst.title}"
+        out.append(
+            Finding(
+                id=fid,
+                severity=worst.severity,
+                title=title,
+                evidence=evidence,
+                fix=worst.fix,
+                section=worst.section,
+                impact=worst.impact,
+            )
+        )
+    out.sort(key=lambda f: (SEVERITIES.index(f.severity), -f.impact))
+    return out

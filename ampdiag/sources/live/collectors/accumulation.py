@@ -1,0 +1,246 @@
+"""Gradient accumulation: is every micro-batch's gradient kept, and are their losses averaged?
+
+A step with several backward passes (``micro_batches`` in its step record, counted by the
+engine) accumulates gradients. On sampled steps with two or more, this collector measures,
+on the model's first trainable parameter (the reference; every backward reaches it):
+
+* **Zeroing between backward passes** (`grad-accumulation-broken`). A tensor hook on the
+  reference sees each incoming micro-batch gradient *before* it is added to ``.grad``; from the
+  second backward of a step on, a ``.grad`` that is None (``zero_grad(set_to_none=True)``), or
+  all zero while the previous backward left it nonzero (``zero_grad(set_to_none=False)``), was
+  reset: only the micro-batches after the reset survive.
+* **The weight of each micro-batch's loss** (`accumulation-loss-not-averaged`). Before each
+  backward, the graph behind the backpropagated tensor is walked from its root through scalar
+  arithmetic (``/ N``, ``* w``, ``+``, ``-``, casts, and GradScaler's ``* scale``) down to the
+  node that made the loss (a reduction such as ``cross_entropy`` or ``mean``); autograd hooks on
+  the root and on that node give d(root)/d(loss), and dividing by the GradScaler's scale (when
+  one is enabled) gives the micro-batch's loss weight ``f``. Averaged micro-batches have
+  ``f = 1/N``, so the weights sum to 1; summed ones have ``f = 1`` and sum to N.
+  ``grad_norm_ratio`` = ``f * |G_N| / |g_1|`` (``G_N`` the accumulated gradient, ``g_1`` the
+  first micro-batch's contribution) is the accumulated gradient over the first micro-batch's
+  own, unweighted gradient: near N when summed, near 1 or below when averaged (it also depends
+  on how aligned the micro-batches' gradients are, which the weight sum does not).
+
+Each step also records the model's forward calls: a step with several backward passes but one
+forward (several losses of one batch, each backpropagated) is not accumulation, and the rules
+skip it. Everything stays on the device until the step ends (one read per sampled step); the hooks
+return None, so gradients are untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ampdiag.compat import scaler as compat_scaler
+from ampdiag.schema import AccumulationSection
+from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work
+from ampdiag.sources.live.discovery import reference_parameter
+
+#: Autograd nodes of scalar arithmetic between a loss and the tensor passed to backward.
+ARITHMETIC = frozenset(
+    {
+        "DivBackward0",
+        "DivBackward1",
+        "MulBackward0",
+        "MulBackward1",
+        "NegBackward0",
+        "AddBackward0",
+        "AddBackward1",
+        "SubBackward0",
+        "SubBackward1",
+        "RsubBackward1",
+        "ToCopyBackward0",
+        "CloneBackward0",
+        "AliasBackward0",
+        "ViewBackward0",
+        "SqueezeBackward0",
+    }
+)
+MAX_ARITHMETIC_NODES = 16
+
+
+class _Micro:
+    """What one backward pass of a sampled step left on the device."""
+
+    __slots__ = ("after", "before", "before_none", "grad_loss", "grad_root", "incoming", "scale")
+
+    def __init__(self) -> None:
+        self.grad_root: torch.Tensor | None = None
+        self.grad_loss: list[torch.Tensor] = []
+        self.scale: torch.Tensor | None = None
+        self.incoming: torch.Tensor | None = None
+        self.before: torch.Tensor | None = None
+        self.before_none = False
+        self.after: torch.Tensor | None = None
+
+
+class AccumulationCollector(Collector):
+    """Zeroing between micro-batches and the micro-batches' loss weights, on sampled steps."""
+
+    name = "accumulation"
+
+    def __init__(self) -> None:
+        self._run: RunContext | None = None
+        self._reference: torch.Tensor | None = None
+        self._handles: list[Any] = []
+        self._node_handles: list[Any] = []
+        self._micro: list[_Micro] = []
+        self._pending: _Micro | None = None
+        self._steps: list[dict[str, Any]] = []
+        self._forwards = 0  # of the model, in the step in progress
+        self._errors: list[str] = []
+
+    def start(self, run: RunContext) -> None:
+        """Remembers the run (the schedule and the scaler)."""
+        self._run = run
+
+    def on_model(self, run: RunContext, model: torch.nn.Module) -> None:
+        """Hooks the first model's reference parameter (observe only: the hook returns None)."""
+        if self._reference is not None:
+            return
+        self._reference = reference_parameter(model)
+        self._handles.append(model.register_forward_pre_hook(self._count_forward))
+        if self._reference is not None:
+            hook = self._reference.register_hook(self._incoming)  # type: ignore[no-untyped-call]
+            self._handles.append(hook)
+
+    def _count_forward(self, module: torch.nn.Module, args: Any) -> None:
+        self._forwards += 1
+
+    def _current(self) -> _Micro:
+        if self._pending is None:
+            self._pending = _Micro()
+        return self._pending
+
+    def before_backward(self, run: RunContext, tensor: torch.Tensor) -> None:
+        """On sampled steps, hooks the root and the loss node of the coming backward."""
+        if not run.is_sampled() or tensor.grad_fn is None or tensor.numel() != 1:
+            return
+        micro = self._current()
+        root, losses = _loss_nodes(tensor.grad_fn)
+        if not losses:
+            return
+
+        def keep_root(grad_outputs: Any) -> None:
+            if grad_outputs and isinstance(grad_outputs[0], torch.Tensor):
+                micro.grad_root = grad_outputs[0].detach()
+
+        def keep_loss(grad_outputs: Any) -> None:
+            if grad_outputs and isinstance(grad_outputs[0], torch.Tensor):
+                micro.grad_loss.append(grad_outputs[0].detach())
+
+        self._node_handles.append(root.register_prehook(keep_root))
+        for node in losses:
+            self._node_handles.append(node.register_prehook(keep_loss))
+        scaler = run.scaler
+        if scaler is not None and compat_scaler.is_enabled(scaler):
+            scale = compat_scaler.scale_tensor(scaler)
+            if scale is not None:
+                with internal_work():
+                    micro.scale = scale.detach().clone()
+
+    def _incoming(self, grad: torch.Tensor) -> None:
+        run, ref = self._run, self._reference
+        if run is None or ref is None or not run.is_sampled():
+            return
+        micro = self._current()
+        with internal_work():
+            micro.incoming = torch.linalg.vector_norm(grad.detach().float())
+            if self._micro:  # a previous backward of this step already accumulated
+                if ref.grad is None:
+                    micro.before_none = True
+                else:
+                    micro.before = torch.linalg.vector_norm(ref.grad.detach().float())
+
+    def after_backward(self, run: RunContext, index: int) -> None:
+        """Closes the micro-batch: the accumulated gradient's norm after it."""
+        if not run.is_sampled() or self._reference is None:
+            return
+        micro = self._current()
+        grad = self._reference.grad
+        if grad is not None:
+            with internal_work():
+                micro.after = torch.linalg.vector_norm(grad.detach().float())
+        self._micro.append(micro)
+        self._pending = None
+
+    def on_step_end(self, run: RunContext, step: int) -> None:
+        """Reads the step's figures once (sampled steps with two or more micro-batches)."""
+        micro, self._micro, self._pending = self._micro, [], None
+        forwards, self._forwards = self._forwards, 0
+        for handle in self._node_handles:
+            handle.remove()
+        self._node_handles.clear()
+        if len(micro) < 2:
+            return
+        try:
+            self._steps.append({**_step_figures(step, micro), "forwards": forwards})
+        except Exception as exc:  # a reading failed: say so, never break the run
+            self._errors.append(f"step {step}: {exc!r}")
+
+    def stop(self, run: RunContext) -> None:
+        """Removes every hook."""
+        for handle in self._handles + self._node_handles:
+            handle.remove()
+        self._handles.clear()
+        self._node_handles.clear()
+
+    def section(self) -> AccumulationSection | None:
+        """Per sampled accumulating step: zeroing, loss weights, the norm ratio."""
+        if self._run is None:
+            return None
+        return {"steps": self._steps, "errors": self._errors}
+
+
+def _loss_nodes(root: Any) -> tuple[Any, list[Any]]:
+    """The root node and the first non-arithmetic nodes below it (the losses)."""
+    losses: list[Any] = []
+    stack, seen = [root], set[int]()
+    while stack and len(seen) < MAX_ARITHMETIC_NODES:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.name() in ARITHMETIC:
+            stack.extend(fn for fn, _ in node.next_functions)
+        elif getattr(node, "variable", None) is None:  # not a leaf's AccumulateGrad
+            losses.append(node)
+    return root, losses
+
+
+def _value(t: torch.Tensor | None) -> float | None:
+    return None if t is None else float(t.detach().float().abs().max().item())
+
+
+def _step_figures(step: int, micro: list[_Micro]) -> dict[str, Any]:
+    zeroed: list[int] = []
+    previous_after: float | None = None
+    weights: list[float] = []
+    for k, m in enumerate(micro):
+        before = _value(m.before)
+        if k > 0 and (m.before_none or (before == 0.0 and (previous_after or 0.0) > 0.0)):
+            zeroed.append(k)
+        previous_after = _value(m.after)
+        root = _value(m.grad_root)
+        loss = max((_value(g) or 0.0 for g in m.grad_loss), default=None)
+        scale = _value(m.scale) if m.scale is not None else 1.0
+        if root and loss is not None and scale:
+            weights.append(loss / root / scale)
+    n = len(micro)
+    out: dict[str, Any] = {
+        "step": step,
+        "micro_batches": n,
+        "zeroed_before": zeroed,
+        "how": ("set_to_none" if any(micro[k].before_none for k in zeroed) else "zeroed")
+        if zeroed
+        else None,
+    }
+    if len(weights) == n:
+        out["loss_weights"] = [round(w, 6) for w in weights]
+        out["loss_weight_sum"] = round(sum(weights), 6)
+        first, last = _value(micro[0].incoming), _value(micro[-1].after)
+        if first and last is not None and not zeroed:
+            out["grad_norm_ratio"] = round(weights[0] * last / first, 4)
+    return out

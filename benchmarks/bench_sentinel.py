@@ -1,0 +1,104 @@
+"""Cost of the divergence sentinel (collectors/sentinel.py) on a training step.
+
+Plain FP16-autocast + GradScaler training steps of the demo model (TinyGPT) against the same
+steps inside ``ampdiag.diagnose()`` with only the sentinel attached (the collector every step
+pays for; the sampled collectors are measured by bench_numerics.py), interleaved block by
+block in one process with the order rotated each round. Prints per-step medians (wall and this
+thread's CPU time), the ratio of the medians and the median of per-round paired ratios.
+
+    python -m benchmarks.bench_sentinel [--device cpu|cuda] [--blocks 12] [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+import ampdiag
+from ampdiag.demo import GPTConfig, TinyGPT, synthetic_batches
+from ampdiag.sources.live.collectors.sentinel import Sentinel
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--blocks", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per block")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dev = torch.device(args.device)
+    torch.manual_seed(0)
+    cfg = GPTConfig()
+    model = TinyGPT(cfg).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    scaler = torch.amp.GradScaler(dev.type, init_scale=2.0**12)
+    data = synthetic_batches(cfg, args.batch, 4, dev)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(dev.type, dtype=torch.float16):
+            loss = F.cross_entropy(model(x).view(-1, cfg.vocab), y.reshape(-1))
+        scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+        scaler.step(opt)
+        scaler.update()
+
+    def run(n: int) -> tuple[float, float]:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        w0, c0 = time.perf_counter(), time.thread_time()
+        for i in range(n):
+            step(*data[i % len(data)])
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - w0, time.thread_time() - c0
+
+    for x, y in data:
+        step(x, y)
+    modules = sum(1 for _ in model.modules())
+    print(
+        f"device {dev}, TinyGPT {sum(p.numel() for p in model.parameters())} params, "
+        f"{modules} modules, batch {args.batch}, threads {torch.get_num_threads()}"
+    )
+    plain: list[tuple[float, float]] = []
+    watched: list[tuple[float, float]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for b in range(args.blocks):
+            for name in ("plain", "sentinel") if b % 2 == 0 else ("sentinel", "plain"):
+                gc.collect()
+                if name == "plain":
+                    run(2)
+                    gc.collect()
+                    plain.append(run(args.steps))
+                    continue
+                with ampdiag.diagnose(
+                    out=Path(tmp) / f"b{b}",
+                    collectors=[Sentinel()],
+                    report=False,
+                    tensorboard=False,
+                    console=False,
+                ):
+                    run(2)
+                    gc.collect()
+                    watched.append(run(args.steps))
+    for label, i in (("wall", 0), ("CPU", 1)):
+        p = statistics.median(t[i] for t in plain) / args.steps
+        w = statistics.median(t[i] for t in watched) / args.steps
+        pair = statistics.median(a[i] / b[i] for a, b in zip(watched, plain, strict=True))
+        print(
+            f"{label:4s}: plain {p * 1e3:.3f} ms/step, sentinel {w * 1e3:.3f} ms/step: "
+            f"ratio {w / p:.3f}x (median of paired rounds {pair:.3f}x, n={args.blocks})"
+        )
+
+
+if __name__ == "__main__":
+    main()

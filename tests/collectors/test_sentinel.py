@@ -1,0 +1,84 @@
+"""The divergence sentinel: exact first inf/NaN, nothing changed, nothing left behind.
+
+Where the NaN comes from is proven on the scenario corpus (tests/scenarios/sc_nan_*); here
+the mechanics: the finiteness token, the hooks' lifetime, and bit-identical training.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import ampdiag
+from ampdiag.sources.live.collectors.sentinel import Sentinel, finite_token
+from tests.conftest import train
+
+QUIET = {"report": False, "tensorboard": False, "console": False}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_the_token_is_finite_exactly_when_every_value_is(dtype: torch.dtype) -> None:
+    big = torch.full((4096,), 60000.0 if dtype == torch.float16 else 1e30, dtype=dtype)
+    assert torch.isfinite(finite_token(big))  # a sum beyond the dtype's range is no alarm
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        t = torch.ones(1000, dtype=dtype)
+        t[617] = bad
+        assert not torch.isfinite(finite_token(t))
+    mixed = torch.ones(10, dtype=dtype)
+    mixed[1], mixed[2] = float("inf"), -float("inf")
+    assert not torch.isfinite(finite_token(mixed))
+
+
+def test_training_is_bit_identical_and_every_hook_is_removed(tmp_path: Path) -> None:
+    def fresh() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+    def loop(model: nn.Module) -> None:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(4):
+            x = torch.randn(5, 8, generator=g)
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                out = model(x)
+            out.float().square().mean().backward()
+            opt.step()
+
+    plain, watched = fresh(), fresh()
+    loop(plain)
+    with ampdiag.diagnose(watched, out=tmp_path, collectors=[Sentinel()], **QUIET) as d:
+        loop(watched)
+    for a, b in zip(plain.parameters(), watched.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert all(not m._forward_hooks for m in watched.modules())
+    assert d.session is not None
+    sec = d.session.section("sentinel")
+    assert sec["steps_watched"] == 4 and sec["nonfinite_steps"] == []
+    assert sec["forward_origin"] is None and sec["backward_origin"] is None
+
+
+def test_all_zero_gradients_are_recorded_per_step(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ampdiag.diagnose(model, opt, out=tmp_path, collectors=[Sentinel()], **QUIET) as d:
+        for step in range(3):
+            opt.zero_grad()
+            loss = model(torch.randn(3, 4)).sum() * (0.0 if step == 1 else 1.0)
+            loss.backward()
+            opt.step()
+    assert d.session is not None
+    assert d.session.section("sentinel")["zero_grad_steps"] == [1]
+
+
+@pytest.mark.slow
+def test_a_default_run_watches_every_step_profiled_ones_included(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    train(steps=6, dtype=torch.bfloat16, wrap=lambda: ampdiag.diagnose(out=out, **QUIET))
+    s = ampdiag.load(out)
+    assert s.section("sentinel")["steps_watched"] == 6
+    assert any(st["profiled"] for st in s.steps)

@@ -1,0 +1,75 @@
+"""Real framework runs under diagnose(): Hugging Face Trainer, Lightning, Accelerate.
+
+The frameworks are the ``frameworks`` extra (``pip install -e .[frameworks]``, which
+scripts/setup_env.sh installs); each test module skips itself when its framework is missing.
+Tiny models built from configs, synthetic data, the CPU, a few steps: each test asserts what
+ampdiag says against the framework's own record of the run (its step counter, its autocast).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+#: Outputs nobody reads here are off; the profiler records one step after one warm-up step.
+SETTINGS: dict[str, Any] = {
+    "report": False,
+    "tensorboard": False,
+    "console": False,
+    "profile_skip": 0,
+    "profile_warmup": 1,
+    "profile_active": 1,
+    "speed_probe_repeats": 1,
+}
+
+
+def autocast_now() -> str | None:
+    """The CPU autocast state as the framework set it ("cpu:bfloat16"), read independently."""
+    if not torch.is_autocast_enabled("cpu"):
+        return None
+    return "cpu:" + str(torch.get_autocast_dtype("cpu")).removeprefix("torch.")
+
+
+class AutocastRecorder:
+    """The framework's truth: the autocast state at each forward of one submodule."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        states: list[str | None] = []
+        self.states = states
+        # A plain function over the list, not a bound method: a deep copy of the model (the
+        # speed probe runs on one) keeps calling it, where it would copy a bound method's
+        # recorder and record into the copy.
+        self._handle = module.register_forward_pre_hook(
+            lambda module, args: states.append(autocast_now())
+        )
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self.states:
+            out[s or "none"] = out.get(s or "none", 0) + 1
+        return out
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+@pytest.fixture(autouse=True)
+def _seeded() -> Iterator[None]:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        yield
+
+
+def step_split(session: Any) -> dict[str, float]:
+    """The profiled steps' host time shares (forward/backward/optimizer/data/other)."""
+    share: dict[str, float] = session.sections["profiler"]["breakdown"]["share"]
+    return share
+
+
+def micro_batches(session: Any) -> list[int] | None:
+    """Micro-batches per step from the step records, where this ampdiag records them."""
+    values = [s.get("micro_batches") for s in session.steps]
+    return None if any(v is None for v in values) else values

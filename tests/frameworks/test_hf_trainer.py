@@ -1,0 +1,121 @@
+"""Hugging Face Trainer (GPT-2 and BERT from tiny configs, bf16 on the CPU) under diagnose().
+
+Trainer with ``bf16=True`` enters autocast through Accelerate, which wraps ``model.forward``:
+autocast starts after the model's forward pre-hooks. Truth: ``trainer.state.global_step``,
+``gradient_accumulation_steps``, and the autocast state a hook on a transformer block reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ampdiag
+from tests.frameworks.conftest import SETTINGS, AutocastRecorder, micro_batches, step_split
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow
+
+ACCUM = 2
+STEPS = 3
+VOCAB = 64
+SEQ = 16
+
+
+class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    def __init__(self, n: int, classify: bool) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, VOCAB, (n, SEQ), generator=g)
+        self.labels = torch.randint(0, 2, (n,), generator=g)
+        self.classify = classify
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        labels = self.labels[i] if self.classify else self.ids[i]
+        return {"input_ids": self.ids[i], "labels": labels}
+
+
+def _model(kind: str) -> tuple[Any, torch.nn.Module]:
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(
+            vocab_size=VOCAB,
+            n_positions=SEQ,
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+        model = transformers.GPT2LMHeadModel(cfg)
+        return model, model.transformer.h[0]
+    cfg = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=SEQ,
+        num_labels=2,
+    )
+    model = transformers.BertForSequenceClassification(cfg)
+    return model, model.bert.encoder.layer[0]
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "bert"])
+def test_trainer_bf16(tmp_path: Path, kind: str) -> None:
+    model, block = _model(kind)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "hf"),
+        use_cpu=True,
+        bf16=True,
+        max_steps=STEPS,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=ACCUM,
+        learning_rate=1e-3,
+        logging_steps=1000,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=Tokens(64, classify=kind == "bert")
+    )
+    truth = AutocastRecorder(block)
+    with ampdiag.diagnose(out=tmp_path / "diag", **SETTINGS) as d:
+        trainer.train()
+        trained = truth.counts()
+    probed = truth.states[sum(trained.values()) :]
+    truth.close()
+    session = d.session
+    assert session is not None and session.status == "ok"
+    run = session.sections["run"]
+    # Discovery: the Trainer's model and the optimizer it built.
+    assert run["models"][0]["class"] == type(trainer.model).__name__
+    inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    assert run["optimizers"] == [type(inner).__name__]
+    # Steps: one per optimizer update; micro-batches where recorded.
+    assert trainer.state.global_step == STEPS
+    assert len(session.steps) == STEPS
+    mb = micro_batches(session)
+    if mb is not None:
+        assert mb == [ACCUM] * STEPS
+    # Autocast: the state the block ran in, once per forward, wherever Accelerate entered it.
+    assert trained == {"cpu:bfloat16": STEPS * ACCUM}
+    assert run["autocast_seen"] == trained
+    assert session.environment["autocast"] == "cpu:bfloat16"
+    # The speed probe compared FP32 with bf16: its FP32 passes really ran without autocast.
+    probe = session.sections["speed_probe"]
+    assert probe["skipped"] is None and probe["autocast"] == "cpu:bfloat16"
+    assert probed.count(None) == probed.count("cpu:bfloat16") > 0
+    # The audit saw the matmuls run in bf16 with autocast active.
+    assert session.sections["precision"]["autocast_dtypes"] == {"cpu": "bfloat16"}
+    ids = {f.id for f in session.findings}
+    assert not ids & {"low-precision-inactive", "amp-off", "grad-scaler-missing"}
+    split = step_split(session)
+    assert split["forward"] > 0.1 and split["backward"] > 0.1

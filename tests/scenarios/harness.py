@@ -1,0 +1,267 @@
+"""The scenario corpus's harness: faults with measured truth, and how a diagnosis is scored.
+
+A `Scenario` trains a small model a few steps on the CPU under ``ampdiag.diagnose()`` while
+measuring its own truth *without ampdiag* (it counts the zero gradients itself against a
+higher-precision reference, records the step and module where it injected a NaN, ...). Its
+``run(out)`` returns the Session and a `Truth`: the findings that must appear (`Expect`, with
+the module, step and numbers they must name, each number with a tolerance), the ids that must
+not, and the raw measurements (for the scorecard and for debugging).
+
+`score` compares a Session with a Truth, per finding id:
+
+* true positive (TP): an expected id is present and one of its findings names the expected
+  module, step and evidence numbers;
+* false negative (FN): an expected id is absent, or present but wrong in a detail (the reason
+  says which);
+* false positive (FP): a forbidden id is present;
+* true negative (TN): a forbidden id is absent (the silence a healthy run must keep).
+
+Ids neither expected nor forbidden are not scored. ``Session.all_findings()`` is used, so a
+finding merged into a recommendation (say ``fp16-grad-underflow`` under ``prefer-bf16``)
+counts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import ampdiag
+from ampdiag.session import Finding, Session
+
+#: Findings about numerics (range, NaN, scaler behavior): silent on a healthy run.
+NUMERICS_IDS = frozenset(
+    {
+        "fp16-grad-underflow",
+        "loss-scale-collapse",
+        "skipped-steps",
+        "activation-overflow",
+        "nonfinite-origin",
+    }
+)
+#: Findings about misuse of the AMP API: silent on a correct run.
+MISUSE_IDS = frozenset(
+    {
+        "grad-scaler-missing",
+        "grad-scaler-disabled",
+        "clip-before-unscale",
+        "scaler-step-bypassed",
+        "fp16-params",
+        "low-precision-inactive",
+        "grad-accumulation-broken",
+        "accumulation-loss-not-averaged",
+    }
+)
+#: Recommendations that only follow from numerics or misuse findings.
+ADVICE_IDS = frozenset({"prefer-bf16", "tune-grad-scaler"})
+#: What a healthy control forbids.
+HEALTHY_FORBID = NUMERICS_IDS | MISUSE_IDS | ADVICE_IDS
+
+#: Settings every scenario run uses: outputs nobody reads are off (they never change findings).
+QUIET: dict[str, Any] = {"report": False, "tensorboard": False, "console": False}
+
+
+@dataclass(frozen=True)
+class Expect:
+    """A finding that must appear.
+
+    Attributes:
+        id: The finding id.
+        module: The module it must name (``evidence["module"]``), if it names one.
+        step: The step it must name (``evidence["step"]``, else ``evidence["first_step"]``).
+        evidence: ``{key: (value, tolerance)}``: ``abs(evidence[key] - value) <= tolerance``
+            for numbers; equality for anything else (the tolerance is ignored).
+    """
+
+    id: str
+    module: str | None = None
+    step: int | None = None
+    evidence: dict[str, tuple[Any, float]] = field(default_factory=dict)
+
+
+@dataclass
+class Truth:
+    """What a scenario measured itself, and what the diagnosis must therefore say.
+
+    Attributes:
+        expect: Findings that must appear.
+        forbid: Finding ids that must not appear (added to the scenario's own ``forbid``).
+        measured: The raw measurements the expectations were made from (for reading).
+    """
+
+    expect: list[Expect] = field(default_factory=list)
+    forbid: set[str] = field(default_factory=set)
+    measured: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One fault (or a healthy control) with its truth.
+
+    Attributes:
+        name: Short kebab-case name (the module is ``sc_<name with _>.py``).
+        description: What is wrong in this run, in one or two sentences.
+        run: ``run(out) -> (session, truth)``: trains under ``ampdiag.diagnose(out=out)`` and
+            measures the truth independently.
+        forbid: Finding ids that must not appear whatever the run measured.
+        status: The session status the run must end with ("error" where the fault is an
+            exception the user's block raised).
+    """
+
+    name: str
+    description: str
+    run: Callable[[Path], tuple[Session, Truth]]
+    forbid: frozenset[str] = frozenset()
+    status: str = "ok"
+
+
+@dataclass
+class IdScore:
+    """TP/FN/FP/TN of one finding id in one scenario, with the reasons for misses."""
+
+    tp: int = 0
+    fn: int = 0
+    fp: int = 0
+    tn: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def mismatch(finding: Finding, expect: Expect) -> str | None:
+    """Why ``finding`` does not satisfy ``expect`` (None when it does)."""
+    ev = finding.evidence
+    if expect.module is not None and ev.get("module") != expect.module:
+        return f"module {ev.get('module')!r} != {expect.module!r}"
+    if expect.step is not None:
+        step = ev.get("step", ev.get("first_step"))
+        if step != expect.step:
+            return f"step {step!r} != {expect.step!r}"
+    for key, (value, tol) in expect.evidence.items():
+        if key not in ev:
+            return f"evidence[{key!r}] missing"
+        got, want = _number(ev[key]), _number(value)
+        if want is not None and got is not None:
+            if not (math.isfinite(got) and abs(got - want) <= tol):
+                return f"evidence[{key!r}] = {ev[key]!r}, want {value!r} ± {tol:g}"
+        elif ev[key] != value:
+            return f"evidence[{key!r}] = {ev[key]!r}, want {value!r}"
+    return None
+
+
+def score(session: Session, scenario: Scenario, truth: Truth) -> dict[str, IdScore]:
+    """Per finding id, TP/FN/FP of ``session`` against the scenario's truth."""
+    found: dict[str, list[Finding]] = {}
+    for f in session.all_findings():
+        found.setdefault(f.id, []).append(f)
+    out: dict[str, IdScore] = {}
+    for exp in truth.expect:
+        s = out.setdefault(exp.id, IdScore())
+        candidates = found.get(exp.id, [])
+        if not candidates:
+            s.fn += 1
+            s.reasons.append(f"{exp.id}: absent")
+            continue
+        why = [mismatch(f, exp) for f in candidates]
+        if any(w is None for w in why):
+            s.tp += 1
+        else:
+            s.fn += 1
+            s.reasons.append(f"{exp.id}: {why[0]}")
+    for fid in sorted(set(scenario.forbid) | truth.forbid):
+        s = out.setdefault(fid, IdScore())
+        if fid in found:
+            s.fp += 1
+            s.reasons.append(f"{fid}: present but forbidden ({found[fid][0].title})")
+        else:
+            s.tn += 1
+    return out
+
+
+def diagnose(out: Path, **settings: Any) -> ampdiag.Diagnosis:
+    """``ampdiag.diagnose(out=out)`` with the quiet outputs (`QUIET`) and ``settings``."""
+    return ampdiag.diagnose(out=out, **(QUIET | settings))
+
+
+@contextmanager
+def seeded(seed: int = 0) -> Iterator[None]:
+    """Seeds torch's RNG for a scenario and restores the previous state afterwards."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def session_of(d: ampdiag.Diagnosis) -> Session:
+    """The Session a finished diagnose() block wrote."""
+    assert d.session is not None, "diagnose() wrote no session"
+    return d.session
+
+
+def all_scenarios() -> list[Scenario]:
+    """Every ``SCENARIO`` (or ``SCENARIOS`` list) of the ``sc_*.py`` modules here, by name."""
+    import importlib
+
+    here = Path(__file__).parent
+    found: list[Scenario] = []
+    for path in sorted(here.glob("sc_*.py")):
+        module = importlib.import_module(f"tests.scenarios.{path.stem}")
+        if hasattr(module, "SCENARIO"):
+            found.append(module.SCENARIO)
+        found += getattr(module, "SCENARIOS", [])
+    return sorted(found, key=lambda s: s.name)
+
+
+def fp16_lost(reference: torch.Tensor, held: torch.Tensor | None = None) -> tuple[int, int]:
+    """(lost, nonzero): values nonzero in ``reference`` that FP16 holds as zero or subnormal.
+
+    ``reference`` is a higher-precision gradient (already multiplied by the loss scale the run
+    used); ``held`` the value the FP16 run held for it (default: ``reference`` cast to FP16).
+    """
+    ref = reference.detach().double()
+    h = (reference.detach().half() if held is None else held.detach()).double()
+    nonzero = ref != 0
+    lost = nonzero & (h.abs() < 2.0**-14)
+    return int(lost.sum()), int(nonzero.sum())
+
+
+def combined(scores: Iterable[dict[str, IdScore]]) -> dict[str, IdScore]:
+    """Sums per-id scores over scenarios."""
+    total: dict[str, IdScore] = {}
+    for per in scores:
+        for fid, s in per.items():
+            t = total.setdefault(fid, IdScore())
+            t.tp += s.tp
+            t.fn += s.fn
+            t.fp += s.fp
+            t.tn += s.tn
+            t.reasons += s.reasons
+    return total
+
+
+def needed_scale_log2(
+    gradients: Iterable[torch.Tensor], target: float = 0.01, search: range = range(0, 128)
+) -> int | None:
+    """The smallest k whose scale 2^k leaves under ``target`` of the nonzero values of
+    ``gradients`` (true, unscaled, higher precision) zero or subnormal in FP16, with none
+    overflowing FP16; None when no k in ``search`` does. Counted by casting to FP16."""
+    values = torch.cat([g.detach().double().reshape(-1) for g in gradients])
+    values = values[values != 0]
+    if values.numel() == 0:
+        return None
+    for k in search:
+        held = (values * 2.0**k).half()
+        if bool(torch.isinf(held).any()):
+            return None  # larger scales overflow too
+        if float((held.double().abs() < 2.0**-14).double().mean()) < target:
+            return k
+    return None

@@ -1,0 +1,26 @@
+"""A NaN made in the backward at step 33 of 50, BF16 autocast, between sampled steps.
+
+nonfinite-origin must name that step, the module (or the loss) and the phase.
+
+No FP16 advice: the run does not compute in FP16 (the NaN is not the dtype's fault).
+"""
+
+from pathlib import Path
+
+import torch
+
+from ampdiag.session import Session
+from tests.scenarios.harness import Scenario, Truth
+from tests.scenarios.nan import run_nan
+
+
+def run(out: Path) -> tuple[Session, Truth]:
+    return run_nan(out, "backward", 33, 50, torch.bfloat16, scaler=False)
+
+
+SCENARIO = Scenario(
+    "nan-backward-late",
+    "NaN in the backward at step 33 of 50 (BF16 autocast), between sampled steps.",
+    run,
+    forbid=frozenset({"prefer-bf16", "tune-grad-scaler", "fp16-grad-underflow"}),
+)

@@ -1,0 +1,176 @@
+"""The FP16 underflow scenarios' shared run: an MLP in FP16 autocast whose loss is multiplied
+by a small factor (as a mean over a huge batch, or a loss weight, would), with or without a
+GradScaler of a given scale.
+
+Truth, measured without ampdiag on every step:
+
+* boundary: the FP32 gradient entering FP16 at the autocast boundary (the model's output;
+  replayed from the output in FP32), multiplied by the scale in use, and how many of its
+  nonzero values FP16 holds as zero or subnormal (cast to FP16 and compared);
+* inside FP16: the share of the nonzero gradients entering each module (own tensor hooks on
+  every module's output, containers included) and of the nonzero parameter gradients (before
+  the optimizer) that are subnormal;
+* ``underflow_fraction`` = the largest of the three (ampdiag's documented definition);
+* the parameter gradients the FP16 run left exactly zero;
+* the smallest power-of-two scale that keeps FP16's loss under 1% (`harness.needed_scale_log2`)
+  of the true gradients at the same places -- the boundary and every module's output --
+  from an FP32 replay of each step after the run (a fresh model loaded with that step's
+  weights, no autocast, same batch).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ampdiag.session import Session
+from tests.scenarios import models
+from tests.scenarios.harness import (
+    Expect,
+    Truth,
+    diagnose,
+    fp16_lost,
+    needed_scale_log2,
+    seeded,
+    session_of,
+)
+
+STEPS = 6
+
+
+def run_underflow(
+    out: Path,
+    loss_mul: float,
+    init_scale: float | None,
+    *,
+    spread: float | None = None,
+    **settings: Any,
+) -> tuple[Session, dict[str, Any]]:
+    """Trains and measures; ``spread`` multiplies half the output columns' gradients (a
+    range wider than FP16's)."""
+    with seeded(0):
+        setup = models.make("mlp")
+        data = models.batches(setup, STEPS)
+        scaler = (
+            torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=10**6)
+            if init_scale is not None
+            else None
+        )
+        weights = torch.ones(10)
+        if spread is not None:
+            weights[5:] = spread
+
+        def loss_fn(o: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return models.loss_of(o * weights, y)
+
+        lost = [0, 0]
+        true_grads: list[torch.Tensor] = []
+        zero = [0, 0]
+        inside = [0, 0]
+        params = [0, 0]
+
+        def count_subnormal(into: list[int], g: torch.Tensor) -> None:
+            g = g.detach().double()
+            nz = g != 0
+            into[0] += int((nz & (g.abs() < 2.0**-14)).sum())
+            into[1] += int(nz.sum())
+
+        def hook_output(module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
+            if output.requires_grad:
+                output.register_hook(lambda g: count_subnormal(inside, g))
+
+        def after_backward(step: int) -> None:
+            for p in setup.model.parameters():
+                if p.grad is not None:
+                    count_subnormal(params, p.grad)
+
+        handles = [m.register_forward_hook(hook_output) for m in setup.model.modules()]
+
+        replays: list[tuple[dict[str, torch.Tensor], models.Batch]] = []
+
+        def measure(step: int, o: torch.Tensor, loss: torch.Tensor, batch: models.Batch) -> None:
+            ref = o.detach().float().requires_grad_()
+            (g,) = torch.autograd.grad(loss_fn(ref, batch[1]) * loss_mul, ref)
+            scale = scaler.get_scale() if scaler is not None else 1.0
+            a, b = fp16_lost(g * scale)
+            lost[0] += a
+            lost[1] += b
+            state = {k: v.detach().clone() for k, v in setup.model.state_dict().items()}
+            replays.append((state, batch))
+
+        def count_zero_grads(step: int) -> None:
+            if step > 0:
+                for p in setup.model.parameters():
+                    if p.grad is not None:
+                        zero[0] += int((p.grad == 0).sum())
+                        zero[1] += p.grad.numel()
+
+        with diagnose(out, **settings) as d:
+            models.train(
+                setup.model,
+                data,
+                dtype=torch.float16,
+                scaler=scaler,
+                loss_mul=loss_mul,
+                loss_fn=loss_fn,
+                before_backward=measure,
+                step_hook=count_zero_grads,
+                after_backward=after_backward,
+            )
+            for h in handles:  # before the block ends: the speed probe's replays are not ours
+                h.remove()
+
+        def keep_output_grad(module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
+            output.register_hook(lambda g: true_grads.append(g.detach()))
+
+        for state, (x, y) in replays:  # the FP32 reference, outside ampdiag's view
+            ref = models.MLP()
+            ref.load_state_dict(state)
+            grab = [m.register_forward_hook(keep_output_grad) for m in ref.modules()]
+            out_ = ref(x).requires_grad_()
+            out_.register_hook(lambda g: true_grads.append(g.detach()))
+            (loss_fn(out_, y) * loss_mul).backward()
+            for h in grab:
+                h.remove()
+    k = needed_scale_log2(true_grads)
+    fractions = {
+        "boundary_lost_fraction": lost[0] / lost[1],
+        "activation_grad_subnormal_fraction": inside[0] / inside[1] if inside[1] else 0.0,
+        "param_grad_subnormal_fraction": params[0] / params[1] if params[1] else 0.0,
+    }
+    measured = {
+        **fractions,
+        "underflow_fraction": max(fractions.values()),
+        "param_grad_zero_fraction": zero[0] / zero[1] if zero[1] else None,
+        "needed_scale_log2": k,
+    }
+    return session_of(d), measured
+
+
+def underflow_expect(measured: dict[str, Any], tol: float = 0.03) -> Expect:
+    """fp16-grad-underflow naming the measured lost share and the needed init_scale."""
+    k = measured["needed_scale_log2"]
+    ev: dict[str, tuple[Any, float]] = {
+        key: (measured[key], tol)
+        for key in (
+            "underflow_fraction",
+            "boundary_lost_fraction",
+            "activation_grad_subnormal_fraction",
+            "param_grad_subnormal_fraction",
+        )
+    }
+    # Parameter gradients: ampdiag reads a sample (runs of 16, 1024 values per tensor) of
+    # the sampled steps; the truth counts every value of every step.
+    ev["param_grad_subnormal_fraction"] = (measured["param_grad_subnormal_fraction"], 0.06)
+    ev["scale_reaches_target"] = (k is not None, 0.0)
+    if k is not None:
+        ev["recommended_init_scale"] = (2.0**k, 0.0)
+    return Expect("fp16-grad-underflow", evidence=ev)
+
+
+def truth(measured: dict[str, Any], *more: Expect, forbid: set[str] | None = None) -> Truth:
+    return Truth(
+        expect=[underflow_expect(measured), *more], forbid=forbid or set(), measured=measured
+    )
