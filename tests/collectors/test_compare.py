@@ -8,6 +8,7 @@ mantissa bits each format has.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -112,3 +113,30 @@ def test_a_model_that_cannot_be_copied_is_skipped_with_the_reason() -> None:
     result = compare(model, torch.randn(2, 4), budget_s=0.1)
     assert result.skipped is not None and "cannot be copied" in result.skipped
     assert result.results == []
+
+
+@pytest.mark.slow
+def test_a_diagnosed_run_reports_every_precision(tmp_path: Path) -> None:
+    import ampdiag
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+    with ampdiag.diagnose(out=tmp_path, console=False, tensorboard=False) as d:
+        for _ in range(4):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+    assert d.session is not None
+    ab = d.session.section("speed_probe")["precisions"]
+    rows = {r["precision"]: r for r in ab["results"]}
+    assert set(rows) == {"fp32", "bf16", "fp16"}
+    # the same activation truth as above: Linear(32->64) input + ReLU output, 16 samples
+    assert rows["fp32"]["saved_bytes"] == 16 * (32 + 64) * 4
+    assert ab["spent_s"] <= ab["budget_s"] + 5  # one observed pass each is not budgeted
+    assert ab["recommended"] in rows
+    page = (tmp_path / "report.html").read_text()
+    assert "Which precision" in page and "BF16 autocast" in page

@@ -248,6 +248,8 @@ def compare(
     tolerance: float = 0.05,
     min_samples: int = 3,
     seed: int = 0,
+    kwargs: dict[str, Any] | None = None,
+    copy_model: bool = True,
 ) -> PrecisionComparison:
     """Measures FP32 against each low precision for this model and batch, changing nothing.
 
@@ -265,6 +267,9 @@ def compare(
         tolerance: Stop timing once every median is known to within this share.
         min_samples: Timed samples of each precision at least (budget permitting).
         seed: The random seed every precision's forward starts from (dropout masks alike).
+        kwargs: Keyword arguments of the model's forward, beside ``batch``.
+        copy_model: Measure a deep copy (the default). ``False`` measures ``model`` itself:
+            only for a model that is already a throwaway copy (the speed probe's).
 
     Returns:
         A `PrecisionComparison`: one row per precision, and the recommended one — the fastest
@@ -273,18 +278,19 @@ def compare(
     started = time.perf_counter()
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
-    args, kwargs = (
+    args, named = (
         ((), dict(batch)) if isinstance(batch, dict)
         else (tuple(batch), {}) if isinstance(batch, (tuple, list)) else ((batch,), {})
     )  # fmt: skip
-    first = next((t for t in tensors_in((args, kwargs))), None)
+    named.update(kwargs or {})
+    first = next((t for t in tensors_in((args, named))), None)
     result = PrecisionComparison(
         device=str(device),
         batch_size=int(first.shape[0]) if first is not None and first.dim() > 0 else None,
         budget_s=budget_s,
     )
     try:
-        clone = copy.deepcopy(model)
+        clone = copy.deepcopy(model) if copy_model else model
     except Exception as exc:  # a model holding locks, open files, weakrefs...
         result.skipped = f"the model cannot be copied ({type(exc).__name__}: {exc})"
         return result
@@ -294,7 +300,7 @@ def compare(
         loss = lambda out: loss_fn(out, target)  # noqa: E731
     else:
         loss = loss_fn
-    runner = _Runner(clone, args, kwargs, loss, device, seed)
+    runner = _Runner(clone, args, named, loss, device, seed)
     names = precisions or supported_precisions(device)
     if "fp32" not in names:
         names = ["fp32", *names]
