@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ampdiag.config import DiagnoseConfig
     from ampdiag.session import Finding, Session, load
     from ampdiag.sources.live.collectors.base import Collector, RunContext
+    from ampdiag.sources.live.compare import compare
     from ampdiag.sources.live.diagnosis import Diagnosis, diagnose
     from ampdiag.sources.live.memory_probe import memory_probe
     from ampdiag.sources.live.script import run
@@ -39,6 +40,7 @@ __all__ = [
     "Session",
     "__version__",
     "analyze",
+    "compare",
     "diagnose",
     "diff",
     "load",
@@ -51,6 +53,7 @@ _LAZY = {
     "Collector": "ampdiag.sources.live.collectors.base",
     "RunContext": "ampdiag.sources.live.collectors.base",
     "diff": "ampdiag.analysis.diff",
+    "compare": "ampdiag.sources.live.compare",
     "DiagnoseConfig": "ampdiag.config",
     "diagnose": "ampdiag.sources.live.diagnosis",
     "Diagnosis": "ampdiag.sources.live.diagnosis",

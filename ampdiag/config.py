@@ -64,6 +64,10 @@ class DiagnoseConfig:
         speed_probe: At the end of the run, time the model's forward + backward in FP32 and
             under the run's autocast (see collectors/speed_probe.py; changes nothing).
         speed_probe_repeats: Interleaved timed pairs of the speed probe.
+        precision_ab_budget_s: With the speed probe, ``ampdiag.compare`` also measures every
+            precision the device runs (time, memory, error against FP32) on the run's model
+            and batch, spending at most this many seconds and at most 10% of the block's wall
+            time (0 turns it off).
     """
 
     profile: bool = True
@@ -93,6 +97,7 @@ class DiagnoseConfig:
     precision_step: int = 1
     speed_probe: bool = True
     speed_probe_repeats: int = 3
+    precision_ab_budget_s: float = 20.0
 
 
 class Settings(TypedDict, total=False):
@@ -125,6 +130,7 @@ class Settings(TypedDict, total=False):
     precision_step: int
     speed_probe: bool
     speed_probe_repeats: int
+    precision_ab_budget_s: float
 
 
 def is_profiled_step(config: DiagnoseConfig, step: int) -> bool:

@@ -105,6 +105,7 @@ class SpeedProbeSection(TypedDict, total=False):
     ratio: float
     modules: list[dict[str, Any]]
     autocast: str
+    precisions: dict[str, Any]
 
 
 class MemorySection(TypedDict, total=False):

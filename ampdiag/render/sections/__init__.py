@@ -20,6 +20,7 @@ SECTION_MODULES: tuple[str, ...] = (
     "time",
     "timeline",
     "precision",
+    "precision_ab",
     "numerics",
     "gradscaler",
     "memory",

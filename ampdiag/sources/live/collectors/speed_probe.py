@@ -54,6 +54,7 @@ from ampdiag.sources.live.collectors.base import (
     internal_work,
     tensors_in,
 )
+from ampdiag.sources.live.compare import compare
 from ampdiag.sources.live.discovery import dominant_autocast
 
 TOP_MODULES = 15
@@ -82,10 +83,12 @@ class SpeedProbe(Collector):
         self._probing = False
         self._result: dict[str, Any] = {}
         self._skipped: str | None = None
+        self._began = time.perf_counter()
 
     def start(self, run: RunContext) -> None:
-        """Remembers the run (for the sampling schedule)."""
+        """Remembers the run (for the sampling schedule) and when the block began."""
         self._run = run
+        self._began = time.perf_counter()
 
     def on_model(self, run: RunContext, model: torch.nn.Module) -> None:
         """Watches the first (root) model's forward inputs."""
@@ -144,11 +147,30 @@ class SpeedProbe(Collector):
                     copy, inputs[0], inputs[1], device, getattr(torch, dtype_name), self.repeats
                 )
             self._result["autocast"] = self._autocast
+            self._result["precisions"] = self._compare(run, copy, inputs)
         except Exception as exc:  # the probe must never cost the user the report
             self._result = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
             self._probing = False
             del copy
+
+    def _compare(
+        self,
+        run: RunContext,
+        copy: torch.nn.Module,
+        inputs: tuple[tuple[Any, ...], dict[str, Any]],
+    ) -> dict[str, Any]:
+        """Every precision measured on the copy (`ampdiag.compare`), within its budget."""
+        budget = min(run.config.precision_ab_budget_s, 0.1 * (time.perf_counter() - self._began))
+        if run.config.precision_ab_budget_s <= 0:
+            return {"skipped": "disabled (precision_ab_budget_s=0)"}
+        try:
+            with internal_work():
+                return compare(
+                    copy, inputs[0], budget_s=budget, copy_model=False, kwargs=inputs[1]
+                ).to_dict()
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
 
     def section(self) -> SpeedProbeSection | None:
         """The timings (or why there are none) and the batch size seen."""

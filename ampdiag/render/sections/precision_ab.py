@@ -1,0 +1,117 @@
+"""Which precision for this model on this device: the A/B measurements side by side.
+
+Reads the ``precisions`` part of the ``speed_probe`` section (what `ampdiag.compare` measured
+on the run's own model and batch): per precision the forward + backward time with its spread,
+the speed-up over FP32 (claimed only when the intervals do not overlap), activation memory,
+and the numerical error against FP32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from markupsafe import Markup, escape
+
+from ampdiag import units
+from ampdiag.render import charts, svg
+from ampdiag.render.sections import ReportSection
+from ampdiag.session import Session
+
+NAMES = {"fp32": "FP32", "tf32": "TF32 matmuls", "bf16": "BF16 autocast",
+         "fp16": "FP16 autocast + loss scale"}  # fmt: skip
+
+
+def comparison(session: Session) -> Mapping[str, Any] | None:
+    """The A/B measurements, when the run has them."""
+    found = session.section("speed_probe").get("precisions")
+    return found if isinstance(found, Mapping) and found.get("results") else None
+
+
+def _db(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return units.NOT_MEASURED
+    return "exact" if value == float("inf") else f"{value:.1f} dB"
+
+
+def _speed(row: Mapping[str, Any]) -> str:
+    speedup = row.get("speedup")
+    if not isinstance(speedup, (int, float)):
+        return "—" if row.get("precision") == "fp32" else units.NOT_MEASURED
+    verdict = {True: "faster", False: "slower", None: "within the noise"}[row.get("faster")]
+    return f"{speedup:.2f}x ({verdict})"
+
+
+def _cells(row: Mapping[str, Any]) -> list[str]:
+    spread = row.get("time_spread_ms")
+    time = units.micros((row.get("time_ms") or 0) * 1000) if row.get("time_ms") else None
+    return [
+        NAMES.get(str(row.get("precision")), str(row.get("precision"))),
+        f"{time} ± {units.micros(spread * 1000)}" if time and spread else (time or "failed"),
+        _speed(row),
+        units.nbytes(row.get("saved_bytes")),
+        units.percent(row.get("loss_rel_diff")) if row.get("precision") != "fp32" else "—",
+        _db(row.get("output_sqnr_db_min")) if row.get("precision") != "fp32" else "—",
+        _db(row.get("grad_sqnr_db_min")) if row.get("precision") != "fp32" else "—",
+        units.percent(row.get("grad_underflow")) if row.get("precision") != "fp32" else "—",
+        {True: "yes", False: "no", None: units.NOT_MEASURED}[row.get("safe")],
+    ]
+
+
+HEAD = ["precision", "forward + backward", "vs FP32", "activations", "loss vs FP32",
+        "worst output SQNR", "worst gradient SQNR", "gradients lost", "safe"]  # fmt: skip
+
+
+def build(session: Session) -> ReportSection | None:
+    """The section, when the run measured the precisions."""
+    ab = comparison(session)
+    if ab is None:
+        return None
+    rows = [r for r in ab["results"] if isinstance(r, Mapping)]
+    timed = [r for r in rows if isinstance(r.get("time_ms"), (int, float))]
+    figures: dict[str, str] = {}
+    if timed:
+        figures["precision-ab"] = svg.data_uri(
+            charts.bars(
+                [NAMES.get(str(r["precision"]), str(r["precision"])) for r in timed],
+                {"ms": [float(r["time_ms"]) for r in timed]},
+                "ms per forward + backward",
+                "Forward + backward time by precision (median)",
+                horizontal=True,
+            )
+        )
+    parts = [
+        Markup("<p><strong>Recommended: {}</strong>. {}</p>").format(
+            NAMES.get(str(ab.get("recommended")), ab.get("recommended")), ab.get("reason", "")
+        ),
+        Markup("<table><thead><tr>"),
+        Markup("").join(Markup("<th>{}</th>").format(h) for h in HEAD),
+        Markup("</tr></thead><tbody>"),
+    ]
+    for row in rows:
+        parts.append(
+            Markup("<tr>")
+            + Markup("").join(Markup("<td>{}</td>").format(c) for c in _cells(row))
+            + Markup("</tr>")
+        )
+    parts.append(Markup("</tbody></table>"))
+    parts.append(
+        Markup(
+            "<p>Measured on a copy of the run's model with its own batch, interleaved rounds "
+            "until each median was known within 5% or the budget ({} of {}) was spent; "
+            "± is half the interquartile range. SQNR: signal-to-quantization-noise ratio against "
+            "FP32 (higher is closer). Gradients lost: nonzero in FP32, zero here.</p>"
+        ).format(
+            units.micros((ab.get("spent_s") or 0) * 1e6),
+            units.micros((ab.get("budget_s") or 0) * 1e6),
+        )
+    )
+    for name, uri in figures.items():
+        parts.append(Markup('<img alt="{}" src="{}">').format(name, uri))
+    return ReportSection(
+        id="precision-ab",
+        title="Which precision",
+        html=Markup("").join(escape(p) for p in parts),
+        summary=f"recommended {ab.get('recommended')}",
+        figures=list(figures),
+    )

@@ -1,0 +1,142 @@
+"""ampdiag.compare: FP32 vs BF16 vs FP16 on the user's model and batch, changing nothing.
+
+Truth is measured another way: activation bytes from the layer sizes, the underflow from where
+the loss scale puts the gradients against FP16's smallest subnormal, the SQNR ordering from the
+mantissa bits each format has.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from ampdiag.sources.live.compare import FP16_LOSS_SCALE, compare
+
+
+class Counting(nn.Module):
+    """A model with Python state its forward advances (an observer must not advance it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+        self.bn = nn.BatchNorm1d(8)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.bn(self.net(x))
+
+
+def test_changes_nothing_of_the_users() -> None:
+    torch.manual_seed(0)
+    model = Counting()
+    x = torch.randn(16, 32)
+    params = [p.detach().clone() for p in model.parameters()]
+    buffers = [b.clone() for b in model.buffers()]
+    rng = torch.get_rng_state()
+    result = compare(model, x, budget_s=0.5, min_samples=2)
+    assert result.skipped is None and {r.precision for r in result.results} >= {"fp32", "bf16"}
+    assert model.calls == 0
+    assert all(torch.equal(a, b) for a, b in zip(params, model.parameters(), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(buffers, model.buffers(), strict=True))
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(rng, torch.get_rng_state())
+
+
+def test_activation_bytes_are_the_layers_inputs() -> None:
+    # Linear(32->64) saves its input x; ReLU saves its output, which Linear(64->8) saves too
+    # (one storage); the surrogate loss (a sum) saves nothing: N * (32 + 64) elements.
+    n = 16
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    result = compare(model, torch.randn(n, 32), budget_s=0.1, min_samples=1)
+    assert result.result("fp32").saved_bytes == n * (32 + 64) * 4
+    # under autocast the saved activations are BF16/FP16; the weights' casts are not counted
+    assert result.result("bf16").saved_bytes == n * (32 + 64) * 2
+    assert result.result("fp16").saved_bytes == n * (32 + 64) * 2
+
+
+def test_a_bias_free_layers_output_is_an_activation() -> None:
+    # x does not require grad, so x @ W.t() has one autograd input: W. It is still the batch's.
+    n = 8
+    model = nn.Sequential(nn.Linear(16, 32, bias=False), nn.ReLU(), nn.Linear(32, 4))
+    result = compare(model, torch.randn(n, 16), budget_s=0.1, min_samples=1)
+    assert result.result("fp32").saved_bytes == n * (16 + 32) * 4
+
+
+def test_fp16_underflow_is_what_the_loss_scale_cannot_reach() -> None:
+    # d loss / d out = 1e-13 everywhere; times the loss scale it is still below FP16's smallest
+    # subnormal (2^-24), so the FP16 backward flushes every weight gradient to zero.
+    tiny = 1e-13
+    assert tiny * FP16_LOSS_SCALE < 2.0**-24
+    torch.manual_seed(0)
+    model = nn.Linear(32, 8)
+    result = compare(
+        model, torch.randn(16, 32), lambda out: out.float().sum() * tiny, budget_s=0.1,
+        min_samples=1,
+    )  # fmt: skip
+    fp16, bf16 = result.result("fp16"), result.result("bf16")
+    assert fp16.grad_underflow == pytest.approx(1.0, abs=0.02)
+    assert bf16.grad_underflow == 0.0  # BF16 has FP32's exponent range
+    assert fp16.safe is False and result.recommended != "fp16"
+
+
+def test_sqnr_follows_the_mantissa_bits() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 16))
+    result = compare(model, torch.randn(32, 64), budget_s=0.1, min_samples=1)
+    fp16, bf16 = result.result("fp16"), result.result("bf16")
+    # 10 vs 7 explicit mantissa bits: about 18 dB apart; both far from exact and from noise
+    assert fp16.output_sqnr_db_median is not None and bf16.output_sqnr_db_median is not None
+    assert fp16.output_sqnr_db_median > bf16.output_sqnr_db_median + 10
+    assert 25 < bf16.output_sqnr_db_median < 70
+    assert bf16.grad_sqnr_db_min is not None and math.isfinite(bf16.grad_sqnr_db_min)
+    assert abs(bf16.loss_rel_diff or 0) < 0.01 and bf16.safe
+
+
+def test_no_speed_claim_without_an_interval() -> None:
+    model = nn.Linear(8, 8)
+    result = compare(model, torch.randn(4, 8), budget_s=0.0, min_samples=1)
+    assert all(r.samples == 1 for r in result.results)
+    assert all(r.faster is None for r in result.results)
+    assert result.recommended == "fp32" and "no faster" in result.reason
+
+
+def test_a_model_that_cannot_be_copied_is_skipped_with_the_reason() -> None:
+    import threading
+
+    model = nn.Linear(4, 4)
+    model.lock = threading.Lock()  # type: ignore[assignment]
+    result = compare(model, torch.randn(2, 4), budget_s=0.1)
+    assert result.skipped is not None and "cannot be copied" in result.skipped
+    assert result.results == []
+
+
+@pytest.mark.slow
+def test_a_diagnosed_run_reports_every_precision(tmp_path: Path) -> None:
+    import ampdiag
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+    with ampdiag.diagnose(out=tmp_path, console=False, tensorboard=False) as d:
+        for _ in range(4):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+    assert d.session is not None
+    ab = d.session.section("speed_probe")["precisions"]
+    rows = {r["precision"]: r for r in ab["results"]}
+    assert set(rows) == {"fp32", "bf16", "fp16"}
+    # the same activation truth as above: Linear(32->64) input + ReLU output, 16 samples
+    assert rows["fp32"]["saved_bytes"] == 16 * (32 + 64) * 4
+    assert ab["spent_s"] <= ab["budget_s"] + 5  # one observed pass each is not budgeted
+    assert ab["recommended"] in rows
+    page = (tmp_path / "report.html").read_text()
+    assert "Which precision" in page and "BF16 autocast" in page
