@@ -21,7 +21,7 @@ def test_there_are_tutorials() -> None:
     assert len(NOTEBOOKS) >= 3
 
 
-#: Tutorials that teach something ampdiag still gets wrong: a strict xfail, with the reason.
+#: Tutorials that teach something ampdiag still gets wrong: an xfail, with the reason.
 KNOWN_WRONG: dict[str, str] = {
     # The measured CPU peak of this MLP at batch 512 varies between identical runs (18.2 MiB
     # in some, over 22 MiB in others, since the sentinel/truth/memacc merges): the plan at a
