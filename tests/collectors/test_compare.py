@@ -140,3 +140,15 @@ def test_a_diagnosed_run_reports_every_precision(tmp_path: Path) -> None:
     assert ab["recommended"] in rows
     page = (tmp_path / "report.html").read_text()
     assert "Which precision" in page and "BF16 autocast" in page
+
+
+def test_a_forward_wrapped_in_autocast_is_measured_in_each_precision() -> None:
+    # Accelerate replaces model.forward with the forward wrapped in autocast: measured through
+    # it, "FP32" would save BF16 activations (2 bytes each). The class's forward is used.
+    n = 16
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward)  # type: ignore[method-assign]
+    result = compare(model, torch.randn(n, 32), budget_s=0.1, min_samples=1)
+    assert result.result("fp32").saved_bytes == n * (32 + 64) * 4
+    assert result.result("bf16").saved_bytes == n * (32 + 64) * 2
+    assert "forward" in vars(model)  # the user's wrapped forward is left in place

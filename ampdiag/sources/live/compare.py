@@ -128,6 +128,24 @@ def _precision(name: str, device: torch.device) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
+@contextmanager
+def class_forward(model: torch.nn.Module) -> Iterator[None]:
+    """Runs the class's forward where the instance's was replaced (a wrapped forward).
+
+    Accelerate sets ``model.forward`` to the forward wrapped in autocast: through it the FP32
+    pass would run under autocast too. The instance attribute is put back on exit.
+    """
+    wrapped = vars(model).get("forward")
+    if wrapped is None:
+        yield
+        return
+    del model.forward
+    try:
+        yield
+    finally:
+        model.forward = wrapped
+
+
 def _leaves(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if not any(m.children()) and n]
 
@@ -193,6 +211,7 @@ class _Runner:
                 with (
                     torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
                     _precision(precision, self.device),
+                    class_forward(self.model),  # a forward wrapped in autocast: unwrapped
                 ):
                     loss = self.loss_fn(self.model(*self.args, **self.kwargs)).float()
                 scale = FP16_LOSS_SCALE if precision == "fp16" else 1.0

@@ -41,8 +41,7 @@ import copy
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -54,7 +53,7 @@ from ampdiag.sources.live.collectors.base import (
     internal_work,
     tensors_in,
 )
-from ampdiag.sources.live.compare import compare
+from ampdiag.sources.live.compare import class_forward, compare
 from ampdiag.sources.live.discovery import dominant_autocast
 
 TOP_MODULES = 15
@@ -280,7 +279,7 @@ def probe(
     amp: list[float] = []
     with (
         torch.random.fork_rng(devices=cuda_devices if torch.cuda.is_available() else []),
-        _class_forward(model),
+        class_forward(model),
     ):
         try:
             once(False)
@@ -307,24 +306,6 @@ def probe(
         "ratio": round(amp_ms / fp32_ms, 4) if fp32_ms > 0 else None,
         "modules": modules,
     }
-
-
-@contextmanager
-def _class_forward(model: torch.nn.Module) -> Iterator[None]:
-    """Times the class's forward where the instance's was replaced (a wrapped forward).
-
-    Accelerate sets ``model.forward`` to the forward wrapped in autocast: through it the FP32
-    pass would run under autocast too. The instance attribute is put back on exit.
-    """
-    wrapped = vars(model).get("forward")
-    if wrapped is None:
-        yield
-        return
-    del model.forward
-    try:
-        yield
-    finally:
-        model.forward = wrapped
 
 
 def _module_times(
