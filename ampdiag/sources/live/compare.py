@@ -45,6 +45,9 @@ FP16_LOSS_SCALE = 2.0**16
 SAFE_LOSS_REL_DIFF = 0.01
 SAFE_UNDERFLOW = 0.01
 DEFAULT_BUDGET_S = 20.0
+#: The SQNR of identical tensors (no noise), and its negative for non-finite noise: finite, so
+#: that a session's JSON round-trips, and beyond what float64 arithmetic can resolve (~313 dB).
+EXACT_SQNR_DB = 400.0
 
 
 @dataclass
@@ -155,10 +158,10 @@ def _sqnr_db(ref: torch.Tensor, other: torch.Tensor) -> float:
     noise = float((ref - other).pow(2).sum())
     signal = float(ref.pow(2).sum())
     if noise == 0.0:
-        return math.inf
+        return EXACT_SQNR_DB
     if not math.isfinite(noise) or signal == 0.0:
-        return -math.inf
-    return 10.0 * math.log10(signal / noise)
+        return -EXACT_SQNR_DB
+    return max(-EXACT_SQNR_DB, min(EXACT_SQNR_DB, 10.0 * math.log10(signal / noise)))
 
 
 class _Runner:
