@@ -24,6 +24,7 @@ training would see. Global modes it sets (TF32) are restored.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import statistics
@@ -211,8 +212,14 @@ class _Runner:
         try:
             with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
                 torch.manual_seed(self.seed)
+                # Timed runs carry no hook: they cost what the user's step would.
+                counting = (
+                    torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+                    if observe
+                    else contextlib.nullcontext()
+                )
                 with (
-                    torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+                    counting,
                     _precision(precision, self.device),
                     class_forward(self.model),  # a forward wrapped in autocast: unwrapped
                 ):
@@ -226,10 +233,14 @@ class _Runner:
                 h.remove()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        out_grads = [
-            (g.float() / scale) if g is not None else torch.zeros_like(p, dtype=torch.float32)
-            for g, (_, p) in zip(grads, self.params, strict=True)
-        ]
+        out_grads = (
+            [
+                (g.float() / scale) if g is not None else torch.zeros_like(p, dtype=torch.float32)
+                for g, (_, p) in zip(grads, self.params, strict=True)
+            ]
+            if observe
+            else []
+        )
         return float(loss.detach()), outputs, out_grads, sum(saved.values())
 
 
