@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
-.venv/bin/ruff check ampdiag tests benchmarks scripts
+.venv/bin/ruff check ampdiag tests benchmarks scripts notebooks
 .venv/bin/ruff format --check ampdiag tests benchmarks scripts
 .venv/bin/mypy
 .venv/bin/python -m pytest -q -ra "$@"
