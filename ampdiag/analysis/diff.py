@@ -98,28 +98,31 @@ def skipped_steps(session: Session) -> float | None:
     scaler = session.section("scaler")
     if not scaler.get("present"):
         return None
+    total = scaler.get("skipped_total")  # over every step; the list is capped on long runs
+    if isinstance(total, int):
+        return float(total)
     skipped = scaler.get("skipped_steps")
     return float(len(skipped)) if isinstance(skipped, list) else None
 
 
-def low_precision_flops_share(session: Session) -> float | None:
-    """The share of the audited step's FLOPs that ran in a low-precision dtype."""
+def _low_precision_share(session: Session, measure: str) -> float | None:
+    """The low-precision share of the audited step's ``measure`` ("flops" or "time_us")."""
     section = session.section("precision")
     if not section.get("audited"):
         return None
-    flops = summarize(section)["flops"]
-    work = flops["low"] + flops["fp32"]
-    return flops["low"] / work if work > 0 else None
+    totals = summarize(section)[measure]
+    work = totals["low"] + totals["fp32"]
+    return totals["low"] / work if work > 0 else None
+
+
+def low_precision_flops_share(session: Session) -> float | None:
+    """The share of the audited step's FLOPs that ran in a low-precision dtype."""
+    return _low_precision_share(session, "flops")
 
 
 def low_precision_time_share(session: Session) -> float | None:
     """The share of the audited step's op time (casts excluded) spent in low precision."""
-    section = session.section("precision")
-    if not section.get("audited"):
-        return None
-    time_us = summarize(section)["time_us"]
-    work = time_us["low"] + time_us["fp32"]
-    return time_us["low"] / work if work > 0 else None
+    return _low_precision_share(session, "time_us")
 
 
 @dataclass(frozen=True)
