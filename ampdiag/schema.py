@@ -208,6 +208,8 @@ class ActivationsSection(TypedDict, total=False):
     scale_reaches_target: bool
     boundary: dict[str, Any] | None
     scale_from_fp32_replay: bool
+    recommended_at_step: int | None
+    replay: dict[str, Any] | None  # the FP32 replays (collectors.activations._replay_section)
     nonfinite_origin: dict[str, Any] | None
     nonfinite_steps: list[Any]
 

@@ -76,7 +76,8 @@ class Expect:
         module: The module it must name (``evidence["module"]``), if it names one.
         step: The step it must name (``evidence["step"]``, else ``evidence["first_step"]``).
         evidence: ``{key: (value, tolerance)}``: ``abs(evidence[key] - value) <= tolerance``
-            for numbers; equality for anything else (the tolerance is ignored).
+            for numbers; for a dict of numbers, each of its keys must be in the evidence's
+            dict within the tolerance; equality for anything else (the tolerance is ignored).
     """
 
     id: str
@@ -151,7 +152,14 @@ def mismatch(finding: Finding, expect: Expect) -> str | None:
         if key not in ev:
             return f"evidence[{key!r}] missing"
         got, want = _number(ev[key]), _number(value)
-        if want is not None and got is not None:
+        if isinstance(value, dict) and isinstance(ev[key], dict):
+            for sub, v in value.items():
+                g = _number(ev[key].get(sub))
+                if g is None or not (math.isfinite(g) and abs(g - float(v)) <= tol):
+                    return (
+                        f"evidence[{key!r}][{sub!r}] = {ev[key].get(sub)!r}, want {v!r} ± {tol:g}"
+                    )
+        elif want is not None and got is not None:
             if not (math.isfinite(got) and abs(got - want) <= tol):
                 return f"evidence[{key!r}] = {ev[key]!r}, want {value!r} ± {tol:g}"
         elif ev[key] != value:

@@ -1,7 +1,9 @@
 """Small models and one training loop the scenarios share (CPU, milliseconds per step).
 
 Four architectures for the healthy controls and the faults: an MLP, a CNN, a small
-transformer and an embedding + GRU model. `make` builds one with its batch maker.
+transformer and an embedding + GRU model; and a nanoGPT-style GPT (causal self-attention with
+its own q/k/v and output projections, as Karpathy's nanoGPT writes it) for the numerics of a
+real language model. `make` builds one with its batch maker.
 `train` runs the loop every scenario uses, with the knobs the faults need (autocast dtype,
 a GradScaler, a loss multiplier, a hook per step), and is the same whether ampdiag watches
 or not.
@@ -84,6 +86,50 @@ class EmbedGRU(nn.Module):
         return self.head(out[:, -1])
 
 
+class CausalSelfAttention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.c_attn = nn.Linear(dim, 3 * dim)
+        self.c_proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(dim)
+        self.attn = CausalSelfAttention(dim, heads)
+        self.ln_2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(
+        self, vocab: int = 64, block: int = 16, dim: int = 48, heads: int = 4, layers: int = 2
+    ) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, dim)
+        self.wpe = nn.Embedding(block, dim)
+        self.h = nn.Sequential(*[GPTBlock(dim, heads) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.lm_head(self.ln_f(self.h(self.wte(idx) + self.wpe(pos))))
+
+
 def loss_of(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Cross-entropy for class outputs (B, C) and token outputs (B, T, V) alike."""
     return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
@@ -98,7 +144,7 @@ class Setup:
 
 
 def make(arch: str, batch_size: int = 16) -> Setup:
-    """One of "mlp", "cnn", "transformer", "gru", seeded by the caller."""
+    """One of "mlp", "cnn", "transformer", "gru", "gpt", seeded by the caller."""
     n = batch_size
     if arch == "mlp":
         return Setup(MLP(), lambda g: (torch.randn(n, 32, generator=g), _labels(g, n, 10)))
@@ -108,6 +154,10 @@ def make(arch: str, batch_size: int = 16) -> Setup:
         return Setup(
             Transformer(),
             lambda g: (torch.randint(0, 50, (n, 12), generator=g), _labels(g, n * 12, 50)),
+        )
+    if arch == "gpt":
+        return Setup(
+            GPT(), lambda g: (torch.randint(0, 64, (n, 16), generator=g), _labels(g, n * 16, 64))
         )
     if arch == "gru":
         return Setup(

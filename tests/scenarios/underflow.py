@@ -7,15 +7,17 @@ Truth, measured without ampdiag on every step:
 * boundary: the FP32 gradient entering FP16 at the autocast boundary (the model's output;
   replayed from the output in FP32), multiplied by the scale in use, and how many of its
   nonzero values FP16 holds as zero or subnormal (cast to FP16 and compared);
-* inside FP16: the share of the nonzero gradients entering each module (own tensor hooks on
-  every module's output, containers included) and of the nonzero parameter gradients (before
-  the optimizer) that are subnormal;
+* inside the model: the share of the nonzero true gradient values entering each module
+  (containers included) that FP16 holds as zero or subnormal at the scale in use, on the
+  steps ampdiag samples (`ampdiag.config.is_sampled_step`), the true values from an FP32
+  replay of each step after the run (a fresh model loaded with that step's weights, no
+  autocast, same batch; own tensor hooks on every module's output); and the share of the
+  nonzero parameter gradients (before the optimizer) that are subnormal;
 * ``underflow_fraction`` = the largest of the three (ampdiag's documented definition);
 * the parameter gradients the FP16 run left exactly zero;
-* the smallest power-of-two scale that keeps FP16's loss under 1% (`harness.needed_scale_log2`)
-  of the true gradients at the same places -- the boundary and every module's output --
-  from an FP32 replay of each step after the run (a fresh model loaded with that step's
-  weights, no autocast, same batch).
+* per sampled step, the smallest power-of-two scale that keeps FP16's loss under 1%
+  (`harness.needed_scale_log2`) of that step's true gradients entering every module; the
+  largest of them is the init_scale ampdiag must recommend.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ampdiag.config import DiagnoseConfig, is_sampled_step
 from ampdiag.session import Session
 from tests.scenarios import models
 from tests.scenarios.harness import (
@@ -66,7 +69,6 @@ def run_underflow(
             return models.loss_of(o * weights, y)
 
         lost = [0, 0]
-        true_grads: list[torch.Tensor] = []
         zero = [0, 0]
         inside = [0, 0]
         params = [0, 0]
@@ -77,18 +79,12 @@ def run_underflow(
             into[0] += int((nz & (g.abs() < 2.0**-14)).sum())
             into[1] += int(nz.sum())
 
-        def hook_output(module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
-            if output.requires_grad:
-                output.register_hook(lambda g: count_subnormal(inside, g))
-
         def after_backward(step: int) -> None:
             for p in setup.model.parameters():
                 if p.grad is not None:
                     count_subnormal(params, p.grad)
 
-        handles = [m.register_forward_hook(hook_output) for m in setup.model.modules()]
-
-        replays: list[tuple[dict[str, torch.Tensor], models.Batch]] = []
+        replays: list[tuple[int, float, dict[str, torch.Tensor], models.Batch]] = []
 
         def measure(step: int, o: torch.Tensor, loss: torch.Tensor, batch: models.Batch) -> None:
             ref = o.detach().float().requires_grad_()
@@ -98,7 +94,7 @@ def run_underflow(
             lost[0] += a
             lost[1] += b
             state = {k: v.detach().clone() for k, v in setup.model.state_dict().items()}
-            replays.append((state, batch))
+            replays.append((step, scale, state, batch))
 
         def count_zero_grads(step: int) -> None:
             if step > 0:
@@ -119,22 +115,26 @@ def run_underflow(
                 step_hook=count_zero_grads,
                 after_backward=after_backward,
             )
-            for h in handles:  # before the block ends: the speed probe's replays are not ours
-                h.remove()
 
-        def keep_output_grad(module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
-            output.register_hook(lambda g: true_grads.append(g.detach()))
+        config = DiagnoseConfig(**{k: v for k, v in settings.items() if k == "sample_every"})
+        needed: list[int | None] = []
+        for step, scale, state, (x, y) in replays:  # the FP32 reference, outside ampdiag's view
+            if not is_sampled_step(config, step):
+                continue
+            true_grads: list[torch.Tensor] = []
 
-        for state, (x, y) in replays:  # the FP32 reference, outside ampdiag's view
             ref = models.MLP()
             ref.load_state_dict(state)
-            grab = [m.register_forward_hook(keep_output_grad) for m in ref.modules()]
-            out_ = ref(x).requires_grad_()
-            out_.register_hook(lambda g: true_grads.append(g.detach()))
-            (loss_fn(out_, y) * loss_mul).backward()
+            grab = [m.register_forward_hook(_keeper(true_grads)) for m in ref.modules()]
+            (loss_fn(ref(x), y) * loss_mul).backward()
             for h in grab:
                 h.remove()
-    k = needed_scale_log2(true_grads)
+            for g in true_grads:
+                a, b = fp16_lost(g * scale)
+                inside[0] += a
+                inside[1] += b
+            needed.append(needed_scale_log2(true_grads))
+    k = None if None in needed or not needed else max(n for n in needed if n is not None)
     fractions = {
         "boundary_lost_fraction": lost[0] / lost[1],
         "activation_grad_subnormal_fraction": inside[0] / inside[1] if inside[1] else 0.0,
@@ -147,6 +147,15 @@ def run_underflow(
         "needed_scale_log2": k,
     }
     return session_of(d), measured
+
+
+def _keeper(into: list[torch.Tensor]) -> Any:
+    """A forward hook that keeps the gradient entering the module (its output's gradient)."""
+
+    def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+        output.register_hook(lambda g: into.append(g.detach()))
+
+    return hook
 
 
 def underflow_expect(measured: dict[str, Any], tol: float = 0.03) -> Expect:

@@ -29,6 +29,8 @@ THRESHOLDS: dict[str, float] = {
 }
 
 SECTION = "numerics"
+#: Modules named in the underflow evidence, largest share first.
+TOP_MODULES = 10
 
 
 def fp16_in_use(session: Session) -> bool:
@@ -47,26 +49,42 @@ def underflow_summary(session: Session) -> dict[str, Any]:
 
     ``underflow_fraction`` is the largest of: the share of nonzero FP32 gradient values that
     FP16 held as zero or subnormal where the backward cast them to FP16 (the autocast
-    boundary: counted against the FP32 value, so values flushed to zero count), and the
-    zero-or-subnormal shares of the nonzero activation and parameter gradients inside FP16.
+    boundary: counted against the FP32 value, so values flushed to zero count); the same
+    share of the gradients entering every module (``activation_grad_subnormal_fraction``),
+    counted against their true values from the FP32 replay of each sampled step where it ran
+    (else over the nonzero FP16 values, which cannot show what flushed to zero); and the
+    zero-or-subnormal share of the nonzero parameter gradients. ``worst_module`` is the
+    module with the largest such share.
     ``recommended_init_scale``: the smallest power of two that keeps the predicted share
-    under 1% without overflow, searched up to 2^120; ``scale_reaches_target`` False when no
+    under 1% without overflow, searched up to 2^120 -- from the replays, the largest over
+    the sampled steps (``recommended_at_step``); ``scale_reaches_target`` False when no
     scale does (the gradients span more than FP16's range).
     """
     acts = session.section("activations")
     grads = session.section("gradients")
     act_nz = act_sub = act_flush = 0
     worst: tuple[float, str] = (0.0, "")
+    per_module: list[tuple[float, str]] = []
+    replay = acts.get("replay")
     for m in acts.get("modules", []):
-        c = m.get("counts")
-        if not c:
-            continue
-        nz = c["n"] - c["zero"] - c["nonfinite"]
+        if replay:  # against the true values: what FP16 flushed to zero counts
+            t = m.get("true_counts")
+            if not t:
+                continue
+            nz, sub, flush, frac = t["nonzero"], t["lost"], t["flush"], m["lost_fraction"]
+        else:
+            c = m.get("counts")
+            if not c:
+                continue
+            nz = c["n"] - c["zero"] - c["nonfinite"]
+            sub, flush, frac = c["subnormal"], c["flush"], m["subnormal_fraction"]
         act_nz += nz
-        act_sub += c["subnormal"]
-        act_flush += c["flush"]
-        if nz > 0 and m["subnormal_fraction"] > worst[0]:
-            worst = (m["subnormal_fraction"], m["module"])
+        act_sub += sub
+        act_flush += flush
+        if nz > 0:
+            per_module.append((frac, m["module"]))
+        if nz > 0 and frac > worst[0]:
+            worst = (frac, m["module"])
     boundary = acts.get("boundary") or {}
     bnd_fraction = float(boundary.get("lost_fraction", 0.0))
     totals = grads.get("totals", {})
@@ -87,7 +105,14 @@ def underflow_summary(session: Session) -> dict[str, Any]:
         "param_grad_zero_fraction": round(float(totals.get("zero_fraction", 0.0)), 6),
         "worst_module": worst[1] or None,
         "worst_module_fraction": round(worst[0], 6),
+        # the modules that lose the largest shares (at most TOP_MODULES)
+        "module_lost_fraction": {
+            name: round(frac, 4)
+            for frac, name in sorted(per_module, key=lambda x: -x[0])[:TOP_MODULES]
+            if frac > 0
+        },
         "recommended_init_scale": rec,
+        "recommended_at_step": acts.get("recommended_at_step"),
         "scale_reaches_target": bool(reached) if rec is not None else None,
         "measured": bool(act_nz or totals.get("n") or boundary.get("counts", {}).get("n")),
     }

@@ -19,10 +19,15 @@ exponent histogram, unscaled, predicts the loss at any other scale. The nodes ar
 walking the loss's graph once per sampled step (`on_loss`).
 
 Where that boundary is the model's output, the step's inputs and the FP32 gradient there are
-kept (the latest sampled step's), and at the end of the run an FP32 replay
-(`fp32_replay.reference_exponents`) gives the true gradient entering every module: the
-recommended init_scale is searched on those and the boundary's values, so gradients that FP16
-flushed inside the model still count.
+kept, and before the step's optimizer step (the step's own weights) an FP32 replay
+(`fp32_replay.reference_gradients`) gives the true gradient entering every module. Every
+underflow figure inside the model is counted against it: per module, the share of nonzero
+true values FP16 holds as zero or subnormal at the step's scale (``lost_fraction``; values
+FP16 flushed to zero count, unlike a share of the FP16 values that survived), and, per sampled
+step, the smallest scale that keeps that step's loss under 1%. The recommended init_scale is
+the largest of those over the sampled steps (``recommended_at_step`` names the step): a scale
+chosen from pooled values, or from the last step only, is too small for the steps whose
+gradients are smallest (gradients shrink or grow as a run goes on).
 
 The step's results (the ranges, the histograms, the scale) go to the host in one transfer
 (`_host.Deferred`) and are accumulated there with numpy. The first module, in execution
@@ -44,7 +49,11 @@ from ampdiag.schema import ActivationsSection
 from ampdiag.sources.live.collectors._exponents import BINS, sample_view, signed_histograms_of
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
-from ampdiag.sources.live.collectors.fp32_replay import MAX_OUTPUT_VALUES, reference_exponents
+from ampdiag.sources.live.collectors.fp32_replay import (
+    MAX_OUTPUT_VALUES,
+    REPLAY_VALUES,
+    reference_gradients,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -84,11 +93,15 @@ class ActivationsCollector(Collector):
         self._root_args: tuple[Any, ...] | None = None
         self._root_node: Any = None
         self._replay: tuple[tuple[Any, ...], torch.Tensor, torch.Tensor] | None = None
-        self._ref_exps: dict[int, int] = {}
+        # this step's replay: per module, its true gradient's histogram and size
+        self._ref: tuple[torch.Tensor, list[int]] | None = None
+        self._ref_acc: npt.NDArray[np.int64] | None = None  # true exponents, all steps
+        self._ref_lost: npt.NDArray[np.int64] | None = None  # per module: lost, flush, nz
+        self._ref_steps: list[dict[str, Any]] = []  # per sampled step: the scale it needs
         self._root_idx = -1  # the main model's index: its output is where the replay starts
         self._acc_raw: npt.NDArray[np.int64] | None = None
         self._acc_unscaled: npt.NDArray[np.int64] | None = None
-        self._pending: list[tuple[int, list[int], list[int], bool, Deferred]] = []
+        self._pending: list[tuple[int, list[int], list[int], bool, list[int], Deferred]] = []
         self._max_abs: dict[int, float] = {}
         self._out_dtype: dict[int, str] = {}
         self._grad_dtype: dict[int, str] = {}
@@ -209,6 +222,34 @@ class ActivationsCollector(Collector):
             assert self._scale is not None
             self._replay = (self._root_args, go.detach().clone(), self._scale)
 
+    def before_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
+        """Replays the step in FP32 while the weights are still the step's own."""
+        if self._replay is not None:
+            self._run_replay(run)
+
+    def _run_replay(self, run: RunContext) -> None:
+        replay, self._replay = self._replay, None
+        if replay is None or run.model is None:
+            return
+        args, grad, scale = replay
+        try:
+            with internal_work():
+                unscaled = grad / scale.to(grad.device)
+                found = reference_gradients(run.model, args, unscaled, REPLAY_VALUES)
+                rows = [(self._index[id(m)], g, n) for m, g, n in found if id(m) in self._index]
+                del found
+                if not rows:
+                    return
+                hist = signed_histograms_of(
+                    [g for _, g, _ in rows], [i for i, _, _ in rows], len(self._names)
+                )
+        except Exception:  # the replay is a refinement: without it the FP16 figures stand
+            return
+        sizes = [0] * len(self._names)
+        for i, _, n in rows:
+            sizes[i] += n
+        self._ref = (hist, sizes)
+
     def _record_grad(self, idx: int, grad: torch.Tensor) -> None:
         self._scale_now(grad.device)
         if idx not in self._grad_dtype:
@@ -222,12 +263,15 @@ class ActivationsCollector(Collector):
 
     def on_step_end(self, run: RunContext, step: int) -> None:
         """Queues the step's results for the host; hooks or unhooks for the next step."""
+        if self._replay is not None:  # no optimizer step (skipped, or d.step()): replay now
+            self._run_replay(run)
         if self._active and (self._fwd_idx or self._bwd_idx or self._bnd):
             with internal_work():
                 self._finish_step(step)
         self._fwd_idx, self._fwd_min, self._fwd_max = [], [], []
         self._bwd_idx, self._bwd, self._scale = [], [], None
         self._bnd = []
+        self._ref = None
         self._root_args = self._root_node = None
         for handle in self._node_handles:
             handle.remove()
@@ -265,7 +309,11 @@ class ActivationsCollector(Collector):
             samples = [t.to(device) for t in self._bnd]
             parts.append(signed_histograms_of(samples, [0] * len(samples), 1, self._bcache))
         boundary = bool(self._bnd)
-        self._pending.append((step, fwd_idx, bwd_idx, boundary, Deferred(parts, copy=False)))
+        sizes: list[int] = []  # per module row: the values its true gradients held
+        if self._ref is not None:
+            hist, sizes = self._ref
+            parts.append(hist.to(device))
+        self._pending.append((step, fwd_idx, bwd_idx, boundary, sizes, Deferred(parts, copy=False)))
 
     def _resolve(self, wait: bool) -> None:
         self._pending = absorb_ready(self._pending, self._absorb, wait)
@@ -287,7 +335,13 @@ class ActivationsCollector(Collector):
         np.add.at(self._acc_unscaled[:m].T, _shift_index(scale), hist.T)
 
     def _absorb(
-        self, step: int, fwd: list[int], bwd: list[int], boundary: bool, deferred: Deferred
+        self,
+        step: int,
+        fwd: list[int],
+        bwd: list[int],
+        boundary: bool,
+        sizes: list[int],
+        deferred: Deferred,
     ) -> None:
         import numpy as np
 
@@ -312,8 +366,10 @@ class ActivationsCollector(Collector):
             self._accumulate(hist, scale)
             nonfinite = hist[:, BINS - 1]
             bad_bwd = next((i for i in bwd if nonfinite[i] > 0), None)
+        if sizes:
+            self._absorb_replay(step, arrays[-1].reshape(-1, 2, BINS).sum(axis=1), sizes, scale)
         if boundary:
-            bhist = arrays[-1].reshape(2, BINS).sum(axis=0)
+            bhist = arrays[2 if bwd else 1].reshape(2, BINS).sum(axis=0)
             if self._bnd_raw is None or self._bnd_unscaled is None:
                 self._bnd_raw = np.zeros(BINS, dtype=np.int64)
                 self._bnd_unscaled = np.zeros(UBINS, dtype=np.int64)
@@ -332,21 +388,53 @@ class ActivationsCollector(Collector):
                 "kind": "output" if phase == "forward" else "incoming gradient",
             }
 
+    def _absorb_replay(self, step: int, hist: Any, sizes: list[int], scale: float) -> None:
+        """One step's true (unscaled) gradient exponents per module, absorbed.
+
+        What FP16 lost at the step's scale, per module, and the scale the step needs. Each
+        module's row (all its values up to ``REPLAY_VALUES``) is weighted by the values its
+        gradient held, so that shares over all modules are shares of all values.
+        """
+        import numpy as np
+
+        sampled = hist.sum(axis=1)
+        weight = np.divide(
+            np.asarray(sizes, dtype=np.float64),
+            sampled,
+            out=np.zeros(len(sizes)),
+            where=sampled > 0,
+        )
+        hist = np.rint(hist * np.maximum(weight, 1.0)[:, None]).astype(np.int64)
+        m = hist.shape[0]
+        if self._ref_acc is None or self._ref_lost is None:
+            self._ref_acc = np.zeros((m, BINS), dtype=np.int64)
+            self._ref_lost = np.zeros((m, 3), dtype=np.int64)
+        elif self._ref_acc.shape[0] < m:
+            extra = m - self._ref_acc.shape[0]
+            self._ref_acc = np.concatenate([self._ref_acc, np.zeros((extra, BINS), np.int64)])
+            self._ref_lost = np.concatenate([self._ref_lost, np.zeros((extra, 3), np.int64)])
+        self._ref_acc[:m] += hist
+        shift = round(math.log2(scale)) if math.isfinite(scale) and scale > 0 else 0
+        c = fp16range.range_counts_rows(hist, shift)
+        self._ref_lost[:m, 0] += c["subnormal"]
+        self._ref_lost[:m, 1] += c["flush"]
+        self._ref_lost[:m, 2] += c["n"] - c["zero"] - c["nonfinite"]
+        exps = fp16range.exponent_counts(hist.sum(axis=0).tolist())
+        k, reached = fp16range.search_scale_log2(exps)
+        if len(self._ref_steps) < 10_000:
+            self._ref_steps.append({"step": step, "scale_log2": k, "reached": reached})
+
     def stop(self, run: RunContext) -> None:
-        """Removes every hook, reads what is still on the device, runs the FP32 replay."""
+        """Removes every hook, reads what is still on the device."""
         self._unhook()
         self._active = False
+        if self._replay is not None and not run.block_raised:  # the block ended mid-step
+            self._run_replay(run)
+            if self._fwd_idx or self._bwd_idx or self._bnd:
+                with internal_work():
+                    self._finish_step(run.step)
+        self._replay = self._ref = None
         self._resolve(wait=True)
-        replay, self._replay = self._replay, None
-        if replay is None or run.model is None or run.block_raised:
-            return
-        args, grad, scale = replay
-        try:
-            with internal_work():
-                unscaled = grad / scale.to(grad.device)
-                self._ref_exps = reference_exponents(run.model, args, unscaled, self._limit)
-        except Exception:  # the replay is a refinement: without it the FP16 figures stand
-            self._ref_exps = {}
 
     # --- section ----------------------------------------------------------------------------
 
@@ -359,9 +447,18 @@ class ActivationsCollector(Collector):
         uns: list[list[int]] = self._acc_unscaled.tolist() if self._acc_unscaled is not None else []
         modules = []
         all_exps: dict[int, int] = {}
+        true_lost = self._ref_lost.tolist() if self._ref_lost is not None else []
         for idx, name in enumerate(self._names):
             row: dict[str, Any] = {"module": name}
             seen = False
+            if idx < len(true_lost) and true_lost[idx][2]:
+                seen = True
+                lost, flush, nz = true_lost[idx]
+                row |= {
+                    "true_counts": {"nonzero": nz, "lost": lost, "flush": flush},
+                    "lost_fraction": lost / nz,
+                    "true_flush_fraction": flush / nz,
+                }
             if idx in self._max_abs:
                 seen = True
                 row["max_abs"] = self._max_abs[idx]
@@ -390,16 +487,20 @@ class ActivationsCollector(Collector):
             if seen:
                 modules.append(row)
         boundary = self._boundary_section()
-        if self._ref_exps:
+        replay = self._replay_section()
+        if self._ref_acc is not None:
             # The true gradients replace what survived in FP16 (flushed values are missing
             # there).
-            all_exps = dict(self._ref_exps)
+            all_exps = fp16range.exponent_counts(self._ref_acc.sum(axis=0).tolist())
         if boundary:
             fp16range.merge(all_exps, boundary["exponents"])
         predictions = [
             {"scale_log2": k, **fp16range.predict(all_exps, k)} for k in fp16range.CANDIDATE_LOG2
         ]
-        rec_all, reached = fp16range.search_scale_log2(all_exps)
+        if replay is not None and replay["recommended_scale_log2"] is not None:
+            rec_all, reached = replay["recommended_scale_log2"], replay["scale_reaches_target"]
+        else:
+            rec_all, reached = fp16range.search_scale_log2(all_exps)
         section: ActivationsSection = {
             "sample_elements": self._limit,
             "sampled_steps": self._sampled_steps,
@@ -411,11 +512,38 @@ class ActivationsCollector(Collector):
             "recommended_init_scale": float(2**rec_all) if rec_all is not None else None,
             "scale_reaches_target": reached,
             "boundary": boundary,
-            "scale_from_fp32_replay": bool(self._ref_exps),
+            "scale_from_fp32_replay": replay is not None,
+            "recommended_at_step": replay["recommended_at_step"] if replay else None,
+            "replay": replay,
             "nonfinite_origin": self._origin,
             "nonfinite_steps": self._nonfinite_steps[:100],
         }
         return section
+
+    def _replay_section(self) -> dict[str, Any] | None:
+        """What the FP32 replays measured (None: none ran).
+
+        ``lost_fraction`` / ``flush_fraction``: of the nonzero true gradient values entering
+        every module (containers included) on the replayed steps, the share FP16 held as zero
+        or subnormal / as zero at each step's scale. ``recommended_scale_log2``: the largest
+        of the steps' needed scales (``steps``), at ``recommended_at_step``;
+        ``scale_reaches_target`` False when some step has no scale under 1%.
+        """
+        if self._ref_lost is None or not self._ref_steps:
+            return None
+        lost, flush, nz = (int(v) for v in self._ref_lost.sum(axis=0).tolist())
+        known = [s for s in self._ref_steps if s["scale_log2"] is not None]
+        worst = max(known, key=lambda s: s["scale_log2"], default=None)
+        return {
+            "steps_replayed": len(self._ref_steps),
+            "lost_fraction": lost / nz if nz else 0.0,
+            "flush_fraction": flush / nz if nz else 0.0,
+            "nonzero": nz,
+            "recommended_scale_log2": worst["scale_log2"] if worst else None,
+            "recommended_at_step": worst["step"] if worst else None,
+            "scale_reaches_target": all(s["reached"] for s in self._ref_steps),
+            "steps": self._ref_steps[:100],
+        }
 
     def _boundary_section(self) -> dict[str, Any] | None:
         """What FP16 lost where FP32 gradients were cast to FP16 (None: no such cast seen)."""

@@ -1,16 +1,20 @@
-"""The true (FP32) gradients inside the model, for the loss scale FP16 needs.
+"""The true (FP32) gradients inside the model: what FP16 lost, and the loss scale it needs.
 
 An FP16 backward cannot show what it flushed: a gradient that underflowed is a zero like any
-other, so a scale chosen from the FP16 gradients that survived is too small exactly when the
-scale in use is far too small. The reference is an FP32 replay: the model's forward on a
-sampled step's inputs with autocast off, and a backward of the FP32 gradient that arrived at
-the model's output in that step (captured at the autocast boundary, divided by the loss scale)
--- so every module's incoming gradient is the true value FP16 should have held.
+other, so a share counted over the FP16 values that survived understates the loss, and a scale
+chosen from them is too small exactly when the scale in use is far too small. The reference is
+an FP32 replay: the model's forward on a sampled step's inputs with autocast off, and a
+backward of the FP32 gradient that arrived at the model's output in that step (captured at the
+autocast boundary, divided by the loss scale) -- so every module's incoming gradient is the
+true value FP16 should have held (times the scale).
 
-Run once, at the end of the run (parameters are the final ones, not that step's: close enough
-for a power-of-two scale). It observes and never changes: ``torch.autograd.grad`` leaves every
-``.grad`` alone, buffers are copied back, and the RNG is forked (dropout draws nothing the
-training would see).
+Run on every sampled step whose backward crossed the autocast boundary at the model's output,
+before the optimizer step (the step's own weights), on a hook-free copy of the model
+(`ampdiag.compat.modules.without_hooks`: neither the user's hooks nor the other collectors'
+see the replay). Where the model enters autocast itself (inside ``forward``), the replay is not
+FP32 and is dropped (the FP16 figures stand). It observes and never changes:
+``torch.autograd.grad`` leaves every ``.grad`` alone, buffers are copied back, and the RNG is
+forked (dropout draws nothing the training would see).
 """
 
 from __future__ import annotations
@@ -19,43 +23,54 @@ from typing import Any
 
 import torch
 
-from ampdiag.sources.live.collectors._exponents import sample_view, signed_histograms_of
+from ampdiag.compat.modules import without_hooks
+from ampdiag.sources.live.collectors._exponents import sample_view
 from ampdiag.sources.live.collectors.base import tensors_in
 
+_LOW = (torch.float16, torch.bfloat16)
 #: The largest output gradient kept for the replay (values): bounded memory.
 MAX_OUTPUT_VALUES = 1 << 24
+#: Values of each true gradient counted (all of them up to this many): a small strided sample
+#: of a (batch, tokens, features) gradient sits at a few token positions, and a causal model's
+#: gradients differ by position (a 1024-value sample misread one layer's share by 5 points).
+REPLAY_VALUES = 1 << 20
 
 
-def reference_exponents(
+def reference_gradients(
     model: torch.nn.Module,
     args: tuple[Any, ...],
     grad_output: torch.Tensor,
     limit: int,
-) -> dict[int, int]:
-    """{log2 exponent: count} of the true gradients entering every module.
+) -> list[tuple[torch.nn.Module, torch.Tensor, int]]:
+    """(module, sample of the true gradient entering it, its size) for every module.
 
-    At most ``limit`` values each, as the FP16 histograms are sampled; empty when the replay
-    cannot run.
+    At most ``limit`` values each (`_exponents.sample_view`), FP32, on the model's device;
+    empty when the replay cannot run. The samples are views: count them before the list goes.
     """
-    grads: list[torch.Tensor] = []
+    replica, origin = without_hooks(model)
+    outputs: list[torch.Tensor] = []
+    owners: list[torch.nn.Module] = []
 
     def keep(module: torch.nn.Module, inputs: Any, output: Any) -> None:
         t = next(tensors_in(output), None)
         if t is not None and t.requires_grad and t.is_floating_point():
             outputs.append(t)
+            owners.append(origin[id(module)])
 
-    outputs: list[torch.Tensor] = []
-    handles = [m.register_forward_hook(keep) for m in model.modules()]
+    handles = [m.register_forward_hook(keep) for m in replica.modules()]
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     devices = [grad_output.device.index or 0] if grad_output.is_cuda else []
+    found: tuple[torch.Tensor | None, ...] = ()
     try:
         with torch.random.fork_rng(devices=devices), torch.enable_grad():
             with torch.autocast(grad_output.device.type, enabled=False):
-                out = next(tensors_in(model(*args)), None)
+                out = next(tensors_in(replica(*args)), None)
             for h in handles:
                 h.remove()
             if out is None or out.shape != grad_output.shape or not out.requires_grad:
-                return {}
+                return []
+            if any(t.dtype in _LOW for t in outputs):  # autocast entered inside the model
+                return []  # not an FP32 reference
             found = torch.autograd.grad(
                 out,
                 outputs,
@@ -63,15 +78,14 @@ def reference_exponents(
                 allow_unused=True,
                 retain_graph=False,
             )
-            grads = [g for g in found if g is not None and g.numel()]
     finally:
         for h in handles:
             h.remove()
         with torch.no_grad():
             for buf, value in saved:
                 buf.copy_(value)
-    if not grads:
-        return {}
-    samples = [sample_view(g.detach().float(), limit).reshape(-1) for g in grads]
-    hist = signed_histograms_of(samples, [0] * len(samples), 1).sum(dim=1)[0].tolist()
-    return {e - 127: int(c) for e, c in enumerate(hist) if 0 < e < 255 and c}
+    return [
+        (m, sample_view(g.detach().float(), limit), g.numel())
+        for m, g in zip(owners, found, strict=True)
+        if g is not None and g.numel()
+    ]

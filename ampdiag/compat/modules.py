@@ -1,0 +1,67 @@
+"""A module tree without hooks, sharing the model's parameters and buffers.
+
+ampdiag's FP32 replay runs the user's model a second time on a sampled step's inputs. Through
+the model itself, every forward hook would fire again: the user's own (a hook of theirs seeing
+a forward they never ran changes what they observe) and every other collector's (a forward
+counted twice reads as gradient accumulation). `without_hooks` returns a shallow copy of each
+module whose hook dictionaries (``_forward_hooks``, ``_forward_pre_hooks``, ``_backward_hooks``
+and the rest: private ``nn.Module`` attributes, checked on torch 2.4 - 2.13) are empty, with
+the same ``_parameters`` and ``_buffers`` dicts, so the copy computes with the very tensors
+the model holds and writes its buffers (BatchNorm's running statistics) in place (the caller
+restores them). A ``forward`` set on the instance (Accelerate wraps it in autocast) is a method
+bound to the model's module: the copy's is rebound to the copy, so the call never reaches the
+hooked original. Global module hooks still fire: callers run the copy inside
+``internal_work()``, which ampdiag's own global hooks skip.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+from collections import OrderedDict
+
+import torch
+
+_HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
+
+
+def without_hooks(
+    model: torch.nn.Module,
+) -> tuple[torch.nn.Module, dict[int, torch.nn.Module]]:
+    """The hook-free copy of ``model``, and the model's module each of the copy's stands for.
+
+    Returns:
+        (copy, origin): ``origin[id(m)]`` is the model's module that the copy's module ``m``
+        stands for. A module reached twice is copied once.
+    """
+    origin: dict[int, torch.nn.Module] = {}
+    made: dict[int, torch.nn.Module] = {}
+
+    def clone(m: torch.nn.Module) -> torch.nn.Module:
+        if id(m) in made:
+            return made[id(m)]
+        c = copy.copy(m)
+        for name in _HOOK_DICTS:
+            if name in m.__dict__:
+                c.__dict__[name] = OrderedDict()
+        c.__dict__["_modules"] = OrderedDict()
+        forward = m.__dict__.get("forward")
+        if isinstance(forward, types.MethodType) and forward.__self__ is m:
+            c.__dict__["forward"] = types.MethodType(forward.__func__, c)
+        elif forward is not None:  # some other callable: it may reach the hooked original
+            raise TypeError("the module's instance forward cannot be rebound to a copy")
+        made[id(m)] = c
+        origin[id(c)] = m
+        for name, sub in m._modules.items():
+            c.__dict__["_modules"][name] = clone(sub) if sub is not None else None
+        return c
+
+    return clone(model), origin
