@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ampdiag.analysis import analyze
+from ampdiag.analysis.communication import THRESHOLDS as COMM
 from ampdiag.analysis.rules.recommendations import THRESHOLDS as ADVICE
 from ampdiag.analysis.rules.timeline import THRESHOLDS as TL
 from ampdiag.session import Session
@@ -162,6 +163,8 @@ class RankFacts:
     matmul_us: float = 0.0
     fp32_matmul_us: float = 0.0
     hta: dict[str, float] = field(default_factory=dict)
+    #: per ProfilerStep: the all-reduce kernels launched in each DDP micro-batch (forward)
+    allreduces_per_micro_batch: list[list[int]] = field(default_factory=list)
 
     @property
     def host_wait_share(self) -> float:
@@ -235,6 +238,7 @@ def count(doc: dict[str, Any], default_rank: int = 0) -> RankFacts:
     if len(steps) >= 2:
         acts = [e for e in acts if (t := launched(e)) is not None and t < cutoff]
     facts = RankFacts(rank=rank_of(doc, default_rank))
+    facts.allreduces_per_micro_batch = _allreduces_per_micro_batch(events, launch)
     kernels = [float(e["dur"]) for e in acts if e["cat"] == "kernel"]
     if kernels:
         facts.short_kernel_share = sum(d < TL["short_kernel_us"] for d in kernels) / len(kernels)
@@ -273,6 +277,45 @@ def count(doc: dict[str, Any], default_rank: int = 0) -> RankFacts:
             facts.matmul_us += float(e["dur"])
             facts.fp32_matmul_us += float(e["dur"]) if kind == "fp32" else 0.0
     return facts
+
+
+def _allreduces_per_micro_batch(
+    events: list[dict[str, Any]], launch: dict[int, float]
+) -> list[list[int]]:
+    """Per ProfilerStep, the NCCL all-reduce kernels launched after each DDP forward began
+    (``DistributedDataParallel.forward`` annotations) and before the next."""
+    spans = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        for e in events
+        if e.get("ph") == "X"
+        and str(e.get("name", "")).startswith("ProfilerStep#")
+        and e.get("cat") != "gpu_user_annotation"
+    )
+    forwards = sorted(
+        float(e["ts"])
+        for e in events
+        if e.get("ph") == "X"
+        and e.get("name") == "DistributedDataParallel.forward"
+        and e.get("cat") != "gpu_user_annotation"  # its copy on the GPU timeline
+    )
+    launched = sorted(
+        t
+        for e in events
+        if e.get("ph") == "X"
+        and e.get("cat") == "kernel"
+        and "allreduce" in e["name"].lower().replace("_", "")
+        and (t := launch.get(int(e.get("args", {}).get("correlation", -1)))) is not None
+    )
+    out = []
+    for s, e in spans:
+        fw = [f for f in forwards if s <= f < e]
+        out.append(
+            [
+                sum(1 for t in launched if f <= t < (fw[i + 1] if i + 1 < len(fw) else e))
+                for i, f in enumerate(fw)
+            ]
+        )
+    return out
 
 
 # --- HTA ---------------------------------------------------------------------------------------
@@ -390,6 +433,32 @@ def judge(ranks: list[RankFacts], straggler: dict[str, Any] | None = None) -> Tr
         )
     else:
         forbid.add("fp32-kernels-dominant")
+    # redundant-allreduce: on >= 50% of the steps with >= 2 micro-batches, more than one of
+    # them all-reduces (the rank with the most redundant all-reduces)
+    best: tuple[float, RankFacts, list[list[int]]] | None = None
+    for r in ranks:
+        multi = [s for s in r.allreduces_per_micro_batch if len(s) >= 2]
+        bad = [s for s in multi if sum(1 for n in s if n) > 1]
+        if multi and len(bad) >= COMM["redundant_step_share"] * len(multi):
+            spare = sum(sum(s) - s[-1] for s in bad) / len(bad)
+            if best is None or spare > best[0]:
+                best = (spare, r, bad)
+    if best is not None:
+        spare, r, bad = best
+        n = len(bad)
+        expect.append(
+            Expect(
+                "redundant-allreduce",
+                evidence={
+                    "rank": (r.rank, 0),
+                    "micro_batches": (sum(len(s) for s in bad) / n, 0.01),
+                    "allreduces_per_step": (sum(sum(s) for s in bad) / n, 0.01),
+                    "buckets": (sum(s[-1] for s in bad) / n, 0.01),
+                },
+            )
+        )
+    else:
+        forbid.add("redundant-allreduce")
     if straggler is not None:
         expect.append(
             Expect(
@@ -408,6 +477,7 @@ def judge(ranks: list[RankFacts], straggler: dict[str, Any] | None = None) -> Tr
             "exposed_comm_share": round(r.exposed_share, 4),
             "fp32_matmul_share": round(r.fp32_matmul_share, 4),
             "matmul_share": round(r.matmul_share, 4),
+            "allreduces_per_micro_batch": r.allreduces_per_micro_batch,
         }
         for r in ranks
     }

@@ -17,6 +17,12 @@ from ampdiag. What each trace holds, by its own measurement:
 * ``trace-busy-gpu`` (edited, the healthy control): the CNN trace as one GPU with a host that
   always launches in time -- its NCCL kernels removed and every GPU idle gap over 2 µs cut
   out of the whole timeline (`gpu_truth.squeeze_idle`). None of the GPU findings may fire.
+* ``trace-accumulation-syncs`` (edited): the CNN trace's first two steps as one optimizer
+  step of two micro-batches (the ProfilerStep annotation of the second removed, the first's
+  stretched over both): gradient accumulation whose every micro-batch all-reduces (no
+  ``no_sync()``), 5 buckets each.
+* ``trace-accumulation-no-sync`` (edited): the same, with the first micro-batch's all-reduce
+  kernels removed, as ``no_sync()`` would: the control, no ``redundant-allreduce``.
 * ``trace-straggler`` (edited): the CNN trace as both ranks of its 2-rank job: rank 1 the
   trace as recorded, rank 0 a copy whose all-reduces each last longer, together 30% of a step
   per step (the waiting a slower rank 1 causes at every bucket). The lateness is what was
@@ -43,6 +49,35 @@ def _busy_single_gpu(docs: list[dict[str, Any]]) -> None:
     ]
     doc.pop("distributedInfo", None)
     assert squeeze_idle(doc, keep_us=2.0) > 100
+
+
+def _merge_two_steps(docs: list[dict[str, Any]], no_sync: bool = False) -> None:
+    (doc,) = docs
+    events = doc["traceEvents"]
+    steps = sorted(
+        (e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")),
+        key=lambda e: float(e["ts"]),
+    )
+    first, second = steps[0], steps[1]
+    first["dur"] = float(second["ts"]) + float(second["dur"]) - float(first["ts"])
+    events.remove(second)
+    if no_sync:  # the first micro-batch's all-reduces never launched
+        end = float(second["ts"])
+        launch = {
+            e["args"]["correlation"]: float(e["ts"])
+            for e in events
+            if e.get("cat") in ("cuda_runtime", "cuda_driver")
+            and "correlation" in e.get("args", {})
+        }
+        doc["traceEvents"] = [
+            e
+            for e in events
+            if not (
+                e.get("cat") == "kernel"
+                and "allreduce" in str(e.get("name", "")).lower().replace("_", "")
+                and launch.get(e.get("args", {}).get("correlation"), end) < end
+            )
+        ]
 
 
 def _steps(doc: dict[str, Any]) -> list[tuple[float, float]]:
@@ -108,6 +143,18 @@ SCENARIOS = [
         "Healthy: the TF32 CNN on one GPU with no idle gap over 2 µs (edited trace).",
         [CNN],
         edit=lambda docs: _busy_single_gpu(docs),
+    ),
+    trace_scenario(
+        "trace-accumulation-syncs",
+        "Two micro-batches per step, each all-reducing its gradients (edited trace).",
+        [CNN],
+        edit=lambda docs: _merge_two_steps(docs),
+    ),
+    trace_scenario(
+        "trace-accumulation-no-sync",
+        "Two micro-batches per step, the first under no_sync() (edited trace): the control.",
+        [CNN],
+        edit=lambda docs: _merge_two_steps(docs, no_sync=True),
     ),
     trace_scenario(
         "trace-straggler",
