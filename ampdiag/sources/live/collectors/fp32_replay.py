@@ -47,6 +47,10 @@ def reference_gradients(
     At most ``limit`` values each (`_exponents.sample_view`), FP32, on the model's device;
     empty when the replay cannot run. The samples are views: count them before the list goes.
     """
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        # DDP's own forward readies its reducer for a backward of the parameters that the
+        # replay never runs: the next real step would fail. The wrapped module computes alike.
+        model = model.module
     replica, origin = without_hooks(model)
     outputs: list[torch.Tensor] = []
     owners: list[torch.nn.Module] = []
