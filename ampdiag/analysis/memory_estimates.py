@@ -17,9 +17,10 @@ when the measured run did not also holds every gradient through each micro-batch
 parameter's new gradient before it is added to ``.grad``: ``G - G_i + G_max`` is added to each
 point where not every gradient is live yet (``G`` all gradients' bytes, ``G_i`` those live at
 the point, ``G_max`` the largest parameter's); a point where all are (after the backward: the
-optimizer step, say) holds no gradient in flight, and accumulating adds nothing there. Without the activation point it is ``T1 + per_sample * (b - B)``; without a
-measured peak, model state + fixed + ``per_sample * b``. Nothing here is assumed: when there are
-no two measured batch sizes, estimates that need ``per_sample`` are absent.
+optimizer step, say) holds no gradient in flight, and accumulating adds nothing there.
+Without the activation point it is ``T1 + per_sample * (b - B)``; without a measured peak,
+model state + fixed + ``per_sample * b``. Nothing here is assumed: when there are no two
+measured batch sizes, estimates that need ``per_sample`` are absent.
 """
 
 from __future__ import annotations

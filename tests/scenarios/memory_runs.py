@@ -77,7 +77,7 @@ def train(run: Run, batch: int, steps: int, mark: Mark | None = None, micro: int
                 snap = None
             x, y = run.x[:batch], run.y[:batch]
             run.opt.zero_grad(set_to_none=True)
-            parts = [(x, y)] if not micro else list(zip(x.split(micro), y.split(micro), strict=True))
+            parts = list(zip(x.split(micro or batch), y.split(micro or batch), strict=True))
             for xs, ys in parts:
                 with torch.autocast("cpu", dtype=torch.bfloat16):
                     loss = F.cross_entropy(run.model(xs), ys) * (len(xs) / len(x))

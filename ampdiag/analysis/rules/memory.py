@@ -152,8 +152,11 @@ def use_grad_accumulation(session: Session) -> Iterator[Finding]:
 def _no_micro_batch_fits(
     mem: MemorySection, target: int, fit: dict[str, Any], cap: int, source: str
 ) -> Finding:
-    """Not even one sample per micro-batch fits: the memory that does not scale with the batch
-    (model state, and what the measured peak holds besides activations) is over the budget."""
+    """The finding when not even one sample per micro-batch fits.
+
+    What does not scale with the batch (model state, and whatever else the measured peak holds
+    besides activations) is over the budget already.
+    """
     usable = cap * estimates.HEADROOM
     at_one = estimates.estimate_peak(mem, 1, fit, accumulate=True)
     state = estimates.model_state_bytes(mem)
