@@ -66,7 +66,9 @@ def categorized_timeline(
         prof: A ``torch.profiler.profile`` whose trace is ready (``profile_memory=True``).
         device: "cpu" or "cuda:0" etc.: only that device's allocations are counted.
         known_by_step: Step index -> {storage address: our category} of the tensors ampdiag
-            saw at the end of that step (parameters, gradients, optimizer state). These
+            saw at the end of that step (parameters, gradients, optimizer state) and of the
+            model's inputs in it. Of the tensors allocated before the window whose free the
+            profile never reports, only these are counted (see the code). These
             override torch's label: without ``with_stack=True`` torch cannot see the optimizer
             and labels its state "parameter". An address names a tensor only while that
             tensor lives: the allocator reuses it (a step's activation where the last step's
