@@ -7,7 +7,8 @@
   reported inside the window (until its reported free), the model state seen here (live from
   before the window too), and the storages of the model's inputs (the forward's tensor
   arguments on profiled steps, "inputs"). A tensor allocated before the window and unknown here
-  is not counted: the profile never reports its free (`ampdiag.compat.memory`).
+  (a target that is no model input, a module buffer) is not counted: the profile never reports
+  its free, so it cannot tell whether it was still live (`ampdiag.compat.memory`).
 * Timeline (profiled steps): read from the profile the profiler collector already records
   (``profile_memory=True``; no second profiler). torch's memory profiler labels the tensors
   (`ampdiag.compat.memory.categorized_timeline`); when it is unavailable, ampdiag's own
