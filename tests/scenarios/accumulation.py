@@ -55,7 +55,9 @@ def train(
 ) -> tuple[nn.Module, Session | None, dict[str, Any]]:
     """``mode``: "average" (loss / N), "sum" (no division), "zero_none" / "zero_inplace"
     (optimizer.zero_grad between micro-batches, set_to_none True / False). The speed probe is
-    off unless asked for: no accumulation fault needs it, and it is most of a run's time."""
+    off and the profiler records one step unless asked otherwise: no accumulation fault needs
+    more, and torch's memory profiler over three steps of four micro-batches is most of a
+    run's time."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         m = model()
@@ -105,7 +107,8 @@ def train(
         if out is None:
             loop()
             return m, None, measured
-        with diagnose(out, **({"speed_probe": False} | settings)) as d:
+        quick = {"speed_probe": False, "profile_active": 1}
+        with diagnose(out, **(quick | settings)) as d:
             loop()
     assert d.session is not None
     return m, d.session, measured
