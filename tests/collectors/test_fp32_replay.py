@@ -83,3 +83,9 @@ def test_without_hooks_shares_tensors_and_drops_hooks() -> None:
     assert fired == ["root", "child"]  # only the model's own call fired its hooks
     assert copy[0].weight is m[0].weight
     assert origin[id(copy[4])] is m[4]
+
+
+def test_replays_spread_over_a_long_run() -> None:
+    from ampdiag.sources.live.collectors.activations import _replays
+
+    assert [n for n in range(100) if _replays(n)] == [*range(8), 8, 16, 32, 64]

@@ -19,7 +19,8 @@ exponent histogram, unscaled, predicts the loss at any other scale. The nodes ar
 walking the loss's graph once per sampled step (`on_loss`).
 
 Where that boundary is the model's output, the step's inputs and the FP32 gradient there are
-kept, and before the step's optimizer step (the step's own weights) an FP32 replay
+kept (on the first 8 such sampled steps, then the 2^k-th: `_replays`), and before the step's
+optimizer step (the step's own weights) an FP32 replay
 (`fp32_replay.reference_gradients`) gives the true gradient entering every module. Every
 underflow figure inside the model is counted against it: per module, the share of nonzero
 true values FP16 holds as zero or subnormal at the step's scale (``lost_fraction``; values
@@ -98,6 +99,8 @@ class ActivationsCollector(Collector):
         self._ref_acc: npt.NDArray[np.int64] | None = None  # true exponents, all steps
         self._ref_lost: npt.NDArray[np.int64] | None = None  # per module: lost, flush, nz
         self._ref_steps: list[dict[str, Any]] = []  # per sampled step: the scale it needs
+        self._candidates = 0  # sampled steps whose backward reached the model's output
+        self._replay_step = -1
         self._root_idx = -1  # the main model's index: its output is where the replay starts
         self._acc_raw: npt.NDArray[np.int64] | None = None
         self._acc_unscaled: npt.NDArray[np.int64] | None = None
@@ -220,7 +223,11 @@ class ActivationsCollector(Collector):
         )
         if at_root and self._root_args is not None and go.numel() <= MAX_OUTPUT_VALUES:
             assert self._scale is not None
-            self._replay = (self._root_args, go.detach().clone(), self._scale)
+            if self._replay_step != self._walked:  # the step's first backward at the root
+                self._replay_step = self._walked
+                self._candidates += 1
+            if _replays(self._candidates - 1):
+                self._replay = (self._root_args, go.detach().clone(), self._scale)
 
     def before_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
         """Replays the step in FP32 while the weights are still the step's own."""
@@ -563,6 +570,20 @@ class ActivationsCollector(Collector):
             "flush_fraction": counts["flush"] / nz if nz > 0 else 0.0,
             "exponents": {str(k): v for k, v in sorted(exps.items())},
         }
+
+
+#: Replayed: the first REPLAY_FIRST sampled steps that can be, then the 2^k-th ones.
+REPLAY_FIRST = 8
+
+
+def _replays(n: int) -> bool:
+    """Whether the n-th (from 0) sampled step that can be replayed is.
+
+    A replay costs about one FP32 forward and backward: on every one of the first
+    `REPLAY_FIRST` (a short run is measured on each), then on the 2^k-th only, so that a long
+    run still has replays spread over its whole length at a negligible amortised cost.
+    """
+    return n < REPLAY_FIRST or n & (n - 1) == 0
 
 
 def _shift_index(scale: float) -> Any:
