@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Iterator
 from typing import Any
 
-from ampdiag import units
+from ampdiag import timing, units
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
 
@@ -24,33 +24,71 @@ def median_step_ms(session: Session) -> float | None:
     return statistics.median(values) if values else None
 
 
+def probe_ratio(probe: dict[str, Any]) -> timing.Estimate | None:
+    """Autocast / FP32 time of the probe's pairs, as a median with its spread.
+
+    Each pair's two passes ran next to each other (`speed_probe.probe`), so the ratio is taken
+    per pair. A session that kept only the two headline times (older sessions) gives one
+    sample: no interval, so it can only be "uncertain".
+    """
+    f_all, a_all = probe.get("fp32_ms_all"), probe.get("autocast_ms_all")
+    if isinstance(f_all, list) and isinstance(a_all, list) and f_all and len(f_all) == len(a_all):
+        ratios = [
+            float(a) / float(f)
+            for f, a in zip(f_all, a_all, strict=True)
+            if isinstance(f, (int, float)) and isinstance(a, (int, float)) and f > 0
+        ]
+        if ratios:
+            return timing.estimate(ratios)
+    fp32, amp = probe.get("fp32_ms"), probe.get("autocast_ms")
+    if isinstance(fp32, (int, float)) and isinstance(amp, (int, float)) and fp32 > 0:
+        return timing.estimate([amp / fp32])
+    return None
+
+
 @rule("autocast-slower")
 def autocast_slower(session: Session) -> Iterator[Finding]:
     """The probe's step under autocast takes >= 1.10x (medium), >= 1.50x (high) its FP32 time.
 
-    Evidence: both times (best of interleaved forward + backward passes on the run's own model
-    and batch), the ratio, the run's median step time and the step time FP32 would give
-    at the measured ratio, and the leaf modules that slowed down most.
+    The ratio is the median of interleaved pairs with its spread (`ampdiag.timing`); the
+    thresholds are compared with the interval median ± spread, so the severity is that of its
+    lower end. An interval that straddles 1.10x (or a single pair) is reported as uncertain
+    (info, with the interval): a loaded machine says it cannot tell rather than flipping
+    between runs. Evidence: both median times, the ratio and its interval, the run's median
+    step time and the step time FP32 would give at the measured ratio, and the leaf modules
+    that slowed down most.
     """
     probe = session.section("speed_probe")
     fp32, amp = probe.get("fp32_ms"), probe.get("autocast_ms")
-    if not isinstance(fp32, (int, float)) or not isinstance(amp, (int, float)) or fp32 <= 0:
+    est = probe_ratio(dict(probe))
+    if not isinstance(fp32, (int, float)) or not isinstance(amp, (int, float)) or est is None:
         return
-    ratio = amp / fp32
-    if ratio < THRESHOLDS["slowdown_medium"]:
+    side = est.versus(THRESHOLDS["slowdown_medium"])
+    if side == "below":
         return
-    severity: Severity = "high" if ratio >= THRESHOLDS["slowdown_high"] else "medium"
     env = session.environment
     autocast = str(probe.get("autocast") or env.get("autocast") or "?")
     device, _, dtype = autocast.partition(":")
+    interval = {
+        "slowdown": round(est.median, 3),
+        "slowdown_spread": round(est.spread, 3),
+        "slowdown_low": round(est.low, 3),
+        "slowdown_high": round(est.high, 3),
+        "pairs": est.samples,
+        "threshold": THRESHOLDS["slowdown_medium"],
+    }
+    if side == "uncertain":
+        yield _uncertain(autocast, est, interval)
+        return
+    ratio = est.median
+    severity: Severity = "high" if est.low >= THRESHOLDS["slowdown_high"] else "medium"
     evidence: dict[str, Any] = {
         "autocast": autocast,
         "fp32_ms": fp32,
         "autocast_ms": amp,
-        "slowdown": round(ratio, 3),
-        "measured": f"{probe.get('measured', 'forward + backward')}, best of "
-        f"{probe.get('repeats', '?')} interleaved pairs",
-        "threshold": THRESHOLDS["slowdown_medium"],
+        **interval,
+        "measured": f"{probe.get('measured', 'forward + backward')}, median of "
+        f"{est.samples} interleaved pairs",
     }
     step = median_step_ms(session)
     if step is not None:
@@ -101,11 +139,40 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
         id="autocast-slower",
         severity=severity,
         title=(
-            f"Mixed precision ({autocast}) is {ratio:.2f}x slower than FP32 on this model: "
+            f"Mixed precision ({autocast}) is {ratio:.2f}x (± {est.spread:.2f}) slower than FP32 "
+            "on this model: "
             f"{units.micros(amp * 1e3)} vs {units.micros(fp32 * 1e3)} per forward + backward."
         ),
         evidence=evidence,
         fix=fix,
         section="time",
         impact=1 - 1 / ratio,
+    )
+
+
+def _uncertain(autocast: str, est: timing.Estimate, interval: dict[str, Any]) -> Finding:
+    """The info finding for a ratio whose interval straddles the threshold."""
+    why = (
+        "a single timed pair gives no interval"
+        if est.samples < timing.MIN_SAMPLES
+        else f"its interval {est.low:.2f}x-{est.high:.2f}x straddles the "
+        f"{THRESHOLDS['slowdown_medium']:.2f}x threshold"
+    )
+    return Finding(
+        id="autocast-slower",
+        severity="info",
+        title=(
+            f"Mixed precision ({autocast}) may be slower than FP32 here "
+            f"({est.median:.2f}x ± {est.spread:.2f} over {est.samples} pairs), but it could not be "
+            f"measured reliably: {why}."
+        ),
+        evidence={"autocast": autocast, **interval, "uncertain": why},
+        fix=(
+            "# Time it on a quiet machine, with more pairs:\n"
+            "with ampdiag.diagnose(speed_probe_repeats=20, speed_probe_budget_s=30): ...\n"
+            "# or measure every precision directly:\n"
+            "ampdiag.compare(model, batch, loss_fn=loss_fn, budget_s=30)"
+        ),
+        section="time",
+        impact=0.0,
     )

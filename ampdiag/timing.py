@@ -1,0 +1,93 @@
+"""Time figures with their spread, and thresholds compared against the interval, not one sample.
+
+A time measured on a shared machine is a distribution, not a number: another process, a page
+fault or a garbage collection adds to one sample and not to the next. A finding decided by one
+sample (or by a mean that one stalled step drives) flips between identical runs. So every
+timing figure ampdiag reports is the **median** of repeated samples with its **spread**, the
+median absolute deviation (MAD): half of the samples lie within median ± MAD, and one stalled
+sample among three moves neither (both break down only when half the samples are bad, where a
+mean or the interquartile range break with the first one).
+
+A threshold is then compared with the interval ``[median - MAD, median + MAD]``: the claim is
+made when the whole interval is beyond it, dropped when the whole interval is short of it, and
+reported as uncertain (with the interval, so the reader sees why) when the interval straddles
+it. Torch-free: rules and collectors both read it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Side = Literal["above", "below", "uncertain"]
+
+#: Fewer samples than this give no interval: a claim needs at least two measurements.
+MIN_SAMPLES = 2
+#: Fewer samples than this are never called tight (two agreeing samples may agree by chance).
+MIN_TIGHT_SAMPLES = 3
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The median of some samples and the interval median ± MAD around it.
+
+    Attributes:
+        median: The median sample.
+        spread: The median absolute deviation from the median.
+        samples: How many samples it rests on.
+    """
+
+    median: float
+    spread: float
+    samples: int
+
+    @property
+    def low(self) -> float:
+        """The interval's lower end."""
+        return self.median - self.spread
+
+    @property
+    def high(self) -> float:
+        """The interval's upper end."""
+        return self.median + self.spread
+
+    def relative_spread(self) -> float:
+        """The spread as a share of the median (infinite for a zero median)."""
+        return self.spread / abs(self.median) if self.median else float("inf")
+
+    def versus(self, threshold: float) -> Side:
+        """Whether the whole interval is at or above ``threshold``, below it, or straddles it.
+
+        With fewer than `MIN_SAMPLES` samples nothing is known: "uncertain".
+        """
+        if self.samples < MIN_SAMPLES:
+            return "uncertain"
+        if self.low >= threshold:
+            return "above"
+        if self.high < threshold:
+            return "below"
+        return "uncertain"
+
+    def describe(self, digits: int = 3) -> str:
+        """``median ± spread (n samples)`` for titles and evidence."""
+        return f"{self.median:.{digits}g} ± {self.spread:.{digits}g} ({self.samples} samples)"
+
+
+def estimate(samples: Sequence[float]) -> Estimate:
+    """The median and MAD of ``samples`` (at least one)."""
+    values = [float(s) for s in samples]
+    if not values:
+        raise ValueError("estimate() needs at least one sample")
+    mid = statistics.median(values)
+    mad = statistics.median(abs(v - mid) for v in values)
+    return Estimate(mid, mad, len(values))
+
+
+def tight(est: Estimate, tolerance: float) -> bool:
+    """Whether the estimate is known to within ``tolerance`` of its median.
+
+    The stopping rule of repeated timing; it needs at least `MIN_TIGHT_SAMPLES` samples.
+    """
+    return est.samples >= MIN_TIGHT_SAMPLES and est.relative_spread() <= tolerance
