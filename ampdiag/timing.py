@@ -16,6 +16,7 @@ it. Torch-free: rules and collectors both read it.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,31 +32,28 @@ MIN_TIGHT_SAMPLES = 3
 
 @dataclass(frozen=True)
 class Estimate:
-    """The median of some samples and the interval median ± MAD around it.
+    """A median with the interval around it (median ± MAD for measured samples).
 
     Attributes:
-        median: The median sample.
-        spread: The median absolute deviation from the median.
-        samples: How many samples it rests on.
+        median: The median sample (or the quotient of two medians, `quotient`).
+        low: The interval's lower end.
+        high: The interval's upper end.
+        samples: How many samples it rests on (the fewer, for a quotient).
     """
 
     median: float
-    spread: float
+    low: float
+    high: float
     samples: int
 
     @property
-    def low(self) -> float:
-        """The interval's lower end."""
-        return self.median - self.spread
-
-    @property
-    def high(self) -> float:
-        """The interval's upper end."""
-        return self.median + self.spread
+    def spread(self) -> float:
+        """Half the interval's width (the MAD, for measured samples)."""
+        return (self.high - self.low) / 2
 
     def relative_spread(self) -> float:
         """The spread as a share of the median (infinite for a zero median)."""
-        return self.spread / abs(self.median) if self.median else float("inf")
+        return self.spread / abs(self.median) if self.median else math.inf
 
     def versus(self, threshold: float) -> Side:
         """Whether the whole interval is at or above ``threshold``, below it, or straddles it.
@@ -70,19 +68,29 @@ class Estimate:
             return "below"
         return "uncertain"
 
-    def describe(self, digits: int = 3) -> str:
-        """``median ± spread (n samples)`` for titles and evidence."""
-        return f"{self.median:.{digits}g} ± {self.spread:.{digits}g} ({self.samples} samples)"
-
 
 def estimate(samples: Sequence[float]) -> Estimate:
-    """The median and MAD of ``samples`` (at least one)."""
+    """The median of ``samples`` (at least one) and the interval median ± MAD."""
     values = [float(s) for s in samples]
     if not values:
         raise ValueError("estimate() needs at least one sample")
     mid = statistics.median(values)
     mad = statistics.median(abs(v - mid) for v in values)
-    return Estimate(mid, mad, len(values))
+    return Estimate(mid, mid - mad, mid + mad, len(values))
+
+
+def quotient(num: Estimate, den: Estimate) -> Estimate:
+    """``num / den`` with the interval their intervals allow (low over high, high over low).
+
+    A ratio of two medians, not a median of per-pair ratios: a stall corrupts a pair whichever
+    of its two samples it hits, so per-pair ratios go wrong twice as often as either median.
+    """
+    if den.median <= 0:
+        raise ValueError("quotient() needs a positive denominator")
+    high = num.high / den.low if den.low > 0 else math.inf
+    return Estimate(
+        num.median / den.median, num.low / den.high, high, min(num.samples, den.samples)
+    )
 
 
 def tight(est: Estimate, tolerance: float) -> bool:

@@ -25,37 +25,34 @@ def median_step_ms(session: Session) -> float | None:
 
 
 def probe_ratio(probe: dict[str, Any]) -> timing.Estimate | None:
-    """Autocast / FP32 time of the probe's pairs, as a median with its spread.
+    """Autocast / FP32 time of the probe: the quotient of the two medians, with its interval.
 
-    Each pair's two passes ran next to each other (`speed_probe.probe`), so the ratio is taken
-    per pair. A session that kept only the two headline times (older sessions) gives one
-    sample: no interval, so it can only be "uncertain".
+    A session that kept only the two headline times (older sessions) gives one sample: no
+    interval, so it can only be "uncertain".
     """
     f_all, a_all = probe.get("fp32_ms_all"), probe.get("autocast_ms_all")
-    if isinstance(f_all, list) and isinstance(a_all, list) and f_all and len(f_all) == len(a_all):
-        ratios = [
-            float(a) / float(f)
-            for f, a in zip(f_all, a_all, strict=True)
-            if isinstance(f, (int, float)) and isinstance(a, (int, float)) and f > 0
-        ]
-        if ratios:
-            return timing.estimate(ratios)
-    fp32, amp = probe.get("fp32_ms"), probe.get("autocast_ms")
-    if isinstance(fp32, (int, float)) and isinstance(amp, (int, float)) and fp32 > 0:
-        return timing.estimate([amp / fp32])
-    return None
+    f = _samples(f_all if isinstance(f_all, list) else [probe.get("fp32_ms")])
+    a = _samples(a_all if isinstance(a_all, list) else [probe.get("autocast_ms")])
+    if not f or not a or statistics.median(f) <= 0:
+        return None
+    return timing.quotient(timing.estimate(a), timing.estimate(f))
+
+
+def _samples(values: list[Any]) -> list[float]:
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
 @rule("autocast-slower")
 def autocast_slower(session: Session) -> Iterator[Finding]:
     """The probe's step under autocast takes >= 1.10x (medium), >= 1.50x (high) its FP32 time.
 
-    The ratio is the median of interleaved pairs with its spread (`ampdiag.timing`); the
-    thresholds are compared with the interval median ± spread, so the severity is that of its
-    lower end. An interval that straddles 1.10x (or a single pair) is reported as uncertain
-    (info, with the interval): a loaded machine says it cannot tell rather than flipping
-    between runs. Evidence: both median times, the ratio and its interval, the run's median
-    step time and the step time FP32 would give at the measured ratio, and the leaf modules
+    The ratio is the quotient of the medians of interleaved passes, with the interval their
+    spreads allow (`ampdiag.timing`); the thresholds are compared with that interval, so the
+    severity is that of its lower end. An interval that straddles 1.10x (or a single pair)
+    is reported as uncertain (info, with the interval): a loaded machine says it cannot tell
+    rather than flipping between runs. Evidence: both median times, the ratio and its
+    interval, the run's median step time and the step time FP32 would give at the measured
+    ratio, and the leaf modules
     that slowed down most.
     """
     probe = session.section("speed_probe")
@@ -71,7 +68,6 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
     device, _, dtype = autocast.partition(":")
     interval = {
         "slowdown": round(est.median, 3),
-        "slowdown_spread": round(est.spread, 3),
         "slowdown_low": round(est.low, 3),
         "slowdown_high": round(est.high, 3),
         "pairs": est.samples,
@@ -88,7 +84,7 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
         "autocast_ms": amp,
         **interval,
         "measured": f"{probe.get('measured', 'forward + backward')}, median of "
-        f"{est.samples} interleaved pairs",
+        f"{est.samples} interleaved pairs each",
     }
     step = median_step_ms(session)
     if step is not None:
@@ -139,8 +135,8 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
         id="autocast-slower",
         severity=severity,
         title=(
-            f"Mixed precision ({autocast}) is {ratio:.2f}x (± {est.spread:.2f}) slower than FP32 "
-            "on this model: "
+            f"Mixed precision ({autocast}) is {ratio:.2f}x ({est.low:.2f}x-{est.high:.2f}x) slower "
+            "than FP32 on this model: "
             f"{units.micros(amp * 1e3)} vs {units.micros(fp32 * 1e3)} per forward + backward."
         ),
         evidence=evidence,
@@ -163,8 +159,8 @@ def _uncertain(autocast: str, est: timing.Estimate, interval: dict[str, Any]) ->
         severity="info",
         title=(
             f"Mixed precision ({autocast}) may be slower than FP32 here "
-            f"({est.median:.2f}x ± {est.spread:.2f} over {est.samples} pairs), but it could not be "
-            f"measured reliably: {why}."
+            f"({est.median:.2f}x, between {est.low:.2f}x and {est.high:.2f}x over {est.samples} "
+            f"pairs), but it could not be measured reliably: {why}."
         ),
         evidence={"autocast": autocast, **interval, "uncertain": why},
         fix=(

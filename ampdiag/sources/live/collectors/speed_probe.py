@@ -18,13 +18,14 @@ How it measures, observing and never changing:
   surrogate loss (the sum of the floating outputs) with ``torch.autograd.grad`` -- which
   returns gradients without touching any ``.grad`` -- once under
   ``torch.autocast(enabled=False)`` and once under the autocast the run used, warm-up
-  first, then interleaved pairs (ABBA order) until the autocast/FP32 ratio of the pairs is
-  known to within 5% (its median absolute deviation over its median, `ampdiag.timing`) after at
-  least ``repeats`` pairs, or until the budget is spent: ``speed_probe_budget_s`` and at most
-  10% of the block's wall time (two pairs at least, so that every figure has a spread). Every
-  figure is a median with its spread, never one sample: a run on a loaded machine that cannot
-  tell the two apart says so (``ratio_low`` / ``ratio_high`` straddle the threshold, and
-  ``autocast-slower`` is reported as uncertain) instead of flipping from run to run. One more
+  first, then ``speed_probe_repeats`` interleaved pairs (ABBA order), and more until both
+  medians are known to within 5% (median absolute deviation over median, `ampdiag.timing`),
+  as long as 10% of the block's wall time allows; never past ``speed_probe_budget_s`` (two
+  pairs at least, so that every figure has a spread). Every figure is a median with its
+  spread, never one sample, and the ratio's interval is what the two medians' intervals allow:
+  a run on a loaded machine that cannot tell the two apart says so (``ratio_low`` /
+  ``ratio_high`` straddle the threshold, and ``autocast-slower`` is reported as uncertain)
+  instead of flipping from run to run. One more
   forward of each, with timing hooks on the leaf modules, gives the per-module times.
 - The extra forwards run on the copy, never on the user's objects: the user's parameters,
   buffers, ``.grad`` and the Python state a ``forward`` may keep (a step counter, a cache) are
@@ -42,7 +43,6 @@ they do see the probe's extra forwards (on the copy).
 from __future__ import annotations
 
 import copy
-import math
 import sys
 import time
 from collections.abc import Callable
@@ -153,7 +153,7 @@ class SpeedProbe(Collector):
             self._skipped = why
             return
         device, dtype_name = self._autocast.split(":", 1)
-        budget = min(self.budget_s, BLOCK_SHARE * (time.perf_counter() - self._began))
+        extra = min(self.budget_s, BLOCK_SHARE * (time.perf_counter() - self._began))
         self._probing = True
         try:
             with internal_work():  # other blocks' hooks must not take the copy for a new model
@@ -164,7 +164,8 @@ class SpeedProbe(Collector):
                     device,
                     getattr(torch, dtype_name),
                     self.repeats,
-                    budget_s=budget,
+                    budget_s=self.budget_s,
+                    extra_s=extra,
                 )
             self._result["autocast"] = self._autocast
             self._result["precisions"] = self._compare(run, copy, inputs)
@@ -251,15 +252,16 @@ def probe(
     dtype: torch.dtype,
     repeats: int = 5,
     budget_s: float = DEFAULT_BUDGET_S,
+    extra_s: float | None = None,
     tolerance: float = TOLERANCE,
 ) -> dict[str, Any]:
     """Times ``model(*args, **kwargs)`` + a surrogate backward in FP32 and under autocast.
 
-    One warm-up pair, then interleaved pairs (ABBA order) until the ratio of the pairs is known
-    to within ``tolerance`` (its spread over its median, `ampdiag.timing`) after at least
-    ``repeats`` pairs, or until ``budget_s`` is spent (at least `timing.MIN_SAMPLES` pairs
-    even then, so that every figure has a spread), or `MAX_PAIRS`. Each pair's ratio divides
-    two passes timed next to each other, so load that comes and goes cancels in it.
+    One warm-up pair, then ``repeats`` interleaved pairs (ABBA order), and more until both
+    medians are known to within ``tolerance`` (spread over median, `ampdiag.timing`) or
+    ``extra_s`` is spent; never past ``budget_s`` (two pairs at least, so that every figure has
+    a spread) nor `MAX_PAIRS`. The ratio is the quotient of the two medians, its interval the
+    quotient of their intervals (`timing.quotient`).
     Parameters, their ``.grad``, buffers and the RNG state are unchanged afterwards.
 
     Args:
@@ -268,16 +270,18 @@ def probe(
         kwargs: Keyword inputs of a real forward.
         device: The autocast device type ("cpu" or "cuda").
         dtype: The autocast dtype.
-        repeats: Timed pairs at least (within the budget).
-        budget_s: Wall time the timed pairs may spend (after the warm-up pair).
-        tolerance: Stop once the ratio's spread is at most this share of its median.
+        repeats: Timed pairs at least (within ``budget_s``).
+        budget_s: Wall time the timed pairs may spend in all (after the warm-up pair).
+        extra_s: Wall time after which no pair is added beyond ``repeats`` (default
+            ``budget_s``).
+        tolerance: Stop once both medians' spreads are at most this share of them.
 
     Returns:
-        ``fp32_ms``, ``autocast_ms`` and ``ratio`` (autocast / FP32 of each pair): medians,
-        each with its ``*_spread`` (median absolute deviation); ``ratio_low`` and
-        ``ratio_high`` (the interval the rules compare with thresholds), ``tight`` (whether
-        the tolerance was reached), ``repeats`` (pairs timed), all samples, ``measured``
-        (what was timed) and ``modules`` (per leaf module forward times).
+        ``fp32_ms`` and ``autocast_ms`` (medians) with their ``*_spread`` (median absolute
+        deviation); ``ratio`` (autocast / FP32) with ``ratio_low`` and ``ratio_high`` (the
+        interval the rules compare with thresholds); ``tight`` (whether the tolerance was
+        reached), ``repeats`` (pairs timed), all samples, ``measured`` (what was timed) and
+        ``modules`` (per leaf module forward times).
     """
     params = [p for p in model.parameters() if p.requires_grad]
     cuda_devices = sorted({t.device.index or 0 for t in model.parameters() if t.is_cuda})
@@ -306,10 +310,11 @@ def probe(
         sync()
         return time.perf_counter() - t0
 
+    if extra_s is None:
+        extra_s = budget_s
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     fp32: list[float] = []
     amp: list[float] = []
-    ratios: list[float] = []
     with (
         torch.random.fork_rng(devices=cuda_devices if torch.cuda.is_available() else []),
         class_forward(model),
@@ -319,37 +324,41 @@ def probe(
             once(True)
             began = time.perf_counter()
             while True:
-                pair = {}
-                for autocast_on in (False, True) if len(ratios) % 2 == 0 else (True, False):
-                    pair[autocast_on] = once(autocast_on) * 1000
-                fp32.append(pair[False])
-                amp.append(pair[True])
-                ratios.append(pair[True] / pair[False] if pair[False] > 0 else math.inf)
-                n, spent = len(ratios), time.perf_counter() - began
-                done = n >= repeats and timing.tight(timing.estimate(ratios), tolerance)
-                over = spent >= budget_s and n >= timing.MIN_SAMPLES
-                if done or over or n >= MAX_PAIRS:
+                order = (False, True) if len(fp32) % 2 == 0 else (True, False)
+                for autocast_on in order:
+                    (amp if autocast_on else fp32).append(once(autocast_on) * 1000)
+                n, spent = len(fp32), time.perf_counter() - began
+                done = all(timing.tight(timing.estimate(x), tolerance) for x in (fp32, amp))
+                if spent >= budget_s or n >= MAX_PAIRS or (n >= repeats and done):
+                    break
+                if n >= repeats and spent >= extra_s:
                     break
             modules = _module_times(model, args, kwargs, device, dtype, sync)
         finally:
             with torch.no_grad():
                 for buf, value in saved:
                     buf.copy_(value)
-    f, a, r = timing.estimate(fp32), timing.estimate(amp), timing.estimate(ratios)
+    f, a = timing.estimate(fp32), timing.estimate(amp)
+    r = timing.quotient(a, f) if f.median > 0 else None
     return {
         "measured": "forward + backward" if backward else "forward",
-        "repeats": len(ratios),
+        "repeats": len(fp32),
         "fp32_ms": round(f.median, 4),
         "fp32_ms_spread": round(f.spread, 4),
         "autocast_ms": round(a.median, 4),
         "autocast_ms_spread": round(a.spread, 4),
         "fp32_ms_all": [round(x, 4) for x in fp32],
         "autocast_ms_all": [round(x, 4) for x in amp],
-        "ratio": round(r.median, 4),
-        "ratio_spread": round(r.spread, 4),
-        "ratio_low": round(r.low, 4),
-        "ratio_high": round(r.high, 4),
-        "tight": timing.tight(r, tolerance),
+        **(
+            {
+                "ratio": round(r.median, 4),
+                "ratio_low": round(r.low, 4),
+                "ratio_high": round(r.high, 4),
+            }
+            if r is not None
+            else {}
+        ),
+        "tight": timing.tight(f, tolerance) and timing.tight(a, tolerance),
         "tolerance": tolerance,
         "budget_s": round(budget_s, 3),
         "modules": modules,
