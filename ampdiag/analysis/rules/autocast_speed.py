@@ -17,11 +17,11 @@ THRESHOLDS = {
 }
 
 
-def median_step_ms(session: Session) -> float | None:
-    """The median wall time of the run's steps after the first (warm-up), in ms."""
+def step_ms(session: Session) -> timing.Estimate | None:
+    """The wall time of the run's steps after the first (warm-up), in ms: median ± MAD."""
     walls = [s.get("wall_s") for s in session.steps[1:] or session.steps]
     values = [float(w) * 1000 for w in walls if isinstance(w, (int, float))]
-    return statistics.median(values) if values else None
+    return timing.estimate(values) if values else None
 
 
 def probe_ratio(probe: dict[str, Any]) -> timing.Estimate | None:
@@ -86,10 +86,11 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
         "measured": f"{probe.get('measured', 'forward + backward')}, median of "
         f"{est.samples} interleaved pairs each",
     }
-    step = median_step_ms(session)
+    step = step_ms(session)
     if step is not None:
-        evidence["step_ms"] = round(step, 3)
-        evidence["estimated_fp32_step_ms"] = round(step / ratio, 3)
+        evidence["step_ms"] = round(step.median, 3)
+        evidence["step_ms_spread"] = round(step.spread, 3)
+        evidence["estimated_fp32_step_ms"] = round(step.median / ratio, 3)
     slowed = [
         m
         for m in probe.get("modules", [])
