@@ -69,6 +69,20 @@ class Estimate:
         return "uncertain"
 
 
+def why_uncertain(est: Estimate, threshold: float, what: str, fmt: str) -> str:
+    """Why an "uncertain" estimate is: too few samples, or its interval straddles the threshold.
+
+    ``what`` names one sample ("timed pair", "profiled step"); ``fmt`` formats a value
+    (``"{:.2f}x"``, ``"{:.0%}"``).
+    """
+    if est.samples < MIN_SAMPLES:
+        return f"a single {what} gives no interval"
+    return (
+        f"its interval {fmt.format(est.low)}-{fmt.format(est.high)} straddles the "
+        f"{fmt.format(threshold)} threshold"
+    )
+
+
 def estimate(samples: Sequence[float]) -> Estimate:
     """The median of ``samples`` (at least one) and the interval median ± MAD."""
     values = [float(s) for s in samples]

@@ -149,12 +149,7 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
 
 def _uncertain(autocast: str, est: timing.Estimate, interval: dict[str, Any]) -> Finding:
     """The info finding for a ratio whose interval straddles the threshold."""
-    why = (
-        "a single timed pair gives no interval"
-        if est.samples < timing.MIN_SAMPLES
-        else f"its interval {est.low:.2f}x-{est.high:.2f}x straddles the "
-        f"{THRESHOLDS['slowdown_medium']:.2f}x threshold"
-    )
+    why = timing.why_uncertain(est, THRESHOLDS["slowdown_medium"], "timed pair", "{:.2f}x")
     return Finding(
         id="autocast-slower",
         severity="info",

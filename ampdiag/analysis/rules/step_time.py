@@ -97,12 +97,8 @@ def dataloader_bound(session: Session) -> Iterator[Finding]:
     if worst.rank is not None:
         evidence["rank"] = worst.rank
     if side == "uncertain":
-        why = (
-            "a single profiled step gives no interval"
-            if est.samples < timing.MIN_SAMPLES
-            else f"the per-step shares ({est.low:.0%}-{est.high:.0%}) straddle the "
-            f"{THRESHOLDS['dataloader_share_medium']:.0%} threshold"
-        )
+        threshold = THRESHOLDS["dataloader_share_medium"]
+        why = timing.why_uncertain(est, threshold, "profiled step", "{:.0%}")
         yield Finding(
             id="dataloader-bound",
             severity="info",
