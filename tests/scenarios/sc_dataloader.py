@@ -11,7 +11,7 @@
 
 Truth, without ampdiag: the loop times ``next(loader)`` and the whole step itself
 (``time.perf_counter``), per step, and the scenario checks that its fault happened (the slow
-loader's median share is far above the 30% high threshold; the stalled batch waited its
+loader's median share is at least 30%, 3x the 10% threshold; the stalled batch waited its
 ``STALL_S`` while the other steps' median share stays under 3%). Timing is never asserted
 against ampdiag's numbers: only which findings appear, with margins of 3x and more. FP32
 training (the loader is the fault; no autocast, so no speed probe).
@@ -41,7 +41,7 @@ from tests.scenarios.harness import (
 )
 
 STEPS = 8
-SLOW_S = 0.1
+SLOW_S = 0.2
 STALL_S = 0.4
 STALL_STEP = 3
 DATA_IDS = frozenset({"dataloader-bound", "tune-input-pipeline"})
@@ -100,7 +100,7 @@ def run_slow(out: Path) -> tuple[Session, Truth]:
     session, _, shares = train_from(out, lambda i: SLOW_S)
     median = statistics.median(shares)
     measured = {"data_share_per_step": [round(s, 3) for s in shares], "median": median}
-    assert median >= 0.5, f"the loader is not slow enough to dominate the step: {measured}"
+    assert median >= 0.3, f"the loader is not slow enough to dominate the step: {measured}"
     return session, Truth(
         expect=[
             Expect("dataloader-bound", severities=ACTIONABLE),
