@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ import ampdiag
 from ampdiag.analysis import analyze
 from ampdiag.analysis.rules.autocast_speed import THRESHOLDS
 from ampdiag.session import Finding, Session
+from ampdiag.sources.live.collectors.speed_probe import MAX_PAIRS, probe
 
 QUIET = {"profile": False, "report": False, "tensorboard": False, "console": False}
 
@@ -195,3 +198,20 @@ def test_autocast_slower_compares_the_interval_not_one_sample() -> None:
     # a single pair gives no interval
     (single,) = slower([10.0], [40.0])
     assert single.severity == "info" and "single" in single.evidence["uncertain"]
+
+
+def test_probe_repeats_until_tight_within_its_budgets() -> None:
+    model, x = nn.Linear(8, 8), torch.randn(4, 8)
+
+    def pairs(**kw: Any) -> int:
+        out = probe(model, (x,), {}, "cpu", torch.bfloat16, **kw)
+        assert len(out["fp32_ms_all"]) == len(out["autocast_ms_all"]) == out["repeats"]
+        return int(out["repeats"])
+
+    # any spread is tight enough: stop at the requested pairs
+    assert pairs(repeats=5, tolerance=math.inf) == 5
+    # nothing is tight enough: more pairs only while the extra time lasts, then the cap
+    assert pairs(repeats=3, tolerance=0.0, extra_s=0.0) == 3
+    assert pairs(repeats=3, tolerance=0.0, budget_s=60.0) == MAX_PAIRS
+    # the budget is spent: two pairs still, so that every figure has a spread
+    assert pairs(repeats=5, budget_s=0.0) == 2

@@ -62,7 +62,7 @@ from ampdiag.sources.live.compare import class_forward, compare
 from ampdiag.sources.live.discovery import dominant_autocast
 
 TOP_MODULES = 15
-#: Stop timing once the ratio's spread (MAD) is at most this share of its median.
+#: Stop timing once both medians' spreads (MAD) are at most this share of them.
 TOLERANCE = 0.05
 #: The timed pairs' wall-time budget when none is given (`DiagnoseConfig.speed_probe_budget_s`).
 DEFAULT_BUDGET_S = 10.0
@@ -329,7 +329,8 @@ def probe(
                     (amp if autocast_on else fp32).append(once(autocast_on) * 1000)
                 n, spent = len(fp32), time.perf_counter() - began
                 done = all(timing.tight(timing.estimate(x), tolerance) for x in (fp32, amp))
-                if spent >= budget_s or n >= MAX_PAIRS or (n >= repeats and done):
+                over = spent >= budget_s and n >= timing.MIN_SAMPLES
+                if over or n >= MAX_PAIRS or (n >= repeats and done):
                     break
                 if n >= repeats and spent >= extra_s:
                     break
