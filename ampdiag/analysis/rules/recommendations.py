@@ -255,7 +255,7 @@ def _vs(ab: pc.Measured, precision: str) -> str:
         ratio = pc.speedup(row, own) if name != precision else None
         if ratio is None:
             continue
-        parts.append(f"{pc.NAMES.get(name, name)} {1 / ratio['median']:.2f}x its time")
+        parts.append(f"{pc.NAMES.get(name, name)} {ratio['median']:.2f}x its time")
     return ", ".join(parts) or "nothing else was timed"
 
 
