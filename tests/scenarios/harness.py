@@ -93,11 +93,15 @@ class Truth:
         expect: Findings that must appear.
         forbid: Finding ids that must not appear (added to the scenario's own ``forbid``).
         measured: The raw measurements the expectations were made from (for reading).
+        checks: ``{id: check(session) -> reason or None}``: claims that `Expect` cannot state
+            (say "this precision, or a finding marked uncertain"); scored like an expectation
+            of that id (TP when the check returns None, else FN with its reason).
     """
 
     expect: list[Expect] = field(default_factory=list)
     forbid: set[str] = field(default_factory=set)
     measured: dict[str, Any] = field(default_factory=dict)
+    checks: dict[str, Callable[[Session], str | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,14 @@ def score(session: Session, scenario: Scenario, truth: Truth) -> dict[str, IdSco
         else:
             s.fn += 1
             s.reasons.append(f"{exp.id}: {why[0]}")
+    for fid, check in truth.checks.items():
+        s = out.setdefault(fid, IdScore())
+        why_not = check(session)
+        if why_not is None:
+            s.tp += 1
+        else:
+            s.fn += 1
+            s.reasons.append(f"{fid}: {why_not}")
     for fid in sorted(set(scenario.forbid) | truth.forbid):
         s = out.setdefault(fid, IdScore())
         if fid in found:

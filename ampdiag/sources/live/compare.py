@@ -7,7 +7,9 @@ user's model on the user's batch:
 - **time**: interleaved rounds (every precision once per round, the order rotated), repeated
   until each precision's median is known to within ``tolerance`` (the half-width of the
   interquartile range over the median) or the time budget is spent; the median and that
-  spread are reported, and a speed-up is called only when the intervals do not overlap;
+  spread are reported, and a speed-up is called only when the intervals do not overlap. From
+  the second round on, a clear loser (every sample over twice the fastest's slowest) leaves
+  the rounds with the samples it has;
 - **memory**: on CUDA the peak allocated above the start; everywhere, the bytes autograd saves
   for backward (activation memory: what autocast can shrink), counted with
   ``torch.autograd.graph.saved_tensors_hooks``;
@@ -50,6 +52,8 @@ from ampdiag.sources.live.collectors.base import tensors_in
 #: The loss scale of the FP16 measurement (a GradScaler's default ``init_scale``).
 FP16_LOSS_SCALE = 2.0**16
 DEFAULT_BUDGET_S = 20.0
+#: A precision whose fastest time is this many times the fastest one's slowest stops being timed.
+OUT_OF_RACE = 2.0
 #: Halvings of the FP16 loss scale tried after an overflow (as a GradScaler backs off).
 MAX_BACKOFFS = 24
 #: Leaf modules kept per low precision in the per-module costs (the most slowed down first).
@@ -507,6 +511,18 @@ def _spread(samples: list[float]) -> float:
     return (q[2] - q[0]) / 2
 
 
+def _still_racing(racing: list[str], samples: dict[str, list[float]]) -> list[str]:
+    """The precisions still worth timing: a clear loser leaves the rounds, keeping its samples.
+
+    A precision whose fastest sample is over `OUT_OF_RACE` times the slowest sample of the
+    fastest one (by median) cannot come back within any spread: timing it further only spends
+    the budget (FP16 on a CPU without native FP16 is 50x slower, and would take all of it).
+    """
+    best = min(racing, key=lambda n: statistics.median(samples[n]))
+    limit = OUT_OF_RACE * max(samples[best])
+    return [n for n in racing if n == best or min(samples[n]) <= limit]
+
+
 def _time_all(
     runner: _Runner,
     names: list[str],
@@ -520,8 +536,9 @@ def _time_all(
     peaks: dict[str, int] = {}
     cuda = runner.device.type == "cuda"
     rounds = 0
-    while names:
-        order = names[rounds % len(names) :] + names[: rounds % len(names)]
+    racing = list(names)
+    while racing:
+        order = racing[rounds % len(racing) :] + racing[: rounds % len(racing)]
         for name in order:
             if cuda:
                 torch.cuda.reset_peak_memory_stats(runner.device)
@@ -533,8 +550,12 @@ def _time_all(
                 peak = torch.cuda.max_memory_allocated(runner.device) - base
                 peaks[name] = max(peaks.get(name, 0), peak)
         rounds += 1
+        if rounds >= 2:
+            racing = _still_racing(racing, samples)
         spent = time.perf_counter() - started
-        tight = all(_spread(s) <= tolerance * statistics.median(s) for s in samples.values())
+        tight = all(
+            _spread(samples[n]) <= tolerance * statistics.median(samples[n]) for n in racing
+        )
         if rounds >= min_samples and (tight or spent >= result.budget_s):
             break
         if spent >= result.budget_s and rounds >= 1:
