@@ -165,3 +165,28 @@ def test_autocast_slower_blames_the_casts_when_they_take_the_extra_time() -> Non
     assert f.evidence["cause"] == "casts" and f.evidence["cast_ms"] == 0.18
     assert "the casts cost more" in f.title
     assert advised(f.fix) == {"fp32"}
+
+
+def test_low_precision_inactive_advises_the_runs_own_dtype() -> None:
+    # a BF16 CUDA run whose matmuls ran in FP32 is told to run them in BF16, not FP16
+    mm = {"phase": "forward", "module": "fc", "op": "mm", "autocast": True, "precision": "fp32",
+          "reason": "promotion", "cast_origin": None, "count": 1, "flops": 1000,
+          "time_us": 5.0, "cast_bytes": 0}  # fmt: skip
+    s = Session(
+        environment={"device_type": "cuda", "autocast": "cuda:bfloat16"},
+        sections={
+            "precision": {
+                "audited": True,
+                "step": 1,
+                "device_type": "cuda",
+                "ops": [mm],
+                "autocast_dtypes": {"cuda": "bfloat16"},
+            }
+        },
+    )
+    (f,) = [f for f in analyze(s) if f.id == "low-precision-inactive"]
+    assert advised(f.fix) == {"bf16"}
+    amp_off = Session(sections={"precision": {"audited": True, "step": 1, "device_type": "cpu",
+                                              "ops": [mm | {"autocast": False}]}})  # fmt: skip
+    (off,) = [f for f in analyze(amp_off) if f.id == "amp-off"]
+    assert off.evidence["measured"] is False and "ampdiag.compare" in off.fix
