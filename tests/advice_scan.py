@@ -21,8 +21,12 @@ _CANON = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16",
 def advised(fix: str) -> set[str]:
     """The precisions a fix tells the user to train in (empty: it advises none)."""
     out: set[str] = set()
-    for line in fix.splitlines():
-        if "torch.autocast(" in line:
+    lines = fix.splitlines()
+    for i, line in enumerate(lines):
+        # an autocast region around the model's forward is the training's precision; one
+        # around a single module (``y = module(x.float())``) is a local fix inside it
+        around_model = "model(" in (lines[i + 1] if i + 1 < len(lines) else "")
+        if "torch.autocast(" in line and (around_model or "enabled=use_amp" in line):
             if "enabled=False" in line or "enabled=use_amp" in line:
                 out.add("fp32")
             elif "dtype=torch.bfloat16" in line:

@@ -58,8 +58,12 @@ MISUSE_IDS = frozenset(
         "accumulation-loss-not-averaged",
     }
 )
-#: Recommendations that only follow from numerics or misuse findings.
-ADVICE_IDS = frozenset({"prefer-bf16", "tune-grad-scaler"})
+#: Recommendations that only follow from numerics or misuse findings. (``prefer-bf16`` and its
+#: siblings also follow from the measured precision A/B -- BF16 is much faster than FP16 on a
+#: CPU -- so healthy runs check them with `measured_precision_advice` instead.)
+ADVICE_IDS = frozenset({"tune-grad-scaler"})
+#: The precision advice that may rest on the A/B alone.
+PRECISION_ADVICE_IDS = frozenset({"prefer-bf16", "prefer-fp32", "prefer-fp16"})
 #: What a healthy control forbids.
 HEALTHY_FORBID = NUMERICS_IDS | MISUSE_IDS | ADVICE_IDS
 
@@ -198,6 +202,28 @@ def score(session: Session, scenario: Scenario, truth: Truth) -> dict[str, IdSco
         else:
             s.tn += 1
     return out
+
+
+def measured_precision_advice(run_precision: str) -> Callable[[Session], str | None]:
+    """A check for healthy runs: precision advice only from the A/B, never from numerics.
+
+    Any ``prefer-*`` must rest on the precision A/B (``measured``), explain nothing but
+    ``autocast-slower``, and never name the run's own precision.
+    """
+
+    def check(session: Session) -> str | None:
+        for f in session.findings:
+            if f.id not in PRECISION_ADVICE_IDS:
+                continue
+            if f.evidence.get("measured") is not True:
+                return f"{f.id} not from the A/B: {f.title}"
+            if set(f.evidence.get("explains", [])) - {"autocast-slower"}:
+                return f"{f.id} explains {f.evidence['explains']} on a healthy run"
+            if f.id == f"prefer-{run_precision}":
+                return f"{f.id} for a {run_precision} run"
+        return None
+
+    return check
 
 
 def diagnose(out: Path, **settings: Any) -> ampdiag.Diagnosis:
