@@ -1,21 +1,21 @@
 """Does ``ampdiag.compare`` agree with an independent measurement of the same precisions?
 
 For each model the same forward + backward (surrogate loss: the output's sum, FP16 with a loss
-scale of 2^16) is timed two ways, **interleaved block by block** so that the machine's drift
+scale of 2^16) is timed two ways, **interleaved round by round** so that the machine's drift
 lands on both alike:
 
-- *plain*: a loop written here without ampdiag, every precision once per round (order rotated),
-  ``--rounds`` rounds per block;
-- *compare*: one ``ampdiag.compare`` call (its own interleaved rounds, ``--rounds`` of them).
+- *plain*: a loop written here without ampdiag, every precision once per round (order rotated);
+- *compare*: one ``ampdiag.compare`` call per round, stopped after its first timed round
+  (``budget_s=0``): its deep copy, warm-up (the observed runs) and timed run of every
+  precision, exactly as a longer call times each of its rounds.
 
-A repetition is one plain block and one compare call; which goes first alternates. For each
-precision it prints the median over the repetitions of compare's median and of the plain
-block's median, their ratio, the typical stated spread of each (half the interquartile range),
-and whether compare's figure agrees with the plain one: ``|compare - plain| <= spread_compare +
-spread_plain`` (medians and median spreads over the repetitions), with the count of single
-repetitions that agree.
+Which of the two goes first alternates from round to round. For each precision it prints the
+median of each series, half its interquartile range (the spread compare states), the ratio,
+and whether they agree: ``|compare - plain| <= spread_compare + spread_plain``. Last, one
+full ``compare`` call (its own rounds, ``--rounds`` of them) states its median ± spread, shown
+beside the plain series.
 
-    flock /tmp/bench.lock python -m benchmarks.bench_compare [--reps 7] [--rounds 7] [--threads 1]
+    flock /tmp/bench.lock python -m benchmarks.bench_compare [--rounds 9] [--threads 1]
         [--models mlp,cnn]
 """
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -58,88 +57,70 @@ def spread(xs: list[float]) -> float:
     return (q[2] - q[0]) / 2
 
 
-def plain_block(model: nn.Module, x: torch.Tensor, rounds: int) -> dict[str, list[float]]:
-    """``rounds`` interleaved rounds of every precision, in ms, timed without ampdiag."""
+def plain_round(model: nn.Module, x: torch.Tensor, r: int) -> dict[str, float]:
+    """One round of every precision (order rotated by ``r``), ms, timed without ampdiag."""
     params = [p for p in model.parameters() if p.requires_grad]
-    out: dict[str, list[float]] = {m: [] for m in MODES}
+    out: dict[str, float] = {}
     names = list(MODES)
-    for r in range(rounds):
-        for name in names[r % 3 :] + names[: r % 3]:
-            dtype = MODES[name]
-            t0 = time.perf_counter()
-            with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
-                loss = model(x).float().sum()
-            torch.autograd.grad(loss * (FP16_LOSS_SCALE if name == "fp16" else 1.0), params)
-            out[name].append((time.perf_counter() - t0) * 1000)
+    for name in names[r % 3 :] + names[: r % 3]:
+        dtype = MODES[name]
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = model(x).float().sum()
+        torch.autograd.grad(loss * (FP16_LOSS_SCALE if name == "fp16" else 1.0), params)
+        out[name] = (time.perf_counter() - t0) * 1000
     return out
 
 
-@dataclass
-class Row:
-    """One precision's figures over the repetitions."""
-
-    compare_ms: list[float] = field(default_factory=list)
-    compare_sd: list[float] = field(default_factory=list)
-    plain_ms: list[float] = field(default_factory=list)
-    plain_sd: list[float] = field(default_factory=list)
-
-    def agrees(self, i: int) -> bool:
-        diff = abs(self.compare_ms[i] - self.plain_ms[i])
-        return diff <= self.compare_sd[i] + self.plain_sd[i]
+def compare_round(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
+    """One ``compare`` call stopped after its first timed round, ms per precision."""
+    result = compare(model, x, budget_s=0.0, min_samples=1)
+    return {r.precision: r.time_ms for r in result.results if r.time_ms is not None}
 
 
 def measure(
-    model: nn.Module, x: torch.Tensor, reps: int, rounds: int
-) -> tuple[dict[str, Row], list[str]]:
-    rows = {m: Row() for m in MODES}
-    recommended: list[str] = []
-    plain_block(model, x, 1)  # warm-up (compare warms itself up with its observed runs)
-    for rep in range(reps):
-        plain: dict[str, list[float]] = {}
-        result = None
-        for first in (True, False) if rep % 2 == 0 else (False, True):
-            if first:
-                plain = plain_block(model, x, rounds)
-            else:
-                # tolerance 1.0: stop after exactly min_samples rounds (the budget is not hit)
-                result = compare(model, x, budget_s=600, tolerance=1.0, min_samples=rounds)
-        assert result is not None
-        recommended.append(str(result.recommended))
-        for r in result.results:
-            row = rows[r.precision]
-            row.compare_ms.append(r.time_ms or float("nan"))
-            row.compare_sd.append(r.time_spread_ms or 0.0)
-            row.plain_ms.append(statistics.median(plain[r.precision]))
-            row.plain_sd.append(spread(plain[r.precision]))
-    return rows, recommended
+    model: nn.Module, x: torch.Tensor, rounds: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    plain: dict[str, list[float]] = {m: [] for m in MODES}
+    ours: dict[str, list[float]] = {m: [] for m in MODES}
+    plain_round(model, x, 0)  # warm-up (compare warms itself up with its observed runs)
+    for r in range(rounds):
+        arms = ("plain", "compare") if r % 2 == 0 else ("compare", "plain")
+        for arm in arms:
+            got = plain_round(model, x, r) if arm == "plain" else compare_round(model, x)
+            for k, v in got.items():
+                (plain if arm == "plain" else ours)[k].append(v)
+    return plain, ours
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--models", default="mlp,cnn")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"{args.reps} interleaved repetitions of {args.rounds} rounds, {args.threads} thread(s)")
+    print(f"{args.rounds} rounds, plain and compare interleaved round by round, "
+          f"{args.threads} thread(s)")  # fmt: skip
     total = agreed = 0
     for name in args.models.split(","):
         model, x = {"mlp": mlp, "cnn": cnn}[name]()
-        rows, recommended = measure(model, x, args.reps, args.rounds)
-        print(f"{name}: compare recommended {', '.join(recommended)}")
-        base = statistics.median(rows["fp32"].plain_ms)
-        for prec, row in rows.items():
-            c, p = statistics.median(row.compare_ms), statistics.median(row.plain_ms)
-            csd, psd = statistics.median(row.compare_sd), statistics.median(row.plain_sd)
+        plain, ours = measure(model, x, args.rounds)
+        full = compare(model, x, budget_s=600, tolerance=1.0, min_samples=args.rounds)
+        print(f"{name}: a full compare recommends {full.recommended} ({full.reason})")
+        base = statistics.median(plain["fp32"])
+        for prec in MODES:
+            c, p = statistics.median(ours[prec]), statistics.median(plain[prec])
+            csd, psd = spread(ours[prec]), spread(plain[prec])
             agree = abs(c - p) <= csd + psd
-            single = sum(row.agrees(i) for i in range(len(row.compare_ms)))
             total += 1
             agreed += agree
+            row = full.result(prec)
             print(
                 f"  {prec:5} compare {c:9.3f} ± {csd:7.3f} ms   plain {p:9.3f} ± {psd:7.3f} ms   "
-                f"compare/plain {c / p:.3f}   plain vs fp32 {p / base:6.2f}x   "
-                f"{'agree' if agree else 'DISAGREE'} (single reps {single}/{len(row.compare_ms)})"
+                f"ratio {c / p:.3f}   plain vs fp32 {p / base:6.2f}x   "
+                f"{'agree' if agree else 'DISAGREE'}   | full compare {row.time_ms or 0:9.3f} ± "
+                f"{row.time_spread_ms or 0:7.3f} ms (n={row.samples})"
             )
     print(f"rows agreeing within the stated spread: {agreed}/{total}")
 
