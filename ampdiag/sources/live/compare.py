@@ -586,19 +586,25 @@ def _time_all(
 def _module_costs(runner: _Runner, names: list[str], rows: dict[str, PrecisionResult]) -> None:
     """Each low precision's leaf modules against FP32: forward time, casts, kernels, cause.
 
-    One forward per precision (untimed as a whole, after the timing rounds), and one more per
-    low precision for the casts. ``cause`` is ``"casts"`` when the casts take at least half of
-    the extra time, else ``"kernels"``: the low-precision kernels themselves are slower than
-    FP32's (on a CPU without native FP16, a convolution's FP16 kernel is, by 50x and more).
+    Two forwards per precision (untimed as a whole, after the timing rounds): one timing the
+    modules, one the casts (in FP32: the model's own, which autocast's are counted above).
+    ``cause`` is ``"casts"`` when the casts take at least half of the extra time, else
+    ``"kernels"``: the low-precision kernels themselves are slower than FP32's (on a CPU
+    without native FP16, a convolution's FP16 kernel is, by 50x and more).
     """
     if "fp32" not in names:
         return
     base = runner.module_times("fp32", casts=False)
+    # the casts the model does itself (a .float()) happen in FP32 too: only autocast's count
+    base_casts = runner.module_times("fp32", casts=True)
     for name in names:
         if name in ("fp32", "tf32"):
             continue
         own = runner.module_times(name, casts=False)
-        casts = runner.module_times(name, casts=True)
+        casts = {
+            m: max(0.0, t - base_casts.get(m, 0.0))
+            for m, t in runner.module_times(name, casts=True).items()
+        }
         modules = []
         for module, ms in own.items():
             ref = base.get(module)
