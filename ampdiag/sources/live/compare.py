@@ -8,7 +8,7 @@ user's model on the user's batch:
   until each precision's median is known to within ``tolerance`` (the half-width of the
   interquartile range over the median) or the time budget is spent; the median and that
   spread are reported, and a speed-up is called only when the intervals do not overlap. From
-  the second round on, a clear loser (every sample over twice the fastest's slowest) leaves
+  the second round on, a clear loser (every sample over 3x the fastest's slowest) leaves
   the rounds with the samples it has;
 - **memory**: on CUDA the peak allocated above the start; everywhere, the bytes autograd saves
   for backward (activation memory: what autocast can shrink), counted with
@@ -53,7 +53,7 @@ from ampdiag.sources.live.collectors.base import tensors_in
 FP16_LOSS_SCALE = 2.0**16
 DEFAULT_BUDGET_S = 20.0
 #: A precision whose fastest time is this many times the fastest one's slowest stops being timed.
-OUT_OF_RACE = 2.0
+OUT_OF_RACE = 3.0
 #: Halvings of the FP16 loss scale tried after an overflow (as a GradScaler backs off).
 MAX_BACKOFFS = 24
 #: Leaf modules kept per low precision in the per-module costs (the most slowed down first).
