@@ -282,3 +282,9 @@ def training_step(precision: str, device: str) -> str:
         "loss.backward()\n"
         "optimizer.step()"
     )
+
+
+def bf16_runs_natively(environment: Mapping[str, Any], device: str) -> bool:
+    """Whether the device runs BF16 kernels natively (CPU: AVX512_BF16/AMX; CUDA: sm80+)."""
+    key = "bf16_native" if device == "cpu" else "bf16_supported"
+    return environment.get(key) is True

@@ -228,9 +228,7 @@ def _fix(
         )
     env = session.environment
     note = f"\n# Not measured by the precision A/B: {ab.why_not}." if ab.why_not else ""
-    bf16_fast = dtype == "float16" and (
-        env.get("bf16_native") is True if device == "cpu" else env.get("bf16_supported") is True
-    )
+    bf16_fast = dtype == "float16" and pc.bf16_runs_natively(env, device)
     if bf16_fast:
         return (
             f"{why}{note}\n# This device runs BF16 natively: try BF16, else train in FP32.\n"

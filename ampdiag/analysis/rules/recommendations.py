@@ -174,12 +174,15 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
     if ab.choice is not None and ab.run is not None:
         yield from _measured_advice(session, findings, ab, trouble)
         return
-    if not trouble:
-        return
     not_measured = {"measured": False, "not_measured": ab.why_not}
     note = f"\n# Speed not measured: {ab.why_not}." if ab.why_not else ""
     env = session.environment
     dev = device_type(session)
+    slower = [f for f in find(findings, "autocast-slower") if f.severity != "info"]
+    if not trouble:
+        if slower:  # the probe's slowdown alone: its own fix's choice, as a recommendation
+            yield Advice(_unmeasured_switch(session, ab, slower[0]), [])
+        return
     bf16 = bf16_supported(session)
     if bf16:
         evidence: dict[str, Any] = {
@@ -216,6 +219,40 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
     rec.evidence.update(not_measured)
     rec.fix += note
     yield Advice(rec, merged)
+
+
+def _unmeasured_switch(session: Session, ab: pc.Measured, slower: Finding) -> Finding:
+    """``autocast-slower`` without an A/B: the precision its fix names, said not measured.
+
+    The same recommendation (id and severity) the A/B gives in the usual case, so that a run
+    whose A/B got one timing round and one that got several do not read differently: BF16
+    for an FP16 run on a device with native BF16, else FP32. ``autocast-slower`` stays beside
+    it (its fix names the same choice).
+    """
+    dev = device_type(session)
+    target = (
+        "bf16" if ab.run == "fp16" and pc.bf16_runs_natively(session.environment, dev) else "fp32"
+    )
+    name, run_name = pc.NAMES[target], pc.NAMES.get(ab.run or "", "mixed precision")
+    return Finding(
+        id=f"prefer-{target}",
+        severity=slower.severity,
+        title=(
+            f"Train in {name} instead of {run_name}: the speed probe measured {run_name} "
+            f"{number(slower.evidence, 'slowdown') or 0:.2f}x slower than FP32"
+            + (" and this device runs BF16 natively" if target == "bf16" else "")
+            + "; the precisions were not compared (see the evidence)."
+        ),
+        evidence={
+            "measured": False,
+            "not_measured": ab.why_not,
+            "precision": target,
+            "run_precision": ab.run,
+        },
+        fix=pc.training_step(target, dev) + f"\n# Speed not measured: {ab.why_not}.",
+        section="precision",
+        impact=slower.impact,
+    )
 
 
 def _measured_advice(
