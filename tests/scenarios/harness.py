@@ -216,16 +216,20 @@ def score(session: Session, scenario: Scenario, truth: Truth) -> dict[str, IdSco
 def measured_precision_advice(run_precision: str) -> Callable[[Session], str | None]:
     """A check for healthy runs: precision advice only from the A/B, never from numerics.
 
-    Any ``prefer-*`` must rest on the precision A/B (``measured``), explain nothing but
-    ``autocast-slower``, and never name the run's own precision.
+    Any ``prefer-*`` must rest on the precision A/B (``measured``) or stand beside the speed
+    probe's confirmed ``autocast-slower``, explain nothing but ``autocast-slower``, and never
+    name the run's own precision.
     """
 
     def check(session: Session) -> str | None:
         for f in session.findings:
             if f.id not in PRECISION_ADVICE_IDS:
                 continue
-            if f.evidence.get("measured") is not True:
-                return f"{f.id} not from the A/B: {f.title}"
+            slower = [g for g in session.findings if g.id == "autocast-slower"]
+            if f.evidence.get("measured") is not True and not any(
+                g.severity != "info" for g in slower
+            ):
+                return f"{f.id} neither from the A/B nor from a measured slowdown: {f.title}"
             if set(f.evidence.get("explains", [])) - {"autocast-slower"}:
                 return f"{f.id} explains {f.evidence['explains']} on a healthy run"
             if f.id == f"prefer-{run_precision}":
