@@ -13,7 +13,8 @@ The choice is **the fastest precision whose numerics are safe** (`SAFETY`):
   power at most 1% of the signal's). FP32 is the reference and always safe.
 - *fastest*: by the median time of the interleaved rounds. Precisions whose intervals (median
   ± half the interquartile range) overlap the fastest safe one's are *tied* with it: the
-  measurement cannot order them, and the choice is marked ``uncertain``. Among tied precisions
+  measurement cannot order them (so are medians within 10% of each other), and the choice is
+  marked ``uncertain``. Among tied precisions
   the one that keeps the least activation memory is chosen, then the simplest -- FP32, TF32
   matmuls (one flag), BF16 autocast (no scaler), FP16 autocast (needs a GradScaler).
 - A precision timed once has no interval: when no row has one, nothing is claimed about speed
@@ -92,10 +93,21 @@ def interval(row: Mapping[str, Any]) -> tuple[float, float] | None:
     return t - s, t + s
 
 
+#: Medians closer than this ratio are tied whatever their spreads: a 10% difference is under
+#: what ``autocast-slower`` reports, and it moves between runs on a shared machine.
+TIE_RATIO = 1.10
+
+
 def overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Whether two rows' times cannot be ordered (intervals overlap, or one has none)."""
+    """Whether two rows' times cannot be ordered (see `TIE_RATIO`).
+
+    Their intervals overlap, one has none, or the medians are within `TIE_RATIO`.
+    """
     ia, ib = interval(a), interval(b)
     if ia is None or ib is None:
+        return True
+    ta, tb = float(a["time_ms"]), float(b["time_ms"])
+    if min(ta, tb) > 0 and max(ta, tb) / min(ta, tb) < TIE_RATIO:
         return True
     return not (ia[1] < ib[0] or ib[1] < ia[0])
 
