@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.advice_scan import contradictions
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -56,6 +58,8 @@ def test_demo_then_report_rerenders(tmp_path: Path) -> None:
     assert session["status"] == "ok" and len(session["steps"]) == 6
     assert session["environment"]["autocast"] == "cpu:float16"
     assert session["run"]["scaler"]["class"] == "GradScaler"
+    # one piece of precision advice: no two findings tell the user to train in different ones
+    assert contradictions(session["findings"]) == [], [f["title"] for f in session["findings"]]
     assert list((out / "trace").glob("*.pt.trace.json.gz"))
     (out / "report.html").unlink()
     r = ampdiag_cli("report", str(out))

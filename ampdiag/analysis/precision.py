@@ -36,7 +36,7 @@ REASON_FIXES: dict[str, str] = {
     ),
     "outside-autocast": (
         "The op runs outside the autocast region. Move the work inside it:\n"
-        "with torch.autocast(device_type, dtype=torch.bfloat16):\n"
+        "with torch.autocast(device_type, dtype=amp_dtype):   # the run's autocast dtype\n"
         "    out = model(x)\n"
         "    loss = loss_fn(out, y)"
     ),

@@ -58,8 +58,12 @@ MISUSE_IDS = frozenset(
         "accumulation-loss-not-averaged",
     }
 )
-#: Recommendations that only follow from numerics or misuse findings.
-ADVICE_IDS = frozenset({"prefer-bf16", "tune-grad-scaler"})
+#: Recommendations that only follow from numerics or misuse findings. (``prefer-bf16`` and its
+#: siblings also follow from the measured precision A/B -- BF16 is much faster than FP16 on a
+#: CPU -- so healthy runs check them with `measured_precision_advice` instead.)
+ADVICE_IDS = frozenset({"tune-grad-scaler"})
+#: The precision advice that may rest on the A/B alone.
+PRECISION_ADVICE_IDS = frozenset({"prefer-bf16", "prefer-fp32", "prefer-fp16"})
 #: What a healthy control forbids.
 HEALTHY_FORBID = NUMERICS_IDS | MISUSE_IDS | ADVICE_IDS
 
@@ -101,11 +105,15 @@ class Truth:
         expect: Findings that must appear.
         forbid: Finding ids that must not appear (added to the scenario's own ``forbid``).
         measured: The raw measurements the expectations were made from (for reading).
+        checks: ``{id: check(session) -> reason or None}``: claims that `Expect` cannot state
+            (say "this precision, or a finding marked uncertain"); scored like an expectation
+            of that id (TP when the check returns None, else FN with its reason).
     """
 
     expect: list[Expect] = field(default_factory=list)
     forbid: set[str] = field(default_factory=set)
     measured: dict[str, Any] = field(default_factory=dict)
+    checks: dict[str, Callable[[Session], str | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -195,6 +203,14 @@ def score(session: Session, scenario: Scenario, truth: Truth) -> dict[str, IdSco
         else:
             s.fn += 1
             s.reasons.append(f"{exp.id}: {why[0]}")
+    for fid, check in truth.checks.items():
+        s = out.setdefault(fid, IdScore())
+        why_not = check(session)
+        if why_not is None:
+            s.tp += 1
+        else:
+            s.fn += 1
+            s.reasons.append(f"{fid}: {why_not}")
     for fid in sorted(set(scenario.forbid) | truth.forbid):
         s = out.setdefault(fid, IdScore())
         if fid in found:
@@ -203,6 +219,32 @@ def score(session: Session, scenario: Scenario, truth: Truth) -> dict[str, IdSco
         else:
             s.tn += 1
     return out
+
+
+def measured_precision_advice(run_precision: str) -> Callable[[Session], str | None]:
+    """A check for healthy runs: precision advice only from the A/B, never from numerics.
+
+    Any ``prefer-*`` must rest on the precision A/B (``measured``) or stand beside the speed
+    probe's confirmed ``autocast-slower``, explain nothing but ``autocast-slower``, and never
+    name the run's own precision.
+    """
+
+    def check(session: Session) -> str | None:
+        for f in session.findings:
+            if f.id not in PRECISION_ADVICE_IDS:
+                continue
+            slower = [g for g in session.findings if g.id == "autocast-slower"]
+            if f.evidence.get("measured") is not True and not any(
+                g.severity != "info" for g in slower
+            ):
+                return f"{f.id} neither from the A/B nor from a measured slowdown: {f.title}"
+            if set(f.evidence.get("explains", [])) - {"autocast-slower"}:
+                return f"{f.id} explains {f.evidence['explains']} on a healthy run"
+            if f.id == f"prefer-{run_precision}":
+                return f"{f.id} for a {run_precision} run"
+        return None
+
+    return check
 
 
 def diagnose(out: Path, **settings: Any) -> ampdiag.Diagnosis:

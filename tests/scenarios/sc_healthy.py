@@ -3,7 +3,8 @@
 Truth: the run is correct by construction, and the scenario checks it itself: every loss is
 finite, no gradient is non-finite, and (FP16) the GradScaler skipped no step and FP16 loses
 under 1% of the gradient values entering it (counted against the FP32 gradient at the
-autocast boundary). No numerics or misuse finding, and no precision advice, may appear.
+autocast boundary). No numerics or misuse finding may appear, and precision advice only
+from the measured A/B (BF16 is much faster than FP16 on a CPU), never for the run's own dtype.
 Default settings (only the outputs nobody reads are off).
 """
 
@@ -21,6 +22,7 @@ from tests.scenarios.harness import (
     Truth,
     diagnose,
     fp16_lost,
+    measured_precision_advice,
     seeded,
     session_of,
 )
@@ -61,7 +63,11 @@ def _runner(arch: str, dtype: torch.dtype):
         }
         assert finite[0] and grads_finite, f"control is not healthy: {measured}"
         assert measured["boundary_lost_fraction"] < 0.01, measured
-        return session_of(d), Truth(measured=measured)
+        precision = "fp16" if dtype == torch.float16 else "bf16"
+        return session_of(d), Truth(
+            measured=measured,
+            checks={"precision-advice-measured": measured_precision_advice(precision)},
+        )
 
     return run
 

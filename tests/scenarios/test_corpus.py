@@ -1,5 +1,6 @@
 """Every scenario of the corpus, asserted in full: the right findings, naming the right module,
-step and numbers (within the scenario's tolerances), and none of the forbidden ones."""
+step and numbers (within the scenario's tolerances), none of the forbidden ones, and no two
+findings advising different precisions (`tests.advice_scan`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.advice_scan import contradictions
 from tests.scenarios.harness import Scenario, all_scenarios, score
 
 SCENARIOS = all_scenarios()
@@ -17,7 +19,11 @@ SCENARIOS = all_scenarios()
 def test_scenario(scenario: Scenario, tmp_path: Path) -> None:
     session, truth = scenario.run(tmp_path / scenario.name)
     assert session.status == scenario.status, session.error
-    assert truth.expect or truth.forbid or scenario.forbid, "a scenario must claim something"
+    assert truth.expect or truth.forbid or scenario.forbid or truth.checks, (
+        "a scenario must claim something"
+    )
     result = score(session, scenario, truth)
     misses = [r for s in result.values() for r in s.reasons]
     assert not misses, f"{scenario.name}: {misses}; measured {truth.measured}"
+    # one piece of precision advice: no two findings tell the user to train in different ones
+    assert contradictions(session.findings) == [], [f.title for f in session.findings]

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ampdiag import timing, units
+from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
 
@@ -52,8 +53,15 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
     is reported as uncertain (info, with the interval): a loaded machine says it cannot tell
     rather than flipping between runs. Evidence: both median times, the ratio and its
     interval, the run's median step time and the step time FP32 would give at the measured
-    ratio, and the leaf modules
-    that slowed down most.
+    ratio, and the leaf modules that slowed down most.
+
+    The cause is measured per module by the precision A/B (`cause_of`): the casts' time inside
+    each slowed module against its low-precision kernels' -- ``"kernels"`` when the kernels
+    themselves are slower than FP32's (a CPU without native FP16), ``"casts"`` when the
+    conversions eat the gain. The fix follows the A/B's choice (`precision_choice`): switch to
+    the fastest safe precision it measured; when the A/B measured the run's own precision as
+    fast as the fastest within its spread, the slowdown is not confirmed and the finding is
+    info. Without an A/B the fix says the advice was not measured.
     """
     probe = session.section("speed_probe")
     fp32, amp = probe.get("fp32_ms"), probe.get("autocast_ms")
@@ -91,46 +99,17 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
         evidence["step_ms"] = round(step.median, 3)
         evidence["step_ms_spread"] = round(step.spread, 3)
         evidence["estimated_fp32_step_ms"] = round(step.median / ratio, 3)
-    slowed = [
-        m
-        for m in probe.get("modules", [])
-        if isinstance(m, dict) and m.get("autocast_ms", 0) > m.get("fp32_ms", 0)
-    ][:3]
-    if slowed:
-        evidence["slowest_modules"] = [
-            f"{m['module']}: {units.micros(m['fp32_ms'] * 1e3)} -> "
-            f"{units.micros(m['autocast_ms'] * 1e3)}"
-            for m in slowed
-        ]
     if device == "cpu":
-        native = env.get("bf16_native")
-        evidence["bf16_native"] = native
+        evidence["bf16_native"] = env.get("bf16_native")
         evidence["cpu_flags"] = env.get("cpu_flags")
-        why = (
-            "this CPU has no native BF16/FP16 matmul (no AVX512_BF16 / AMX): autocast converts "
-            "and emulates"
-            if native is False
-            else "for this model size the casts cost more than the low-precision kernels save"
-        )
-        fix = (
-            f"# Autocast on this CPU is {ratio:.1f}x slower: {why}.\n"
-            "# Train in FP32 here and keep autocast for the GPU:\n"
-            "use_amp = device.type == 'cuda'\n"
-            f"with torch.autocast(device_type=device.type, dtype=torch.{dtype or 'bfloat16'}, "
-            "enabled=use_amp):\n"
-            "    loss = loss_fn(model(x), y)"
-        )
-    else:
-        fix = (
-            f"# Autocast is {ratio:.1f}x slower than FP32 on this model: casts and small "
-            "kernels dominate.\n"
-            "# Make the matmuls large enough to pay for the casts (batch and hidden sizes that "
-            "are\n# multiples of 8), see fp32-ops-in-autocast for casts back and forth, or train "
-            "in FP32:\n"
-            "torch.backends.cuda.matmul.allow_tf32 = True   # fast FP32 matmuls on Ampere+\n"
-            f"with torch.autocast(device_type='cuda', dtype=torch.{dtype or 'float16'}, "
-            "enabled=False):\n"
-            "    loss = loss_fn(model(x), y)"
+    ab = pc.measured(session)
+    cause = cause_of(ab, probe.get("modules", []), evidence)
+    fix, confirmed = _fix(session, ab, ratio, cause, device, dtype)
+    if not confirmed:
+        severity = "info"
+        evidence["uncertain"] = (
+            "the precision A/B timed the run's precision as fast as the fastest safe one "
+            "within its spread"
         )
     yield Finding(
         id="autocast-slower",
@@ -138,7 +117,14 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
         title=(
             f"Mixed precision ({autocast}) is {ratio:.2f}x ({est.low:.2f}x-{est.high:.2f}x) slower "
             "than FP32 on this model: "
-            f"{units.micros(amp * 1e3)} vs {units.micros(fp32 * 1e3)} per forward + backward."
+            f"{units.micros(amp * 1e3)} vs {units.micros(fp32 * 1e3)} per forward + backward"
+            + (f"; {CAUSES[cause]}" if cause in CAUSES else "")
+            + (
+                "."
+                if confirmed
+                else ", but the precision A/B measured it as fast as the fastest safe precision"
+                " within its spread (uncertain)."
+            )
         ),
         evidence=evidence,
         fix=fix,
@@ -168,3 +154,90 @@ def _uncertain(autocast: str, est: timing.Estimate, interval: dict[str, Any]) ->
         section="time",
         impact=0.0,
     )
+
+
+CAUSES = {
+    "kernels": "its low-precision kernels themselves are slower than FP32's",
+    "casts": "the casts cost more than the low-precision kernels save",
+}
+
+
+def cause_of(ab: pc.Measured, probe_modules: Any, evidence: dict[str, Any]) -> str | None:
+    """The measured cause of the slowdown ("kernels" / "casts"), with per-module evidence.
+
+    From the A/B row of the run's precision (`compare._module_costs`): each leaf module's
+    forward in FP32, in the low precision, and the casts inside it. The cause of the whole is
+    the larger of the two extra times summed over the slowed modules: the kernels' (low-
+    precision time less casts, less FP32 time) or the casts'. Without an A/B only the quick
+    probe's per-module times are shown and the cause is not measured (None).
+    """
+    row = ab.rows.get(ab.run or "", {})
+    modules = [m for m in row.get("modules") or [] if isinstance(m, dict) and "cause" in m]
+    if modules:
+        kernels = sum(max(0.0, m["kernel_ms"] - m["fp32_ms"]) for m in modules)
+        casts = sum(m["cast_ms"] for m in modules)
+        evidence["slowest_modules"] = [
+            f"{m['module']}: {units.micros(m['fp32_ms'] * 1e3)} -> "
+            f"{units.micros(m['ms'] * 1e3)} (casts {units.micros(m['cast_ms'] * 1e3)}, "
+            f"{m['cause']})"
+            for m in modules[:3]
+        ]
+        evidence["module_causes"] = {m["module"]: m["cause"] for m in modules}
+        evidence["extra_kernel_ms"] = round(kernels, 4)
+        evidence["cast_ms"] = round(casts, 4)
+        cause = "kernels" if kernels >= casts else "casts"
+        evidence["cause"] = cause
+        return cause
+    slowed = [
+        m
+        for m in probe_modules
+        if isinstance(m, dict) and m.get("autocast_ms", 0) > m.get("fp32_ms", 0)
+    ][:3]
+    if slowed:
+        evidence["slowest_modules"] = [
+            f"{m['module']}: {units.micros(m['fp32_ms'] * 1e3)} -> "
+            f"{units.micros(m['autocast_ms'] * 1e3)}"
+            for m in slowed
+        ]
+    evidence["cause"] = None
+    return None
+
+
+def _fix(
+    session: Session, ab: pc.Measured, ratio: float, cause: str | None, device: str, dtype: str
+) -> tuple[str, bool]:
+    """The fix, and whether the A/B confirms the slowdown (False: it measured no slowdown)."""
+    run = pc.run_precision(f":{dtype}")
+    why = (
+        f"# Autocast is {ratio:.1f}x slower here: {CAUSES.get(cause or '', 'cause not measured')}."
+    )
+    if ab.choice is not None and run is not None:
+        if run in ab.choice.tied:
+            return (
+                f"# No change: the precision A/B timed {pc.NAMES.get(run, run)} as fast as the "
+                "fastest safe precision\n# within its spread; this quicker probe's slowdown is "
+                "not confirmed.",
+                False,
+            )
+        target = ab.choice.precision
+        return (
+            f"{why}\n# The precision A/B measured {pc.NAMES.get(target, target)} the fastest "
+            f"safe precision (see prefer-{'fp32' if target == 'tf32' else target}):\n"
+            + pc.training_step(target, device or "cpu"),
+            True,
+        )
+    env = session.environment
+    note = f"\n# Not measured by the precision A/B: {ab.why_not}." if ab.why_not else ""
+    bf16_fast = dtype == "float16" and pc.bf16_runs_natively(env, device)
+    if bf16_fast:
+        return (
+            f"{why}{note}\n# This device runs BF16 natively: try BF16, else train in FP32.\n"
+            + pc.training_step("bf16", device or "cpu"),
+            True,
+        )
+    if device == "cpu" and env.get("bf16_native") is False:
+        why += (
+            "\n# This CPU has no native BF16/FP16 matmul (no AVX512_BF16 / AMX): autocast "
+            "converts and emulates."
+        )
+    return f"{why}{note}\n" + pc.training_step("fp32", device or "cpu"), True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.precision import REASON_FIXES, summarize
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
@@ -146,8 +147,13 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
     if not fp32:
         return
     device = sec.get("device_type", "cuda")
-    dtype = "torch.bfloat16" if device == "cpu" else "torch.float16"
+    # the run's own low precision when it set one (advice follows the run's dtype)
+    run = pc.run_precision(session.environment.get("autocast"))
+    if run not in ("bf16", "fp16"):
+        run = "bf16" if device == "cpu" else "fp16"
+    dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}[run]
     if not amp_attempted(session):
+        why = pc.measured(session).why_not
         yield Finding(
             id="amp-off",
             severity="info",
@@ -159,11 +165,15 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
                 "matmul_fp32_share": round(mm["fp32_share"], 4),
                 "matmul_fp32_flops": mm["fp32_flops"],
                 "step": sec.get("step"),
+                "measured": False,
+                "not_measured": why,
             },
             fix=(
                 "If FP32 is not deliberate, run the forward and the loss under autocast:\n"
                 f"with torch.autocast(device_type={device!r}, dtype={dtype}):\n"
-                "    loss = loss_fn(model(x), y)"
+                "    loss = loss_fn(model(x), y)\n"
+                f"# Speed not measured ({why}): ampdiag.compare(model, batch, loss_fn)\n"
+                "# times FP32, BF16 and FP16 on this model and says which is fastest and safe."
             ),
             section="precision",
             impact=0.0,
@@ -196,7 +206,8 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
             f"with torch.autocast(device_type={device!r}, dtype={dtype}):\n"
             "    out = model(x)\n"
             "    loss = loss_fn(out, y)\n"
-            "and check no enclosing torch.autocast(enabled=False) or .float() covers the matmuls."
+            "and check that no enclosing autocast region with enabled=False, and no .float(), "
+            "covers the matmuls."
         ),
         section="precision",
         impact=max(1 - mm["autocast_share"], mm["fp32_share"]),

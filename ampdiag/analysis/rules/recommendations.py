@@ -7,11 +7,14 @@ on, merging the findings it explains:
 ========================  ==================================================================
 recommendation            evidence it merges (``explains``)
 ========================  ==================================================================
-prefer-bf16               fp16-grad-underflow, grad-scaler-missing, grad-scaler-disabled,
-                          skipped-steps, loss-scale-collapse, activation-overflow,
-                          nonfinite-origin -- on a device that runs BF16
-tune-grad-scaler          fp16-grad-underflow, grad-scaler-missing, grad-scaler-disabled,
-                          skipped-steps, loss-scale-collapse -- on a device without BF16
+prefer-bf16, prefer-fp32, the precision A/B (``speed_probe.precisions``) chose another
+prefer-fp16               precision than the run's: autocast-slower, and the FP16 findings
+                          below when the run leaves FP16
+prefer-bf16               (A/B not measured) fp16-grad-underflow, grad-scaler-missing,
+                          grad-scaler-disabled, skipped-steps, loss-scale-collapse,
+                          activation-overflow, nonfinite-origin -- on a device that runs BF16
+tune-grad-scaler          the same less the forward-range ones, where FP16 stays: a device
+                          without BF16, or the A/B measured FP16 alone the fastest safe
 use-grad-accumulation     memory-near-capacity (activations >= 50% of the peak)
 tune-input-pipeline       dataloader-bound, gpu-idle (the idle time is the data wait)
 increase-batch-size       gpu-idle, launch-bound (no data wait, memory not near capacity)
@@ -24,6 +27,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.advisors import Advice, advisor, find, number, worst_severity
 from ampdiag.analysis.rules.accumulation import accumulation_broken
 from ampdiag.analysis.rules.numerics import fp16_in_use
@@ -40,6 +44,10 @@ THRESHOLDS: dict[str, float] = {
     "activation_share_min": 0.5,
     # use-grad-accumulation / increase-batch-size: keep the peak under (1 - headroom) x capacity.
     "memory_headroom": 0.15,
+    # prefer-<precision> from the A/B (not merged with worse findings): the measured speed-up
+    # over the run's own precision (whole interval above 1) from which it is medium / high.
+    "switch_speedup_medium": 1.10,
+    "switch_speedup_high": 1.50,
     # tune-input-pipeline: worker count bounds.
     "num_workers_min": 2,
     "num_workers_max": 16,
@@ -122,9 +130,27 @@ def computes_fp16(session: Session) -> bool:
     return fp16_in_use(session) or autocast.endswith(":float16")
 
 
-@advisor("prefer-bf16", "tune-grad-scaler")
+@advisor("prefer-bf16", "prefer-fp32", "prefer-fp16", "tune-grad-scaler")
 def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advice]:
-    """FP16 trouble answered by BF16 where the device runs it, else by GradScaler settings.
+    """One precision advice, from the A/B measurements when there are any.
+
+    **Measured** (the run's A/B timed its precisions, `precision_choice.measured`): the choice
+    is the fastest precision whose numerics are safe (`precision_choice.SAFETY`; the simplest,
+    least-memory one among those the spread cannot order).
+
+    - The run's own precision is among the tied fastest: no switch is advised (and
+      ``autocast-slower``, if the quick probe saw a slowdown, is reported as uncertain).
+    - Else ``prefer-<choice>`` (bf16, fp32 -- also for TF32 matmuls -- or fp16) with the
+      measured speed-up over the run's precision (median and the range the spreads allow),
+      the activation memory it saves and its error against FP32; it merges
+      ``autocast-slower`` and, when the run leaves FP16, the FP16 findings. Its own severity:
+      high when the whole speed-up interval is >= 1.5x, medium >= 1.1x, low above 1x, info
+      when the run's precision is unsafe but not measurably slower.
+    - An FP16 run with FP16 trouble, where the A/B measured FP16 (with a GradScaler's loss
+      scale) alone the fastest safe: ``tune-grad-scaler``.
+
+    **Not measured** (no A/B: a trace, a skipped probe, each precision timed once): the rules
+    of before, which say so (``measured`` False, ``not_measured`` why):
 
     prefer-bf16: any of fp16-grad-underflow, grad-scaler-missing/-disabled, skipped-steps,
     loss-scale-collapse, activation-overflow, nonfinite-origin (not info) on a device with
@@ -142,11 +168,21 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
     nothing overflows, else torch's default 2000.
     """
     scaler_ids = (FP16_UNDERFLOW, *SCALER_MISUSE, *SCALE_TROUBLE)
-    trouble = _actionable(findings, *scaler_ids, *RANGE_TROUBLE)
-    if not trouble or not computes_fp16(session):
+    fp16_run = computes_fp16(session)
+    trouble = _actionable(findings, *scaler_ids, *RANGE_TROUBLE) if fp16_run else []
+    ab = pc.measured(session)
+    if ab.choice is not None and ab.run is not None:
+        yield from _measured_advice(session, findings, ab, trouble)
         return
+    not_measured = {"measured": False, "not_measured": ab.why_not}
+    note = f"\n# Speed not measured: {ab.why_not}." if ab.why_not else ""
     env = session.environment
     dev = device_type(session)
+    slower = [f for f in find(findings, "autocast-slower") if f.severity != "info"]
+    if not trouble:
+        if slower:  # the probe's slowdown alone: its own fix's choice, as a recommendation
+            yield Advice(_unmeasured_switch(session, ab, slower[0]), [])
+        return
     bf16 = bf16_supported(session)
     if bf16:
         evidence: dict[str, Any] = {
@@ -155,10 +191,10 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
             "bf16_supported": True,
         }
         evidence.update(_fp16_evidence(trouble))
-        note = ""
+        evidence.update(not_measured)
         if dev == "cpu" and env.get("bf16_native") is False:
             evidence["bf16_native"] = False
-            note = (
+            note += (
                 "\n# This CPU has no native BF16 (no AVX512_BF16/AMX): BF16 runs emulated and can"
                 "\n# be slower than FP32 (see autocast-slower); FP32 is the fast exact option here."
             )
@@ -170,13 +206,7 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
                 f"exponent range removes the {len(trouble)} FP16 range problem(s) found."
             ),
             evidence=evidence,
-            fix=(
-                f"with torch.autocast(device_type={dev!r}, dtype=torch.bfloat16):\n"
-                "    loss = loss_fn(model(x), y)\n"
-                "loss.backward()        # no GradScaler: BF16 neither underflows nor overflows\n"
-                "optimizer.step()\n"
-                "optimizer.zero_grad(set_to_none=True)" + note
-            ),
+            fix=pc.training_step("bf16", dev) + note,
             section="precision",
             impact=min(1.0, 0.6 + 0.1 * len(trouble)),
         )
@@ -185,7 +215,166 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
     merged = _actionable(findings, *scaler_ids)
     if not merged:
         return
-    yield Advice(_grad_scaler_settings(session, merged, bf16), merged)
+    rec = _grad_scaler_settings(session, merged, bf16)
+    rec.evidence.update(not_measured)
+    rec.fix += note
+    yield Advice(rec, merged)
+
+
+def _unmeasured_switch(session: Session, ab: pc.Measured, slower: Finding) -> Finding:
+    """``autocast-slower`` without an A/B: the precision its fix names, said not measured.
+
+    The same recommendation (id and severity) the A/B gives in the usual case, so that a run
+    whose A/B got one timing round and one that got several do not read differently: BF16
+    for an FP16 run on a device with native BF16, else FP32. ``autocast-slower`` stays beside
+    it (its fix names the same choice).
+    """
+    dev = device_type(session)
+    target = (
+        "bf16" if ab.run == "fp16" and pc.bf16_runs_natively(session.environment, dev) else "fp32"
+    )
+    name, run_name = pc.NAMES[target], pc.NAMES.get(ab.run or "", "mixed precision")
+    return Finding(
+        id=f"prefer-{target}",
+        severity=slower.severity,
+        title=(
+            f"Train in {name} instead of {run_name}: the speed probe measured {run_name} "
+            f"{number(slower.evidence, 'slowdown') or 0:.2f}x slower than FP32"
+            + (" and this device runs BF16 natively" if target == "bf16" else "")
+            + "; the precisions were not compared (see the evidence)."
+        ),
+        evidence={
+            "measured": False,
+            "not_measured": ab.why_not,
+            "precision": target,
+            "run_precision": ab.run,
+        },
+        fix=pc.training_step(target, dev) + f"\n# Speed not measured: {ab.why_not}.",
+        section="precision",
+        impact=slower.impact,
+    )
+
+
+def _measured_advice(
+    session: Session, findings: list[Finding], ab: pc.Measured, trouble: list[Finding]
+) -> Iterator[Advice]:
+    """The advice when the A/B measured the precisions (see `precision_advice`)."""
+    choice, run = ab.choice, ab.run
+    assert choice is not None and run is not None
+    slower = find(findings, "autocast-slower")
+    target = choice.precision
+    if trouble and run == "fp16":
+        # FP16 with range trouble: leave FP16 for the best other precision the spread allows
+        others = [p for p in choice.tied if p != "fp16"]
+        if not others:
+            merged = _actionable(findings, FP16_UNDERFLOW, *SCALER_MISUSE, *SCALE_TROUBLE)
+            if merged:
+                rec = _grad_scaler_settings(session, merged, bf16_supported(session))
+                rec.evidence.update(_measured_evidence(ab, "fp16"))
+                rec.fix += (
+                    "\n# The precision A/B measured FP16 (with this loss scale) the fastest safe "
+                    "precision\n# here; " + _vs(ab, "fp16")
+                )
+                yield Advice(rec, merged)
+            return
+        target = others[0]
+    elif run in choice.tied:
+        return
+    explains = [*slower, *(trouble if run == "fp16" and target != "fp16" else [])]
+    yield Advice(_switch(session, ab, target, explains), explains)
+
+
+def _vs(ab: pc.Measured, precision: str) -> str:
+    """The other precisions' measured times against ``precision``'s, in words."""
+    own = ab.rows.get(precision, {})
+    parts = []
+    for name, row in ab.rows.items():
+        ratio = pc.speedup(row, own) if name != precision else None
+        if ratio is None:
+            continue
+        parts.append(f"{pc.NAMES.get(name, name)} {ratio['median']:.2f}x its time")
+    return ", ".join(parts) or "nothing else was timed"
+
+
+def _measured_evidence(ab: pc.Measured, target: str) -> dict[str, Any]:
+    """What every advice resting on the A/B cites: the choice, the rows, the safety rule."""
+    assert ab.choice is not None
+    return {
+        "measured": True,
+        "precision": target,
+        "run_precision": ab.run,
+        "tied": ab.choice.tied,
+        "uncertain": ab.choice.uncertain,
+        "safety": dict(pc.SAFETY),
+        "times_ms": {
+            p: [r.get("time_ms"), r.get("time_spread_ms")]
+            for p, r in ab.rows.items()
+            if r.get("time_ms") is not None
+        },
+        "unsafe": ab.choice.unsafe,
+    }
+
+
+def _switch(session: Session, ab: pc.Measured, target: str, explains: list[Finding]) -> Finding:
+    """``prefer-<target>``: the measured choice against the run's own precision."""
+    assert ab.run is not None and ab.choice is not None
+    dev = device_type(session)
+    row, own = ab.rows[target], ab.rows.get(ab.run, {})
+    evidence = _measured_evidence(ab, target)
+    ratio = pc.speedup(own, row)
+    saving = pc.saving(own, row, "saved_bytes")
+    name, run_name = pc.NAMES.get(target, target), pc.NAMES.get(ab.run, ab.run)
+    claims = []
+    severity = "info"
+    if ratio is not None:
+        evidence["speedup_vs_run"] = {k: round(v, 3) for k, v in ratio.items()}
+        low = ratio.get("low")
+        span = f" ({low:.2f}x-{ratio['high']:.2f}x)" if low is not None and "high" in ratio else ""
+        claims.append(f"{ratio['median']:.2f}x the speed of {run_name}{span}")
+        if low is not None and low > 1:
+            severity = (
+                "high"
+                if low >= THRESHOLDS["switch_speedup_high"]
+                else "medium"
+                if low >= THRESHOLDS["switch_speedup_medium"]
+                else "low"
+            )
+    if saving is not None:
+        evidence["activation_saving_vs_run"] = round(saving, 4)
+        if abs(saving) >= 0.05:
+            claims.append(f"{abs(saving):.0%} {'less' if saving > 0 else 'more'} activation memory")
+    peak = pc.saving(own, row, "peak_bytes")
+    if peak is not None:
+        evidence["peak_saving_vs_run"] = round(peak, 4)
+    if pc.is_safe(own) is False:
+        reasons = ", ".join(pc.unsafe_reasons(own))
+        claims.append(f"{run_name} is not numerically safe here ({reasons})")
+        severity = "medium" if severity in ("info", "low") else severity
+    for key in ("loss_rel_diff", "grad_sqnr_db_median", "grad_underflow"):
+        if row.get(key) is not None:
+            evidence[key] = row.get(key)
+    tied = [pc.NAMES.get(p, p) for p in ab.choice.tied if p != target]
+    note = (
+        f"\n# Within the measured spread {', '.join(tied)} is as fast: {pc.tie_break(ab.choice)}."
+        if ab.choice.uncertain and target == ab.choice.precision
+        else ""
+    )
+    return Finding(
+        id=f"prefer-{'fp32' if target == 'tf32' else target}",
+        severity=severity,  # type: ignore[arg-type]
+        title=(
+            f"Train in {name} instead of {run_name}: measured on this model and batch, "
+            + "; ".join(claims or ["as fast"])
+            + ", numerically safe."
+        ),
+        evidence=evidence,
+        fix=pc.training_step(target, dev)
+        + "\n# Measured by the precision A/B (interleaved, median ± half the IQR): "
+        + f"{_vs(ab, target)}."
+        + note,
+        section="precision",
+        impact=max(0.0, 1 - 1 / ratio["median"]) if ratio else 0.0,
+    )
 
 
 def _grad_scaler_settings(session: Session, merged: list[Finding], bf16: bool | None) -> Finding:

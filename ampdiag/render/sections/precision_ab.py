@@ -39,7 +39,62 @@ def _speed(row: Mapping[str, Any]) -> str:
     if not isinstance(speedup, (int, float)):
         return "—" if row.get("precision") == "fp32" else units.NOT_MEASURED
     verdict = {True: "faster", False: "slower", None: "within the noise"}[row.get("faster")]
-    return f"{speedup:.2f}x ({verdict})"
+    low, high = row.get("speedup_low"), row.get("speedup_high")
+    span = (
+        f", {low:.2f}–{high:.2f}x"
+        if isinstance(low, (int, float)) and isinstance(high, (int, float))
+        else ""
+    )
+    return f"{speedup:.2f}x ({verdict}{span})"
+
+
+def _criteria(ab: Mapping[str, Any]) -> str:
+    c = ab.get("criteria")
+    if not isinstance(c, Mapping):
+        return ""
+    return (
+        f" Safe: nothing inf/NaN, the loss within {c.get('loss_rel_diff_max', 0):.0%} of FP32's, "
+        f"at most {c.get('grad_underflow_max', 0):.0%} of the gradient values lost (FP16 at "
+        f"the loss scale a GradScaler settles at), median gradient SQNR at least "
+        f"{c.get('grad_sqnr_db_median_min', 0):.0f} dB. The recommendation is the fastest safe "
+        "precision; among those its spread cannot order, the one with the least activation "
+        "memory, then the simplest."
+    )
+
+
+def _modules(rows: list[Mapping[str, Any]]) -> Markup:
+    """Where each low precision loses time, per leaf module: casts or the kernels themselves."""
+    body = []
+    for row in rows:
+        for m in row.get("modules") or []:
+            if not isinstance(m, Mapping) or "cause" not in m:
+                continue
+            body.append(
+                [
+                    NAMES.get(str(row.get("precision")), str(row.get("precision"))),
+                    str(m.get("module")),
+                    units.micros(float(m.get("fp32_ms", 0)) * 1e3),
+                    units.micros(float(m.get("ms", 0)) * 1e3),
+                    units.micros(float(m.get("cast_ms", 0)) * 1e3),
+                    {"kernels": "slow low-precision kernels", "casts": "casts"}.get(
+                        str(m.get("cause")), str(m.get("cause"))
+                    ),
+                ]
+            )
+    if not body:
+        return Markup("")
+    head = ["precision", "module", "FP32 forward", "forward", "of which casts", "extra time from"]
+    parts = [Markup("<p>Modules slower than in FP32 (one forward each):</p><table><thead><tr>")]
+    parts += [Markup("<th>{}</th>").format(h) for h in head]
+    parts.append(Markup("</tr></thead><tbody>"))
+    for cells in body:
+        parts.append(
+            Markup("<tr>")
+            + Markup("").join(Markup("<td>{}</td>").format(c) for c in cells)
+            + Markup("</tr>")
+        )
+    parts.append(Markup("</tbody></table>"))
+    return Markup("").join(parts)
 
 
 def _cells(row: Mapping[str, Any]) -> list[str]:
@@ -81,8 +136,10 @@ def build(session: Session) -> ReportSection | None:
             )
         )
     parts = [
-        Markup("<p><strong>Recommended: {}</strong>. {}</p>").format(
-            NAMES.get(str(ab.get("recommended")), ab.get("recommended")), ab.get("reason", "")
+        Markup("<p><strong>Recommended: {}</strong>{}. {}</p>").format(
+            NAMES.get(str(ab.get("recommended")), ab.get("recommended")),
+            " (uncertain: tied within the spread)" if ab.get("uncertain") else "",
+            ab.get("reason", ""),
         ),
         Markup("<table><thead><tr>"),
         Markup("").join(Markup("<th>{}</th>").format(h) for h in HEAD),
@@ -100,12 +157,14 @@ def build(session: Session) -> ReportSection | None:
             "<p>Measured on a copy of the run's model with its own batch, interleaved rounds "
             "until each median was known within 5% or the budget ({} of {}) was spent; "
             "± is half the interquartile range. SQNR: signal-to-quantization-noise ratio against "
-            "FP32 (higher is closer). Gradients lost: nonzero in FP32, zero here.</p>"
+            "FP32 (higher is closer). Gradients lost: nonzero in FP32, zero here.{}</p>"
         ).format(
             units.micros((ab.get("spent_s") or 0) * 1e6),
             units.micros((ab.get("budget_s") or 0) * 1e6),
+            _criteria(ab),
         )
     )
+    parts.append(_modules(rows))
     for name, uri in figures.items():
         parts.append(Markup('<img alt="{}" src="{}">').format(name, uri))
     return ReportSection(

@@ -7,14 +7,22 @@ user's model on the user's batch:
 - **time**: interleaved rounds (every precision once per round, the order rotated), repeated
   until each precision's median is known to within ``tolerance`` (the half-width of the
   interquartile range over the median) or the time budget is spent; the median and that
-  spread are reported, and a speed-up is called only when the intervals do not overlap;
+  spread are reported, and a speed-up is called only when the intervals do not overlap. From
+  the second round on, a clear loser (every sample over 3x the fastest's slowest) leaves
+  the rounds with the samples it has;
 - **memory**: on CUDA the peak allocated above the start; everywhere, the bytes autograd saves
   for backward (activation memory: what autocast can shrink), counted with
   ``torch.autograd.graph.saved_tensors_hooks``;
 - **error against FP32**: the loss difference, and the signal-to-quantization-noise ratio (SQNR,
   dB) of every leaf module's output and of every parameter's gradient — the worst and the
   median; and the **underflow** each would have: gradient values that are zero in that
-  precision but not in FP32.
+  precision but not in FP32;
+- **where a low precision loses time**, per leaf module: its forward time in FP32 and in the
+  low precision, and how much of the latter the casts take (``_to_copy`` ops inside the
+  module, timed in a separate pass): the rest is the low-precision kernels themselves.
+
+The recommendation is `analysis.precision_choice.choose`: the fastest precision that is
+numerically safe (its ``SAFETY`` criterion), the simplest of those the spread cannot order.
 
 Observe, never change: all of it runs on a deep copy of the model (parameters, buffers and any
 Python state the forward touches stay the user's), with the random number generators forked
@@ -36,16 +44,20 @@ from typing import Any
 
 import torch
 
+from ampdiag.analysis import precision_choice
+from ampdiag.compat.autocast import dispatch_mode_class
+from ampdiag.compat.dispatch import op_name
 from ampdiag.sources.live.collectors.base import tensors_in
 
 #: The loss scale of the FP16 measurement (a GradScaler's default ``init_scale``).
 FP16_LOSS_SCALE = 2.0**16
-#: A precision is numerically safe when its loss differs from FP32's by at most this share,
-#: at most this share of FP32's nonzero gradient values underflow to zero, and nothing is
-#: inf/NaN.
-SAFE_LOSS_REL_DIFF = 0.01
-SAFE_UNDERFLOW = 0.01
 DEFAULT_BUDGET_S = 20.0
+#: A precision whose fastest time is this many times the fastest one's slowest stops being timed.
+OUT_OF_RACE = 3.0
+#: Halvings of the FP16 loss scale tried after an overflow (as a GradScaler backs off).
+MAX_BACKOFFS = 24
+#: Leaf modules kept per low precision in the per-module costs (the most slowed down first).
+TOP_MODULES = 8
 #: The SQNR of identical tensors (no noise), and its negative for non-finite noise: finite, so
 #: that a session's JSON round-trips, and beyond what float64 arithmetic can resolve (~313 dB).
 EXACT_SQNR_DB = 400.0
@@ -71,9 +83,16 @@ class PrecisionResult:
     worst_grad_param: str | None = None
     grad_underflow: float | None = None
     nonfinite: bool = False
+    loss_scale: float | None = None
     speedup: float | None = None
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    activation_saving: float | None = None
+    peak_saving: float | None = None
     faster: bool | None = None
     safe: bool | None = None
+    unsafe_reasons: list[str] = field(default_factory=list)
+    modules: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
 
 
@@ -85,7 +104,10 @@ class PrecisionComparison:
     batch_size: int | None
     results: list[PrecisionResult] = field(default_factory=list)
     recommended: str | None = None
+    tied: list[str] = field(default_factory=list)
+    uncertain: bool = False
     reason: str = ""
+    criteria: dict[str, float] = field(default_factory=lambda: dict(precision_choice.SAFETY))
     budget_s: float = DEFAULT_BUDGET_S
     spent_s: float = 0.0
     skipped: str | None = None
@@ -180,6 +202,26 @@ class _Runner:
         self.model, self.args, self.kwargs = model, args, kwargs
         self.loss_fn, self.device, self.seed = loss_fn, device, seed
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.fp16_scale = FP16_LOSS_SCALE
+
+    def _grads(self, loss: torch.Tensor, scale: float, retry: bool) -> tuple[Any, ...]:
+        """Gradients of ``loss * scale``; with ``retry``, backing the scale off as a GradScaler.
+
+        A GradScaler whose scaled gradients overflow skips the step and halves its scale; the
+        scale it settles at is the largest power of two at which they are finite. With
+        ``retry`` the backward is repeated at half the scale (the graph kept) until the
+        gradients are finite, and that scale is kept for the timed runs.
+        """
+        wrt = [p for _, p in self.params]
+        if not retry or not math.isfinite(float(loss.detach())):
+            return torch.autograd.grad(loss * scale, wrt, allow_unused=True)
+        for _ in range(MAX_BACKOFFS):
+            grads = torch.autograd.grad(loss * scale, wrt, allow_unused=True, retain_graph=True)
+            if all(g is None or bool(g.isfinite().all()) for g in grads) or scale <= 1.0:
+                break
+            scale /= 2
+        self.fp16_scale = scale
+        return grads
 
     def run(
         self, precision: str, observe: bool
@@ -224,10 +266,10 @@ class _Runner:
                     class_forward(self.model),  # a forward wrapped in autocast: unwrapped
                 ):
                     loss = self.loss_fn(self.model(*self.args, **self.kwargs)).float()
-                scale = FP16_LOSS_SCALE if precision == "fp16" else 1.0
-                grads = torch.autograd.grad(
-                    loss * scale, [p for _, p in self.params], allow_unused=True
-                )
+                scale = self.fp16_scale if precision == "fp16" else 1.0
+                grads = self._grads(loss, scale, retry=observe and precision == "fp16")
+                if precision == "fp16" and observe:
+                    scale = self.fp16_scale
         finally:
             for h in handles:
                 h.remove()
@@ -242,6 +284,73 @@ class _Runner:
             else []
         )
         return float(loss.detach()), outputs, out_grads, sum(saved.values())
+
+    def module_times(self, precision: str, casts: bool) -> dict[str, float]:
+        """Per leaf module, the forward's time (ms) in ``precision``, or its casts' time.
+
+        ``casts=False``: wall time between the module's forward pre- and post-hook.
+        ``casts=True``: the time of the ``_to_copy`` ops (autocast's casts of inputs and
+        weights) run inside each module, timed one by one in a dispatch mode -- a separate
+        pass, since the mode's own overhead would inflate the modules' times.
+        """
+        times: dict[str, float] = {}
+        stack: list[str] = []
+        began: dict[str, float] = {}
+        cuda = self.device.type == "cuda"
+
+        def sync() -> None:
+            if cuda:
+                torch.cuda.synchronize(self.device)
+
+        def pre(name: str) -> Callable[..., None]:
+            def hook(_m: Any, _i: Any) -> None:
+                stack.append(name)
+                if not casts:
+                    sync()
+                    began[name] = time.perf_counter()
+
+            return hook
+
+        def post(name: str) -> Callable[..., None]:
+            def hook(_m: Any, _i: Any, _o: Any) -> None:
+                if stack and stack[-1] == name:
+                    stack.pop()
+                if not casts and name in began:
+                    sync()
+                    times[name] = times.get(name, 0.0) + (time.perf_counter() - began.pop(name))
+
+            return hook
+
+        class CastTimer(dispatch_mode_class()):  # type: ignore[misc]
+            def __torch_dispatch__(
+                self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+            ) -> Any:
+                if not stack or op_name(func)[0] != "_to_copy":
+                    return func(*args, **(kwargs or {}))
+                sync()
+                t0 = time.perf_counter()
+                out = func(*args, **(kwargs or {}))
+                sync()
+                times[stack[-1]] = times.get(stack[-1], 0.0) + (time.perf_counter() - t0)
+                return out
+
+        handles = []
+        try:
+            for name, module in _leaves(self.model):
+                handles.append(module.register_forward_pre_hook(pre(name)))
+                handles.append(module.register_forward_hook(post(name)))
+            with (
+                torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []),
+                _precision(precision, self.device),
+                class_forward(self.model),
+                CastTimer() if casts else contextlib.nullcontext(),
+            ):
+                torch.manual_seed(self.seed)
+                self.model(*self.args, **self.kwargs)
+        finally:
+            for h in handles:
+                h.remove()
+        return {n: t * 1000 for n, t in times.items()}
 
 
 def _is_param_cast(t: torch.Tensor, param_ids: set[int], depth: int = 4) -> bool:
@@ -306,7 +415,7 @@ def compare(
 
     Returns:
         A `PrecisionComparison`: one row per precision, and the recommended one — the fastest
-        whose numerics are safe (see ``SAFE_*``), with the reason.
+        whose numerics are safe (see `precision_choice`), with the reason.
     """
     started = time.perf_counter()
     param = next(model.parameters(), None)
@@ -350,8 +459,15 @@ def compare(
         if name == "fp32":
             ref = observed
         _numerics(rows[name], observed, ref, [n for n, _ in runner.params])
-    _time_all(runner, [n for n in names if rows[n].error is None], rows, result, started,
-              tolerance, min_samples)  # fmt: skip
+        if name == "fp16":
+            rows[name].loss_scale = runner.fp16_scale
+    ok = [n for n in names if rows[n].error is None]
+    _time_all(runner, ok, rows, result, started, tolerance, min_samples)
+    try:
+        _module_costs(runner, ok, rows)
+    except Exception as exc:  # the per-module split is evidence, never worth the comparison
+        for name in ok:
+            rows[name].modules = [{"error": f"{type(exc).__name__}: {exc}"}]
     _recommend(result)
     result.spent_s = time.perf_counter() - started
     return result
@@ -395,6 +511,18 @@ def _spread(samples: list[float]) -> float:
     return (q[2] - q[0]) / 2
 
 
+def _still_racing(racing: list[str], samples: dict[str, list[float]]) -> list[str]:
+    """The precisions still worth timing: a clear loser leaves the rounds, keeping its samples.
+
+    A precision whose fastest sample is over `OUT_OF_RACE` times the slowest sample of the
+    fastest one (by median) cannot come back within any spread: timing it further only spends
+    the budget (FP16 on a CPU without native FP16 is 50x slower, and would take all of it).
+    """
+    best = min(racing, key=lambda n: statistics.median(samples[n]))
+    limit = OUT_OF_RACE * max(samples[best])
+    return [n for n in racing if n == best or min(samples[n]) <= limit]
+
+
 def _time_all(
     runner: _Runner,
     names: list[str],
@@ -408,8 +536,9 @@ def _time_all(
     peaks: dict[str, int] = {}
     cuda = runner.device.type == "cuda"
     rounds = 0
-    while names:
-        order = names[rounds % len(names) :] + names[: rounds % len(names)]
+    racing = list(names)
+    while racing:
+        order = racing[rounds % len(racing) :] + racing[: rounds % len(racing)]
         for name in order:
             if cuda:
                 torch.cuda.reset_peak_memory_stats(runner.device)
@@ -421,8 +550,12 @@ def _time_all(
                 peak = torch.cuda.max_memory_allocated(runner.device) - base
                 peaks[name] = max(peaks.get(name, 0), peak)
         rounds += 1
+        if rounds >= 2:
+            racing = _still_racing(racing, samples)
         spent = time.perf_counter() - started
-        tight = all(_spread(s) <= tolerance * statistics.median(s) for s in samples.values())
+        tight = all(
+            _spread(samples[n]) <= tolerance * statistics.median(samples[n]) for n in racing
+        )
         if rounds >= min_samples and (tight or spent >= result.budget_s):
             break
         if spent >= result.budget_s and rounds >= 1:
@@ -450,36 +583,102 @@ def _time_all(
         row.faster = True if hi_row < lo_ref else (False if lo_row > hi_ref else None)
 
 
-def _recommend(result: PrecisionComparison) -> None:
-    """The fastest precision whose numerics are safe; FP32 when none is both safe and faster."""
-    for row in result.results:
-        if row.error is not None:
-            continue
-        row.safe = not row.nonfinite and (
-            row.precision == "fp32"
-            or (
-                (row.loss_rel_diff or 0.0) <= SAFE_LOSS_REL_DIFF
-                and (row.grad_underflow or 0.0) <= SAFE_UNDERFLOW
-            )
-        )
-    candidates = [r for r in result.results if r.safe and r.faster]
-    if candidates:
-        best = min(candidates, key=lambda r: r.time_ms or math.inf)
-        result.recommended = best.precision
-        result.reason = (
-            f"{best.precision} is {best.speedup:.2f}x as fast as FP32 here "
-            f"({best.time_ms:.3g} vs {result.result('fp32').time_ms:.3g} ms per forward + "
-            "backward) and numerically safe (loss within "
-            f"{(best.loss_rel_diff or 0.0):.2%} of FP32, {(best.grad_underflow or 0.0):.2%} "
-            "of gradient values lost)"
-        )
+def _module_costs(runner: _Runner, names: list[str], rows: dict[str, PrecisionResult]) -> None:
+    """Each low precision's leaf modules against FP32: forward time, casts, kernels, cause.
+
+    Two forwards per precision (untimed as a whole, after the timing rounds): one timing the
+    modules, one the casts (in FP32: the model's own, which autocast's are counted above).
+    ``cause`` is ``"casts"`` when the casts take at least half of the extra time, else
+    ``"kernels"``: the low-precision kernels themselves are slower than FP32's (on a CPU
+    without native FP16, a convolution's FP16 kernel is, by 50x and more).
+    """
+    if "fp32" not in names:
         return
-    result.recommended = "fp32"
-    unsafe = [r.precision for r in result.results if r.safe is False]
-    slow = [r.precision for r in result.results if r.safe and r.precision != "fp32"]
+    base = runner.module_times("fp32", casts=False)
+    # the casts the model does itself (a .float()) happen in FP32 too: only autocast's count
+    base_casts = runner.module_times("fp32", casts=True)
+    for name in names:
+        if name in ("fp32", "tf32"):
+            continue
+        own = runner.module_times(name, casts=False)
+        casts = {
+            m: max(0.0, t - base_casts.get(m, 0.0))
+            for m, t in runner.module_times(name, casts=True).items()
+        }
+        modules = []
+        for module, ms in own.items():
+            ref = base.get(module)
+            if ref is None:
+                continue
+            cast_ms = min(casts.get(module, 0.0), ms)
+            extra = ms - ref
+            entry: dict[str, Any] = {
+                "module": module,
+                "fp32_ms": round(ref, 4),
+                "ms": round(ms, 4),
+                "cast_ms": round(cast_ms, 4),
+                "kernel_ms": round(ms - cast_ms, 4),
+            }
+            if extra > 0:
+                entry["cause"] = "casts" if cast_ms >= extra / 2 else "kernels"
+            modules.append(entry)
+        modules.sort(key=lambda m: m["fp32_ms"] - m["ms"])
+        rows[name].modules = modules[:TOP_MODULES]
+
+
+def _recommend(result: PrecisionComparison) -> None:
+    """The fastest precision whose numerics are safe (`precision_choice.choose`), with why."""
+    ref = next((r for r in result.results if r.precision == "fp32"), None)
+    for row in result.results:
+        data = asdict(row)
+        row.safe = precision_choice.is_safe(data)
+        row.unsafe_reasons = precision_choice.unsafe_reasons(data)
+        if ref is None or row is ref:
+            continue
+        base = asdict(ref)
+        ratio = precision_choice.speedup(base, data)
+        if ratio is not None:
+            row.speedup_low, row.speedup_high = ratio.get("low"), ratio.get("high")
+        row.activation_saving = precision_choice.saving(base, data, "saved_bytes")
+        row.peak_saving = precision_choice.saving(base, data, "peak_bytes")
+    choice = precision_choice.choose([asdict(r) for r in result.results])
+    if choice is None:
+        result.recommended = "fp32" if ref is not None and ref.error is None else None
+        result.reason = "nothing was timed" if result.recommended else "FP32 failed to run"
+        return
+    result.recommended, result.tied, result.uncertain = (
+        choice.precision,
+        choice.tied,
+        choice.uncertain,
+    )
+    best = result.result(choice.precision)
+    names = precision_choice.NAMES
     parts = []
-    if slow:
-        parts.append(f"{', '.join(slow)} measured no faster than FP32 (within the noise or slower)")
-    if unsafe:
-        parts.append(f"{', '.join(unsafe)} not numerically safe")
-    result.reason = "; ".join(parts) or "only FP32 was measured"
+    if best.precision != "fp32" and best.speedup is not None:
+        spread = (
+            f" (between {best.speedup_low:.2f}x and {best.speedup_high:.2f}x)"
+            if best.speedup_low is not None and best.speedup_high is not None
+            else ""
+        )
+        parts.append(
+            f"{names.get(best.precision, best.precision)} is {best.speedup:.2f}x as fast as "
+            f"FP32{spread}"
+        )
+        if best.activation_saving is not None:
+            parts.append(f"saves {best.activation_saving:.0%} of the activation memory")
+    if choice.uncertain:
+        others = ", ".join(names.get(p, p) for p in choice.tied if p != choice.precision)
+        parts.append(
+            f"{others} {'is' if len(choice.tied) == 2 else 'are'} as fast within the measured "
+            f"spread ({precision_choice.tie_break(choice)})"
+            if choice.timed
+            else "each precision was timed once: no spread, so no speed claim"
+        )
+    elif best.precision == "fp32":
+        parts.append("no safe low precision measured faster than FP32")
+    if choice.unsafe:
+        parts.append(
+            "not numerically safe: "
+            + "; ".join(f"{names.get(p, p)} ({', '.join(why)})" for p, why in choice.unsafe.items())
+        )
+    result.reason = "; ".join(parts)

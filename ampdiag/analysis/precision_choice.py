@@ -1,0 +1,302 @@
+"""Which precision the A/B measurements recommend: pure arithmetic on its rows (no torch).
+
+`ampdiag.compare` measures FP32, BF16, FP16 (+ loss scale) and TF32 on the user's model and
+batch; this module turns those rows into one choice, the same way wherever it is needed: in
+`compare` itself (its ``recommended``) and in the analysis (the precision advice and
+``autocast-slower``), so that no two places can decide differently.
+
+The choice is **the fastest precision whose numerics are safe** (`SAFETY`):
+
+- *safe*: nothing non-finite in the loss or the gradients; the loss within 1% of FP32's; at most
+  1% of FP32's nonzero gradient values lost to zero (FP16 measured with the loss scale a
+  GradScaler starts at, 2^16); the median gradient SQNR against FP32 at least 20 dB (noise
+  power at most 1% of the signal's). FP32 is the reference and always safe.
+- *fastest*: by the median time of the interleaved rounds. Precisions whose intervals (median
+  ± half the interquartile range) overlap the fastest safe one's are *tied* with it: the
+  measurement cannot order them (so are medians within 10% of each other), and the choice is
+  marked ``uncertain``. Among tied precisions
+  the one that keeps the least activation memory is chosen, then the simplest -- FP32, TF32
+  matmuls (one flag), BF16 autocast (no scaler), FP16 autocast (needs a GradScaler).
+- A precision timed once has no interval: when no row has one, nothing is claimed about speed
+  and the choice is FP32 (``timed`` False).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ampdiag.session import Session
+
+#: The numerical-safety criterion (documented in the module docstring).
+SAFETY: dict[str, float] = {
+    "loss_rel_diff_max": 0.01,
+    "grad_underflow_max": 0.01,
+    "grad_sqnr_db_median_min": 20.0,
+}
+#: Simplest first: the order that breaks a tie within the measured spread.
+SIMPLICITY = ("fp32", "tf32", "bf16", "fp16")
+#: Display names.
+NAMES = {"fp32": "FP32", "tf32": "TF32", "bf16": "BF16", "fp16": "FP16"}
+#: The run's autocast dtype name -> precision name.
+DTYPE_PRECISION = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def is_safe(row: Mapping[str, Any]) -> bool | None:
+    """Whether a measured precision meets `SAFETY` (None when it failed to run)."""
+    if row.get("error"):
+        return None
+    if row.get("nonfinite"):
+        return False
+    if row.get("precision") == "fp32":
+        return True
+    loss = _num(row.get("loss_rel_diff"))
+    under = _num(row.get("grad_underflow"))
+    sqnr = _num(row.get("grad_sqnr_db_median"))
+    return (
+        (loss is None or loss <= SAFETY["loss_rel_diff_max"])
+        and (under is None or under <= SAFETY["grad_underflow_max"])
+        and (sqnr is None or sqnr >= SAFETY["grad_sqnr_db_median_min"])
+    )
+
+
+def unsafe_reasons(row: Mapping[str, Any]) -> list[str]:
+    """Which part of `SAFETY` a precision fails, in words."""
+    out = []
+    if row.get("nonfinite"):
+        out.append("inf/NaN in the loss or gradients")
+    loss = _num(row.get("loss_rel_diff"))
+    if loss is not None and loss > SAFETY["loss_rel_diff_max"]:
+        out.append(f"loss {loss:.1%} off FP32's")
+    under = _num(row.get("grad_underflow"))
+    if under is not None and under > SAFETY["grad_underflow_max"]:
+        out.append(f"{under:.1%} of gradient values lost")
+    sqnr = _num(row.get("grad_sqnr_db_median"))
+    if sqnr is not None and sqnr < SAFETY["grad_sqnr_db_median_min"]:
+        out.append(f"gradient SQNR {sqnr:.0f} dB")
+    return out
+
+
+def interval(row: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The row's time interval in ms: median ± its spread (None without one)."""
+    t, s = _num(row.get("time_ms")), _num(row.get("time_spread_ms"))
+    if t is None or s is None:
+        return None
+    return t - s, t + s
+
+
+#: Medians closer than this ratio are tied whatever their spreads: a 10% difference is under
+#: what ``autocast-slower`` reports, and it moves between runs on a shared machine.
+TIE_RATIO = 1.10
+
+
+def overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two rows' times cannot be ordered (see `TIE_RATIO`).
+
+    Their intervals overlap, one has none, or the medians are within `TIE_RATIO`.
+    """
+    ia, ib = interval(a), interval(b)
+    if ia is None or ib is None:
+        return True
+    ta, tb = float(a["time_ms"]), float(b["time_ms"])
+    if min(ta, tb) > 0 and max(ta, tb) / min(ta, tb) < TIE_RATIO:
+        return True
+    return not (ia[1] < ib[0] or ib[1] < ia[0])
+
+
+def speedup(base: Mapping[str, Any], row: Mapping[str, Any]) -> dict[str, float] | None:
+    """``base`` time / ``row`` time: the median ratio and its range from the two spreads."""
+    tb, tr = _num(base.get("time_ms")), _num(row.get("time_ms"))
+    if not tb or not tr:
+        return None
+    out = {"median": tb / tr}
+    ib, ir = interval(base), interval(row)
+    if ib is not None and ir is not None and ir[0] > 0:
+        out["low"], out["high"] = ib[0] / ir[1], ib[1] / ir[0]
+    return out
+
+
+def saving(base: Mapping[str, Any], row: Mapping[str, Any], key: str) -> float | None:
+    """The share of ``base``'s memory figure (``saved_bytes``, ``peak_bytes``) ``row`` saves."""
+    b, r = _num(base.get(key)), _num(row.get(key))
+    if not b or r is None:
+        return None
+    return 1.0 - r / b
+
+
+@dataclass
+class Choice:
+    """The precision the measurements recommend.
+
+    Attributes:
+        precision: The choice.
+        tied: Every safe precision the measurement cannot tell from the fastest (the choice
+            among them); one element when the choice is certain.
+        unsafe: Precisions that failed `SAFETY`, with why.
+        timed: Whether the rows carry intervals at all (timed more than once).
+    """
+
+    precision: str
+    tied: list[str] = field(default_factory=list)
+    unsafe: dict[str, list[str]] = field(default_factory=dict)
+    timed: bool = True
+
+    saved_bytes: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def uncertain(self) -> bool:
+        """Whether the measured spread leaves more than one precision fastest."""
+        return len(self.tied) > 1
+
+
+def choose(rows: Sequence[Mapping[str, Any]]) -> Choice | None:
+    """The fastest safe precision of the rows (None when none was timed and safe)."""
+    safe = [r for r in rows if is_safe(r) and _num(r.get("time_ms")) is not None]
+    if not safe:
+        return None
+    unsafe = {str(r["precision"]): unsafe_reasons(r) for r in rows if is_safe(r) is False}
+    if not any(interval(r) is not None for r in safe):
+        names = [str(r["precision"]) for r in safe]
+        first = "fp32" if "fp32" in names else names[0]
+        return Choice(first, [first, *(n for n in names if n != first)], unsafe, timed=False)
+    fastest = min(safe, key=lambda r: float(r["time_ms"]))
+    tied = [r for r in safe if r is fastest or overlap(r, fastest)]
+
+    def order(r: Mapping[str, Any]) -> tuple[float, int]:
+        memory = _num(r.get("saved_bytes"))
+        p = str(r["precision"])
+        rank = SIMPLICITY.index(p) if p in SIMPLICITY else len(SIMPLICITY)
+        return (memory if memory is not None else math.inf, rank)
+
+    tied.sort(key=order)
+    memory = {str(r["precision"]): m for r in tied if (m := _num(r.get("saved_bytes"))) is not None}
+    return Choice(str(tied[0]["precision"]), [str(r["precision"]) for r in tied], unsafe,
+                  saved_bytes=memory)  # fmt: skip
+
+
+def tie_break(choice: Choice) -> str:
+    """Why the choice won among the precisions its spread ties with, in words."""
+    name = NAMES.get(choice.precision, choice.precision)
+    own = choice.saved_bytes.get(choice.precision)
+    if own is not None and any(v > own for p, v in choice.saved_bytes.items() if p in choice.tied):
+        return f"{name} keeps the least activation memory"
+    return f"{name} is the simplest"
+
+
+def run_precision(autocast: Any) -> str | None:
+    """The precision name of an autocast state such as ``"cuda:bfloat16"`` (None if unknown)."""
+    if not isinstance(autocast, str):
+        return None
+    return DTYPE_PRECISION.get(autocast.partition(":")[2])
+
+
+def rows_of(ab: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
+    """The A/B rows by precision name."""
+    if not isinstance(ab, Mapping):
+        return {}
+    found = ab.get("results")
+    if not isinstance(found, list):
+        return {}
+    return {str(r.get("precision")): r for r in found if isinstance(r, Mapping)}
+
+
+@dataclass
+class Measured:
+    """What a session's A/B says, for the advice: the rows and the choice, or why there is none.
+
+    Attributes:
+        rows: The A/B rows by precision.
+        choice: The choice, when the A/B timed its precisions (more than once each).
+        run: The run's own precision ("fp16", "bf16"; None when no autocast was seen).
+        why_not: Why the advice cannot rest on the A/B (None when it can).
+    """
+
+    rows: dict[str, Mapping[str, Any]]
+    choice: Choice | None
+    run: str | None
+    why_not: str | None
+
+
+def measured(session: Session) -> Measured:
+    """The A/B of a session (``speed_probe.precisions``), as the precision advice reads it."""
+    probe = session.section("speed_probe")
+    run = run_precision(probe.get("autocast") or session.environment.get("autocast"))
+    ab = probe.get("precisions")
+    rows = rows_of(ab)
+    why: str | None = None
+    if not probe:
+        why = "no speed probe ran (a trace, or a session recorded without one)"
+    elif probe.get("skipped"):
+        why = f"the speed probe was skipped: {probe['skipped']}"
+    elif probe.get("error"):
+        why = f"the speed probe failed: {probe['error']}"
+    elif not isinstance(ab, Mapping):
+        why = "this session has no precision A/B"
+    elif ab.get("skipped") or ab.get("error"):
+        why = f"the precision A/B did not run: {ab.get('skipped') or ab.get('error')}"
+    choice = choose(list(rows.values())) if why is None else None
+    if why is None and choice is None:
+        why = "no precision was both timed and numerically safe"
+    elif choice is not None and not choice.timed:
+        budget = _num(ab.get("budget_s")) if isinstance(ab, Mapping) else None
+        why = "each precision was timed once (no spread to compare)" + (
+            f": the A/B budget was {budget:.2g} s (precision_ab_budget_s, at most 10% of the block)"
+            if budget is not None
+            else ""
+        )
+        choice = None
+    return Measured(rows, choice, run, why)
+
+
+def training_step(precision: str, device: str) -> str:
+    """The training step in ``precision``: the code every precision advice ends with."""
+    if precision == "bf16":
+        return (
+            f"with torch.autocast(device_type={device!r}, dtype=torch.bfloat16):\n"
+            "    loss = loss_fn(model(x), y)\n"
+            "loss.backward()        # no GradScaler: BF16 neither underflows nor overflows\n"
+            "optimizer.step()\n"
+            "optimizer.zero_grad(set_to_none=True)"
+        )
+    if precision == "fp16":
+        return (
+            f"scaler = torch.amp.GradScaler({device!r})\n"
+            f"with torch.autocast(device_type={device!r}, dtype=torch.float16):\n"
+            "    loss = loss_fn(model(x), y)\n"
+            "scaler.scale(loss).backward()\n"
+            "scaler.step(optimizer)\n"
+            "scaler.update()"
+        )
+    tf32 = (
+        "torch.backends.cuda.matmul.allow_tf32 = True   # TF32 matmuls (measured fastest)\n"
+        "torch.backends.cudnn.allow_tf32 = True\n"
+        if precision == "tf32"
+        else ""
+    )
+    return (
+        tf32
+        + "# Train in FP32 here: no autocast, no GradScaler\n"
+        + (
+            "use_amp = device.type == 'cuda'   # keep autocast for the GPU\n"
+            if device == "cpu"
+            else "use_amp = False\n"
+        )
+        + f"with torch.autocast(device_type={device!r}, enabled=use_amp):\n"
+        "    loss = loss_fn(model(x), y)\n"
+        "loss.backward()\n"
+        "optimizer.step()"
+    )
+
+
+def bf16_runs_natively(environment: Mapping[str, Any], device: str) -> bool:
+    """Whether the device runs BF16 kernels natively (CPU: AVX512_BF16/AMX; CUDA: sm80+)."""
+    key = "bf16_native" if device == "cpu" else "bf16_supported"
+    return environment.get(key) is True

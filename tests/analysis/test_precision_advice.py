@@ -1,0 +1,194 @@
+"""One precision advice, from the A/B when it was measured: constructed sessions.
+
+Each session carries a precision A/B (``speed_probe.precisions``) with known times, spreads
+and errors; the advice must name the fastest safe precision (or none when the run's own is
+tied with it), cite the measured speed-up and memory, and no two findings may advise
+different precisions (`tests.advice_scan`, which reads only the fixes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ampdiag.analysis import analyze, precision_choice
+from ampdiag.analysis.advisors import advise
+from ampdiag.analysis.rules.autocast_speed import autocast_slower
+from ampdiag.session import Finding, Session
+from tests.advice_scan import advised, contradictions
+
+
+def row(p: str, ms: float, spread: float | None, saved: int, **extra: Any) -> dict[str, Any]:
+    return {"precision": p, "time_ms": ms, "time_spread_ms": spread, "saved_bytes": saved,
+            "samples": 7 if spread is not None else 1, "nonfinite": False,
+            "loss_rel_diff": None if p == "fp32" else 1e-4,
+            "grad_underflow": None if p == "fp32" else 0.0,
+            "grad_sqnr_db_median": None if p == "fp32" else 40.0, **extra}  # fmt: skip
+
+
+def session(
+    autocast: str, rows: list[dict[str, Any]], probe_ratio: float = 1.0, **env: Any
+) -> Session:
+    device = autocast.split(":")[0]
+    environment = {"device_type": device, "autocast": autocast, "bf16_supported": True,
+                   "bf16_native": True, **env}  # fmt: skip
+    probe = {"autocast": autocast, "skipped": None, "fp32_ms": 10.0,
+             "autocast_ms": 10.0 * probe_ratio, "repeats": 5, "measured": "forward + backward",
+             "fp32_ms_all": [9.9, 10.0, 10.1, 10.0, 10.05],
+             "autocast_ms_all": [probe_ratio * t for t in (9.95, 10.0, 10.05, 10.1, 9.9)],
+             "modules": [], "precisions": {"results": rows, "budget_s": 20.0}}  # fmt: skip
+    return Session(environment=environment, sections={"speed_probe": probe})
+
+
+def fp16_trouble() -> list[Finding]:
+    return [
+        Finding("grad-scaler-missing", "high", "No GradScaler.", {}, section="numerics"),
+        Finding(
+            "fp16-grad-underflow",
+            "medium",
+            "30% underflow.",
+            {"underflow_fraction": 0.3, "recommended_init_scale": 4096.0},
+            fix="use a GradScaler or train in bfloat16",
+        ),
+    ]
+
+
+SLOW_CONV = [{"module": "conv1", "fp32_ms": 0.67, "ms": 47.0, "cast_ms": 0.05,
+              "kernel_ms": 46.95, "cause": "kernels"}]  # fmt: skip
+
+
+def test_fp16_on_a_bf16_cpu_gets_one_advice_bf16_with_the_measured_gain() -> None:
+    # The issue's case: FP16 ResNet on a CPU with native BF16 got "train in FP32" and
+    # "switch to BF16". Measured: BF16 fastest and safe, FP16 50x slower in its kernels.
+    rows = [row("fp32", 10.0, 0.4, 1000), row("bf16", 7.0, 0.3, 500),
+            row("fp16", 500.0, 20.0, 500, modules=SLOW_CONV)]  # fmt: skip
+    s = session("cpu:float16", rows, probe_ratio=50.0)
+    out = advise(s, [*autocast_slower(s), *fp16_trouble()])
+    assert [f.id for f in out] == ["prefer-bf16"]
+    rec = out[0]
+    assert rec.severity == "high" and rec.evidence["measured"] is True
+    assert set(rec.evidence["explains"]) == {"autocast-slower", "grad-scaler-missing",
+                                             "fp16-grad-underflow"}  # fmt: skip
+    assert rec.evidence["speedup_vs_run"]["median"] == round(500 / 7, 3)
+    assert rec.evidence["speedup_vs_run"]["low"] == round(480 / 7.3, 3)
+    assert rec.evidence["activation_saving_vs_run"] == 0.0  # same bytes as FP16
+    assert advised(rec.fix) == {"bf16"}
+    # the merged autocast-slower names its measured cause per module, and advises BF16 too
+    slower = next(m for m in rec.evidence["merged"] if m["id"] == "autocast-slower")
+    assert slower["evidence"]["cause"] == "kernels"
+    assert slower["evidence"]["module_causes"] == {"conv1": "kernels"}
+    assert "kernels themselves are slower" in slower["title"]
+    assert advised(slower["fix"]) == {"bf16"}
+    assert contradictions(out) == []
+
+
+def test_a_bf16_run_tied_with_fp32_is_told_nothing_and_the_probe_is_uncertain() -> None:
+    rows = [row("fp32", 10.0, 1.0, 1000), row("bf16", 10.5, 1.0, 500),
+            row("fp16", 500.0, 20.0, 500)]  # fmt: skip
+    s = session("cpu:bfloat16", rows, probe_ratio=1.3)
+    out = analyze(s)
+    assert not [f for f in out if f.id.startswith("prefer-") or f.id == "tune-grad-scaler"]
+    (slower,) = [f for f in out if f.id == "autocast-slower"]
+    assert slower.severity == "info" and "precision A/B" in slower.evidence["uncertain"]
+    assert advised(slower.fix) == set()
+
+
+def test_a_bf16_run_measured_slower_than_fp32_is_told_fp32() -> None:
+    # A CPU without native BF16: BF16 emulated, 2x FP32's time; no prefer-bf16 for a BF16 run
+    rows = [row("fp32", 10.0, 0.5, 1000), row("bf16", 20.0, 0.5, 500),
+            row("fp16", 600.0, 20.0, 500)]  # fmt: skip
+    s = session("cpu:bfloat16", rows, probe_ratio=2.0, bf16_native=False)
+    out = analyze(s)
+    ids = [f.id for f in out]
+    assert "prefer-fp32" in ids and "prefer-bf16" not in ids and "autocast-slower" not in ids
+    rec = next(f for f in out if f.id == "prefer-fp32")
+    assert rec.severity == "high"  # the merged autocast-slower (2x) is high
+    assert rec.evidence["speedup_vs_run"]["median"] == 2.0
+    assert rec.evidence["activation_saving_vs_run"] == -1.0  # FP32 keeps twice the bytes
+    assert "100% more activation memory" in rec.title
+    assert advised(rec.fix) == {"fp32"}
+    assert contradictions(out) == []
+
+
+def test_fp16_alone_fastest_keeps_fp16_and_tunes_the_scaler() -> None:
+    rows = [row("fp32", 10.0, 0.2, 1000), row("bf16", 8.0, 0.2, 500),
+            row("fp16", 5.0, 0.2, 500)]  # fmt: skip
+    s = session("cuda:float16", rows)
+    out = advise(s, fp16_trouble())
+    assert [f.id for f in out] == ["tune-grad-scaler"]
+    assert out[0].evidence["measured"] is True and out[0].evidence["precision"] == "fp16"
+    assert "FP32 2.00x its time, BF16 1.60x its time" in out[0].fix
+    assert contradictions(out) == []
+
+
+def test_untimed_ab_falls_back_to_the_rules_and_says_so() -> None:
+    rows = [row("fp32", 10.0, None, 1000), row("bf16", 7.0, None, 500),
+            row("fp16", 500.0, None, 500)]  # fmt: skip
+    s = session("cpu:float16", rows, probe_ratio=50.0)
+    out = advise(s, [*autocast_slower(s), *fp16_trouble()])
+    rec = next(f for f in out if f.id == "prefer-bf16")
+    assert rec.evidence["measured"] is False
+    assert "timed once" in rec.evidence["not_measured"] and "Speed not measured" in rec.fix
+    slower = next(f for f in out if f.id == "autocast-slower")
+    assert "Not measured by the precision A/B" in slower.fix
+    assert contradictions(out) == []
+
+
+def test_no_ab_at_all_a_trace_says_the_advice_was_not_measured() -> None:
+    s = Session(environment={"device_type": "cuda", "autocast": "cuda:float16",
+                             "bf16_supported": True})  # fmt: skip
+    (rec,) = advise(s, fp16_trouble())
+    assert rec.id == "prefer-bf16" and rec.evidence["measured"] is False
+    assert "no speed probe ran" in rec.evidence["not_measured"]
+
+
+def test_the_choice_is_the_fastest_safe_and_ties_go_to_less_memory_then_simplicity() -> None:
+    unsafe_bf16 = row("bf16", 5.0, 0.1, 500, loss_rel_diff=0.05)
+    choice = precision_choice.choose([row("fp32", 10.0, 0.1, 1000), unsafe_bf16])
+    assert choice is not None and choice.precision == "fp32" and not choice.uncertain
+    assert choice.unsafe == {"bf16": ["loss 5.0% off FP32's"]}
+    low_sqnr = row("bf16", 5.0, 0.1, 500, grad_sqnr_db_median=12.0)
+    assert precision_choice.is_safe(low_sqnr) is False
+    tied = precision_choice.choose([row("fp32", 10.0, 1.0, 1000), row("bf16", 10.5, 1.0, 500)])
+    assert tied is not None and tied.precision == "bf16" and tied.tied == ["bf16", "fp32"]
+    assert "least activation memory" in precision_choice.tie_break(tied)
+    same = precision_choice.choose([row("fp32", 10.0, 1.0, 1000), row("tf32", 9.8, 1.0, 1000)])
+    assert same is not None and same.precision == "fp32" and same.uncertain
+    once = precision_choice.choose([row("fp32", 10.0, None, 1000), row("bf16", 5.0, None, 500)])
+    assert once is not None and once.precision == "fp32" and not once.timed
+
+
+def test_autocast_slower_blames_the_casts_when_they_take_the_extra_time() -> None:
+    casts = [{"module": "fc", "fp32_ms": 0.10, "ms": 0.30, "cast_ms": 0.18, "kernel_ms": 0.12,
+              "cause": "casts"}]  # fmt: skip
+    rows = [row("fp32", 10.0, 0.2, 1000), row("bf16", 13.0, 0.2, 500, modules=casts),
+            row("fp16", 600.0, 20.0, 500)]  # fmt: skip
+    s = session("cpu:bfloat16", rows, probe_ratio=1.3)
+    (f,) = autocast_slower(s)
+    assert f.evidence["cause"] == "casts" and f.evidence["cast_ms"] == 0.18
+    assert "the casts cost more" in f.title
+    assert advised(f.fix) == {"fp32"}
+
+
+def test_low_precision_inactive_advises_the_runs_own_dtype() -> None:
+    # a BF16 CUDA run whose matmuls ran in FP32 is told to run them in BF16, not FP16
+    mm = {"phase": "forward", "module": "fc", "op": "mm", "autocast": True, "precision": "fp32",
+          "reason": "promotion", "cast_origin": None, "count": 1, "flops": 1000,
+          "time_us": 5.0, "cast_bytes": 0}  # fmt: skip
+    s = Session(
+        environment={"device_type": "cuda", "autocast": "cuda:bfloat16"},
+        sections={
+            "precision": {
+                "audited": True,
+                "step": 1,
+                "device_type": "cuda",
+                "ops": [mm],
+                "autocast_dtypes": {"cuda": "bfloat16"},
+            }
+        },
+    )
+    (f,) = [f for f in analyze(s) if f.id == "low-precision-inactive"]
+    assert advised(f.fix) == {"bf16"}
+    amp_off = Session(sections={"precision": {"audited": True, "step": 1, "device_type": "cpu",
+                                              "ops": [mm | {"autocast": False}]}})  # fmt: skip
+    (off,) = [f for f in analyze(amp_off) if f.id == "amp-off"]
+    assert off.evidence["measured"] is False and "ampdiag.compare" in off.fix
