@@ -11,6 +11,7 @@ from ampdiag.analysis import analyze
 from ampdiag.analysis.advisors import Advisor, advise
 from ampdiag.analysis.rules.recommendations import THRESHOLDS
 from ampdiag.session import Finding, Session
+from tests.advice_scan import advised
 
 GiB = 1024**3
 
@@ -307,3 +308,21 @@ def test_grad_accumulation_reads_the_batch_the_memory_collector_observed() -> No
     rec = one(advise(session, [near_capacity(6 * GiB)]), "use-grad-accumulation")
     assert (rec.evidence["micro_batch"], rec.evidence["accumulation_steps"]) == (16, 2)
     assert "batch_size=16" in rec.fix
+
+
+@pytest.mark.parametrize(
+    ("autocast", "precisions"),
+    [("cuda:float16", {"fp16"}), ("cuda:bfloat16", {"bf16"}), (None, set())],
+)
+def test_grad_accumulation_fix_keeps_the_runs_precision(
+    autocast: str | None, precisions: set[str]
+) -> None:
+    """The fix changes the batch, never the precision (read as the user reads it)."""
+    session = Session(
+        environment={"autocast": autocast} if autocast else {},
+        sections={"speed_probe": {"batch_size": 32}},
+    )
+    rec = one(advise(session, [near_capacity(6 * GiB)]), "use-grad-accumulation")
+    assert advised(rec.fix) == precisions
+    compile(rec.fix, "<fix>", "exec")
+    assert ("scaler.scale(loss).backward()" in rec.fix) == (precisions == {"fp16"})

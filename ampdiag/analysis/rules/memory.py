@@ -133,20 +133,35 @@ def use_grad_accumulation(session: Session) -> Iterator[Finding]:
             "capacity_source": source,
             "headroom": estimates.HEADROOM,
         },
-        fix=(
-            f"accum = {steps}\n"
-            "optimizer.zero_grad(set_to_none=True)\n"
-            f"for i, (x, y) in enumerate(loader):  # loader batch_size={micro}\n"
-            "    with torch.autocast(device_type, dtype=torch.bfloat16):\n"
-            "        loss = loss_fn(model(x), y) / accum\n"
-            "    scaler.scale(loss).backward()\n"
-            "    if (i + 1) % accum == 0:\n"
-            "        scaler.step(optimizer); scaler.update()\n"
-            "        optimizer.zero_grad(set_to_none=True)"
-        ),
+        fix=accumulation_fix(steps, micro, low_precision(session)),
         section="memory",
         impact=0.6,
     )
+
+
+def accumulation_fix(steps: int, micro: int | None, autocast: str | None) -> str:
+    """The accumulation loop in the run's own precision (its autocast dtype; a scaler for FP16).
+
+    The fix changes the batch, not the precision: a BF16 run needs no scaler, an FP32 run no
+    autocast, and an FP16 run keeps its GradScaler.
+    """
+    dtype = autocast.rsplit(":", 1)[-1] if autocast else None
+    fp16 = dtype == "float16"
+    body = "loss = loss_fn(model(x), y) / accum"
+    lines = [
+        f"accum = {steps}",
+        "optimizer.zero_grad(set_to_none=True)",
+        f"for i, (x, y) in enumerate(loader):  # loader batch_size={micro or 'batch // accum'}",
+    ]
+    if dtype:
+        lines += [f"    with torch.autocast(device_type, dtype=torch.{dtype}):", f"        {body}"]
+    else:
+        lines.append(f"    {body}")
+    lines.append("    scaler.scale(loss).backward()" if fp16 else "    loss.backward()")
+    lines.append("    if (i + 1) % accum == 0:")
+    step = "scaler.step(optimizer); scaler.update()" if fp16 else "optimizer.step()"
+    lines += [f"        {step}", "        optimizer.zero_grad(set_to_none=True)"]
+    return "\n".join(lines)
 
 
 def _no_micro_batch_fits(
@@ -191,7 +206,8 @@ def _no_micro_batch_fits(
     )
 
 
-def _low_precision(session: Session) -> str | None:
+def low_precision(session: Session) -> str | None:
+    """The run's low-precision autocast (``"cuda:bfloat16"``), or None for an FP32 run."""
     seen = (session.section("run").get("autocast_seen") or {}).keys()
     for key in seen:
         if key.endswith(("float16", "bfloat16")):
@@ -211,7 +227,7 @@ def amp_memory_not_reduced(session: Session) -> Iterator[Finding]:
     ms = estimates.model_state_bytes(mem)
     peak = int((mem.get("peak") or {}).get("bytes") or 0)
     amp = estimates.amp_comparison(mem)
-    autocast = _low_precision(session) or (amp or {}).get("dtype")
+    autocast = low_precision(session) or (amp or {}).get("dtype")
     if not autocast or not ms:
         return
     share = ms / peak if peak else 0.0

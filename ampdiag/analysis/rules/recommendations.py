@@ -30,6 +30,7 @@ from typing import Any
 from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.advisors import Advice, advisor, find, number, worst_severity
 from ampdiag.analysis.rules.accumulation import accumulation_broken
+from ampdiag.analysis.rules.memory import accumulation_fix, low_precision
 from ampdiag.analysis.rules.numerics import fp16_in_use
 from ampdiag.session import Finding, Session
 
@@ -504,7 +505,6 @@ def memory_advice(session: Session, findings: list[Finding]) -> Iterator[Advice]
         "expected_peak_bytes": int(fixed + act * fraction),
         "target_peak_bytes": int(target),
     }
-    loader = f"DataLoader(dataset, batch_size={micro})" if micro else "a batch 1/steps as large"
     rec = Finding(
         id="use-grad-accumulation",
         severity=mnc.severity,
@@ -515,18 +515,7 @@ def memory_advice(session: Session, findings: list[Finding]) -> Iterator[Advice]
             f"{(fixed + act * fraction) / cap:.0%} of capacity."
         ),
         evidence=evidence,
-        fix=(
-            f"accum = {steps}   # same effective batch, activations for 1/{steps} of it\n"
-            f"# loader: {loader}\n"
-            "for i, (x, y) in enumerate(loader):\n"
-            "    with torch.autocast(device_type=..., dtype=...):\n"
-            "        loss = loss_fn(model(x), y) / accum\n"
-            "    scaler.scale(loss).backward()\n"
-            "    if (i + 1) % accum == 0:\n"
-            "        scaler.step(optimizer)\n"
-            "        scaler.update()\n"
-            "        optimizer.zero_grad(set_to_none=True)"
-        ),
+        fix=accumulation_fix(steps, micro, low_precision(session)),
         section="memory",
         impact=act / peak,
     )
