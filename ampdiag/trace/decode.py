@@ -30,7 +30,7 @@ from ampdiag.trace.builder import EVENTS_DECODER, ColumnBuilder
 from ampdiag.trace.files import READ_ERRORS, open_binary
 from ampdiag.trace.records import Fallback, RankTrace, keep_meta
 
-CHUNK_BYTES = 2 << 20
+CHUNK_BYTES = 1 << 19
 MAX_HEAD_BYTES = 64 << 20
 
 _BOUNDARY = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
