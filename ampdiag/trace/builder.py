@@ -54,14 +54,17 @@ NO_ARGS = Args()
 test per event (``"args": null`` makes msgspec refuse the run, repaired by the standard library)."""
 
 
-class Complete(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
-    """A complete event: what the analysis reads of it."""
+class Complete(msgspec.Struct, gc=False, tag_field="ph", tag="X", kw_only=True):
+    """A complete event: what the analysis reads of it.
 
-    name: str
+    The fields in the order Kineto writes them, so msgspec finds each key at its first try.
+    """
+
     cat: str
+    name: str
+    pid: int | str | None = None
     ts: _Finite
     dur: _Duration
-    pid: int | str | None = None
     args: Args = NO_ARGS
 
 
@@ -194,7 +197,7 @@ def event_from_dict(ev: Any, skip: dict[str, int]) -> Any:
     pid = ev.get("pid")
     if not (pid is None or isinstance(pid, str) or type(pid) is int):
         pid = json.dumps(pid)  # a float or an object: keyed by its JSON text
-    return Complete(name, cat, ts, dur, pid, args)
+    return Complete(cat=cat, name=name, pid=pid, ts=ts, dur=dur, args=args)
 
 
 class ColumnBuilder:
