@@ -22,13 +22,7 @@ def test_there_are_tutorials() -> None:
 
 
 #: Tutorials that teach something ampdiag still gets wrong: an xfail, with the reason.
-KNOWN_WRONG: dict[str, str] = {
-    # The measured CPU peak of this MLP at batch 512 varies between identical runs (18.2 MiB
-    # in some, over 22 MiB in others, since the sentinel/truth/memacc merges): the plan at a
-    # 24 MiB budget then comes and goes. A bug in the measurement (ampdiag's own memory counted
-    # as the run's?), left open in the closing note; not strict while it is nondeterministic.
-    "02_memory_and_accumulation": "the measured CPU memory peak varies between identical runs",
-}
+KNOWN_WRONG: dict[str, str] = {}
 
 
 def _case(path: Path) -> object:

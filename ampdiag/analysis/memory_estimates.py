@@ -15,10 +15,12 @@ Backward temporaries that grow with the batch (the gradients of activations) are
 so this is a lower bound for a larger batch. A plan that accumulates (two or more micro-batches)
 when the measured run did not also holds every gradient through each micro-batch, and each
 parameter's new gradient before it is added to ``.grad``: ``G - G_i + G_max`` is added to each
-point (``G`` all gradients' bytes, ``G_i`` those live at the point, ``G_max`` the largest
-parameter's). Without the activation point it is ``T1 + per_sample * (b - B)``; without a
-measured peak, model state + fixed + ``per_sample * b``. Nothing here is assumed: when there are
-no two measured batch sizes, estimates that need ``per_sample`` are absent.
+point where not every gradient is live yet (``G`` all gradients' bytes, ``G_i`` those live at
+the point, ``G_max`` the largest parameter's); a point where all are (after the backward: the
+optimizer step, say) holds no gradient in flight, and accumulating adds nothing there.
+Without the activation point it is ``T1 + per_sample * (b - B)``; without a measured peak,
+model state + fixed + ``per_sample * b``. Nothing here is assumed: when there are no two
+measured batch sizes, estimates that need ``per_sample`` are absent.
 """
 
 from __future__ import annotations
@@ -90,7 +92,9 @@ def estimate_peak(
 
     def held(point: Mapping[str, Any]) -> float:
         live = float((point.get("by_category") or {}).get("gradients", point.get("gradients", 0)))
-        return grads - min(grads, live) + largest if extra else 0.0
+        if not extra or live >= grads:
+            return 0.0  # every gradient already live there: the backward is over, none in flight
+        return grads - live + largest
 
     most = section.get("activation_peak") or {}
     if not most.get("activations"):

@@ -66,7 +66,9 @@ def categorized_timeline(
         prof: A ``torch.profiler.profile`` whose trace is ready (``profile_memory=True``).
         device: "cpu" or "cuda:0" etc.: only that device's allocations are counted.
         known_by_step: Step index -> {storage address: our category} of the tensors ampdiag
-            saw at the end of that step (parameters, gradients, optimizer state). These
+            saw at the end of that step (parameters, gradients, optimizer state) and of the
+            model's inputs in it. Of the tensors allocated before the window whose free the
+            profile never reports, only these are counted (see the code). These
             override torch's label: without ``with_stack=True`` torch cannot see the optimizer
             and labels its state "parameter". An address names a tensor only while that
             tensor lives: the allocator reuses it (a step's activation where the last step's
@@ -110,13 +112,22 @@ def categorized_timeline(
         }
         lives: dict[Any, list[float]] = {}  # key -> [created, destroyed] (ns; inf: not freed)
         sizes_of: dict[Any, int] = {}
+        preexisting: set[Any] = set()
         for t, action, (key, _), nbytes in timeline:
             if action in (Action.PREEXISTING, Action.CREATE):
                 lives[key] = [-math.inf if action == Action.PREEXISTING else t, math.inf]
                 sizes_of[key] = int(nbytes)
+                if action == Action.PREEXISTING and isinstance(key, TensorKey):
+                    preexisting.add(key)
             elif action == Action.DESTROY and key in lives:
                 lives[key][1] = t
         saved = _saved_labels(profile, lives, sizes_of, saved_by_step or {})
+        # A tensor allocated before the allocator reported to the profiler, read inside the
+        # window, with no free reported: torch counts it live to the end, but it may have been
+        # freed (the last step's gradients, read by ampdiag's statistics, then dropped by
+        # zero_grad): its bytes then came and went with allocator address reuse. Only the
+        # tensors ampdiag knows are live (model state, the model's inputs) are counted.
+        unseen_free = {key for key in preexisting if lives[key][1] == math.inf}
 
         decided: dict[Any, str | None] = {}
 
@@ -157,7 +168,7 @@ def categorized_timeline(
         current = dict.fromkeys(CATEGORIES, 0)
         t_min: int | None = None
         for t, action, (key, version), nbytes in timeline:
-            if key.device != want:
+            if key.device != want or (key in unseen_free and known_category(key) is None):
                 continue
             if t >= 0 and (t_min is None or t < t_min):
                 t_min = t

@@ -29,27 +29,50 @@ def _wrap(text: str, first: str, rest: str, width: int) -> list[str]:
     ) or [first.rstrip()]
 
 
-def _is_prose(line: str) -> bool:
-    """A sentence (wrapped) rather than a line of code (kept whole, or it no longer runs)."""
+def _is_code(line: str) -> bool:
+    """A line of Python (kept whole, or it no longer runs) rather than a sentence (wrapped).
+
+    A comment, or a line that compiles on its own or as the header of a block
+    (``with torch.autocast(...):``). A sentence does not compile, even one ending in a colon.
+    """
     s = line.strip()
-    return not line[:1].isspace() and (s.endswith((".", ":")) or ". " in s)
+    if line[:1].isspace() or s.startswith("#"):
+        return True
+    for source in (s, s + "\n    pass"):
+        try:
+            compile(source, "<fix>", "exec")
+        except (SyntaxError, ValueError):
+            continue
+        return True
+    return False
 
 
 def _fix_lines(label: str, fix: str, width: int) -> list[str]:
-    """A whole fix: prose wrapped under the label, code lines kept whole."""
+    """A whole fix: prose wrapped under the label, code lines kept whole.
+
+    Code keeps its own indentation under a common margin so it can be copied as it is; a long
+    comment is wrapped into further comment lines (still valid code).
+    """
     lines: list[str] = []
     head = f"{INDENT}{label}: "
+    code = INDENT + "    "
     for line in fix.strip().splitlines():
         if not line.strip():
             continue
-        if _is_prose(line):
+        if not _is_code(line):
             lines.extend(
                 _wrap(line.strip(), head if not lines else INDENT + "  ", INDENT + "  ", width)
             )
+            continue
+        if not lines:
+            lines.append(head.rstrip())
+        body = line.rstrip()
+        margin = body[: len(body) - len(body.lstrip())]
+        if body.lstrip().startswith("#") and len(code + body) > width:
+            text = body.lstrip().lstrip("#").strip()
+            lines.extend(_wrap(text, code + margin + "# ", code + margin + "# ", width))
         else:
-            if not lines:
-                lines.append(head.rstrip())
-            lines.append(INDENT + "    " + line.rstrip())
+            lines.append(code + body)
     return lines
 
 

@@ -6,8 +6,8 @@ recognised by value), at each batch size.
 Claims: ampdiag's per-sample activation bytes are within 30% of the truth's (and never
 negative); each measured step's activation bytes within 30% of the truth at its batch (no
 weight cast inside); the timeline's activations at their most within 30% of the truth at that
-step's batch, and per-step activation peaks that grow with the batch; the accumulation plan
-(`use-grad-accumulation`) uses that per-sample figure.
+step's batch, and per-step activation peaks that grow with the batch. (The accumulation plan
+that uses the per-sample figure is the corpus's: sc_memory_accumulation.py.)
 """
 
 from __future__ import annotations
@@ -22,13 +22,18 @@ from torch import nn
 from torch.nn import functional as F
 
 import ampdiag
-from ampdiag.analysis import analyze
-from ampdiag.analysis.memory_estimates import activation_fit, plan_accumulation
+from ampdiag.analysis.memory_estimates import activation_fit
 from ampdiag.analysis.memory_timeline import step_number
 from ampdiag.session import Session
 from tests.scenarios.memory_truth import saved_bytes
 
-QUIET: dict[str, Any] = {"report": False, "tensorboard": False, "console": False}
+# the speed probe (timed FP32/BF16/FP16 copies of the step) measures nothing these claim
+QUIET: dict[str, Any] = {
+    "report": False,
+    "tensorboard": False,
+    "console": False,
+    "speed_probe": False,
+}
 TOLERANCE = 0.30
 
 
@@ -176,26 +181,3 @@ def test_mlp_batch_varied_between_runs(tmp_path: Path) -> None:
         got[b] = max(peaks)
         assert near(got[b], t[b]), (b, peaks, t)
     assert got[64] < got[128] < got[512]
-
-
-def test_accumulation_plan_uses_the_measured_per_sample_bytes(tmp_path: Path) -> None:
-    target = 16384
-    session, truth = run(
-        "mlp", [64, 512, 64, 512, 64, 512], tmp_path / "plan", memory_target_batch=target
-    )
-    mem = session.section("memory")
-    want = per_sample(truth)
-    # a budget with room for accumulation's gradients and a few thousand samples, not 16384
-    state = mem["model_state"]
-    room = mem["peak"]["bytes"] + state["gradients"] + state["largest_gradient"] + 3000 * want
-    mem["limit_bytes"] = limit = int(room / 0.9)
-    findings = {f.id: f for f in analyze(session)}
-    assert "use-grad-accumulation" in findings, sorted(findings)
-    ev = findings["use-grad-accumulation"].evidence
-    assert near(ev["per_sample_activation_bytes"], want), (ev, want)
-    assert ev["micro_batch"] * ev["accumulation_steps"] >= target > ev["micro_batch"]
-    # the micro-batch the same arithmetic gives with the truth's per-sample bytes
-    truth_fit = {"per_sample_bytes": want, "fixed_bytes": 0.0}
-    plan = plan_accumulation(mem, target, truth_fit, limit)
-    assert plan is not None
-    assert near(ev["micro_batch"], plan["micro_batch"]), (ev, plan)

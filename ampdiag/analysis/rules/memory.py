@@ -84,13 +84,15 @@ def near_capacity(session: Session) -> Iterator[Finding]:
     )
 
 
-@rule("use-grad-accumulation")
+@rule("use-grad-accumulation", "no-micro-batch-fits")
 def use_grad_accumulation(session: Session) -> Iterator[Finding]:
     """The target batch does not fit in 90% of the budget (medium).
 
     The target is ``memory_target_batch``, or the observed batch after an OOM or near capacity;
     a measured per-sample activation size gives the largest micro-batch that fits. Never for a
-    run whose accumulation is broken (`grad-accumulation-broken`): fix that first.
+    run whose accumulation is broken (`grad-accumulation-broken`): fix that first. When not
+    even a micro-batch of 1 fits (what does not scale with the batch, the model state first,
+    fills the budget), accumulation cannot help, and ``no-micro-batch-fits`` (high) says so.
     """
     if accumulation_broken(session):
         return
@@ -107,7 +109,10 @@ def use_grad_accumulation(session: Session) -> Iterator[Finding]:
     if not target:
         return
     plan = estimates.plan_accumulation(mem, int(target), fit, cap)
-    if plan is None or plan["fits_without"]:
+    if plan is None:
+        yield _no_micro_batch_fits(mem, int(target), fit, cap, source)
+        return
+    if plan["fits_without"]:
         return
     micro, steps = plan["micro_batch"], plan["accumulation_steps"]
     yield Finding(
@@ -141,6 +146,48 @@ def use_grad_accumulation(session: Session) -> Iterator[Finding]:
         ),
         section="memory",
         impact=0.6,
+    )
+
+
+def _no_micro_batch_fits(
+    mem: MemorySection, target: int, fit: dict[str, Any], cap: int, source: str
+) -> Finding:
+    """The finding when not even one sample per micro-batch fits.
+
+    What does not scale with the batch (model state, and whatever else the measured peak holds
+    besides activations) is over the budget already.
+    """
+    usable = cap * estimates.HEADROOM
+    at_one = estimates.estimate_peak(mem, 1, fit, accumulate=True)
+    state = estimates.model_state_bytes(mem)
+    return Finding(
+        id="no-micro-batch-fits",
+        severity="high",
+        title=(
+            f"Batch {target} cannot fit in {_mib(cap)}, with or without gradient accumulation: "
+            f"even a micro-batch of 1 needs about {_mib(at_one)} (model state alone "
+            f"{_mib(state)}), over {estimates.HEADROOM:.0%} of the budget."
+        ),
+        evidence={
+            "target_batch": target,
+            "estimated_peak_at_micro_batch_1_bytes": int(at_one),
+            "usable_bytes": int(usable),
+            "model_state_bytes": state,
+            "per_sample_activation_bytes": round(float(fit["per_sample_bytes"])),
+            "activation_fit_source": fit["source"],
+            "capacity_bytes": cap,
+            "capacity_source": source,
+            "headroom": estimates.HEADROOM,
+        },
+        fix=(
+            "Shrink what does not scale with the batch: an optimizer with less state (SGD "
+            "with momentum keeps 1 copy of the weights, Adam 2; 8-bit Adam via bitsandbytes), "
+            "sharding the model state across devices (torch.distributed.fsdp.fully_shard), "
+            "BF16 parameters where supported, or a smaller model; or raise the budget "
+            "(a device with more memory)."
+        ),
+        section="memory",
+        impact=1.0,
     )
 
 

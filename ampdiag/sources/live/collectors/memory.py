@@ -3,6 +3,12 @@
 * Model state (exact): parameter, gradient and optimizer-state bytes, summed as
   ``numel * element_size`` over the live tensors at the end of the block (shared storages
   counted once).
+* Peak: the most bytes live at once in the profiled steps: every allocation the allocator
+  reported inside the window (until its reported free), the model state seen here (live from
+  before the window too), and the storages of the model's inputs (the forward's tensor
+  arguments on profiled steps, "inputs"). A tensor allocated before the window and unknown here
+  (a target that is no model input, a module buffer) is not counted: the profile never reports
+  its free, so it cannot tell whether it was still live (`ampdiag.compat.memory`).
 * Timeline (profiled steps): read from the profile the profiler collector already records
   (``profile_memory=True``; no second profiler). torch's memory profiler labels the tensors
   (`ampdiag.compat.memory.categorized_timeline`); when it is unavailable, ampdiag's own
@@ -150,6 +156,7 @@ class MemoryCollector(Collector):
         self._batches: dict[int, int] = {}
         self._micro_batches_max = 0
         self._known_by_step: dict[int, dict[int, str]] = {}
+        self._inputs_by_step: dict[int, dict[int, str]] = {}
         self._saved: dict[int, dict[str, int]] = {}
         self._saved_by_step: dict[int, dict[tuple[int, int], str]] = {}
         self._patches = Patches()
@@ -181,7 +188,11 @@ class MemoryCollector(Collector):
         """Watches the batch size at the model's forward (reads a shape, nothing else)."""
 
         def pre(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
-            if run.step in self._batches or not run.on_block_thread():
+            if not run.on_block_thread():
+                return
+            if run.is_profiled():
+                self._note_inputs(run.step, (*args, *kwargs.values()))
+            if run.step in self._batches:
                 return
             if len(self._batches) >= MAX_BATCH_STEPS and not run.is_profiled():
                 return  # a long run: the first steps and the profiled ones tell the sizes
@@ -191,6 +202,21 @@ class MemoryCollector(Collector):
                     return
 
         self._handles.append(model.register_forward_pre_hook(pre, with_kwargs=True))
+
+    def _note_inputs(self, step: int, values: tuple[Any, ...]) -> None:
+        """The storages of the model's tensor inputs (top level, or in a list/tuple/dict)."""
+        found = self._inputs_by_step.setdefault(step, {})
+        for v in values:
+            inner = v.values() if isinstance(v, dict) else v if isinstance(v, list | tuple) else [v]
+            for t in inner:
+                if isinstance(t, torch.Tensor) and not t.is_sparse:
+                    ptr = _storage_ptr(t)
+                    if ptr:
+                        found[ptr] = "inputs"
+                        try:
+                            self._known_sizes[ptr] = int(t.untyped_storage().nbytes())
+                        except Exception:
+                            self._known_sizes[ptr] = _nbytes(t)
 
     def _watch_saved_tensor_hooks(self, run: RunContext) -> None:
         hooks_cls = torch.autograd.graph.saved_tensors_hooks
@@ -296,10 +322,14 @@ class MemoryCollector(Collector):
 
     def _timeline(self, run: RunContext) -> dict[str, Any] | None:
         cuda = run.device_type == "cuda"
+        known = {  # model state wins where an input is also a parameter
+            n: {**self._inputs_by_step.get(n, {}), **self._known_by_step.get(n, {})}
+            for n in sorted({*self._known_by_step, *self._inputs_by_step})
+        }
         prof = run.profile
         if prof is not None:
             tl = compat_memory.categorized_timeline(
-                prof, "cuda:0" if cuda else "cpu", self._known_by_step, self._saved_by_step
+                prof, "cuda:0" if cuda else "cpu", known, self._saved_by_step
             )
             if tl is not None and tl["t_us"]:
                 return tl
@@ -308,7 +338,7 @@ class MemoryCollector(Collector):
             return None
         trace = read_trace(max(files, key=lambda p: p.stat().st_mtime))
         return tl_mod.timeline_from_trace(
-            trace, 1 if cuda else 0, self._known_by_step, self._known_sizes, self._saved_by_step
+            trace, 1 if cuda else 0, known, self._known_sizes, self._saved_by_step
         )
 
     def section(self) -> MemorySection | None:
