@@ -117,9 +117,8 @@ class _InstantSkipped(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
     ts: _Finite = 0.0
 
 
-EVENTS_DECODER_NO_MEMORY: Any = msgspec.json.Decoder(
-    list[Union.__getitem__((Complete, _InstantSkipped, *_OTHER))]
-)
+_EVENT_NO_MEMORY: Any = Union.__getitem__((Complete, _InstantSkipped, *_OTHER))
+EVENTS_DECODER_NO_MEMORY: Any = msgspec.json.Decoder(list[_EVENT_NO_MEMORY])
 """The decoder when the ``[memory]`` allocator events are not wanted (a report of a trace does
 not read them: 28k of the 216k events of the shared 54 MB trace, decoded for nothing)."""
 
@@ -232,7 +231,7 @@ class ColumnBuilder:
         self._route[INSTANT] = self._instants.append
         self._route[OTHER_PHASE] = self._dropped.append
 
-    def _put(self, key: str, values: array) -> None:
+    def _put(self, key: str, values: array[Any]) -> None:
         self.parts.setdefault(key, []).append(values)
 
     def _col(self, key: str, dtype: Any) -> Any:
@@ -253,7 +252,9 @@ class ColumnBuilder:
         self.add([s for s in structs if s is not None], len(evs) if events is None else events)
 
     @staticmethod
-    def _ids(table: dict[Any, int], keys: list[Any], text: dict[str, int] | None = None) -> array:
+    def _ids(
+        table: dict[Any, int], keys: list[Any], text: dict[str, int] | None = None
+    ) -> array[int]:
         """Dense ids of keys (an int64 array), new keys getting the next ones.
 
         With ``text`` (pids), keys are told apart by their JSON text (1 and "1" are one pid):
