@@ -63,7 +63,10 @@ class DiagnoseConfig:
             the first pays for lazy initialization).
         speed_probe: At the end of the run, time the model's forward + backward in FP32 and
             under the run's autocast (see collectors/speed_probe.py; changes nothing).
-        speed_probe_repeats: Interleaved timed pairs of the speed probe.
+        speed_probe_repeats: Interleaved timed pairs of the speed probe at least (it goes on
+            until the ratio is known to within 5%, within its budget).
+        speed_probe_budget_s: Wall time the speed probe's timed pairs may spend, and at most
+            10% of the block's wall time (two pairs at least, so every figure has a spread).
         precision_ab_budget_s: With the speed probe, ``ampdiag.compare`` also measures every
             precision the device runs (time, memory, error against FP32) on the run's model
             and batch, spending at most this many seconds and at most 10% of the block's wall
@@ -96,7 +99,8 @@ class DiagnoseConfig:
     precision: bool = True
     precision_step: int = 1
     speed_probe: bool = True
-    speed_probe_repeats: int = 3
+    speed_probe_repeats: int = 5
+    speed_probe_budget_s: float = 10.0
     precision_ab_budget_s: float = 20.0
 
 
@@ -130,6 +134,7 @@ class Settings(TypedDict, total=False):
     precision_step: int
     speed_probe: bool
     speed_probe_repeats: int
+    speed_probe_budget_s: float
     precision_ab_budget_s: float
 
 

@@ -21,7 +21,7 @@ def saved(tmp_path: Path, data_share: float, name: str = "s") -> Path:
     breakdown = {
         "share": {"forward": 1 - data_share, "data": data_share},
         "mean": {"data_us": total * data_share, "total_us": total},
-        "steps": [],
+        "steps": [{"step": n, "data_us": total * data_share, "total_us": total} for n in range(3)],
     }
     s = Session(
         environment={"device_type": "cuda", "device_name": "<b>GPU</b>"},

@@ -113,6 +113,13 @@ def summary(session: Session, report: Path | None = None, top: int = TOP) -> str
             f"  speed probe: FP32 {humanize.by_key('fp32_ms', probe['fp32_ms'])}, "
             f"{probe.get('autocast')} {humanize.by_key('autocast_ms', probe.get('autocast_ms'))} "
             "per forward + backward"
+            + (
+                f" (ratio {probe['ratio_low']:.2f}-{probe['ratio_high']:.2f}x over "
+                f"{probe.get('repeats')} pairs)"
+                if isinstance(probe.get("ratio_low"), (int, float))
+                and isinstance(probe.get("ratio_high"), (int, float))
+                else ""
+            )
         )
     shown = [f for f in session.findings if f.severity != "info"][:top]
     if shown:

@@ -203,6 +203,7 @@ def test_an_existing_grad_accumulation_finding_absorbs_near_capacity() -> None:
 
 def profiled_session(data_us: float, total_us: float) -> Session:
     breakdown = {
+        "steps": [{"step": n, "data_us": data_us, "total_us": total_us} for n in range(3)],
         "share": {"data": data_us / total_us, "forward": 1 - data_us / total_us},
         "mean": {"data_us": data_us, "total_us": total_us},
     }
@@ -229,6 +230,17 @@ def test_no_input_pipeline_advice_below_the_data_threshold() -> None:
     out = analyze(profiled_session(5_000, 100_000))
     assert "tune-input-pipeline" not in ids(out)
     assert "dataloader-bound" not in ids(out)
+
+
+def test_no_input_pipeline_advice_from_an_uncertain_data_share() -> None:
+    # per-step shares 5%, 12%, 30%: median 12%, but the interval (5%-19%) straddles 10%
+    session = profiled_session(12_000, 100_000)
+    rows = session.sections["profiler"]["breakdown"]["steps"]
+    rows[0]["data_us"], rows[2]["data_us"] = 5_000, 30_000
+    out = analyze(session)
+    assert "tune-input-pipeline" not in ids(out)
+    (dl,) = [f for f in out if f.id == "dataloader-bound"]
+    assert dl.severity == "info" and "straddle" in dl.evidence["uncertain"]
 
 
 def test_gpu_idle_merges_into_the_data_advice() -> None:

@@ -113,6 +113,14 @@ def test_fp32_rule_thresholds() -> None:
         row(precision="fp32", reason="promotion", op="add", time_us=40.0),
     ]
     assert "fp32-ops-in-autocast" in ids(sec(rows))  # 40% of the time
+    # ... but one step's op times are a single sample: on their own, an uncertain remark
+    from ampdiag.analysis.registry import run_rules
+
+    (time_only,) = [
+        f for f in run_rules(Session(sections={"precision": sec(rows)}))
+        if f.id == "fp32-ops-in-autocast"
+    ]  # fmt: skip
+    assert time_only.severity == "info" and "one step" in time_only.evidence["uncertain"]
 
 
 def test_device_differences_cpu_only() -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import statistics
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -11,7 +14,8 @@ from torch import nn
 import ampdiag
 from ampdiag.analysis import analyze
 from ampdiag.analysis.rules.autocast_speed import THRESHOLDS
-from ampdiag.session import Session
+from ampdiag.session import Finding, Session
+from ampdiag.sources.live.collectors.speed_probe import MAX_PAIRS, probe
 
 QUIET = {"profile": False, "report": False, "tensorboard": False, "console": False}
 
@@ -64,21 +68,33 @@ def test_speed_probe_measures_both_precisions_on_a_real_run(tmp_path: Path, one_
     assert probe["autocast"] == "cpu:float16"
     assert probe["batch_size"] == 64
     assert probe["measured"] == "forward + backward"
-    assert len(probe["fp32_ms_all"]) == len(probe["autocast_ms_all"]) == 5
-    assert probe["fp32_ms"] == min(probe["fp32_ms_all"]) > 0
-    assert probe["autocast_ms"] == min(probe["autocast_ms_all"]) > 0
+    assert len(probe["fp32_ms_all"]) == len(probe["autocast_ms_all"]) == probe["repeats"] >= 5
+    assert probe["fp32_ms"] == pytest.approx(statistics.median(probe["fp32_ms_all"]), abs=1e-3)
+    assert probe["autocast_ms"] == pytest.approx(
+        statistics.median(probe["autocast_ms_all"]), abs=1e-3
+    )
+    assert probe["fp32_ms_spread"] >= 0 and probe["autocast_ms_spread"] >= 0
     ratio = probe["autocast_ms"] / probe["fp32_ms"]
+    assert probe["ratio"] == pytest.approx(ratio, rel=1e-3)
+    assert probe["ratio_low"] <= probe["ratio"] <= probe["ratio_high"]
     names = {m["module"] for m in probe["modules"]}
     assert names <= {"0", "1", "2", "3"} and names
     session.findings = analyze(session)
     found = [f for f in session.all_findings() if f.id == "autocast-slower"]
-    assert len(found) == (1 if ratio >= THRESHOLDS["slowdown_medium"] else 0)
-    for f in found:
+    threshold = THRESHOLDS["slowdown_medium"]
+    if probe["ratio_high"] < threshold:
+        assert not found
+    else:
+        (f,) = found
         ev = f.evidence
-        assert ev["fp32_ms"] == probe["fp32_ms"] and ev["autocast_ms"] == probe["autocast_ms"]
         assert ev["slowdown"] == pytest.approx(ratio, rel=1e-3)
-        assert ev["estimated_fp32_step_ms"] < ev["step_ms"]
-        assert "enabled=use_amp" in f.fix
+        assert ev["slowdown_low"] == pytest.approx(probe["ratio_low"], abs=1e-3)
+        if probe["ratio_low"] < threshold:  # the interval straddles it: uncertain
+            assert f.severity == "info" and "straddles" in ev["uncertain"]
+        else:
+            assert ev["fp32_ms"] == probe["fp32_ms"] and ev["autocast_ms"] == probe["autocast_ms"]
+            assert ev["estimated_fp32_step_ms"] < ev["step_ms"]
+            assert "enabled=use_amp" in f.fix
 
 
 def test_training_is_bit_identical_with_the_probe(tmp_path: Path) -> None:
@@ -129,16 +145,18 @@ def test_probe_skips_after_an_error_and_without_autocast(tmp_path: Path) -> None
     assert "disabled" in d.session.section("speed_probe")["skipped"]
 
 
-def probe_session(fp32: float, amp: float) -> Session:
+def probe_session(fp32: list[float], amp: list[float]) -> Session:
     return Session(
         environment={"device_type": "cpu", "bf16_native": False, "cpu_flags": ["avx2"]},
         steps=[{"index": i, "wall_s": 0.05} for i in range(4)],
         sections={
             "speed_probe": {
                 "autocast": "cpu:bfloat16",
-                "fp32_ms": fp32,
-                "autocast_ms": amp,
-                "repeats": 3,
+                "fp32_ms": statistics.median(fp32),
+                "autocast_ms": statistics.median(amp),
+                "fp32_ms_all": fp32,
+                "autocast_ms_all": amp,
+                "repeats": len(fp32),
                 "measured": "forward + backward",
                 "modules": [{"module": "<b>x</b>", "fp32_ms": 1.0, "autocast_ms": 4.0}],
             }
@@ -146,13 +164,54 @@ def probe_session(fp32: float, amp: float) -> Session:
     )
 
 
+def slower(fp32: list[float], amp: list[float]) -> list[Finding]:
+    return [f for f in analyze(probe_session(fp32, amp)) if f.id == "autocast-slower"]
+
+
+TEN = [10.0, 10.1, 9.9, 10.0, 10.2]
+
+
 def test_autocast_slower_thresholds_from_constructed_sessions() -> None:
-    assert not [f for f in analyze(probe_session(10.0, 6.0)) if f.id == "autocast-slower"]
-    assert not [f for f in analyze(probe_session(10.0, 10.5)) if f.id == "autocast-slower"]
-    (medium,) = [f for f in analyze(probe_session(10.0, 12.0)) if f.id == "autocast-slower"]
+    assert not slower(TEN, [6.0] * 5)
+    assert not slower(TEN, [10.5, 10.4, 10.6, 10.5, 10.5])
+    (medium,) = slower(TEN, [12.0, 12.1, 11.9, 12.0, 12.2])
     assert medium.severity == "medium"
-    (high,) = [f for f in analyze(probe_session(10.0, 40.0)) if f.id == "autocast-slower"]
+    (high,) = slower(TEN, [40.0] * 5)
     assert high.severity == "high"
     assert high.evidence["step_ms"] == 50.0 and high.evidence["estimated_fp32_step_ms"] == 12.5
     assert high.evidence["slowest_modules"] == ["<b>x</b>: 1.00 ms -> 4.00 ms"]
+    assert high.evidence["pairs"] == 5
     assert "AVX512_BF16" in high.fix
+
+
+def test_autocast_slower_compares_the_interval_not_one_sample() -> None:
+    # one stalled FP32 pass among five moves neither median nor spread: still medium
+    (medium,) = slower([10.0, 10.0, 10.1, 9.9, 150.0], [12.0, 12.1, 11.9, 12.0, 12.0])
+    assert medium.severity == "medium"
+    # the FP32 samples [151, 24, 101] ms: the interval spans 1.10x -> uncertain
+    (noisy,) = slower([151.0, 24.0, 101.0], [120.0, 118.0, 125.0])
+    assert noisy.severity == "info" and "straddles" in noisy.evidence["uncertain"]
+    assert noisy.evidence["slowdown_low"] < 1.1 < noisy.evidence["slowdown_high"]
+    # a ratio whose interval reaches 1.5x only at its upper end is medium, not high
+    (lower_end,) = slower(TEN, [14.0, 16.0, 15.0, 17.0, 13.0])
+    assert lower_end.severity == "medium"
+    # a single pair gives no interval
+    (single,) = slower([10.0], [40.0])
+    assert single.severity == "info" and "single" in single.evidence["uncertain"]
+
+
+def test_probe_repeats_until_tight_within_its_budgets() -> None:
+    model, x = nn.Linear(8, 8), torch.randn(4, 8)
+
+    def pairs(**kw: Any) -> int:
+        out = probe(model, (x,), {}, "cpu", torch.bfloat16, **kw)
+        assert len(out["fp32_ms_all"]) == len(out["autocast_ms_all"]) == out["repeats"]
+        return int(out["repeats"])
+
+    # any spread is tight enough: stop at the requested pairs
+    assert pairs(repeats=5, tolerance=math.inf) == 5
+    # nothing is tight enough: more pairs only while the extra time lasts, then the cap
+    assert pairs(repeats=3, tolerance=0.0, extra_s=0.0) == 3
+    assert pairs(repeats=3, tolerance=0.0, budget_s=60.0) == MAX_PAIRS
+    # the budget is spent: two pairs still, so that every figure has a spread
+    assert pairs(repeats=5, budget_s=0.0) == 2

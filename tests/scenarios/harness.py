@@ -77,12 +77,19 @@ class Expect:
         step: The step it must name (``evidence["step"]``, else ``evidence["first_step"]``).
         evidence: ``{key: (value, tolerance)}``: ``abs(evidence[key] - value) <= tolerance``
             for numbers; equality for anything else (the tolerance is ignored).
+        severities: The severities it may have (empty: any). A timing finding that must be
+            a claim, not an uncertain one, gives ``ACTIONABLE``.
     """
 
     id: str
     module: str | None = None
     step: int | None = None
     evidence: dict[str, tuple[Any, float]] = field(default_factory=dict)
+    severities: frozenset[str] = frozenset()
+
+
+#: Severities of a claim (an ``info`` finding is a remark, or an uncertain measurement).
+ACTIONABLE = frozenset({"low", "medium", "high"})
 
 
 @dataclass
@@ -141,6 +148,8 @@ def _number(value: Any) -> float | None:
 def mismatch(finding: Finding, expect: Expect) -> str | None:
     """Why ``finding`` does not satisfy ``expect`` (None when it does)."""
     ev = finding.evidence
+    if expect.severities and finding.severity not in expect.severities:
+        return f"severity {finding.severity!r} not in {sorted(expect.severities)}"
     if expect.module is not None and ev.get("module") != expect.module:
         return f"module {ev.get('module')!r} != {expect.module!r}"
     if expect.step is not None:

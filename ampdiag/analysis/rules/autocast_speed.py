@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Iterator
 from typing import Any
 
-from ampdiag import units
+from ampdiag import timing, units
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
 
@@ -17,45 +17,80 @@ THRESHOLDS = {
 }
 
 
-def median_step_ms(session: Session) -> float | None:
-    """The median wall time of the run's steps after the first (warm-up), in ms."""
+def step_ms(session: Session) -> timing.Estimate | None:
+    """The wall time of the run's steps after the first (warm-up), in ms: median ± MAD."""
     walls = [s.get("wall_s") for s in session.steps[1:] or session.steps]
     values = [float(w) * 1000 for w in walls if isinstance(w, (int, float))]
-    return statistics.median(values) if values else None
+    return timing.estimate(values) if values else None
+
+
+def probe_ratio(probe: dict[str, Any]) -> timing.Estimate | None:
+    """Autocast / FP32 time of the probe: the quotient of the two medians, with its interval.
+
+    A session that kept only the two headline times (older sessions) gives one sample: no
+    interval, so it can only be "uncertain".
+    """
+    f_all, a_all = probe.get("fp32_ms_all"), probe.get("autocast_ms_all")
+    f = _samples(f_all if isinstance(f_all, list) else [probe.get("fp32_ms")])
+    a = _samples(a_all if isinstance(a_all, list) else [probe.get("autocast_ms")])
+    if not f or not a or statistics.median(f) <= 0:
+        return None
+    return timing.quotient(timing.estimate(a), timing.estimate(f))
+
+
+def _samples(values: list[Any]) -> list[float]:
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
 @rule("autocast-slower")
 def autocast_slower(session: Session) -> Iterator[Finding]:
     """The probe's step under autocast takes >= 1.10x (medium), >= 1.50x (high) its FP32 time.
 
-    Evidence: both times (best of interleaved forward + backward passes on the run's own model
-    and batch), the ratio, the run's median step time and the step time FP32 would give
-    at the measured ratio, and the leaf modules that slowed down most.
+    The ratio is the quotient of the medians of interleaved passes, with the interval their
+    spreads allow (`ampdiag.timing`); the thresholds are compared with that interval, so the
+    severity is that of its lower end. An interval that straddles 1.10x (or a single pair)
+    is reported as uncertain (info, with the interval): a loaded machine says it cannot tell
+    rather than flipping between runs. Evidence: both median times, the ratio and its
+    interval, the run's median step time and the step time FP32 would give at the measured
+    ratio, and the leaf modules
+    that slowed down most.
     """
     probe = session.section("speed_probe")
     fp32, amp = probe.get("fp32_ms"), probe.get("autocast_ms")
-    if not isinstance(fp32, (int, float)) or not isinstance(amp, (int, float)) or fp32 <= 0:
+    est = probe_ratio(dict(probe))
+    if not isinstance(fp32, (int, float)) or not isinstance(amp, (int, float)) or est is None:
         return
-    ratio = amp / fp32
-    if ratio < THRESHOLDS["slowdown_medium"]:
+    side = est.versus(THRESHOLDS["slowdown_medium"])
+    if side == "below":
         return
-    severity: Severity = "high" if ratio >= THRESHOLDS["slowdown_high"] else "medium"
     env = session.environment
     autocast = str(probe.get("autocast") or env.get("autocast") or "?")
     device, _, dtype = autocast.partition(":")
+    interval = {
+        "slowdown": round(est.median, 3),
+        "slowdown_low": round(est.low, 3),
+        "slowdown_high": round(est.high, 3),
+        "pairs": est.samples,
+        "threshold": THRESHOLDS["slowdown_medium"],
+    }
+    if side == "uncertain":
+        yield _uncertain(autocast, est, interval)
+        return
+    ratio = est.median
+    severity: Severity = "high" if est.low >= THRESHOLDS["slowdown_high"] else "medium"
     evidence: dict[str, Any] = {
         "autocast": autocast,
         "fp32_ms": fp32,
         "autocast_ms": amp,
-        "slowdown": round(ratio, 3),
-        "measured": f"{probe.get('measured', 'forward + backward')}, best of "
-        f"{probe.get('repeats', '?')} interleaved pairs",
-        "threshold": THRESHOLDS["slowdown_medium"],
+        **interval,
+        "measured": f"{probe.get('measured', 'forward + backward')}, median of "
+        f"{est.samples} interleaved pairs each",
     }
-    step = median_step_ms(session)
+    step = step_ms(session)
     if step is not None:
-        evidence["step_ms"] = round(step, 3)
-        evidence["estimated_fp32_step_ms"] = round(step / ratio, 3)
+        evidence["step_ms"] = round(step.median, 3)
+        evidence["step_ms_spread"] = round(step.spread, 3)
+        evidence["estimated_fp32_step_ms"] = round(step.median / ratio, 3)
     slowed = [
         m
         for m in probe.get("modules", [])
@@ -101,11 +136,35 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
         id="autocast-slower",
         severity=severity,
         title=(
-            f"Mixed precision ({autocast}) is {ratio:.2f}x slower than FP32 on this model: "
+            f"Mixed precision ({autocast}) is {ratio:.2f}x ({est.low:.2f}x-{est.high:.2f}x) slower "
+            "than FP32 on this model: "
             f"{units.micros(amp * 1e3)} vs {units.micros(fp32 * 1e3)} per forward + backward."
         ),
         evidence=evidence,
         fix=fix,
         section="time",
         impact=1 - 1 / ratio,
+    )
+
+
+def _uncertain(autocast: str, est: timing.Estimate, interval: dict[str, Any]) -> Finding:
+    """The info finding for a ratio whose interval straddles the threshold."""
+    why = timing.why_uncertain(est, THRESHOLDS["slowdown_medium"], "timed pair", "{:.2f}x")
+    return Finding(
+        id="autocast-slower",
+        severity="info",
+        title=(
+            f"Mixed precision ({autocast}) may be slower than FP32 here "
+            f"({est.median:.2f}x, between {est.low:.2f}x and {est.high:.2f}x over {est.samples} "
+            f"pairs), but it could not be measured reliably: {why}."
+        ),
+        evidence={"autocast": autocast, **interval, "uncertain": why},
+        fix=(
+            "# Time it on a quiet machine, with more pairs:\n"
+            "with ampdiag.diagnose(speed_probe_repeats=20, speed_probe_budget_s=30): ...\n"
+            "# or measure every precision directly:\n"
+            "ampdiag.compare(model, batch, loss_fn=loss_fn, budget_s=30)"
+        ),
+        section="time",
+        impact=0.0,
     )

@@ -40,6 +40,10 @@ def _top(summary: dict[str, object], n: int = 5) -> list[dict[str, object]]:
 def fp32_ops_in_autocast(session: Session) -> Iterator[Finding]:
     """With autocast on, >= 10% of FLOPs (high: >= 30%) or >= 30% of op time ran in FP32.
 
+    The op time comes from one audited step, a single sample without a spread: when only it
+    crosses its threshold the finding is info (uncertain), never a claim that could flip
+    between identical runs.
+
     Names the top FP32 ops with their module and reason, and gives a fix per reason.
     """
     sec = session.section("precision")
@@ -55,6 +59,11 @@ def fp32_ops_in_autocast(session: Session) -> Iterator[Finding]:
     ):
         return
     severity: Severity = "high" if fshare >= THRESHOLDS["fp32_flops_share_high"] else "medium"
+    # The FLOP share is counted, the time share is one audited step's op times: a single
+    # sample with no spread (a stalled op moves it), so on its own it makes no claim.
+    time_only = fshare < THRESHOLDS["fp32_flops_share_medium"]
+    if time_only:
+        severity = "info"
     top = _top(s)
     reasons = sorted(s["reasons"].items(), key=lambda kv: -kv[1]["time_us"])
     fixes = [f"[{reason}] {REASON_FIXES.get(reason, '')}" for reason, _ in reasons]
@@ -75,6 +84,14 @@ def fp32_ops_in_autocast(session: Session) -> Iterator[Finding]:
                 for k, v in reasons
             },
             "step": sec.get("step"),
+            **(
+                {
+                    "uncertain": "only the op time crosses its threshold, and it was measured "
+                    "on one step (no spread): the FLOP share, which is counted, does not"
+                }
+                if time_only
+                else {}
+            ),
             "thresholds": {
                 "flops_share": THRESHOLDS["fp32_flops_share_medium"],
                 "time_share": THRESHOLDS["fp32_time_share_medium"],

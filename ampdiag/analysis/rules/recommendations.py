@@ -357,7 +357,7 @@ def throughput_advice(session: Session, findings: list[Finding]) -> Iterator[Adv
     times larger gives idle share s / (s + (1 - s) k); k = ceil(s (1 - t) / (t (1 - s))) reaches
     t = 10%, capped at 8.
     """
-    dl = find(findings, "dataloader-bound")
+    dl = _actionable(findings, "dataloader-bound")  # an uncertain (info) one advises nothing
     idle = find(findings, "gpu-idle")
     dev = device_type(session)
     if dl:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
+from ampdiag import timing
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
 
@@ -14,41 +18,111 @@ THRESHOLDS = {
 }
 
 
+@dataclass(frozen=True)
+class DataWait:
+    """The data-loading share of the steps of one breakdown, with the per-step figures."""
+
+    share: timing.Estimate
+    data_ms: float
+    step_ms: float
+    rank: Any = None
+
+
+def data_wait(breakdown: dict[str, Any], rank: Any = None) -> DataWait | None:
+    """The median data share of a host breakdown's steps (`ampdiag.timing`), or None.
+
+    Each step's share is its own data time over its own wall time, and the median over the
+    steps is taken, never the mean: one step that stalled (a page fault, a garbage
+    collection, another process) among three would drive a mean share past the threshold of
+    a run that is not data bound at all. A breakdown without per-step rows (older sessions)
+    gives its one mean share: a single sample, so at most an uncertain finding.
+    """
+    rows = [
+        r
+        for r in breakdown.get("steps", [])
+        if isinstance(r, dict) and isinstance(r.get("total_us"), (int, float)) and r["total_us"] > 0
+    ]
+    if rows:
+        shares = [float(r.get("data_us", 0.0)) / float(r["total_us"]) for r in rows]
+        data_ms = statistics.median(float(r.get("data_us", 0.0)) for r in rows) / 1000
+        step_ms = statistics.median(float(r["total_us"]) for r in rows) / 1000
+        return DataWait(timing.estimate(shares), data_ms, step_ms, rank)
+    share = breakdown.get("share", {}).get("data")
+    if not isinstance(share, (int, float)):
+        return None
+    mean = breakdown.get("mean", {})
+    return DataWait(
+        timing.estimate([float(share)]),
+        float(mean.get("data_us", 0.0)) / 1000,
+        float(mean.get("total_us", 0.0)) / 1000,
+        rank,
+    )
+
+
 @rule("dataloader-bound")
 def dataloader_bound(session: Session) -> Iterator[Finding]:
-    """Data loading takes >= 10% of the step (medium), >= 30% (high).
+    """Data loading takes >= 10% of the step (medium), >= 30% (high), in the median step.
 
     The share comes from the profiler section's host breakdown of the profiled steps; where a
-    ``timeline`` section (a trace of one or more ranks) gives each rank's share of step time in
-    ``enumerate(DataLoader)`` annotations, the worst rank counts when it is larger.
+    ``timeline`` section (a trace of one or more ranks) gives each rank's host breakdown, the
+    worst rank counts when its median is larger. The thresholds are compared with the
+    interval median ± spread of the per-step shares (`ampdiag.timing`), so a single stalled
+    step neither fires the finding nor raises its severity (the severity is that of the
+    interval's lower end). An interval that straddles 10% (or a single step) is reported as
+    uncertain (info, with the interval) instead of flipping between runs.
     """
-    bd = session.section("profiler").get("breakdown", {})
-    data = float(bd.get("share", {}).get("data", 0.0))
-    mean = bd.get("mean", {})
-    data_us, step_us = float(mean.get("data_us", 0.0)), float(mean.get("total_us", 0.0))
-    rank = None
+    waits = [data_wait(session.section("profiler").get("breakdown", {}))]
     for r in session.section("timeline").get("ranks", []):
-        share = float(r.get("data_share", 0.0)) if isinstance(r, dict) else 0.0
-        if share > data:
-            host_mean = r.get("host", {}).get("mean", {})
-            data, rank = share, r.get("rank")
-            data_us = float(host_mean.get("data_us", 0.0))
-            step_us = float(host_mean.get("total_us", 0.0))
-    if data < THRESHOLDS["dataloader_share_medium"]:
+        if isinstance(r, dict) and isinstance(r.get("host"), dict):
+            waits.append(data_wait(r["host"], r.get("rank")))
+    found = [w for w in waits if w is not None]
+    if not found:
         return
-    severity: Severity = "high" if data >= THRESHOLDS["dataloader_share_high"] else "medium"
-    evidence = {
+    worst = max(found, key=lambda w: w.share.median)
+    est = worst.share
+    side = est.versus(THRESHOLDS["dataloader_share_medium"])
+    if side == "below":
+        return
+    data = est.median
+    evidence: dict[str, Any] = {
         "data_share": round(data, 4),
-        "data_ms_per_step": round(data_us / 1000, 3),
-        "step_ms": round(step_us / 1000, 3),
+        "data_share_spread": round(est.spread, 4),
+        "data_share_low": round(est.low, 4),
+        "data_share_high": round(est.high, 4),
+        "steps": est.samples,
+        "data_ms_per_step": round(worst.data_ms, 3),
+        "step_ms": round(worst.step_ms, 3),
         "threshold": THRESHOLDS["dataloader_share_medium"],
     }
-    if rank is not None:
-        evidence["rank"] = rank
+    if worst.rank is not None:
+        evidence["rank"] = worst.rank
+    if side == "uncertain":
+        threshold = THRESHOLDS["dataloader_share_medium"]
+        why = timing.why_uncertain(est, threshold, "profiled step", "{:.0%}")
+        yield Finding(
+            id="dataloader-bound",
+            severity="info",
+            title=(
+                f"Data loading may take {data:.0%} of a step, but it could not be measured "
+                f"reliably: {why}."
+            ),
+            evidence={**evidence, "uncertain": why},
+            fix=(
+                "# Profile more steps to tell:\nwith ampdiag.diagnose(profile_active=10) as d: ..."
+            ),
+            section="time",
+            impact=0.0,
+        )
+        return
+    high = est.low >= THRESHOLDS["dataloader_share_high"]
+    severity: Severity = "high" if high else "medium"
     yield Finding(
         id="dataloader-bound",
         severity=severity,
-        title=f"Data loading takes {data:.0%} of each step: the model waits for its input.",
+        title=(
+            f"Data loading takes {data:.0%} (± {est.spread:.0%}) of each step: the model waits "
+            "for its input."
+        ),
         evidence=evidence,
         fix=(
             "Load batches in worker processes and overlap the copy to the device:\n"

@@ -54,7 +54,7 @@ def figures(session: Session) -> dict[str, charts.Chart]:
         out["speed-probe"] = charts.bars(
             ["FP32", str(probe.get("autocast") or "autocast")],
             {"ms": [float(probe["fp32_ms"]), float(probe.get("autocast_ms") or 0.0)]},
-            "ms per forward + backward (best of the samples)",
+            "ms per forward + backward (median of the samples)",
             "Speed probe: the same step in FP32 and under autocast",
             horizontal=True,
         )

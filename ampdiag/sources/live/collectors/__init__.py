@@ -12,7 +12,7 @@ def default_collectors(config: DiagnoseConfig) -> list[Collector]:
     from ampdiag.sources.live.collectors.speed_probe import SpeedProbe
 
     collectors: list[Collector] = []
-    collectors.append(SpeedProbe(repeats=config.speed_probe_repeats))
+    collectors.append(SpeedProbe(config.speed_probe_repeats, config.speed_probe_budget_s))
     if config.profile:
         collectors.append(ProfilerCollector())
     if config.memory:

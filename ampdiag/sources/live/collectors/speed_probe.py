@@ -18,9 +18,14 @@ How it measures, observing and never changing:
   surrogate loss (the sum of the floating outputs) with ``torch.autograd.grad`` -- which
   returns gradients without touching any ``.grad`` -- once under
   ``torch.autocast(enabled=False)`` and once under the autocast the run used, warm-up
-  first, then ``repeats`` interleaved pairs (ABBA order). The headline times are the best of
-  the samples (timeit's convention: other load on the machine only ever adds time), the
-  medians are kept beside them. One more
+  first, then ``speed_probe_repeats`` interleaved pairs (ABBA order), and more until both
+  medians are known to within 5% (median absolute deviation over median, `ampdiag.timing`),
+  as long as 10% of the block's wall time allows; never past ``speed_probe_budget_s`` (two
+  pairs at least, so that every figure has a spread). Every figure is a median with its
+  spread, never one sample, and the ratio's interval is what the two medians' intervals allow:
+  a run on a loaded machine that cannot tell the two apart says so (``ratio_low`` /
+  ``ratio_high`` straddle the threshold, and ``autocast-slower`` is reported as uncertain)
+  instead of flipping from run to run. One more
   forward of each, with timing hooks on the leaf modules, gives the per-module times.
 - The extra forwards run on the copy, never on the user's objects: the user's parameters,
   buffers, ``.grad`` and the Python state a ``forward`` may keep (a step counter, a cache) are
@@ -38,7 +43,6 @@ they do see the probe's extra forwards (on the copy).
 from __future__ import annotations
 
 import copy
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -46,6 +50,7 @@ from typing import Any, cast
 
 import torch
 
+from ampdiag import timing
 from ampdiag.schema import SpeedProbeSection
 from ampdiag.sources.live.collectors.base import (
     Collector,
@@ -57,6 +62,14 @@ from ampdiag.sources.live.compare import class_forward, compare
 from ampdiag.sources.live.discovery import dominant_autocast
 
 TOP_MODULES = 15
+#: Stop timing once both medians' spreads (MAD) are at most this share of them.
+TOLERANCE = 0.05
+#: The timed pairs' wall-time budget when none is given (`DiagnoseConfig.speed_probe_budget_s`).
+DEFAULT_BUDGET_S = 10.0
+#: Share of the block's wall time the timed pairs may spend at most.
+BLOCK_SHARE = 0.1
+#: Timed pairs at most, however noisy.
+MAX_PAIRS = 50
 
 
 def _is_distributed(model: torch.nn.Module) -> bool:
@@ -71,8 +84,9 @@ class SpeedProbe(Collector):
 
     name = "speed_probe"
 
-    def __init__(self, repeats: int = 3) -> None:
+    def __init__(self, repeats: int = 5, budget_s: float = DEFAULT_BUDGET_S) -> None:
         self.repeats = max(1, repeats)
+        self.budget_s = budget_s
         self._run: RunContext | None = None
         self._model: torch.nn.Module | None = None
         self._handle: Any = None
@@ -139,11 +153,19 @@ class SpeedProbe(Collector):
             self._skipped = why
             return
         device, dtype_name = self._autocast.split(":", 1)
+        extra = min(self.budget_s, BLOCK_SHARE * (time.perf_counter() - self._began))
         self._probing = True
         try:
             with internal_work():  # other blocks' hooks must not take the copy for a new model
                 self._result = probe(
-                    copy, inputs[0], inputs[1], device, getattr(torch, dtype_name), self.repeats
+                    copy,
+                    inputs[0],
+                    inputs[1],
+                    device,
+                    getattr(torch, dtype_name),
+                    self.repeats,
+                    budget_s=self.budget_s,
+                    extra_s=extra,
                 )
             self._result["autocast"] = self._autocast
             self._result["precisions"] = self._compare(run, copy, inputs)
@@ -228,10 +250,18 @@ def probe(
     kwargs: dict[str, Any],
     device: str,
     dtype: torch.dtype,
-    repeats: int = 3,
+    repeats: int = 5,
+    budget_s: float = DEFAULT_BUDGET_S,
+    extra_s: float | None = None,
+    tolerance: float = TOLERANCE,
 ) -> dict[str, Any]:
     """Times ``model(*args, **kwargs)`` + a surrogate backward in FP32 and under autocast.
 
+    One warm-up pair, then ``repeats`` interleaved pairs (ABBA order), and more until both
+    medians are known to within ``tolerance`` (spread over median, `ampdiag.timing`) or
+    ``extra_s`` is spent; never past ``budget_s`` (two pairs at least, so that every figure has
+    a spread) nor `MAX_PAIRS`. The ratio is the quotient of the two medians, its interval the
+    quotient of their intervals (`timing.quotient`).
     Parameters, their ``.grad``, buffers and the RNG state are unchanged afterwards.
 
     Args:
@@ -240,12 +270,18 @@ def probe(
         kwargs: Keyword inputs of a real forward.
         device: The autocast device type ("cpu" or "cuda").
         dtype: The autocast dtype.
-        repeats: Interleaved timed pairs after one warm-up pair.
+        repeats: Timed pairs at least (within ``budget_s``).
+        budget_s: Wall time the timed pairs may spend in all (after the warm-up pair).
+        extra_s: Wall time after which no pair is added beyond ``repeats`` (default
+            ``budget_s``).
+        tolerance: Stop once both medians' spreads are at most this share of them.
 
     Returns:
-        ``fp32_ms``, ``autocast_ms`` (best of the samples), their medians, all samples,
-        ``ratio`` (autocast / FP32), ``measured`` (what was timed) and ``modules`` (per leaf
-        module forward times).
+        ``fp32_ms`` and ``autocast_ms`` (medians) with their ``*_spread`` (median absolute
+        deviation); ``ratio`` (autocast / FP32) with ``ratio_low`` and ``ratio_high`` (the
+        interval the rules compare with thresholds); ``tight`` (whether the tolerance was
+        reached), ``repeats`` (pairs timed), all samples, ``measured`` (what was timed) and
+        ``modules`` (per leaf module forward times).
     """
     params = [p for p in model.parameters() if p.requires_grad]
     cuda_devices = sorted({t.device.index or 0 for t in model.parameters() if t.is_cuda})
@@ -274,6 +310,8 @@ def probe(
         sync()
         return time.perf_counter() - t0
 
+    if extra_s is None:
+        extra_s = budget_s
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     fp32: list[float] = []
     amp: list[float] = []
@@ -284,26 +322,46 @@ def probe(
         try:
             once(False)
             once(True)
-            for i in range(repeats):
-                order = (False, True) if i % 2 == 0 else (True, False)
-                for a in order:
-                    (amp if a else fp32).append(once(a) * 1000)
+            began = time.perf_counter()
+            while True:
+                order = (False, True) if len(fp32) % 2 == 0 else (True, False)
+                for autocast_on in order:
+                    (amp if autocast_on else fp32).append(once(autocast_on) * 1000)
+                n, spent = len(fp32), time.perf_counter() - began
+                done = all(timing.tight(timing.estimate(x), tolerance) for x in (fp32, amp))
+                over = spent >= budget_s and n >= timing.MIN_SAMPLES
+                if over or n >= MAX_PAIRS or (n >= repeats and done):
+                    break
+                if n >= repeats and spent >= extra_s:
+                    break
             modules = _module_times(model, args, kwargs, device, dtype, sync)
         finally:
             with torch.no_grad():
                 for buf, value in saved:
                     buf.copy_(value)
-    fp32_ms, amp_ms = min(fp32), min(amp)
+    f, a = timing.estimate(fp32), timing.estimate(amp)
+    r = timing.quotient(a, f) if f.median > 0 else None
     return {
         "measured": "forward + backward" if backward else "forward",
-        "repeats": repeats,
-        "fp32_ms": round(fp32_ms, 4),
-        "autocast_ms": round(amp_ms, 4),
-        "fp32_ms_median": round(statistics.median(fp32), 4),
-        "autocast_ms_median": round(statistics.median(amp), 4),
+        "repeats": len(fp32),
+        "fp32_ms": round(f.median, 4),
+        "fp32_ms_spread": round(f.spread, 4),
+        "autocast_ms": round(a.median, 4),
+        "autocast_ms_spread": round(a.spread, 4),
         "fp32_ms_all": [round(x, 4) for x in fp32],
         "autocast_ms_all": [round(x, 4) for x in amp],
-        "ratio": round(amp_ms / fp32_ms, 4) if fp32_ms > 0 else None,
+        **(
+            {
+                "ratio": round(r.median, 4),
+                "ratio_low": round(r.low, 4),
+                "ratio_high": round(r.high, 4),
+            }
+            if r is not None
+            else {}
+        ),
+        "tight": timing.tight(f, tolerance) and timing.tight(a, tolerance),
+        "tolerance": tolerance,
+        "budget_s": round(budget_s, 3),
         "modules": modules,
     }
 
