@@ -298,6 +298,8 @@ def precision_summary(acts: _Acts) -> dict[str, Any]:
 
 
 _HOST_PRIORITY = ("data", "optimizer", "backward", "forward")
+_LIVE = [HOST_CATEGORIES.index(c) for c in (*_HOST_PRIORITY, "closure")]
+"""The host categories whose live spans decide a segment's category."""
 
 
 def covered_by_group(group: I64, starts: F64, ends: F64, groups: int) -> F64:
@@ -356,7 +358,7 @@ def host_breakdown(rt: RankTrace) -> dict[str, Any]:
     )
     starts_all = np.array([st[1] for st in rt.steps], dtype=np.float64)
     ends_all = np.array([st[2] for st in rt.steps], dtype=np.float64)
-    for pid in np.unique(pid_of).tolist():
+    for pid in sorted(set(pid_of.tolist())):  # not np.unique, which imports numpy.ma (10 ms)
         which = np.flatnonzero(pid_of == pid)
         on = np.flatnonzero(cols.host_pid == pid)
         hs, he, hc = cols.host_start[on], cols.host_end[on], cols.host_cat[on]
@@ -378,14 +380,16 @@ def host_breakdown(rt: RankTrace) -> dict[str, Any]:
         g = np.concatenate([step, step])
         order = np.lexsort((t, g))
         t, k, sign, g = t[order], k[order], sign[order], g[order]
-        live = np.zeros((len(t), len(HOST_CATEGORIES)), dtype=bool)
-        for c in range(len(HOST_CATEGORIES)):
-            live[:, c] = np.cumsum(np.where(k == c, sign, 0.0)) > 0.5
+        # one row per category (only those the priority reads: communication is not a step
+        # category), each a contiguous run
+        live = np.zeros((len(HOST_CATEGORIES), len(t)), dtype=bool)
+        for c in _LIVE:
+            live[c] = np.cumsum(np.where(k == c, sign, 0.0)) > 0.5
         # inside an optimizer's step(closure): forward/backward (or other), never optimizer
-        live[:, HOST_CATEGORIES.index("optimizer")] &= ~live[:, HOST_CATEGORIES.index("closure")]
+        live[HOST_CATEGORIES.index("optimizer")] &= ~live[HOST_CATEGORIES.index("closure")]
         winner = np.full(len(t), -1, dtype=np.int64)
         for name in reversed(_HOST_PRIORITY):  # the highest priority written last, so it wins
-            winner[live[:, HOST_CATEGORIES.index(name)]] = CATEGORIES.index(name)
+            winner[live[HOST_CATEGORIES.index(name)]] = CATEGORIES.index(name)
         seg = np.diff(t) if len(t) else np.empty(0)
         use = (winner[:-1] >= 0) & (g[1:] == g[:-1])
         flat = np.bincount(

@@ -17,7 +17,6 @@ from ampdiag.analysis.communication import across_ranks, rank_communication
 from ampdiag.analysis.timeline import analyze_rank, summarize_ranks
 from ampdiag.errors import InputError
 from ampdiag.session import Session
-from ampdiag.trace.hta_extra import run_hta
 from ampdiag.trace.reader import read_traces
 
 if TYPE_CHECKING:
@@ -112,7 +111,9 @@ def session_from_traces(path: Path, hta: bool = False, files: list[Path] | None 
     devices: list[str] = []
     world: int | None = None
     seen: dict[int, Path] = {}
-    for index, (file, rt) in enumerate(zip(files, read_traces(files), strict=True)):
+    # the [memory] allocator events are the memory timeline's, which a report does not draw
+    traced = read_traces(files, memory=False)
+    for index, (file, rt) in enumerate(zip(files, traced, strict=True)):
         if rt.rank in seen:
             # different jobs' traces side by side, or two runs of one job: kept apart by position
             warnings.append(
@@ -146,6 +147,8 @@ def session_from_traces(path: Path, hta: bool = False, files: list[Path] | None 
         "warnings": warnings,
     }
     if hta:
+        from ampdiag.trace.hta_extra import run_hta  # HTA's own analyses, only when asked
+
         timeline["hta"] = run_hta(path, files)
     has_gpu = any(r["has_gpu"] for r in ranks)
     env: Environment = {

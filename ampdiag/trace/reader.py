@@ -27,12 +27,14 @@ from ampdiag.trace.lenient import read_lenient
 from ampdiag.trace.records import Fallback, RankTrace
 
 
-def read_trace(path: str | Path, index: int = 0) -> RankTrace:
+def read_trace(path: str | Path, index: int = 0, memory: bool = True) -> RankTrace:
     """Reads one Kineto trace file.
 
     Args:
         path: A ``.json`` or ``.json.gz`` trace (gzip is detected from the content).
         index: The file's position among the ranks (the rank of last resort).
+        memory: Keep the ``[memory]`` allocator events (``RankTrace.memory``, which only the
+            memory timeline reads); without them, their fields are not decoded.
 
     Returns:
         The RankTrace.
@@ -42,12 +44,12 @@ def read_trace(path: str | Path, index: int = 0) -> RankTrace:
     """
     p = Path(path)
     try:
-        return read_fast(p, index)
+        return read_fast(p, index, memory)
     except Fallback:
-        return read_lenient(p, index)
+        return read_lenient(p, index, memory)
 
 
-def read_traces(paths: list[Path]) -> Iterator[RankTrace]:
+def read_traces(paths: list[Path], memory: bool = True) -> Iterator[RankTrace]:
     """Reads trace files in order, ``paths[i]`` as rank of last resort ``i``.
 
     One after the other, in this process: decoding holds the interpreter's lock, and worker
@@ -58,4 +60,4 @@ def read_traces(paths: list[Path]) -> Iterator[RankTrace]:
         InputError: A file is unreadable, not JSON, truncated, or not a Kineto trace.
     """
     for index, path in enumerate(paths):
-        yield read_trace(path, index)
+        yield read_trace(path, index, memory)
