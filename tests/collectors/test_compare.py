@@ -7,6 +7,7 @@ mantissa bits each format has.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,41 @@ def test_a_forward_wrapped_in_autocast_is_measured_in_each_precision() -> None:
     assert result.result("fp32").saved_bytes == n * (32 + 64) * 4
     assert result.result("bf16").saved_bytes == n * (32 + 64) * 2
     assert "forward" in vars(model)  # the user's wrapped forward is left in place
+
+
+class _Slow(nn.Module):
+    """A model whose forward takes 40 ms whatever the precision: the A/B cannot be cheap."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.04)
+        return self.fc(x)
+
+
+def test_an_ab_that_cannot_fit_its_budget_is_skipped_with_the_reason(tmp_path: Path) -> None:
+    """Bounded cost: the A/B's least cost, from the probe's own timings, over 10% of the block."""
+    import ampdiag
+
+    model = _Slow()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+    with ampdiag.diagnose(out=tmp_path, console=False, tensorboard=False, report=False) as d:
+        began = time.perf_counter()
+        for _ in range(3):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+        block_s = time.perf_counter() - began
+    assert d.session is not None
+    ab = d.session.section("speed_probe")["precisions"]
+    assert "results" not in ab and "over its budget" in ab["skipped"]
+    # three precisions, each at least three 40 ms forwards: far over 10% of a ~0.1-1 s block
+    assert ab["estimated_s"] >= 3 * 3 * 0.04 > ab["budget_s"]
+    assert ab["budget_s"] <= 0.1 * (block_s + 5)  # the block as ampdiag saw it, setup included
+    advice = [f for f in d.session.all_findings() if f.id.startswith("prefer-")]
+    assert all(f.evidence.get("measured") is False for f in advice)

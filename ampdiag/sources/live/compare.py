@@ -407,7 +407,8 @@ def compare(
             `supported_precisions`).
         budget_s: Wall time the timing rounds may spend, in all.
         tolerance: Stop timing once every median is known to within this share.
-        min_samples: Timed samples of each precision at least (budget permitting).
+        min_samples: Timed samples of each precision at least (budget permitting; two even
+            past the budget when ``min_samples >= 2``, so that every time has a spread).
         seed: The random seed every precision's forward starts from (dropout masks alike).
         kwargs: Keyword arguments of the model's forward, beside ``batch``.
         copy_model: Measure a deep copy (the default). ``False`` measures ``model`` itself:
@@ -558,7 +559,9 @@ def _time_all(
         )
         if rounds >= min_samples and (tight or spent >= result.budget_s):
             break
-        if spent >= result.budget_s and rounds >= 1:
+        # every precision gets two samples (a spread) unless fewer were asked for: the speed
+        # probe runs the A/B only when that least cost fits its budget
+        if spent >= result.budget_s and rounds >= min(2, min_samples):
             break
     for name, s in samples.items():
         row = rows[name]

@@ -58,7 +58,7 @@ from ampdiag.sources.live.collectors.base import (
     internal_work,
     tensors_in,
 )
-from ampdiag.sources.live.compare import class_forward, compare
+from ampdiag.sources.live.compare import class_forward, compare, supported_precisions
 from ampdiag.sources.live.discovery import dominant_autocast
 
 TOP_MODULES = 15
@@ -185,6 +185,17 @@ class SpeedProbe(Collector):
         budget = min(run.config.precision_ab_budget_s, 0.1 * (time.perf_counter() - self._began))
         if run.config.precision_ab_budget_s <= 0:
             return {"skipped": "disabled (precision_ab_budget_s=0)"}
+        need = ab_cost_estimate_s(self._result, len(supported_precisions(_device_of(copy))))
+        if need is not None and need > budget:
+            return {
+                "skipped": (
+                    f"it needs about {need:.2g} s (an observed, two timed and the per-module "
+                    f"passes of each precision, at the probe's measured speeds), over its "
+                    f"budget of {budget:.2g} s (precision_ab_budget_s, at most 10% of the block)"
+                ),
+                "budget_s": budget,
+                "estimated_s": need,
+            }
         try:
             with internal_work():
                 return compare(
@@ -202,6 +213,33 @@ class SpeedProbe(Collector):
             "SpeedProbeSection",
             {"batch_size": self._batch, "skipped": self._skipped, **self._result},
         )
+
+
+#: Forward + backward passes the A/B runs per precision at the least: one observed run (its
+#: hooks cost about half a pass more), two timed rounds (a spread) and the per-module
+#: forwards (~0.7).
+AB_PASSES_PER_PRECISION = 4.2
+
+
+def ab_cost_estimate_s(timings: dict[str, Any], precisions: int) -> float | None:
+    """The least the precision A/B can cost, from the probe's own measured medians.
+
+    Each precision costs `AB_PASSES_PER_PRECISION` passes at the slower of the two times the
+    probe measured (FP32 and the run's autocast): a precision not measured yet is assumed no
+    faster than the slower known one. The A/B is skipped, with this figure, when even that is
+    over its budget: its cost stays bounded by the budget instead of overrunning it.
+    """
+    fp32, amp = timings.get("fp32_ms"), timings.get("autocast_ms")
+    if not isinstance(fp32, (int, float)) or not isinstance(amp, (int, float)):
+        return None
+    slowest = max(fp32, amp) / 1e3
+    known = (fp32 + amp) / 1e3
+    return AB_PASSES_PER_PRECISION * (known + slowest * max(0, precisions - 2))
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
 
 
 def copy_of(model: torch.nn.Module) -> tuple[torch.nn.Module | None, str]:
