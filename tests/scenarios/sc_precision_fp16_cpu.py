@@ -37,7 +37,7 @@ from ampdiag.session import Session
 from tests.scenarios import models
 from tests.scenarios.harness import Expect, Scenario, Truth, diagnose, seeded, session_of
 
-STEPS = 50
+STEPS = 150  # a block long enough that 10% of it pays for the A/B (its budget), under load too
 ROUNDS = 9
 DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16,
                                          "fp16": torch.float16}  # fmt: skip
