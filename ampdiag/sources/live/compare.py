@@ -124,6 +124,12 @@ class PrecisionComparison:
         return asdict(self)
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of the model's parameters (the CPU for a model without any)."""
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
 def supported_precisions(device: torch.device) -> list[str]:
     """FP32 and the low precisions this device runs (TF32 on CUDA GPUs that have it)."""
     out = ["fp32"]
@@ -419,8 +425,7 @@ def compare(
         whose numerics are safe (see `precision_choice`), with the reason.
     """
     started = time.perf_counter()
-    param = next(model.parameters(), None)
-    device = param.device if param is not None else torch.device("cpu")
+    device = model_device(model)
     args, named = (
         ((), dict(batch)) if isinstance(batch, dict)
         else (tuple(batch), {}) if isinstance(batch, (tuple, list)) else ((batch,), {})

@@ -58,7 +58,12 @@ from ampdiag.sources.live.collectors.base import (
     internal_work,
     tensors_in,
 )
-from ampdiag.sources.live.compare import class_forward, compare, supported_precisions
+from ampdiag.sources.live.compare import (
+    class_forward,
+    compare,
+    model_device,
+    supported_precisions,
+)
 from ampdiag.sources.live.discovery import dominant_autocast
 
 TOP_MODULES = 15
@@ -185,7 +190,7 @@ class SpeedProbe(Collector):
         budget = min(run.config.precision_ab_budget_s, 0.1 * (time.perf_counter() - self._began))
         if run.config.precision_ab_budget_s <= 0:
             return {"skipped": "disabled (precision_ab_budget_s=0)"}
-        need = ab_cost_estimate_s(self._result, len(supported_precisions(_device_of(copy))))
+        need = ab_cost_estimate_s(self._result, len(supported_precisions(model_device(copy))))
         if need is not None and need > budget:
             return {
                 "skipped": (
@@ -235,11 +240,6 @@ def ab_cost_estimate_s(timings: dict[str, Any], precisions: int) -> float | None
     slowest = max(fp32, amp) / 1e3
     known = (fp32 + amp) / 1e3
     return AB_PASSES_PER_PRECISION * (known + slowest * max(0, precisions - 2))
-
-
-def _device_of(model: torch.nn.Module) -> torch.device:
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
 
 
 def copy_of(model: torch.nn.Module) -> tuple[torch.nn.Module | None, str]:
