@@ -70,7 +70,8 @@ class DiagnoseConfig:
         precision_ab_budget_s: With the speed probe, ``ampdiag.compare`` also measures every
             precision the device runs (time, memory, error against FP32) on the run's model
             and batch, spending at most this many seconds and at most 10% of the block's wall
-            time (0 turns it off).
+            time (0 turns it off); a precision whose first pass shows that timing it would
+            overrun that is left untimed, with the reason.
     """
 
     profile: bool = True

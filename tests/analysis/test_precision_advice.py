@@ -192,3 +192,20 @@ def test_low_precision_inactive_advises_the_runs_own_dtype() -> None:
                                               "ops": [mm | {"autocast": False}]}})  # fmt: skip
     (off,) = [f for f in analyze(amp_off) if f.id == "amp-off"]
     assert off.evidence["measured"] is False and "ampdiag.compare" in off.fix
+
+
+def test_a_precision_the_ab_did_not_time_gets_no_measured_claim() -> None:
+    # A BF16 run on a CPU: FP16's observed pass predicted an overrun of the A/B's budget, so it
+    # was not timed (its numerics are). The advice compares only the timed precisions and
+    # says FP16 was not timed, and why, without a time for it.
+    why = "not timed: its observed pass took 600 ms, ... would overrun the A/B's budget of 0.3 s"
+    fp16 = row("fp16", 0.0, None, 500, not_timed=why) | {"time_ms": None, "samples": 0}
+    rows = [row("fp32", 7.0, 0.3, 1000), row("bf16", 10.0, 0.4, 500), fp16]
+    s = session("cpu:bfloat16", rows, probe_ratio=1.4)
+    out = advise(s, list(autocast_slower(s)))
+    (rec,) = [f for f in out if f.id.startswith("prefer-")]
+    assert rec.id == "prefer-fp32" and rec.evidence["measured"] is True
+    assert "fp16" not in rec.evidence["times_ms"] and "fp16" not in rec.evidence["tied"]
+    assert rec.evidence["not_timed"] == {"fp16": why}
+    assert "FP16 not timed" in rec.fix and "FP16 0" not in rec.fix
+    assert contradictions(out) == []

@@ -190,3 +190,36 @@ def test_an_ab_that_cannot_fit_its_budget_is_skipped_with_the_reason(tmp_path: P
     assert ab["budget_s"] <= 0.1 * (block_s + 5)  # the block as ampdiag saw it, setup included
     advice = [f for f in d.session.all_findings() if f.id.startswith("prefer-")]
     assert all(f.evidence.get("measured") is False for f in advice)
+
+
+def test_a_droppable_precision_whose_timing_would_overrun_is_left_untimed() -> None:
+    from ampdiag.sources.live.compare import MODULE_PASSES, OBSERVED_PASSES, affordable
+
+    def cost(observed_s: float) -> float:
+        return observed_s / OBSERVED_PASSES * (2 + MODULE_PASSES)
+
+    observed = {"fp32": 0.015, "bf16": 0.01, "fp16": 0.6}
+    # what must be timed is counted first; then the droppable, cheapest first, while they fit
+    budget = 0.1 + cost(0.015) + cost(0.01)
+    dropped = affordable(observed, {"bf16", "fp16"}, spent_s=0.1, budget_s=budget, rounds=2)
+    assert set(dropped) == {"fp16"} and "600 ms" in dropped["fp16"]
+    assert "budget of" in dropped["fp16"]
+    # the run's own precision is never dropped, however slow
+    assert set(affordable(observed, {"bf16"}, spent_s=5.0, budget_s=0.1, rounds=2)) == {"bf16"}
+    assert affordable(observed, set(), spent_s=5.0, budget_s=0.1, rounds=2) == {}
+    # everything fits: nothing dropped
+    assert affordable(observed, {"bf16", "fp16"}, spent_s=0.0, budget_s=10.0, rounds=2) == {}
+
+
+def test_an_untimed_precision_keeps_its_numerics_and_makes_no_speed_claim() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    # a zero budget: every droppable precision's timing would overrun it
+    result = compare(model, torch.randn(16, 32), budget_s=0.0, droppable=("fp32", "fp16"))
+    fp32, bf16, fp16 = (result.result(p) for p in ("fp32", "bf16", "fp16"))
+    assert fp32.samples >= 2 and bf16.samples >= 2  # FP32 is never dropped
+    assert fp16.samples == 0 and fp16.time_ms is None and fp16.speedup is None
+    assert fp16.not_timed is not None and "budget" in fp16.not_timed
+    assert fp16.loss is not None and fp16.saved_bytes == 16 * (32 + 64) * 2  # numerics kept
+    assert fp16.modules == [] and fp16.faster is None
+    assert result.recommended in ("fp32", "bf16") and "FP16 not timed" in result.reason

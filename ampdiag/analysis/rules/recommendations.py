@@ -294,6 +294,8 @@ def _vs(ab: pc.Measured, precision: str) -> str:
         if ratio is None:
             continue
         parts.append(f"{pc.NAMES.get(name, name)} {ratio['median']:.2f}x its time")
+    parts += [f"{pc.NAMES.get(n, n)} not timed (over the A/B's budget)"
+              for n, r in ab.rows.items() if r.get("not_timed")]  # fmt: skip
     return ", ".join(parts) or "nothing else was timed"
 
 
@@ -313,6 +315,11 @@ def _measured_evidence(ab: pc.Measured, target: str) -> dict[str, Any]:
             if r.get("time_ms") is not None
         },
         "unsafe": ab.choice.unsafe,
+        **(
+            {"not_timed": {p: r["not_timed"] for p, r in ab.rows.items() if r.get("not_timed")}}
+            if any(r.get("not_timed") for r in ab.rows.values())
+            else {}
+        ),
     }
 
 

@@ -102,7 +102,9 @@ def _cells(row: Mapping[str, Any]) -> list[str]:
     time = units.micros((row.get("time_ms") or 0) * 1000) if row.get("time_ms") else None
     return [
         NAMES.get(str(row.get("precision")), str(row.get("precision"))),
-        f"{time} ± {units.micros(spread * 1000)}" if time and spread else (time or "failed"),
+        f"{time} ± {units.micros(spread * 1000)}"
+        if time and spread
+        else (time or ("not timed" if row.get("not_timed") else "failed")),
         _speed(row),
         units.nbytes(row.get("saved_bytes")),
         units.percent(row.get("loss_rel_diff")) if row.get("precision") != "fp32" else "—",

@@ -37,7 +37,7 @@ import copy
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -61,6 +61,16 @@ TOP_MODULES = 8
 #: The SQNR of identical tensors (no noise), and its negative for non-finite noise: finite, so
 #: that a session's JSON round-trips, and beyond what float64 arithmetic can resolve (~313 dB).
 EXACT_SQNR_DB = 400.0
+#: Passes of forward + backward one observed run costs: the run, and its hooks copying every
+#: leaf module's output and counting the saved tensors (about half a pass more).
+OBSERVED_PASSES = 1.5
+#: Timed rounds every timed precision gets at the least, budget or not: a time with a spread.
+MIN_ROUNDS = 2
+#: The per-module forwards of a precision (`_module_costs`: two forwards, one of them in a
+#: dispatch mode), in passes of forward + backward.
+MODULE_PASSES = 0.7
+#: The least the A/B spends on one precision, in passes: observed, timed, per-module.
+PASSES_PER_PRECISION = OBSERVED_PASSES + MIN_ROUNDS + MODULE_PASSES
 
 
 @dataclass
@@ -94,6 +104,7 @@ class PrecisionResult:
     unsafe_reasons: list[str] = field(default_factory=list)
     modules: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+    not_timed: str | None = None
 
 
 @dataclass
@@ -209,6 +220,8 @@ class _Runner:
         self.loss_fn, self.device, self.seed = loss_fn, device, seed
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.fp16_scale = FP16_LOSS_SCALE
+        #: Wall time of the last observed run's backed-off backwards (not part of a pass).
+        self.backoff_s = 0.0
 
     def _grads(self, loss: torch.Tensor, scale: float, retry: bool) -> tuple[Any, ...]:
         """Gradients of ``loss * scale``; with ``retry``, backing the scale off as a GradScaler.
@@ -216,15 +229,19 @@ class _Runner:
         A GradScaler whose scaled gradients overflow skips the step and halves its scale; the
         scale it settles at is the largest power of two at which they are finite. With
         ``retry`` the backward is repeated at half the scale (the graph kept) until the
-        gradients are finite, and that scale is kept for the timed runs.
+        gradients are finite, and that scale is kept for the timed runs. The overflowed
+        backwards' time is kept apart (``backoff_s``): a timed run does one backward.
         """
         wrt = [p for _, p in self.params]
+        self.backoff_s = 0.0
         if not retry or not math.isfinite(float(loss.detach())):
             return torch.autograd.grad(loss * scale, wrt, allow_unused=True)
         for _ in range(MAX_BACKOFFS):
+            t0 = time.perf_counter()
             grads = torch.autograd.grad(loss * scale, wrt, allow_unused=True, retain_graph=True)
             if all(g is None or bool(g.isfinite().all()) for g in grads) or scale <= 1.0:
                 break
+            self.backoff_s += time.perf_counter() - t0
             scale /= 2
         self.fp16_scale = scale
         return grads
@@ -398,6 +415,7 @@ def compare(
     seed: int = 0,
     kwargs: dict[str, Any] | None = None,
     copy_model: bool = True,
+    droppable: Collection[str] = (),
 ) -> PrecisionComparison:
     """Measures FP32 against each low precision for this model and batch, changing nothing.
 
@@ -419,6 +437,11 @@ def compare(
         kwargs: Keyword arguments of the model's forward, beside ``batch``.
         copy_model: Measure a deep copy (the default). ``False`` measures ``model`` itself:
             only for a model that is already a throwaway copy (the speed probe's).
+        droppable: Precisions left untimed when their observed pass predicts that timing them
+            would overrun ``budget_s`` (`affordable`); their row keeps its numerics and says
+            why in ``not_timed``. FP32 is always timed. The speed probe passes every precision
+            but FP32 and the run's own: one the probe did not time may be far slower than
+            its estimate assumed (FP16 on a CPU, 50x).
 
     Returns:
         A `PrecisionComparison`: one row per precision, and the recommended one — the fastest
@@ -456,9 +479,13 @@ def compare(
     result.results = list(rows.values())
     # Numerics: one observed run each (this also warms every precision up before timing).
     ref: tuple[float, dict[str, torch.Tensor], list[torch.Tensor], int] | None = None
+    observed_s: dict[str, float] = {}
     for name in names:
         try:
+            t0 = time.perf_counter()
             observed = runner.run(name, observe=True)
+            # the pass a timed run repeats: without the backwards of FP16's loss-scale backoff
+            observed_s[name] = time.perf_counter() - t0 - runner.backoff_s
         except Exception as exc:
             rows[name].error = f"{type(exc).__name__}: {exc}"
             continue
@@ -468,6 +495,16 @@ def compare(
         if name == "fp16":
             rows[name].loss_scale = runner.fp16_scale
     ok = [n for n in names if rows[n].error is None]
+    dropped = affordable(
+        observed_s,
+        {n for n in droppable if n != "fp32"},
+        spent_s=time.perf_counter() - started,
+        budget_s=budget_s,
+        rounds=max(1, min(MIN_ROUNDS, min_samples)),
+    )
+    for name, why in dropped.items():
+        rows[name].not_timed = why
+    ok = [n for n in ok if n not in dropped]
     _time_all(runner, ok, rows, result, started, tolerance, min_samples)
     try:
         _module_costs(runner, ok, rows)
@@ -507,6 +544,42 @@ def _numerics(
     nonzero = sum(int(r.ne(0).sum()) for r in ref_grads)
     lost = sum(int((r.ne(0) & g.eq(0)).sum()) for r, g in zip(ref_grads, grads, strict=True))
     row.grad_underflow = lost / nonzero if nonzero else 0.0
+
+
+def affordable(
+    observed_s: dict[str, float],
+    droppable: Collection[str],
+    *,
+    spent_s: float,
+    budget_s: float,
+    rounds: int,
+) -> dict[str, str]:
+    """The droppable precisions whose timing would overrun the budget, each with why.
+
+    Timing a precision costs ``rounds`` timed passes and its per-module forwards
+    (`MODULE_PASSES`), each pass predicted from its observed run (`OBSERVED_PASSES` passes).
+    The precisions that must be timed are counted first; the droppable ones are then kept,
+    cheapest first, while what was spent and all that is kept fit the budget. A precision
+    whose observed pass was already more than the budget leaves: the A/B overruns its budget
+    by that observed pass at most, never by its timed rounds.
+    """
+
+    def cost(name: str) -> float:
+        return observed_s[name] / OBSERVED_PASSES * (rounds + MODULE_PASSES)
+
+    need = spent_s + sum(cost(n) for n in observed_s if n not in droppable)
+    dropped: dict[str, str] = {}
+    for name in sorted((n for n in observed_s if n in droppable), key=cost):
+        if need + cost(name) <= budget_s:
+            need += cost(name)
+            continue
+        dropped[name] = (
+            f"not timed: its observed pass took {observed_s[name] * 1e3:.0f} ms, so timing it "
+            f"({rounds} round{'s' if rounds > 1 else ''} and the per-module forwards, about "
+            f"{cost(name):.2g} s) would overrun the A/B's budget of {budget_s:.2g} s "
+            f"({spent_s:.2g} s spent, {max(0.0, need - spent_s):.2g} s for the others)"
+        )
+    return dropped
 
 
 def _spread(samples: list[float]) -> float:
@@ -689,4 +762,6 @@ def _recommend(result: PrecisionComparison) -> None:
             "not numerically safe: "
             + "; ".join(f"{names.get(p, p)} ({', '.join(why)})" for p, why in choice.unsafe.items())
         )
+    parts += [f"{names.get(r.precision, r.precision)} {r.not_timed}" for r in result.results
+              if r.not_timed]  # fmt: skip
     result.reason = "; ".join(parts)

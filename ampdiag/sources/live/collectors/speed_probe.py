@@ -51,6 +51,7 @@ from typing import Any, cast
 import torch
 
 from ampdiag import timing
+from ampdiag.analysis.precision_choice import run_precision
 from ampdiag.schema import SpeedProbeSection
 from ampdiag.sources.live.collectors.base import (
     Collector,
@@ -59,6 +60,7 @@ from ampdiag.sources.live.collectors.base import (
     tensors_in,
 )
 from ampdiag.sources.live.compare import (
+    PASSES_PER_PRECISION,
     class_forward,
     compare,
     model_device,
@@ -190,7 +192,8 @@ class SpeedProbe(Collector):
         budget = min(run.config.precision_ab_budget_s, 0.1 * (time.perf_counter() - self._began))
         if run.config.precision_ab_budget_s <= 0:
             return {"skipped": "disabled (precision_ab_budget_s=0)"}
-        need = ab_cost_estimate_s(self._result, len(supported_precisions(model_device(copy))))
+        precisions = supported_precisions(model_device(copy))
+        need = ab_cost_estimate_s(self._result, len(precisions))
         if need is not None and need > budget:
             return {
                 "skipped": (
@@ -204,7 +207,13 @@ class SpeedProbe(Collector):
         try:
             with internal_work():
                 return compare(
-                    copy, inputs[0], budget_s=budget, copy_model=False, kwargs=inputs[1]
+                    copy,
+                    inputs[0],
+                    budget_s=budget,
+                    copy_model=False,
+                    kwargs=inputs[1],
+                    # a precision the probe did not time may be far slower than assumed
+                    droppable=[p for p in precisions if p != run_precision(self._autocast)],
                 ).to_dict()
         except Exception as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}
@@ -220,26 +229,22 @@ class SpeedProbe(Collector):
         )
 
 
-#: Forward + backward passes the A/B runs per precision at the least: one observed run (its
-#: hooks cost about half a pass more), two timed rounds (a spread) and the per-module
-#: forwards (~0.7).
-AB_PASSES_PER_PRECISION = 4.2
-
-
 def ab_cost_estimate_s(timings: dict[str, Any], precisions: int) -> float | None:
     """The least the precision A/B can cost, from the probe's own measured medians.
 
-    Each precision costs `AB_PASSES_PER_PRECISION` passes at the slower of the two times the
-    probe measured (FP32 and the run's autocast): a precision not measured yet is assumed no
-    faster than the slower known one. The A/B is skipped, with this figure, when even that is
-    over its budget: its cost stays bounded by the budget instead of overrunning it.
+    Each precision costs `compare.PASSES_PER_PRECISION` passes (observed, two timed rounds,
+    per-module forwards): FP32 and the run's autocast at the times the probe measured, any
+    other at the slower of the two. The A/B is skipped, with this figure, when even that is
+    over its budget: its cost stays bounded by the budget instead of overrunning it. A
+    precision the probe did not time can be far slower than that (FP16 on a CPU: 50x); the
+    A/B drops it from timing once its observed pass predicts an overrun (``droppable``).
     """
     fp32, amp = timings.get("fp32_ms"), timings.get("autocast_ms")
     if not isinstance(fp32, (int, float)) or not isinstance(amp, (int, float)):
         return None
     slowest = max(fp32, amp) / 1e3
     known = (fp32 + amp) / 1e3
-    return AB_PASSES_PER_PRECISION * (known + slowest * max(0, precisions - 2))
+    return PASSES_PER_PRECISION * (known + slowest * max(0, precisions - 2))
 
 
 def copy_of(model: torch.nn.Module) -> tuple[torch.nn.Module | None, str]:
