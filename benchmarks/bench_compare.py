@@ -10,10 +10,10 @@ lands on both alike:
   precision, exactly as a longer call times each of its rounds.
 
 Which of the two goes first alternates from round to round. For each precision it prints the
-median of each series, half its interquartile range (the spread compare states), the ratio,
-and whether they agree: ``|compare - plain| <= spread_compare + spread_plain``. Last, one
-full ``compare`` call (its own rounds, ``--rounds`` of them) states its median ± spread, shown
-beside the plain series.
+median of each series, its median absolute deviation (the spread compare states,
+`ampdiag.timing`), the ratio, and whether they agree: ``|compare - plain| <= spread_compare +
+spread_plain``. Last, one full ``compare`` call (its own rounds, ``--rounds`` of them) states
+its median ± spread, shown beside the plain series.
 
     flock /tmp/bench.lock python -m benchmarks.bench_compare [--rounds 9] [--threads 1]
         [--models mlp,cnn]
@@ -28,6 +28,7 @@ import time
 import torch
 from torch import nn
 
+from ampdiag import timing
 from ampdiag.sources.live.compare import FP16_LOSS_SCALE, compare
 
 MODES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -47,14 +48,6 @@ def cnn() -> tuple[nn.Module, torch.Tensor]:
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10),
     )  # fmt: skip
     return model, torch.randn(16, 3, 32, 32)
-
-
-def spread(xs: list[float]) -> float:
-    """Half the interquartile range (compare's own definition)."""
-    if len(xs) < 2:
-        return float("nan")
-    q = statistics.quantiles(xs, n=4, method="inclusive")
-    return (q[2] - q[0]) / 2
 
 
 def plain_round(model: nn.Module, x: torch.Tensor, r: int) -> dict[str, float]:
@@ -111,7 +104,7 @@ def main() -> None:
         base = statistics.median(plain["fp32"])
         for prec in MODES:
             c, p = statistics.median(ours[prec]), statistics.median(plain[prec])
-            csd, psd = spread(ours[prec]), spread(plain[prec])
+            csd, psd = timing.estimate(ours[prec]).spread, timing.estimate(plain[prec]).spread
             agree = abs(c - p) <= csd + psd
             total += 1
             agreed += agree

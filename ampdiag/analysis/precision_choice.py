@@ -12,11 +12,11 @@ The choice is **the fastest precision whose numerics are safe** (`SAFETY`):
   GradScaler starts at, 2^16); the median gradient SQNR against FP32 at least 20 dB (noise
   power at most 1% of the signal's). FP32 is the reference and always safe.
 - *fastest*: by the median time of the interleaved rounds. Precisions whose intervals (median
-  ± half the interquartile range) overlap the fastest safe one's are *tied* with it: the
-  measurement cannot order them (so are medians within 10% of each other), and the choice is
-  marked ``uncertain``. Among tied precisions
-  the one that keeps the least activation memory is chosen, then the simplest -- FP32, TF32
-  matmuls (one flag), BF16 autocast (no scaler), FP16 autocast (needs a GradScaler).
+  ± its median absolute deviation, `ampdiag.timing`) overlap the fastest safe one's are *tied*
+  with it: the measurement cannot order them (so are medians within 10% of each other), and
+  the choice is marked ``uncertain``. Among tied precisions the one that keeps the least
+  activation memory is chosen, then the simplest -- FP32, TF32 matmuls (one flag), BF16
+  autocast (no scaler), FP16 autocast (needs a GradScaler).
 - A precision timed once has no interval: when no row has one, nothing is claimed about speed
   and the choice is FP32 (``timed`` False).
 """
@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ampdiag import timing
 from ampdiag.session import Session
 
 #: The numerical-safety criterion (documented in the module docstring).
@@ -85,12 +86,20 @@ def unsafe_reasons(row: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def interval(row: Mapping[str, Any]) -> tuple[float, float] | None:
-    """The row's time interval in ms: median ± its spread (None without one)."""
+def estimate(row: Mapping[str, Any]) -> timing.Estimate | None:
+    """The row's time in ms as a `timing.Estimate`: median ± its spread (None without one)."""
     t, s = _num(row.get("time_ms")), _num(row.get("time_spread_ms"))
     if t is None or s is None:
         return None
-    return t - s, t + s
+    n = row.get("samples")
+    samples = n if isinstance(n, int) and n >= timing.MIN_SAMPLES else timing.MIN_SAMPLES
+    return timing.Estimate(t, t - s, t + s, samples)
+
+
+def interval(row: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The row's time interval in ms: median ± its spread (None without one)."""
+    est = estimate(row)
+    return (est.low, est.high) if est is not None else None
 
 
 #: Medians closer than this ratio are tied whatever their spreads: a 10% difference is under
@@ -118,9 +127,10 @@ def speedup(base: Mapping[str, Any], row: Mapping[str, Any]) -> dict[str, float]
     if not tb or not tr:
         return None
     out = {"median": tb / tr}
-    ib, ir = interval(base), interval(row)
-    if ib is not None and ir is not None and ir[0] > 0:
-        out["low"], out["high"] = ib[0] / ir[1], ib[1] / ir[0]
+    eb, er = estimate(base), estimate(row)
+    if eb is not None and er is not None and er.low > 0:
+        ratio = timing.quotient(eb, er)
+        out["low"], out["high"] = ratio.low, ratio.high
     return out
 
 

@@ -9,7 +9,7 @@ Truth, measured without ampdiag after the run, on a copy of the trained model an
 the run:
 
 - every precision's forward + backward (the run's loss; FP16's scaled as a GradScaler does)
-  in interleaved rounds, order rotated: the median and half the interquartile range of each;
+  in interleaved rounds, order rotated: the median and median absolute deviation of each;
   numerical safety from the loss against FP32's (within 1%) and finite gradients. The
   *acceptable* precisions are the safe ones whose interval overlaps the fastest safe one's.
   The advice must name one of them, or be marked uncertain with one of them among its tied
@@ -58,8 +58,9 @@ class Net(nn.Module):
 
 
 def _median_spread(xs: list[float]) -> tuple[float, float]:
-    q = statistics.quantiles(xs, n=4, method="inclusive")
-    return statistics.median(xs), (q[2] - q[0]) / 2
+    """The median and the median absolute deviation (the spread every ampdiag time carries)."""
+    mid = statistics.median(xs)
+    return mid, statistics.median(abs(x - mid) for x in xs)
 
 
 def time_precisions(model: nn.Module, batch: models.Batch) -> dict[str, dict[str, Any]]:

@@ -377,7 +377,7 @@ def _switch(session: Session, ab: pc.Measured, target: str, explains: list[Findi
         ),
         evidence=evidence,
         fix=pc.training_step(target, dev)
-        + "\n# Measured by the precision A/B (interleaved, median ± half the IQR): "
+        + "\n# Measured by the precision A/B (interleaved, median ± MAD): "
         + f"{_vs(ab, target)}."
         + note,
         section="precision",

@@ -158,7 +158,7 @@ def build(session: Session) -> ReportSection | None:
         Markup(
             "<p>Measured on a copy of the run's model with its own batch, interleaved rounds "
             "until each median was known within 5% or the budget ({} of {}) was spent; "
-            "± is half the interquartile range. SQNR: signal-to-quantization-noise ratio against "
+            "± is the median absolute deviation. SQNR: signal-to-quantization-noise ratio against "
             "FP32 (higher is closer). Gradients lost: nonzero in FP32, zero here.{}</p>"
         ).format(
             units.micros((ab.get("spent_s") or 0) * 1e6),

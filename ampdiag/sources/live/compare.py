@@ -5,9 +5,10 @@ GradScaler applies it (and TF32 matmuls on CUDA) — it measures one forward + b
 user's model on the user's batch:
 
 - **time**: interleaved rounds (every precision once per round, the order rotated), repeated
-  until each precision's median is known to within ``tolerance`` (the half-width of the
-  interquartile range over the median) or the time budget is spent; the median and that
-  spread are reported, and a speed-up is called only when the intervals do not overlap. From
+  until each precision's median is known to within ``tolerance`` (its median absolute
+  deviation over the median, `ampdiag.timing`, as the speed probe's) or the time budget is
+  spent; the median and that spread are reported, and a speed-up is called only when the
+  interval of the ratio (`timing.quotient`) is wholly beyond 1. From
   the second round on, a clear loser (every sample over 3x the fastest's slowest) leaves
   the rounds with the samples it has;
 - **memory**: on CUDA the peak allocated above the start; everywhere, the bytes autograd saves
@@ -44,6 +45,7 @@ from typing import Any
 
 import torch
 
+from ampdiag import timing
 from ampdiag.analysis import precision_choice
 from ampdiag.compat.autocast import dispatch_mode_class
 from ampdiag.compat.dispatch import op_name
@@ -582,14 +584,6 @@ def affordable(
     return dropped
 
 
-def _spread(samples: list[float]) -> float:
-    """Half the interquartile range: the median's uncertainty, robust to a stalled sample."""
-    if len(samples) < 2:
-        return math.inf
-    q = statistics.quantiles(samples, n=4, method="inclusive")
-    return (q[2] - q[0]) / 2
-
-
 def _still_racing(racing: list[str], samples: dict[str, list[float]]) -> list[str]:
     """The precisions still worth timing: a clear loser leaves the rounds, keeping its samples.
 
@@ -632,36 +626,32 @@ def _time_all(
         if rounds >= 2:
             racing = _still_racing(racing, samples)
         spent = time.perf_counter() - started
-        tight = all(
-            _spread(samples[n]) <= tolerance * statistics.median(samples[n]) for n in racing
-        )
+        tight = all(timing.tight(timing.estimate(samples[n]), tolerance) for n in racing)
         if rounds >= min_samples and (tight or spent >= result.budget_s):
             break
         # every precision gets two samples (a spread) unless fewer were asked for: the speed
         # probe runs the A/B only when that least cost fits its budget
         if spent >= result.budget_s and rounds >= min(2, min_samples):
             break
-    for name, s in samples.items():
+    estimates = {n: timing.estimate([x * 1000 for x in s]) for n, s in samples.items()}
+    for name, est in estimates.items():
         row = rows[name]
-        row.samples = len(s)
-        row.time_ms = statistics.median(s) * 1000
-        row.time_spread_ms = _spread(s) * 1000 if len(s) > 1 else None
+        row.samples = est.samples
+        row.time_ms = est.median
+        row.time_spread_ms = est.spread if est.samples >= timing.MIN_SAMPLES else None
         row.peak_bytes = peaks.get(name)
-    ref = rows.get("fp32")
-    if ref is None or ref.time_ms is None:
+    ref = estimates.get("fp32")
+    if ref is None:
         return
-    for row in rows.values():
-        if row.precision == "fp32" or row.time_ms is None:
+    for name, est in estimates.items():
+        if name == "fp32":
             continue
-        row.speedup = ref.time_ms / row.time_ms
-        lo_ref = ref.time_ms - (ref.time_spread_ms or 0.0)
-        hi_row = row.time_ms + (row.time_spread_ms or 0.0)
-        hi_ref = ref.time_ms + (ref.time_spread_ms or 0.0)
-        lo_row = row.time_ms - (row.time_spread_ms or 0.0)
-        # faster / slower only when the intervals do not overlap; None: within the noise
-        if ref.time_spread_ms is None or row.time_spread_ms is None:
-            continue  # one sample each: no interval, so no claim
-        row.faster = True if hi_row < lo_ref else (False if lo_row > hi_ref else None)
+        # FP32's time over this one's, with the interval the two intervals allow: faster or
+        # slower only when the whole interval is beyond 1; None: within the noise, or a single
+        # sample each (no interval, so no claim)
+        ratio = timing.quotient(ref, est)
+        rows[name].speedup = ratio.median
+        rows[name].faster = {"above": True, "below": False, "uncertain": None}[ratio.versus(1.0)]
 
 
 def _module_costs(runner: _Runner, names: list[str], rows: dict[str, PrecisionResult]) -> None:
