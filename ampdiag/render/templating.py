@@ -37,8 +37,10 @@ def merged_fixes(finding: Any) -> list[tuple[str, str]]:
 
 
 def _said(fix: str) -> str:
-    """What a fix tells the user to do: its lines without whole-line comments (the whole text
-    when it is nothing but comments)."""
+    """What a fix tells the user to do: its lines without whole-line comments.
+
+    A fix that is nothing but comments is all it says (its whole text).
+    """
     lines = [line.rstrip() for line in fix.strip().splitlines()]
     kept = [line for line in lines if line and not line.lstrip().startswith("#")]
     return "\n".join(kept) if kept else "\n".join(lines)

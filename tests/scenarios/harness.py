@@ -225,8 +225,8 @@ def measured_precision_advice(run_precision: str) -> Callable[[Session], str | N
     """A check for healthy runs: precision advice only from the A/B, never from numerics.
 
     Any ``prefer-*`` must rest on the precision A/B (``measured``) or on the speed probe's
-    confirmed ``autocast-slower`` (beside it or merged into it), explain nothing but ``autocast-slower``, and never
-    name the run's own precision.
+    confirmed ``autocast-slower`` (beside it or merged into it), explain nothing but
+    ``autocast-slower``, and never name the run's own precision.
     """
 
     def check(session: Session) -> str | None:
