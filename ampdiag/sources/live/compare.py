@@ -600,24 +600,30 @@ def affordable(
 
     Timing a precision costs ``rounds`` timed passes and its per-module forwards
     (`MODULE_PASSES`), each pass predicted from its observed run (`OBSERVED_PASSES` passes).
-    The precisions that must be timed are counted first; the droppable ones are then kept,
-    cheapest first, while what was spent and all that is kept fit the budget. A precision
-    whose observed pass was already more than the budget leaves: the A/B overruns its budget
-    by that observed pass at most, never by its timed rounds.
+    The speed probe ran the A/B because its least cost fit the budget, assuming that no
+    precision is slower than the slowest of those that must be timed: a droppable one whose
+    observed run is no slower than theirs is timed, as that estimate counted it. One that is
+    slower (FP16 on a CPU: 15-50x) is kept, cheapest first, only while what was spent and all
+    that is kept fit the budget; the A/B then overruns its budget by its observed run at most,
+    never by its timed rounds. (A precision's first run in a process can be slower than the
+    next, its kernels starting up: that errs towards not timing it.)
     """
 
     def cost(name: str) -> float:
         return observed_s[name] / OBSERVED_PASSES * (rounds + MODULE_PASSES)
 
-    need = spent_s + sum(cost(n) for n in observed_s if n not in droppable)
+    must = [n for n in observed_s if n not in droppable]
+    slowest = max((observed_s[n] for n in must), default=0.0)
+    need = spent_s + sum(cost(n) for n in must)
     dropped: dict[str, str] = {}
     for name in sorted((n for n in observed_s if n in droppable), key=cost):
-        if need + cost(name) <= budget_s:
+        if observed_s[name] <= slowest or need + cost(name) <= budget_s:
             need += cost(name)
             continue
         dropped[name] = (
-            f"not timed: its observed pass took {observed_s[name] * 1e3:.0f} ms, so timing it "
-            f"({rounds} round{'s' if rounds > 1 else ''} and the per-module forwards, about "
+            f"not timed: its observed pass took {observed_s[name] * 1e3:.0f} ms (the slowest "
+            f"of those always timed {slowest * 1e3:.0f} ms), so timing it ({rounds} "
+            f"round{'s' if rounds > 1 else ''} and the per-module forwards, about "
             f"{cost(name):.2g} s) would overrun the A/B's budget of {budget_s:.2g} s "
             f"({spent_s:.2g} s spent, {max(0.0, need - spent_s):.2g} s for the others)"
         )
