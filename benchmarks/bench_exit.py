@@ -11,10 +11,7 @@ machine's drift lands on both alike. Printed per tree: the median exit time, the
 medians.
 
     flock /tmp/bench.lock python -m benchmarks.bench_exit --before REV [--after PATH]
-        [--rounds 8] [--workload mlp-bf16,cnn-bf16:600]
-
-A workload is ``mlp-bf16`` or ``cnn-bf16`` (BF16 autocast on the CPU), with ``:STEPS`` its
-number of training steps (150 by default): the A/B's budget is 10% of the block.
+        [--rounds 8] [--workload mlp-bf16,cnn-bf16]
 
 ``--before`` is a git revision (checked out in a temporary worktree, removed afterwards);
 ``--after`` a source tree (default: this one).
@@ -61,7 +58,7 @@ def _child(workload: str) -> dict[str, Any]:
         x = torch.randn(16, 3, 16, 16)
     y = torch.randint(0, 10, (x.shape[0],))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    steps = int(workload.partition(":")[2] or 150)
+    steps = 150
     with tempfile.TemporaryDirectory() as out:
         block = ampdiag.diagnose(out=out, console=False, tensorboard=False, report=False)
         with block as d:

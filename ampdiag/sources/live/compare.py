@@ -192,39 +192,6 @@ def class_forward(model: torch.nn.Module) -> Iterator[None]:
         model.forward = wrapped
 
 
-def timed_pass(
-    model: torch.nn.Module,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    loss_fn: Callable[[Any], torch.Tensor],
-    precision: str,
-    device: torch.device,
-    scale: float = 1.0,
-) -> float:
-    """One forward + backward of ``model`` in ``precision``, timed: seconds of wall time.
-
-    What a training step's forward and backward cost, and nothing more: no hook, no RNG fork
-    or seeding (the caller forks the RNG once around its passes), the gradients returned by
-    ``torch.autograd.grad`` and dropped (no ``.grad`` touched), the device synchronised before
-    and after. The speed probe's pairs and the A/B's rounds time this same pass, so that the
-    probe's samples stand for the A/B's first round (and the A/B's time is the step's: its
-    observed runs carried 0.3 ms of RNG forks and extra ops per pass, a fifth of a small
-    model's).
-    """
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    with _precision(precision, device):
-        loss = loss_fn(model(*args, **kwargs)).float()
-    params = [p for p in model.parameters() if p.requires_grad]
-    if params and loss.requires_grad:
-        torch.autograd.grad(loss * scale, params, allow_unused=True)
-    if cuda:
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - t0
-
-
 def _leaves(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if not any(m.children()) and n]
 
@@ -282,31 +249,21 @@ class _Runner:
         self.fp16_scale = scale
         return grads
 
-    def timed(self, precision: str) -> float:
-        """One forward + backward in ``precision``, timed (seconds): `timed_pass`."""
-        scale = self.fp16_scale if precision == "fp16" else 1.0
-        return timed_pass(
-            self.model, self.args, self.kwargs, self.loss_fn, precision, self.device, scale
-        )
-
-    def observe(
-        self, precision: str
+    def run(
+        self, precision: str, observe: bool
     ) -> tuple[float, dict[str, torch.Tensor], list[torch.Tensor], int]:
-        """The observed run: loss, leaf outputs, gradients, saved-for-backward bytes.
-
-        Untimed (its hooks copy every leaf module's output and count the saved tensors): the
-        timed passes are `timed`'s.
-        """
+        """Loss, leaf outputs (when observing), gradients, saved-for-backward bytes."""
         outputs: dict[str, torch.Tensor] = {}
         handles = []
-        for name, module in _leaves(self.model):
+        if observe:
+            for name, module in _leaves(self.model):
 
-            def hook(_m: Any, _i: Any, out: Any, name: str = name) -> None:
-                first = next((t for t in tensors_in(out) if t.is_floating_point()), None)
-                if first is not None:
-                    outputs[name] = first.detach().float().clone()
+                def hook(_m: Any, _i: Any, out: Any, name: str = name) -> None:
+                    first = next((t for t in tensors_in(out) if t.is_floating_point()), None)
+                    if first is not None:
+                        outputs[name] = first.detach().float().clone()
 
-            handles.append(module.register_forward_hook(hook))
+                handles.append(module.register_forward_hook(hook))
         saved: dict[int, int] = {}
         param_ids = {id(p) for _, p in self.params}
         param_storages = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
@@ -314,7 +271,7 @@ class _Runner:
         def pack(t: torch.Tensor) -> torch.Tensor:
             # parameters, views of them (a Linear saves weight.t()) and their autocast copies
             # are weights, not activations
-            if not _is_param_cast(t, param_ids):
+            if observe and not _is_param_cast(t, param_ids):
                 storage = t.untyped_storage()
                 if storage.data_ptr() not in param_storages:
                     saved[storage.data_ptr()] = storage.nbytes()
@@ -323,25 +280,35 @@ class _Runner:
         try:
             with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
                 torch.manual_seed(self.seed)
+                # Timed runs carry no hook: they cost what the user's step would.
+                counting = (
+                    torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+                    if observe
+                    else contextlib.nullcontext()
+                )
                 with (
-                    torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+                    counting,
                     _precision(precision, self.device),
                     class_forward(self.model),  # a forward wrapped in autocast: unwrapped
                 ):
                     loss = self.loss_fn(self.model(*self.args, **self.kwargs)).float()
                 scale = self.fp16_scale if precision == "fp16" else 1.0
-                grads = self._grads(loss, scale, retry=precision == "fp16")
-                if precision == "fp16":
+                grads = self._grads(loss, scale, retry=observe and precision == "fp16")
+                if precision == "fp16" and observe:
                     scale = self.fp16_scale
         finally:
             for h in handles:
                 h.remove()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        out_grads = [
-            (g.float() / scale) if g is not None else torch.zeros_like(p, dtype=torch.float32)
-            for g, (_, p) in zip(grads, self.params, strict=True)
-        ]
+        out_grads = (
+            [
+                (g.float() / scale) if g is not None else torch.zeros_like(p, dtype=torch.float32)
+                for g, (_, p) in zip(grads, self.params, strict=True)
+            ]
+            if observe
+            else []
+        )
         return float(loss.detach()), outputs, out_grads, sum(saved.values())
 
     def module_times(self, precision: str, casts: bool) -> dict[str, float]:
@@ -431,8 +398,7 @@ def _is_param_cast(t: torch.Tensor, param_ids: set[int], depth: int = 4) -> bool
     return False
 
 
-def surrogate_loss(output: Any) -> torch.Tensor:
-    """The sum of the output's floating-point tensors: a loss whose backward runs every op."""
+def _default_loss(output: Any) -> torch.Tensor:
     floats = [t.float().sum() for t in tensors_in(output) if t.is_floating_point()]
     if not floats:
         raise ValueError("the model's output holds no floating-point tensor; pass loss_fn")
@@ -508,7 +474,7 @@ def compare(
         result.skipped = f"the model cannot be copied ({type(exc).__name__}: {exc})"
         return result
     if loss_fn is None:
-        loss: Callable[[Any], torch.Tensor] = surrogate_loss
+        loss: Callable[[Any], torch.Tensor] = _default_loss
     elif target is not None:
         loss = lambda out: loss_fn(out, target)  # noqa: E731
     else:
@@ -525,7 +491,7 @@ def compare(
     for name in names:
         try:
             t0 = time.perf_counter()
-            observed = runner.observe(name)
+            observed = runner.run(name, observe=True)
             # the pass a timed run repeats: without the backwards of FP16's loss-scale backoff
             observed_s[name] = time.perf_counter() - t0 - runner.backoff_s
         except Exception as exc:
@@ -662,37 +628,34 @@ def _time_all(
         rows[name].prior_samples = len(samples[name])
     peaks: dict[str, int] = {}
     cuda = runner.device.type == "cuda"
-    # one RNG fork around all the timed passes (none draws what the training would see)
-    with (
-        torch.random.fork_rng(devices=[runner.device] if cuda else []),
-        class_forward(runner.model),  # a forward wrapped in autocast: unwrapped
-    ):
-        rounds = 0
-        racing = list(names)
-        while racing:
-            order = racing[rounds % len(racing) :] + racing[: rounds % len(racing)]
-            if rounds == 0:  # the prior samples are this round's for the precisions that have them
-                order = [n for n in order if not samples[n]]
-            for name in order:
-                if cuda:
-                    torch.cuda.reset_peak_memory_stats(runner.device)
-                    base = torch.cuda.memory_allocated(runner.device)
-                samples[name].append(runner.timed(name))
-                if cuda:
-                    peak = torch.cuda.max_memory_allocated(runner.device) - base
-                    peaks[name] = max(peaks.get(name, 0), peak)
-            rounds += 1
-            least = min(len(samples[n]) for n in racing)
-            if least >= 2:
-                racing = _still_racing(racing, samples)
-            spent = time.perf_counter() - started
-            tight = all(timing.tight(timing.estimate(samples[n]), tolerance) for n in racing)
-            if least >= min_samples and (tight or spent >= result.budget_s):
-                break
-            # every precision gets two samples (a spread) unless fewer were asked for: the speed
-            # probe runs the A/B only when that least cost fits its budget
-            if spent >= result.budget_s and least >= min(MIN_ROUNDS, min_samples):
-                break
+    rounds = 0
+    racing = list(names)
+    while racing:
+        order = racing[rounds % len(racing) :] + racing[: rounds % len(racing)]
+        if rounds == 0:  # the prior samples are this round's for the precisions that have them
+            order = [n for n in order if not samples[n]]
+        for name in order:
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(runner.device)
+                base = torch.cuda.memory_allocated(runner.device)
+            t0 = time.perf_counter()
+            runner.run(name, observe=False)
+            samples[name].append(time.perf_counter() - t0)
+            if cuda:
+                peak = torch.cuda.max_memory_allocated(runner.device) - base
+                peaks[name] = max(peaks.get(name, 0), peak)
+        rounds += 1
+        least = min(len(samples[n]) for n in racing)
+        if least >= 2:
+            racing = _still_racing(racing, samples)
+        spent = time.perf_counter() - started
+        tight = all(timing.tight(timing.estimate(samples[n]), tolerance) for n in racing)
+        if least >= min_samples and (tight or spent >= result.budget_s):
+            break
+        # every precision gets two samples (a spread) unless fewer were asked for: the speed
+        # probe runs the A/B only when that least cost fits its budget
+        if spent >= result.budget_s and least >= min(MIN_ROUNDS, min_samples):
+            break
     estimates = {n: timing.estimate([x * 1000 for x in s]) for n, s in samples.items()}
     for name, est in estimates.items():
         row = rows[name]

@@ -16,8 +16,8 @@ How it measures, observing and never changing:
 - At ``after_stop()``, once the block has ended without an error and every collector has
   removed its hooks, it deep-copies the model and runs the copy's forward and a backward of a
   surrogate loss (the sum of the floating outputs) with ``torch.autograd.grad`` -- which
-  returns gradients without touching any ``.grad`` -- once in FP32 (autocast off, TF32
-  matmuls off on CUDA) and once under the autocast the run used, warm-up
+  returns gradients without touching any ``.grad`` -- once under
+  ``torch.autocast(enabled=False)`` and once under the autocast the run used, warm-up
   first, then ``speed_probe_repeats`` interleaved pairs (ABBA order), and more until both
   medians are known to within 5% (median absolute deviation over median, `ampdiag.timing`),
   as long as 10% of the block's wall time allows; never past ``speed_probe_budget_s`` (two
@@ -67,8 +67,6 @@ from ampdiag.sources.live.compare import (
     compare,
     model_device,
     supported_precisions,
-    surrogate_loss,
-    timed_pass,
 )
 from ampdiag.sources.live.discovery import dominant_autocast
 
@@ -91,6 +89,10 @@ def _modules_of(ab: dict[str, Any], precision: str | None) -> list[dict[str, Any
         {"module": m["module"], "fp32_ms": m["fp32_ms"], "autocast_ms": m["ms"]}
         for m in found[:TOP_MODULES]
     ]
+
+
+def _tf32_allowed() -> bool:
+    return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
 def _is_distributed(model: torch.nn.Module) -> bool:
@@ -242,9 +244,15 @@ class SpeedProbe(Collector):
             return {"error": f"{type(exc).__name__}: {exc}"}
 
     def _prior(self) -> dict[str, list[float]]:
-        """The probe's pairs as the A/B's first round (seconds): the same pass (`timed_pass`)."""
+        """The probe's pairs as the A/B's first round (seconds): the same passes, timed.
+
+        Not on CUDA with TF32 matmuls allowed: there the probe's "FP32" ran TF32 matmuls,
+        while the A/B's FP32 turns them off.
+        """
         run = run_precision(self._autocast)
         if self._result.get("measured") != "forward + backward" or run is None:
+            return {}
+        if str(self._autocast).startswith("cuda") and _tf32_allowed():
             return {}
         return {
             name: [ms / 1e3 for ms in self._result.get(key) or []]
@@ -364,15 +372,30 @@ def probe(
     """
     params = [p for p in model.parameters() if p.requires_grad]
     cuda_devices = sorted({t.device.index or 0 for t in model.parameters() if t.is_cuda})
+    use_cuda = bool(cuda_devices) or device == "cuda"
+
+    def sync() -> None:
+        if use_cuda and torch.cuda.is_available():
+            torch.cuda.synchronize()
+
     backward = bool(params)
-    low = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
-    if low is None:
-        raise ValueError(f"no precision A/B name for autocast dtype {dtype}")
-    on = torch.device(device)
 
     def once(amp: bool) -> float:
-        # the same pass as the precision A/B's rounds: the probe's pairs are its first round
-        return timed_pass(model, args, kwargs, surrogate_loss, low if amp else "fp32", on)
+        sync()
+        t0 = time.perf_counter()
+        with torch.autocast(device, dtype=dtype, enabled=amp):
+            out = model(*args, **kwargs)
+        if backward:
+            loss = sum(
+                t.float().sum()
+                for t in tensors_in(out)
+                if t.is_floating_point() and t.requires_grad
+            )
+            if isinstance(loss, torch.Tensor):
+                torch.autograd.grad(loss, params, allow_unused=True)
+        del out
+        sync()
+        return time.perf_counter() - t0
 
     if extra_s is None:
         extra_s = budget_s
