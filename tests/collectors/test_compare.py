@@ -137,10 +137,6 @@ def test_a_diagnosed_run_reports_every_precision(tmp_path: Path) -> None:
     # the same activation truth as above: Linear(32->64) input + ReLU output, 16 samples
     assert rows["fp32"]["saved_bytes"] == 16 * (32 + 64) * 4
     assert ab["spent_s"] <= ab["budget_s"] + 5  # one observed pass each is not budgeted
-    # the speed probe's pairs are the A/B's first round
-    probe = d.session.section("speed_probe")
-    assert rows["fp32"]["prior_samples"] == rows["bf16"]["prior_samples"] == probe["repeats"]
-    assert rows["fp16"]["prior_samples"] == 0
     assert ab["recommended"] in rows
     page = (tmp_path / "report.html").read_text()
     assert "Which precision" in page and "BF16 autocast" in page
@@ -238,17 +234,3 @@ def test_an_untimed_precision_keeps_its_numerics_and_makes_no_speed_claim() -> N
     assert fp16.loss is not None and fp16.saved_bytes is not None  # numerics kept
     assert fp16.modules == [] and fp16.faster is None
     assert result.recommended in ("fp32", "bf16") and "FP16 not timed" in result.reason
-
-
-def test_prior_samples_count_as_the_first_round() -> None:
-    # The speed probe's FP32 / autocast pairs are the A/B's first round: those precisions are
-    # not timed in it, and their samples begin with the probe's (here, marked by their size).
-    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
-    prior = {"fp32": [10.0, 10.0], "bf16": [20.0, 20.0]}
-    result = compare(model, torch.randn(16, 32), budget_s=0.0, min_samples=2, prior=prior)
-    fp32, bf16, fp16 = (result.result(p) for p in ("fp32", "bf16", "fp16"))
-    # round one: FP16 alone; round two: every precision once
-    assert (fp32.samples, bf16.samples, fp16.samples) == (3, 3, 2)
-    assert (fp32.prior_samples, bf16.prior_samples, fp16.prior_samples) == (2, 2, 0)
-    assert fp32.time_ms == 10_000.0 and bf16.time_ms == 20_000.0  # the median of 3 is prior
-    assert fp16.time_ms is not None and fp16.time_ms < 10_000.0

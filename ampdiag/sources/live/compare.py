@@ -38,7 +38,7 @@ import copy
 import math
 import statistics
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -107,7 +107,6 @@ class PrecisionResult:
     modules: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
     not_timed: str | None = None
-    prior_samples: int = 0
 
 
 @dataclass
@@ -419,7 +418,6 @@ def compare(
     kwargs: dict[str, Any] | None = None,
     copy_model: bool = True,
     droppable: Collection[str] = (),
-    prior: Mapping[str, Sequence[float]] | None = None,
 ) -> PrecisionComparison:
     """Measures FP32 against each low precision for this model and batch, changing nothing.
 
@@ -446,10 +444,6 @@ def compare(
             why in ``not_timed``. FP32 is always timed. The speed probe passes every precision
             but FP32 and the run's own: one the probe did not time may be far slower than
             its estimate assumed (FP16 on a CPU, 50x).
-        prior: Timed samples (seconds) of some precisions, taken just before on the same
-            model and batch, the same way (the speed probe's interleaved FP32 / autocast
-            pairs): they count as the first timing round, so those precisions are not timed
-            twice over. Each row says how many of its samples they are (``prior_samples``).
 
     Returns:
         A `PrecisionComparison`: one row per precision, and the recommended one — the fastest
@@ -513,7 +507,7 @@ def compare(
     for name, why in dropped.items():
         rows[name].not_timed = why
     ok = [n for n in ok if n not in dropped]
-    _time_all(runner, ok, rows, result, started, tolerance, min_samples, prior or {})
+    _time_all(runner, ok, rows, result, started, tolerance, min_samples)
     try:
         _module_costs(runner, ok, rows)
     except Exception as exc:  # the per-module split is evidence, never worth the comparison
@@ -616,24 +610,14 @@ def _time_all(
     started: float,
     tolerance: float,
     min_samples: int,
-    prior: Mapping[str, Sequence[float]],
 ) -> None:
-    """Interleaved timing rounds until every racing median is tight or the budget is spent.
-
-    ``prior`` samples (the speed probe's pairs) count as the first round: it times only the
-    precisions without any, and each precision's samples begin with its prior ones.
-    """
-    samples: dict[str, list[float]] = {n: [float(x) for x in prior.get(n, ())] for n in names}
-    for name in names:
-        rows[name].prior_samples = len(samples[name])
+    samples: dict[str, list[float]] = {n: [] for n in names}
     peaks: dict[str, int] = {}
     cuda = runner.device.type == "cuda"
     rounds = 0
     racing = list(names)
     while racing:
         order = racing[rounds % len(racing) :] + racing[: rounds % len(racing)]
-        if rounds == 0:  # the prior samples are this round's for the precisions that have them
-            order = [n for n in order if not samples[n]]
         for name in order:
             if cuda:
                 torch.cuda.reset_peak_memory_stats(runner.device)
@@ -645,16 +629,15 @@ def _time_all(
                 peak = torch.cuda.max_memory_allocated(runner.device) - base
                 peaks[name] = max(peaks.get(name, 0), peak)
         rounds += 1
-        least = min(len(samples[n]) for n in racing)
-        if least >= 2:
+        if rounds >= 2:
             racing = _still_racing(racing, samples)
         spent = time.perf_counter() - started
         tight = all(timing.tight(timing.estimate(samples[n]), tolerance) for n in racing)
-        if least >= min_samples and (tight or spent >= result.budget_s):
+        if rounds >= min_samples and (tight or spent >= result.budget_s):
             break
         # every precision gets two samples (a spread) unless fewer were asked for: the speed
         # probe runs the A/B only when that least cost fits its budget
-        if spent >= result.budget_s and least >= min(MIN_ROUNDS, min_samples):
+        if spent >= result.budget_s and rounds >= min(2, min_samples):
             break
     estimates = {n: timing.estimate([x * 1000 for x in s]) for n, s in samples.items()}
     for name, est in estimates.items():

@@ -25,10 +25,8 @@ How it measures, observing and never changing:
   spread, never one sample, and the ratio's interval is what the two medians' intervals allow:
   a run on a loaded machine that cannot tell the two apart says so (``ratio_low`` /
   ``ratio_high`` straddle the threshold, and ``autocast-slower`` is reported as uncertain)
-  instead of flipping from run to run. The per-module times come from the precision A/B's
-  per-module costs of the run's precision when it runs, else from one more forward of each
-  with timing hooks on the leaf modules. The A/B takes the probe's pairs as its first round
-  (``prior``): FP32 and the run's precision are not timed twice over.
+  instead of flipping from run to run. One more
+  forward of each, with timing hooks on the leaf modules, gives the per-module times.
 - The extra forwards run on the copy, never on the user's objects: the user's parameters,
   buffers, ``.grad`` and the Python state a ``forward`` may keep (a step counter, a cache) are
   untouched. The copy is skipped, with the reason, when it is impossible or would take more
@@ -79,20 +77,6 @@ DEFAULT_BUDGET_S = 10.0
 BLOCK_SHARE = 0.1
 #: Timed pairs at most, however noisy.
 MAX_PAIRS = 50
-
-
-def _modules_of(ab: dict[str, Any], precision: str | None) -> list[dict[str, Any]]:
-    """The A/B's per-module forward times of the run's precision, in the probe's form."""
-    row = next((r for r in ab.get("results") or [] if r.get("precision") == precision), None)
-    found = [m for m in (row or {}).get("modules") or [] if "ms" in m and "fp32_ms" in m]
-    return [
-        {"module": m["module"], "fp32_ms": m["fp32_ms"], "autocast_ms": m["ms"]}
-        for m in found[:TOP_MODULES]
-    ]
-
-
-def _tf32_allowed() -> bool:
-    return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
 def _is_distributed(model: torch.nn.Module) -> bool:
@@ -189,17 +173,9 @@ class SpeedProbe(Collector):
                     self.repeats,
                     budget_s=self.budget_s,
                     extra_s=extra,
-                    modules=False,
                 )
             self._result["autocast"] = self._autocast
-            ab = self._compare(run, copy, inputs)
-            self._result["precisions"] = ab
-            self._result["modules"] = _modules_of(ab, run_precision(self._autocast))
-            if not self._result["modules"]:  # no A/B per-module costs: the probe's own
-                with internal_work():
-                    self._result["modules"] = module_times(
-                        copy, inputs[0], inputs[1], device, getattr(torch, dtype_name)
-                    )
+            self._result["precisions"] = self._compare(run, copy, inputs)
         except Exception as exc:  # the probe must never cost the user the report
             self._result = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
@@ -238,26 +214,9 @@ class SpeedProbe(Collector):
                     kwargs=inputs[1],
                     # a precision the probe did not time may be far slower than assumed
                     droppable=[p for p in precisions if p != run_precision(self._autocast)],
-                    prior=self._prior(),
                 ).to_dict()
         except Exception as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}
-
-    def _prior(self) -> dict[str, list[float]]:
-        """The probe's pairs as the A/B's first round (seconds): the same passes, timed.
-
-        Not on CUDA with TF32 matmuls allowed: there the probe's "FP32" ran TF32 matmuls,
-        while the A/B's FP32 turns them off.
-        """
-        run = run_precision(self._autocast)
-        if self._result.get("measured") != "forward + backward" or run is None:
-            return {}
-        if str(self._autocast).startswith("cuda") and _tf32_allowed():
-            return {}
-        return {
-            name: [ms / 1e3 for ms in self._result.get(key) or []]
-            for name, key in (("fp32", "fp32_ms_all"), (run, "autocast_ms_all"))
-        }
 
     def section(self) -> SpeedProbeSection | None:
         """The timings (or why there are none) and the batch size seen."""
@@ -338,7 +297,6 @@ def probe(
     budget_s: float = DEFAULT_BUDGET_S,
     extra_s: float | None = None,
     tolerance: float = TOLERANCE,
-    modules: bool = True,
 ) -> dict[str, Any]:
     """Times ``model(*args, **kwargs)`` + a surrogate backward in FP32 and under autocast.
 
@@ -360,8 +318,6 @@ def probe(
         extra_s: Wall time after which no pair is added beyond ``repeats`` (default
             ``budget_s``).
         tolerance: Stop once both medians' spreads are at most this share of them.
-        modules: Time the leaf modules too (`module_times`); the speed probe leaves them to
-            the precision A/B when it runs (its per-module costs cover the run's precision).
 
     Returns:
         ``fp32_ms`` and ``autocast_ms`` (medians) with their ``*_spread`` (median absolute
@@ -421,6 +377,7 @@ def probe(
                     break
                 if n >= repeats and spent >= extra_s:
                     break
+            modules = _module_times(model, args, kwargs, device, dtype, sync)
         finally:
             with torch.no_grad():
                 for buf, value in saved:
@@ -448,40 +405,8 @@ def probe(
         "tight": timing.tight(f, tolerance) and timing.tight(a, tolerance),
         "tolerance": tolerance,
         "budget_s": round(budget_s, 3),
-        "modules": module_times(model, args, kwargs, device, dtype) if modules else [],
+        "modules": modules,
     }
-
-
-def module_times(
-    model: torch.nn.Module,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    device: str,
-    dtype: torch.dtype,
-) -> list[dict[str, Any]]:
-    """Forward time of each leaf module in FP32 and under autocast (one pass each, no grad).
-
-    On the probe's copy, changing nothing: the RNG forked, buffers put back, the class's own
-    forward (`class_forward`).
-    """
-    cuda_devices = sorted({t.device.index or 0 for t in model.parameters() if t.is_cuda})
-    use_cuda = bool(cuda_devices) or device == "cuda"
-
-    def sync() -> None:
-        if use_cuda and torch.cuda.is_available():
-            torch.cuda.synchronize()
-
-    saved = [(b, b.detach().clone()) for b in model.buffers()]
-    with (
-        torch.random.fork_rng(devices=cuda_devices if torch.cuda.is_available() else []),
-        class_forward(model),
-    ):
-        try:
-            return _module_times(model, args, kwargs, device, dtype, sync)
-        finally:
-            with torch.no_grad():
-                for buf, value in saved:
-                    buf.copy_(value)
 
 
 def _module_times(
