@@ -90,3 +90,56 @@ SCENARIOS = [
         run_forward_autocast,
     ),
 ]
+
+
+class CastingMLP(models.MLP):
+    """The MLP under its own FP16 autocast, casting the head's input to FP16 itself (as code
+    that feeds an FP16-only kernel does): no replay of this forward computes in FP32."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.float16):
+            return self.head(self.body(x).half())
+
+
+def casting_mlp(model: torch.nn.Module) -> torch.nn.Module:
+    own = CastingMLP()
+    own.load_state_dict(model.state_dict())
+    return own
+
+
+def names_the_cast(session: Session) -> str | None:
+    found = [f for f in session.all_findings() if f.id == "fp16-grad-underflow"]
+    why = found[0].evidence.get("unmeasured", {}) if found else {}
+    reason = str(why.get("recommended_init_scale"))
+    return None if "half returned torch.float16" in reason else f"unmeasured: {why!r}"
+
+
+def run_cast_in_forward(out: Path) -> tuple[Session, Truth]:
+    session, measured = run_underflow(out, 1e-6, None, prepare=casting_mlp)
+    k = measured["needed_scale_log2"]
+    assert measured["boundary_lost_fraction"] > 0.99 and k is not None and k > 16, measured
+    # What a replay through FP16 would say (the scale the output's gradient needs) is far
+    # below the truth: ampdiag must say it measured neither, and why.
+    ev = {
+        key: (measured[key], 0.03)
+        for key in ("underflow_fraction", "boundary_lost_fraction", "param_grad_subnormal_fraction")
+    }
+    ev |= {
+        "activation_grad_subnormal_fraction": (None, 0.0),
+        "recommended_init_scale": (None, 0.0),
+    }
+    return session, Truth(
+        expect=[Expect("fp16-grad-underflow", evidence=ev)],
+        checks={"fp16-grad-underflow": names_the_cast},
+        measured=measured,
+    )
+
+
+SCENARIOS.append(
+    Scenario(
+        "underflow-cast-in-forward",
+        "A forward under its own FP16 autocast that casts to FP16 itself, loss x 1e-6: no FP32 "
+        "replay, so the needed scale is unmeasured.",
+        run_cast_in_forward,
+    )
+)

@@ -80,8 +80,13 @@ def reference_gradients(
     held_off = AutocastHeldOff()
     try:
         with torch.random.fork_rng(devices=devices), torch.enable_grad():
-            with held_off:
-                out = next(tensors_in(replica(*args)), None)
+            try:
+                with held_off:
+                    out = next(tensors_in(replica(*args)), None)
+            except Exception as exc:  # an FP16-only kernel refusing FP32 inputs, say
+                if held_off.low is None:
+                    raise
+                raise ReplayError(_low_precision(held_off.low)) from exc
             for h in handles:
                 h.remove()
             if out is None or not out.requires_grad:
@@ -95,10 +100,7 @@ def reference_gradients(
             if held_off.low is None and low is not None:
                 held_off.low = f"a module's output is {low}"
             if held_off.low is not None:
-                raise ReplayError(
-                    f"the model computes in low precision outside autocast "
-                    f"({held_off.low}: an explicit cast or FP16 parameters)"
-                )
+                raise ReplayError(_low_precision(held_off.low))
             if held_off.entered and _recomputes(out):
                 raise ReplayError(
                     "a checkpointed segment would recompute its forward under the model's own "
@@ -122,6 +124,14 @@ def reference_gradients(
         for m, g in zip(owners, found, strict=True)
         if g is not None and g.numel()
     ]
+
+
+def _low_precision(what: str) -> str:
+    """The reason a replay is not FP32: which call computed in low precision."""
+    return (
+        "the model computes in low precision outside autocast "
+        f"({what}: an explicit cast or FP16 parameters)"
+    )
 
 
 def _recomputes(out: torch.Tensor) -> bool:
