@@ -53,7 +53,8 @@ def underflow_summary(session: Session) -> dict[str, Any]:
     share of the gradients entering every module (``activation_grad_subnormal_fraction``),
     counted against their true values from the FP32 replay of each sampled step where it ran
     (else over the nonzero FP16 values, which cannot show what flushed to zero); and the
-    zero-or-subnormal share of the nonzero parameter gradients. ``worst_module`` is the
+    zero-or-subnormal share of the nonzero parameter gradients FP16 held (under autocast,
+    those of the parameters it cast: ``gradients.totals.fp16_computed``). ``worst_module`` is the
     module with the largest such share.
     ``recommended_init_scale``: the smallest power of two that keeps the predicted share
     under 1% without overflow, searched up to 2^120 -- from the replays, the largest over
@@ -91,7 +92,9 @@ def underflow_summary(session: Session) -> dict[str, Any]:
             worst = (frac, m["module"])
     boundary = acts.get("boundary") or {}
     bnd_fraction = float(boundary.get("lost_fraction", 0.0))
+    # Only the parameter gradients FP16 held (autocast computes some in FP32).
     totals = grads.get("totals", {})
+    totals = totals.get("fp16_computed") or totals
     act_fraction = act_sub / act_nz if act_nz else 0.0
     grad_fraction = float(totals.get("subnormal_fraction", 0.0))
     rec = acts.get("recommended_init_scale")
