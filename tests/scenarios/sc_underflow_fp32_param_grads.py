@@ -2,63 +2,42 @@
 in FP32 (an FP32-policy op), so the embedding's weight gets an FP32 gradient, and its small
 values -- a quarter of them below 2^-14 -- are no FP16 subnormals: FP16 never held them.
 
-Truth, measured without ampdiag: which parameters autocast casts to FP16 (a dispatch mode of
-the scenario's own sees every ``aten._to_copy`` to float16 in one forward of a copy of the
-model), and on the sampled steps the share of the nonzero gradients of those parameters
+Truth, measured without ampdiag: which parameters autocast casts to FP16
+(`harness.fp16_cast_params`: a dispatch mode sees every cast to float16 in one forward of a
+copy of the model), and on the sampled steps the share of the nonzero gradients of those parameters
 that are below 2^-14 (scale 1, every value counted), with the same share over all
 parameters, which must differ from it (else the scenario proves nothing).
 """
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
-from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampdiag.config import DiagnoseConfig, is_sampled_step
 from ampdiag.session import Session
 from tests.scenarios import models
-from tests.scenarios.harness import Expect, Scenario, Truth, diagnose, seeded, session_of
+from tests.scenarios.harness import (
+    Expect,
+    Scenario,
+    Truth,
+    diagnose,
+    fp16_cast_params,
+    seeded,
+    session_of,
+)
 
 STEPS = 6
 #: Every value of every gradient is counted (the GRU's largest tensor holds 3 x 32 x 32).
 SAMPLE = 1 << 16
 
 
-class _Casts(TorchDispatchMode):
-    """Records the parameters (by storage) that an ``aten._to_copy`` casts to float16."""
-
-    def __init__(self, params: dict[int, str]) -> None:
-        super().__init__()
-        self.params = params
-        self.cast: set[str] = set()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.float16:
-            name = self.params.get(args[0].data_ptr())
-            if name is not None:
-                self.cast.add(name)
-        return func(*args, **kwargs)
-
-
-def cast_by_autocast(model: torch.nn.Module, batch: models.Batch) -> set[str]:
-    """The names of the parameters FP16 autocast casts in one forward of a copy of ``model``."""
-    twin = copy.deepcopy(model)
-    params = {p.data_ptr(): n for n, p in twin.named_parameters()}
-    with torch.autocast("cpu", dtype=torch.float16), _Casts(params) as mode:
-        twin(batch[0])
-    return mode.cast
-
-
 def run(out: Path) -> tuple[Session, Truth]:
     with seeded(0):
         setup = models.make("gru")
         data = models.batches(setup, STEPS)
-        cast = cast_by_autocast(setup.model, data[0])
+        cast = fp16_cast_params(setup.model, data[0][0])
         config = DiagnoseConfig()
         counts = {"cast": [0, 0], "all": [0, 0]}
 
