@@ -99,3 +99,73 @@ def test_accelerate_fp16_on_a_cpu_is_not_called_a_deliberate_fp32_run(tmp_path: 
     assert session.environment["framework_precision"] == {"accelerate": "fp16"}
     found = {f.id: f for f in session.findings}
     assert found["low-precision-inactive"].severity == "high" and "amp-off" not in found
+
+
+def _train_plain(model: nn.Module, opt: torch.optim.Optimizer, steps: int = 3) -> None:
+    for _ in range(steps):
+        loss = model(torch.randn(8, 32)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+@pytest.mark.parametrize("mixed_precision", ["bf16", "fp16"])
+def test_an_earlier_accelerator_does_not_mark_a_later_plain_fp32_run(
+    tmp_path: Path, mixed_precision: str
+) -> None:
+    # One process (a notebook): an Accelerate run first, then a plain FP32 run of another
+    # model and optimizer. Accelerate's request stays in its process-wide state (nothing
+    # resets it between the two here), but it is no part of the second run.
+    acc = accelerate.Accelerator(mixed_precision=mixed_precision, cpu=True)
+    first = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    first_opt = torch.optim.SGD(first.parameters(), lr=1e-3)
+    first, first_opt = acc.prepare(first, first_opt)
+    for _ in range(3):
+        acc.backward(first(torch.randn(8, 32)).pow(2).mean())
+        first_opt.step()
+        first_opt.zero_grad()
+    assert accelerate.state.AcceleratorState().mixed_precision == mixed_precision
+
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    truth = AutocastRecorder(model[0])
+    with ampdiag.diagnose(out=tmp_path / "diag", **(SETTINGS | {"profile": False})) as d:
+        _train_plain(model, opt)
+    truth.close()
+    # Truth: never prepared (its forward is its class's, no Accelerate wrapper holds its
+    # optimizer) and never under autocast.
+    assert "forward" not in vars(model)
+    assert not any(o.optimizer is opt for o in acc._optimizers)
+    assert truth.counts() == {"none": 3}
+    session = d.session
+    assert session is not None and session.status == "ok"
+    assert session.environment["framework_precision"] == {}
+    found = {f.id: f for f in session.findings}
+    assert found["amp-off"].severity == "info" and "low-precision-inactive" not in found
+
+
+def test_an_accelerate_optimizer_without_its_model_prepared_is_framework_asked(
+    tmp_path: Path,
+) -> None:
+    # Accelerate asked for bf16 and prepared the optimizer, but the model was left out of
+    # prepare(): its forward never enters autocast, so the run trains in FP32 against the
+    # user's request. No model carries Accelerate's mark; the optimizer does.
+    acc = accelerate.Accelerator(mixed_precision="bf16", cpu=True)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = acc.prepare(torch.optim.SGD(model.parameters(), lr=1e-3))
+    truth = AutocastRecorder(model[0])
+    with ampdiag.diagnose(out=tmp_path / "diag", **(SETTINGS | {"profile": False})) as d:
+        for _ in range(3):
+            acc.backward(model(torch.randn(8, 32)).pow(2).mean())
+            opt.step()
+            opt.zero_grad()
+    truth.close()
+    assert isinstance(opt, accelerate.optimizer.AcceleratedOptimizer)
+    assert "forward" not in vars(model) and truth.counts() == {"none": 3}
+    session = d.session
+    assert session is not None
+    # ampdiag sees the optimizer Accelerate wraps, not the wrapper (its hooks fire there).
+    assert session.sections["run"]["optimizers"] == ["SGD"]
+    assert session.environment["framework_precision"] == {"accelerate": "bf16"}
+    found = {f.id: f for f in session.findings}
+    assert found["low-precision-inactive"].severity == "high" and "amp-off" not in found
