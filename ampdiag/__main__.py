@@ -1,7 +1,5 @@
 """``python -m ampdiag``: the same as the ``ampdiag`` command."""
 
-import sys
+from ampdiag.cli import console_main
 
-from ampdiag.cli import main
-
-sys.exit(main())
+console_main()

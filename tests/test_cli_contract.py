@@ -13,8 +13,16 @@ from tests.advice_scan import contradictions
 REPO = Path(__file__).resolve().parents[1]
 
 
-def ampdiag_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def user_env() -> dict[str, str]:
+    """The environment of a user's shell: this machine's PYTHONUNBUFFERED=1 would hide output
+    left in a buffer when the process ends."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("PYTHONUNBUFFERED", None)
+    return env
+
+
+def ampdiag_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = user_env()
     return subprocess.run(
         [sys.executable, "-m", "ampdiag", *args],
         capture_output=True,
@@ -103,3 +111,40 @@ def test_report_merges_the_ranks_of_a_distributed_run(
     ranks = json.loads(capsys.readouterr().out)["timeline"]["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1]
     assert [Path(r["file"]).parts[-3] for r in ranks] == ["rank-0", "rank-1"]
+
+
+TRACE = REPO / "tests" / "data" / "traces" / "cpu_only"
+
+
+def test_report_output_is_whole_and_codes_kept_when_the_process_ends_early(
+    tmp_path: Path,
+) -> None:
+    """``report`` ends its process without the interpreter's teardown: what it printed must
+    still all arrive (a JSON larger than the pipe's buffer), and its exit codes stay."""
+    trace = next(TRACE.iterdir())
+    r = ampdiag_cli("report", str(trace), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)  # the whole document, flushed before the process ended
+    assert doc["timeline"]["trace_files"] == [str(trace)]
+    assert r.stderr == ""
+    r = ampdiag_cli("report", str(trace), "--format", "json", "--fail-on", "low")
+    gated = [f for f in json.loads(r.stdout)["findings"] if f["severity"] != "info"]
+    assert r.returncode == (3 if gated else 0)
+
+
+def test_report_into_a_closed_pipe_exits_quietly() -> None:
+    """``ampdiag report ... | head``: the reader went away; exit 0 and no 'Exception ignored'
+    noise from flushing a dead pipe at exit."""
+    trace = next(TRACE.iterdir())
+    env = user_env()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ampdiag", "report", str(trace), "--format", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before anything is written: every write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0, err
+    assert err == ""

@@ -20,18 +20,30 @@ def merged_fixes(finding: Any) -> list[tuple[str, str]]:
     """(id, fix) of each finding a recommendation merged, whose fix it does not already say.
 
     A recommendation like ``prefer-bf16`` explains others (``grad-scaler-disabled``...); their
-    own fixes still apply and are shown under it, each once.
+    own fixes still apply and are shown under it, each once. A fix is already said when its
+    code is (`_said`): ``autocast-slower`` merged into ``prefer-bf16`` advises the same BF16
+    training step, only its comments differ, and the reader should see that code once.
     """
-    seen = {str(getattr(finding, "fix", "") or "").strip()}
+    seen = {_said(str(getattr(finding, "fix", "") or ""))}
     out: list[tuple[str, str]] = []
     evidence = getattr(finding, "evidence", None)
     merged = evidence.get("merged") if isinstance(evidence, dict) else None
     for m in merged if isinstance(merged, list) else []:
         fix = str(m.get("fix") or "").strip() if isinstance(m, dict) else ""
-        if fix and fix not in seen:
-            seen.add(fix)
+        if fix and _said(fix) not in seen:
+            seen.add(_said(fix))
             out.append((str(m.get("id")), fix))
     return out
+
+
+def _said(fix: str) -> str:
+    """What a fix tells the user to do: its lines without whole-line comments.
+
+    A fix that is nothing but comments is all it says (its whole text).
+    """
+    lines = [line.rstrip() for line in fix.strip().splitlines()]
+    kept = [line for line in lines if line and not line.lstrip().startswith("#")]
+    return "\n".join(kept) if kept else "\n".join(lines)
 
 
 @lru_cache(maxsize=1)

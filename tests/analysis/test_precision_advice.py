@@ -13,6 +13,7 @@ from typing import Any
 from ampdiag.analysis import analyze, precision_choice
 from ampdiag.analysis.advisors import advise
 from ampdiag.analysis.rules.autocast_speed import autocast_slower
+from ampdiag.render.console import summary
 from ampdiag.session import Finding, Session
 from tests.advice_scan import advised, contradictions
 
@@ -128,9 +129,26 @@ def test_untimed_ab_falls_back_to_the_rules_and_says_so() -> None:
     rec = next(f for f in out if f.id == "prefer-bf16")
     assert rec.evidence["measured"] is False
     assert "timed once" in rec.evidence["not_measured"] and "Speed not measured" in rec.fix
-    slower = next(f for f in out if f.id == "autocast-slower")
-    assert "Not measured by the precision A/B" in slower.fix
+    # autocast-slower advises the same BF16 step: merged into the one recommendation, whose
+    # console shows that code once (it was printed twice, under two high findings)
+    assert [f.id for f in out] == ["prefer-bf16"]
+    slower = next(m for m in rec.evidence["merged"] if m["id"] == "autocast-slower")
+    assert "Not measured by the precision A/B" in slower["fix"]
+    assert advised(rec.fix) == {"bf16"} and "bf16" in advised(slower["fix"])
     assert contradictions(out) == []
+    printed = summary(Session(environment=s.environment, findings=out))
+    assert printed.count("with torch.autocast(device_type='cpu', dtype=torch.bfloat16):") == 1
+
+
+def test_probe_slowdown_alone_is_one_recommendation_with_its_code_once() -> None:
+    # The CPU demo's case: FP16 measured 8.5x slower by the probe, the A/B over its budget.
+    s = session("cpu:float16", [], probe_ratio=8.5)
+    s.section("speed_probe")["precisions"] = {"skipped": "over its budget"}
+    out = advise(s, list(autocast_slower(s)))
+    assert [f.id for f in out] == ["prefer-bf16"] and out[0].severity == "high"
+    assert out[0].evidence["explains"] == ["autocast-slower"]
+    printed = summary(Session(environment=s.environment, findings=out))
+    assert printed.count("loss.backward()") == 1, printed
 
 
 def test_no_ab_at_all_a_trace_says_the_advice_was_not_measured() -> None:

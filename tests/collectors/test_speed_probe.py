@@ -167,7 +167,10 @@ def probe_session(fp32: list[float], amp: list[float]) -> Session:
 
 
 def slower(fp32: list[float], amp: list[float]) -> list[Finding]:
-    return [f for f in analyze(probe_session(fp32, amp)) if f.id == "autocast-slower"]
+    """The autocast-slower finding, standing alone or merged into the precision advice."""
+    session = probe_session(fp32, amp)
+    session.findings = analyze(session)
+    return [f for f in session.all_findings() if f.id == "autocast-slower"]
 
 
 TEN = [10.0, 10.1, 9.9, 10.0, 10.2]

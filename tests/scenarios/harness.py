@@ -224,16 +224,16 @@ def score(session: Session, scenario: Scenario, truth: Truth) -> dict[str, IdSco
 def measured_precision_advice(run_precision: str) -> Callable[[Session], str | None]:
     """A check for healthy runs: precision advice only from the A/B, never from numerics.
 
-    Any ``prefer-*`` must rest on the precision A/B (``measured``) or stand beside the speed
-    probe's confirmed ``autocast-slower``, explain nothing but ``autocast-slower``, and never
-    name the run's own precision.
+    Any ``prefer-*`` must rest on the precision A/B (``measured``) or on the speed probe's
+    confirmed ``autocast-slower`` (beside it or merged into it), explain nothing but
+    ``autocast-slower``, and never name the run's own precision.
     """
 
     def check(session: Session) -> str | None:
         for f in session.findings:
             if f.id not in PRECISION_ADVICE_IDS:
                 continue
-            slower = [g for g in session.findings if g.id == "autocast-slower"]
+            slower = [g for g in session.all_findings() if g.id == "autocast-slower"]
             if f.evidence.get("measured") is not True and not any(
                 g.severity != "info" for g in slower
             ):

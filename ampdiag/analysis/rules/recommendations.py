@@ -182,7 +182,7 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
     slower = [f for f in find(findings, "autocast-slower") if f.severity != "info"]
     if not trouble:
         if slower:  # the probe's slowdown alone: its own fix's choice, as a recommendation
-            yield Advice(_unmeasured_switch(session, ab, slower[0]), [])
+            yield Advice(_unmeasured_switch(session, ab, slower[0]), slower[:1])
         return
     bf16 = bf16_supported(session)
     if bf16:
@@ -211,7 +211,9 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
             section="precision",
             impact=min(1.0, 0.6 + 0.1 * len(trouble)),
         )
-        yield Advice(rec, trouble)
+        # autocast-slower's fix names BF16 too where BF16 runs natively: one finding, one code
+        agrees = slower if pc.bf16_runs_natively(env, dev) else []
+        yield Advice(rec, [*trouble, *agrees])
         return
     merged = _actionable(findings, *scaler_ids)
     if not merged:
@@ -227,8 +229,8 @@ def _unmeasured_switch(session: Session, ab: pc.Measured, slower: Finding) -> Fi
 
     The same recommendation (id and severity) the A/B gives in the usual case, so that a run
     whose A/B got one timing round and one that got several do not read differently: BF16
-    for an FP16 run on a device with native BF16, else FP32. ``autocast-slower`` stays beside
-    it (its fix names the same choice).
+    for an FP16 run on a device with native BF16, else FP32. It explains ``autocast-slower``
+    (merged, as the A/B's advice does), whose fix names the same choice: one finding, one code.
     """
     dev = device_type(session)
     target = (
