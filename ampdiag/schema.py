@@ -219,6 +219,8 @@ class ActivationsSection(TypedDict, total=False):
     scale_from_fp32_replay: bool
     recommended_at_step: int | None
     replay: dict[str, Any] | None  # the FP32 replays (collectors.activations._replay_section)
+    # replays that gave no FP32 truth: {steps, first_step, reason}; None: none failed
+    replay_failed: dict[str, Any] | None
     nonfinite_origin: dict[str, Any] | None
     nonfinite_steps: list[Any]
 

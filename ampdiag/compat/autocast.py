@@ -1,7 +1,8 @@
 """Private torch APIs the precision audit needs.
 
 The autocast state at an op's entry, autocast kernels in the dispatcher, the CUDA autocast
-policy torch ships, and "is backward running".
+policy torch ships, "is backward running", and autocast held off inside a forward that
+enters it itself.
 
 Checked on torch 2.4-2.13. Every function has a fallback when the private API is missing:
 
@@ -16,6 +17,8 @@ Checked on torch 2.4-2.13. Every function has a fallback when the private API is
   AutocastCUDA), each entry cross-checked against the dispatcher's AutocastCUDA registrations;
   ops the dispatcher has an AutocastCUDA kernel for but the header does not list get the policy
   ``"registered"``. Nothing is typed in by hand.
+- `AutocastHeldOff` is a ``torch.overrides.TorchFunctionMode`` (not in the module's
+  ``__all__``; checked on torch 2.4-2.13) that runs every torch call with autocast off.
 - `in_backward` reads ``torch._C._current_graph_task_id()`` (-1 outside the autograd engine).
 """
 
@@ -248,3 +251,51 @@ def dispatch_mode_class() -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     return TorchDispatchMode
+
+
+#: Autocast devices held off (the ones ampdiag's discovery reads).
+_HELD_OFF_DEVICES = ("cpu", "cuda")
+_LOW_DTYPES = (torch.float16, torch.bfloat16)
+
+
+class AutocastHeldOff(torch.overrides.TorchFunctionMode):
+    """Every torch call inside runs with autocast off, even where the code enters autocast.
+
+    Why: ampdiag's FP32 replay runs the model's own forward, and a forward that enters
+    autocast itself (Accelerate's ``prepare`` wraps ``model.forward`` in it; a user's forward
+    may say ``with torch.autocast(...)``) would compute in FP16 under any autocast(enabled=False)
+    around it. ``torch.autocast.__enter__`` sets the thread's state directly, so it cannot be
+    refused; instead each call (torch functions, Tensor methods, ``torch.ops``: everything that
+    honors ``__torch_function__``) finds autocast off for its duration, and the state the code
+    set is put back after it, exception or not. Thread-local, like the mode stack: nothing
+    another thread or the code after the block sees changes.
+
+    ``low`` names the first call that still returned a float16/bfloat16 tensor (an explicit
+    cast, low-precision parameters, a kernel outside torch): then the computation is not FP32.
+    ``entered``: some call found autocast on (the code entered it).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.low: str | None = None
+        self.entered = False
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: Any = (),
+        kwargs: Any = None,
+    ) -> Any:
+        on = [d for d in _HELD_OFF_DEVICES if torch.is_autocast_enabled(d)]
+        self.entered = self.entered or bool(on)
+        for d in on:
+            torch.set_autocast_enabled(d, False)
+        try:
+            out = func(*args, **(kwargs or {}))
+        finally:
+            for d in on:
+                torch.set_autocast_enabled(d, True)
+        if self.low is None and isinstance(out, torch.Tensor) and out.dtype in _LOW_DTYPES:
+            self.low = f"{getattr(func, '__name__', func)!s} returned {out.dtype}"
+        return out

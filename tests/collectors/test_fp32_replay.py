@@ -89,3 +89,106 @@ def test_replays_spread_over_a_long_run() -> None:
     from ampdiag.sources.live.collectors.activations import _replays
 
     assert [n for n in range(100) if _replays(n)] == [*range(8), 8, 16, 32, 64]
+
+
+class OwnAutocast(nn.Module):
+    """A forward that enters FP16 autocast itself, optionally through a checkpoint."""
+
+    def __init__(self, reentrant: bool | None = None) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        self.reentrant = reentrant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.float16):
+            if self.reentrant is None:
+                return self.net(x)
+            from torch.utils.checkpoint import checkpoint
+
+            out: torch.Tensor = checkpoint(self.net, x, use_reentrant=self.reentrant)
+            return out
+
+
+def fp32_truth(net: nn.Module, x: torch.Tensor, g: torch.Tensor) -> dict[nn.Module, torch.Tensor]:
+    """The gradient entering each module of ``net`` in a plain FP32 forward and backward."""
+    outs: dict[nn.Module, torch.Tensor] = {}
+    handles = [
+        m.register_forward_hook(lambda m, a, o: outs.__setitem__(m, o)) for m in net.modules()
+    ]
+    out = net(x)
+    for h in handles:
+        h.remove()
+    grads = torch.autograd.grad(out, list(outs.values()), grad_outputs=g)
+    return dict(zip(outs, grads, strict=True))
+
+
+def test_replay_holds_off_the_autocast_a_forward_enters() -> None:
+    from ampdiag.sources.live.collectors.fp32_replay import reference_gradients
+
+    torch.manual_seed(0)
+    m = OwnAutocast()
+    x, g = torch.randn(5, 8), torch.randn(5, 4) * 1e-9  # FP16 would flush most of g
+    assert m(x).dtype == torch.float16  # the forward does compute in FP16
+    found = {id(mod): grad for mod, grad, _ in reference_gradients(m, (x,), g, 1 << 20)}
+    plain = nn.Sequential(*m.net)  # the same modules, their class forward, no autocast
+    for mod, want in fp32_truth(plain, x, g).items():
+        got = found[id(mod) if mod is not plain else id(m.net)]
+        assert got.dtype == torch.float32
+        assert torch.allclose(got.reshape(-1), want.reshape(-1), rtol=1e-5, atol=0)
+    assert not torch.is_autocast_enabled("cpu")  # as found
+
+
+def test_replay_of_a_forward_whose_checkpoint_would_recompute_in_fp16_says_why() -> None:
+    import pytest
+
+    from ampdiag.sources.live.collectors.fp32_replay import ReplayError, reference_gradients
+
+    x, g = torch.randn(5, 8).requires_grad_(), torch.randn(5, 4)
+    with pytest.raises(ReplayError, match="checkpointed segment"):
+        reference_gradients(OwnAutocast(reentrant=True), (x,), g, 1 << 20)
+    with pytest.raises(Exception):  # torch's own check: the recomputed dtypes differ  # noqa: B017
+        reference_gradients(OwnAutocast(reentrant=False), (x,), g, 1 << 20)
+
+
+def test_autocast_held_off_leaves_the_state_as_found_on_error() -> None:
+    import pytest
+
+    from ampdiag.compat.autocast import AutocastHeldOff
+
+    a = torch.randn(3, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(RuntimeError), AutocastHeldOff() as held:
+            assert torch.mm(a, a).dtype == torch.float32
+            assert torch.is_autocast_enabled("cpu")  # the code's own state, between calls
+            torch.mm(a, torch.randn(2, 2))  # raises inside the call
+        assert held.entered and held.low is None
+        assert torch.is_autocast_enabled("cpu") and torch.mm(a, a).dtype == torch.bfloat16
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_replay_of_accelerates_prepared_model_is_fp32(tmp_path: Path) -> None:
+    """A real ``Accelerator(mixed_precision="bf16").prepare`` (its CPU autocast): the replay's
+    gradients are the plain model's FP32 ones, and the prepared model is left as it was."""
+    import pytest
+
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState
+
+    from ampdiag.sources.live.collectors.fp32_replay import reference_gradients
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        plain = nn.Sequential(*net)
+        prepared = accelerate.Accelerator(mixed_precision="bf16", cpu=True).prepare(net)
+        x, g = torch.randn(5, 8), torch.randn(5, 4)
+        assert prepared(x).dtype == torch.float32  # converted back, computed in BF16
+        wrapped = prepared.forward
+        found = {id(m): t for m, t, _ in reference_gradients(prepared, (x,), g, 1 << 20)}
+        assert prepared.forward == wrapped and "_original_forward" in vars(prepared)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    for mod, want in fp32_truth(plain, x, g).items():
+        got = found[id(prepared) if mod is plain else id(mod)]
+        assert torch.allclose(got.reshape(-1), want.reshape(-1), rtol=1e-5, atol=0)

@@ -328,3 +328,16 @@ def test_patches_and_hooks_are_removed_on_error(tmp_path: Path) -> None:
     assert torch.amp.GradScaler.step is step and torch.amp.GradScaler.unscale_ is unscale
     assert all(not m._forward_hooks for m in model.modules())
     assert math.isfinite(float(model(torch.randn(2, 8)).sum().detach()))
+
+
+def test_fp32_computed_names_the_parameters_autocast_leaves_in_fp32() -> None:
+    """Truth: autocast casts a Linear's weight and bias, and runs an embedding in FP32."""
+    from ampdiag.sources.live.collectors.gradients import fp32_computed
+
+    emb, lin = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 2)
+    idx = torch.tensor([1, 2, 3])
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = lin(emb(idx)).float().sum()
+    assert fp32_computed(loss.grad_fn) == {id(emb.weight)}
+    plain = lin(emb(idx)).sum()  # no autocast: nothing to tell apart
+    assert fp32_computed(plain.grad_fn) == set()

@@ -23,6 +23,7 @@ counts.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import ampdiag
 from ampdiag.session import Finding, Session
@@ -291,6 +293,37 @@ def fp16_lost(reference: torch.Tensor, held: torch.Tensor | None = None) -> tupl
     nonzero = ref != 0
     lost = nonzero & (h.abs() < 2.0**-14)
     return int(lost.sum()), int(nonzero.sum())
+
+
+class _Casts(TorchDispatchMode):
+    """Records the parameters (by storage) that an ``aten._to_copy`` casts to float16."""
+
+    def __init__(self, params: dict[int, str]) -> None:
+        super().__init__()
+        self.params = params
+        self.cast: set[str] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.float16:
+            name = self.params.get(args[0].data_ptr())
+            if name is not None:
+                self.cast.add(name)
+        return func(*args, **kwargs)
+
+
+def fp16_cast_params(model: torch.nn.Module, *args: Any) -> set[str]:
+    """The names of the parameters FP16 autocast casts in a forward of a copy of ``model``.
+
+    Their gradients are FP16's; the others' (an embedding's, a norm's: FP32-policy ops) are
+    computed in FP32, and no FP16 range applies to them. Seen by a dispatch mode of its own
+    (every cast to float16 of a parameter's storage), not by reading the autograd graph.
+    """
+    twin = copy.deepcopy(model)
+    params = {p.data_ptr(): n for n, p in twin.named_parameters()}
+    with torch.autocast("cpu", dtype=torch.float16), _Casts(params) as mode:
+        twin(*args)
+    return mode.cast
 
 
 def combined(scores: Iterable[dict[str, IdScore]]) -> dict[str, IdScore]:

@@ -22,6 +22,7 @@ Truth, measured without ampdiag on every step:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +50,16 @@ def run_underflow(
     init_scale: float | None,
     *,
     spread: float | None = None,
+    prepare: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
     **settings: Any,
 ) -> tuple[Session, dict[str, Any]]:
     """Trains and measures; ``spread`` multiplies half the output columns' gradients (a
-    range wider than FP16's)."""
+    range wider than FP16's). ``prepare`` makes the model enter FP16 autocast inside its own
+    forward (it returns the model to train, with the MLP's parameters): the loop then enters
+    none, and the truth is still the plain MLP's FP32 forward."""
     with seeded(0):
         setup = models.make("mlp")
+        model = prepare(setup.model) if prepare is not None else setup.model
         data = models.batches(setup, STEPS)
         scaler = (
             torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=10**6)
@@ -80,7 +85,7 @@ def run_underflow(
             into[1] += int(nz.sum())
 
         def after_backward(step: int) -> None:
-            for p in setup.model.parameters():
+            for p in model.parameters():
                 if p.grad is not None:
                     count_subnormal(params, p.grad)
 
@@ -93,21 +98,21 @@ def run_underflow(
             a, b = fp16_lost(g * scale)
             lost[0] += a
             lost[1] += b
-            state = {k: v.detach().clone() for k, v in setup.model.state_dict().items()}
+            state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             replays.append((step, scale, state, batch))
 
         def count_zero_grads(step: int) -> None:
             if step > 0:
-                for p in setup.model.parameters():
+                for p in model.parameters():
                     if p.grad is not None:
                         zero[0] += int((p.grad == 0).sum())
                         zero[1] += p.grad.numel()
 
         with diagnose(out, **settings) as d:
             models.train(
-                setup.model,
+                model,
                 data,
-                dtype=torch.float16,
+                dtype=torch.float16 if prepare is None else None,
                 scaler=scaler,
                 loss_mul=loss_mul,
                 loss_fn=loss_fn,

@@ -53,12 +53,17 @@ def underflow_summary(session: Session) -> dict[str, Any]:
     share of the gradients entering every module (``activation_grad_subnormal_fraction``),
     counted against their true values from the FP32 replay of each sampled step where it ran
     (else over the nonzero FP16 values, which cannot show what flushed to zero); and the
-    zero-or-subnormal share of the nonzero parameter gradients. ``worst_module`` is the
+    zero-or-subnormal share of the nonzero parameter gradients FP16 held (under autocast,
+    those of the parameters it cast: ``gradients.totals.fp16_computed``). ``worst_module`` is the
     module with the largest such share.
     ``recommended_init_scale``: the smallest power of two that keeps the predicted share
     under 1% without overflow, searched up to 2^120 -- from the replays, the largest over
     the sampled steps (``recommended_at_step``); ``scale_reaches_target`` False when no
     scale does (the gradients span more than FP16's range).
+    Where replays ran but none gave an FP32 truth (``activations.replay_failed``: the model
+    computes in low precision outside autocast, the replay's output was not the step's...),
+    FP16's values understate what it flushed: the activation-gradient figures and the scale
+    are None, and ``unmeasured`` names them with the reason.
     """
     acts = session.section("activations")
     grads = session.section("gradients")
@@ -87,7 +92,9 @@ def underflow_summary(session: Session) -> dict[str, Any]:
             worst = (frac, m["module"])
     boundary = acts.get("boundary") or {}
     bnd_fraction = float(boundary.get("lost_fraction", 0.0))
+    # Only the parameter gradients FP16 held (autocast computes some in FP32).
     totals = grads.get("totals", {})
+    totals = totals.get("fp16_computed") or totals
     act_fraction = act_sub / act_nz if act_nz else 0.0
     grad_fraction = float(totals.get("subnormal_fraction", 0.0))
     rec = acts.get("recommended_init_scale")
@@ -95,16 +102,25 @@ def underflow_summary(session: Session) -> dict[str, Any]:
     if rec is None and grads.get("hist_true"):
         k, reached = fp16range.search_scale_log2({int(e): c for e, c in grads["hist_true"].items()})
         rec = float(2**k) if k is not None else None
-    return {
+    failed = acts.get("replay_failed") if not replay else None
+    unmeasured: dict[str, str] = {}
+    if failed:
+        why = f"the FP32 replay gave no true gradients: {failed.get('reason')}"
+        unmeasured = dict.fromkeys(
+            ("activation_grad_subnormal_fraction", "recommended_init_scale"), why
+        )
+        act_fraction, per_module, worst, rec = 0.0, [], (0.0, ""), None
+    act_flush_fraction = round(act_flush / act_nz if act_nz else 0.0, 6)
+    summary: dict[str, Any] = {
         "underflow_fraction": round(max(bnd_fraction, act_fraction, grad_fraction), 6),
         "boundary_lost_fraction": round(bnd_fraction, 6),
-        "activation_grad_subnormal_fraction": round(act_fraction, 6),
-        "activation_grad_flush_fraction": round(act_flush / act_nz if act_nz else 0.0, 6),
+        "activation_grad_subnormal_fraction": None if failed else round(act_fraction, 6),
+        "activation_grad_flush_fraction": None if failed else act_flush_fraction,
         "param_grad_subnormal_fraction": round(grad_fraction, 6),
         "param_grad_flush_fraction": round(float(totals.get("flush_fraction", 0.0)), 6),
         "param_grad_zero_fraction": round(float(totals.get("zero_fraction", 0.0)), 6),
         "worst_module": worst[1] or None,
-        "worst_module_fraction": round(worst[0], 6),
+        "worst_module_fraction": None if failed else round(worst[0], 6),
         # the modules that lose the largest shares (at most TOP_MODULES)
         "module_lost_fraction": {
             name: round(frac, 4)
@@ -116,6 +132,9 @@ def underflow_summary(session: Session) -> dict[str, Any]:
         "scale_reaches_target": bool(reached) if rec is not None else None,
         "measured": bool(act_nz or totals.get("n") or boundary.get("counts", {}).get("n")),
     }
+    if unmeasured:
+        summary["unmeasured"] = unmeasured
+    return summary
 
 
 def _scale_in_use(session: Session) -> float | None:
@@ -154,9 +173,13 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
         )
     else:
         rec_txt = f"{rec:g}" if rec else "2.**16"
+        needs = (
+            f"smallest scale that keeps underflow under 1%: {rec_txt}"
+            if rec
+            else "the scale needed is unmeasured; torch's default, grown by the scaler"
+        )
         fix = (
-            "Scale the loss so small gradients stay representable (smallest scale that keeps "
-            f"underflow under 1%: {rec_txt}):\n"
+            f"Scale the loss so small gradients stay representable ({needs}):\n"
             f'scaler = torch.amp.GradScaler("cuda", init_scale={rec_txt})\n'
             "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()\n"
             "or train in bfloat16 (same exponent range as float32): "
@@ -166,8 +189,10 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
         id="fp16-grad-underflow",
         severity=sev,
         title=(
-            f"{frac:.1%} of nonzero gradient values fall below FP16's normal range "
-            f"(zero or subnormal) at loss scale {ev['scale_in_use']:g}."
+            f"{'At least ' if 'unmeasured' in u else ''}{frac:.1%} of nonzero gradient values "
+            f"fall below FP16's normal range (zero or subnormal) at loss scale "
+            f"{ev['scale_in_use']:g}"
+            + (" (inside the model unmeasured: no FP32 replay)." if "unmeasured" in u else ".")
         ),
         evidence=ev,
         fix=fix,
@@ -186,7 +211,7 @@ def grad_scaler_missing(session: Session) -> Iterator[Finding]:
         return
     u = underflow_summary(session)
     device = str(next(iter(fp16))).split(":")[0]
-    rec = u["recommended_init_scale"] or 2.0**16
+    rec = u["recommended_init_scale"]  # None: unmeasured (torch's default in the fix)
     yield Finding(
         id="grad-scaler-missing",
         severity="high",
@@ -197,7 +222,7 @@ def grad_scaler_missing(session: Session) -> Iterator[Finding]:
             "recommended_init_scale": rec,
         },
         fix=(
-            f'scaler = torch.amp.GradScaler("{device}", init_scale={rec:g})\n'
+            f'scaler = torch.amp.GradScaler("{device}", init_scale={rec or 2.0**16:g})\n'
             f"with torch.autocast('{device}', dtype=torch.float16):\n"
             "    loss = loss_fn(model(x), y)\n"
             "scaler.scale(loss).backward()\n"

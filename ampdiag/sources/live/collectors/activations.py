@@ -53,6 +53,7 @@ from ampdiag.sources.live.collectors.base import Collector, RunContext, internal
 from ampdiag.sources.live.collectors.fp32_replay import (
     MAX_OUTPUT_VALUES,
     REPLAY_VALUES,
+    ReplayError,
     reference_gradients,
 )
 
@@ -99,6 +100,7 @@ class ActivationsCollector(Collector):
         self._ref_acc: npt.NDArray[np.int64] | None = None  # true exponents, all steps
         self._ref_lost: npt.NDArray[np.int64] | None = None  # per module: lost, flush, nz
         self._ref_steps: list[dict[str, Any]] = []  # per sampled step: the scale it needs
+        self._ref_failed: dict[str, Any] | None = None  # replays that gave no FP32 truth
         self._candidates = 0  # sampled steps whose backward reached the model's output
         self._replay_step = -1
         self._root_idx = -1  # the main model's index: its output is where the replay starts
@@ -218,8 +220,10 @@ class ActivationsCollector(Collector):
         self._scale_now(go.device)
         sample = sample_view(go.detach(), self._limit)
         self._bnd.append(sample.clone(memory_format=torch.contiguous_format))
-        at_root = self._root_node is not None and any(
-            n is self._root_node for n, _ in node.next_functions
+        # The cast of the model's output (the user's ``out.float()``), or the model's output
+        # itself when its forward cast it (Accelerate's convert_outputs_to_fp32).
+        at_root = self._root_node is not None and (
+            node is self._root_node or any(n is self._root_node for n, _ in node.next_functions)
         )
         if at_root and self._root_args is not None and go.numel() <= MAX_OUTPUT_VALUES:
             assert self._scale is not None
@@ -246,16 +250,24 @@ class ActivationsCollector(Collector):
                 rows = [(self._index[id(m)], g, n) for m, g, n in found if id(m) in self._index]
                 del found
                 if not rows:
-                    return
+                    raise ReplayError("the replay reached none of the model's modules")
                 hist = signed_histograms_of(
                     [g for _, g, _ in rows], [i for i, _, _ in rows], len(self._names)
                 )
-        except Exception:  # the replay is a refinement: without it the FP16 figures stand
+        except Exception as exc:  # never the user's problem: the figures say unmeasured, why
+            self._replay_failed(run.step, exc)
             return
         sizes = [0] * len(self._names)
         for i, _, n in rows:
             sizes[i] += n
         self._ref = (hist, sizes)
+
+    def _replay_failed(self, step: int, exc: Exception) -> None:
+        """Counts a replay that gave no FP32 truth, keeping the first step's reason."""
+        if self._ref_failed is None:
+            reason = str(exc) if isinstance(exc, ReplayError) else f"{type(exc).__name__}: {exc}"
+            self._ref_failed = {"steps": 0, "first_step": step, "reason": reason[:300]}
+        self._ref_failed["steps"] += 1
 
     def _record_grad(self, idx: int, grad: torch.Tensor) -> None:
         self._scale_now(grad.device)
@@ -522,6 +534,7 @@ class ActivationsCollector(Collector):
             "scale_from_fp32_replay": replay is not None,
             "recommended_at_step": replay["recommended_at_step"] if replay else None,
             "replay": replay,
+            "replay_failed": self._ref_failed,
             "nonfinite_origin": self._origin,
             "nonfinite_steps": self._nonfinite_steps[:100],
         }

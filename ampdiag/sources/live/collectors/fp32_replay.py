@@ -11,8 +11,13 @@ true value FP16 should have held (times the scale).
 Run on every sampled step whose backward crossed the autocast boundary at the model's output,
 before the optimizer step (the step's own weights), on a hook-free copy of the model
 (`ampdiag.compat.modules.without_hooks`: neither the user's hooks nor the other collectors'
-see the replay). Where the model enters autocast itself (inside ``forward``), the replay is not
-FP32 and is dropped (the FP16 figures stand). It observes and never changes:
+see the replay). A model may enter autocast inside its own ``forward`` (Accelerate's
+``prepare`` wraps it so; a user's forward may say ``with torch.autocast(...)``): the replay,
+forward and backward, runs under `ampdiag.compat.autocast.AutocastHeldOff`, so every torch
+call computes with autocast off wherever the code turns it on. Where the replay still is not
+FP32 (an explicit cast, FP16 parameters), or cannot run, `ReplayError` says why, and the
+caller reports the figures it would have measured as unmeasured, with that reason -- never
+the FP16 values' understated ones as if true. It observes and never changes:
 ``torch.autograd.grad`` leaves every ``.grad`` alone, buffers are copied back, and the RNG is
 forked (dropout draws nothing the training would see).
 """
@@ -23,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ampdiag.compat.autocast import AutocastHeldOff
 from ampdiag.compat.modules import without_hooks
 from ampdiag.sources.live.collectors._exponents import sample_view
 from ampdiag.sources.live.collectors.base import tensors_in
@@ -36,6 +42,10 @@ MAX_OUTPUT_VALUES = 1 << 24
 REPLAY_VALUES = 1 << 20
 
 
+class ReplayError(Exception):
+    """The FP32 replay did not give true FP32 gradients; the message says why."""
+
+
 def reference_gradients(
     model: torch.nn.Module,
     args: tuple[Any, ...],
@@ -44,8 +54,11 @@ def reference_gradients(
 ) -> list[tuple[torch.nn.Module, torch.Tensor, int]]:
     """(module, sample of the true gradient entering it, its size) for every module.
 
-    At most ``limit`` values each (`_exponents.sample_view`), FP32, on the model's device;
-    empty when the replay cannot run. The samples are views: count them before the list goes.
+    At most ``limit`` values each (`_exponents.sample_view`), FP32, on the model's device.
+    The samples are views: count them before the list goes.
+
+    Raises:
+        ReplayError: the replay is not FP32, or its output is not the step's.
     """
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         # DDP's own forward readies its reducer for a backward of the parameters that the
@@ -64,17 +77,35 @@ def reference_gradients(
     handles = [m.register_forward_hook(keep) for m in replica.modules()]
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     devices = [grad_output.device.index or 0] if grad_output.is_cuda else []
-    found: tuple[torch.Tensor | None, ...] = ()
+    held_off = AutocastHeldOff()
     try:
         with torch.random.fork_rng(devices=devices), torch.enable_grad():
-            with torch.autocast(grad_output.device.type, enabled=False):
-                out = next(tensors_in(replica(*args)), None)
+            try:
+                with held_off:
+                    out = next(tensors_in(replica(*args)), None)
+            except Exception as exc:  # an FP16-only kernel refusing FP32 inputs, say
+                if held_off.low is None:
+                    raise
+                raise ReplayError(_low_precision(held_off.low)) from exc
             for h in handles:
                 h.remove()
-            if out is None or out.shape != grad_output.shape or not out.requires_grad:
-                return []
-            if any(t.dtype in _LOW for t in outputs):  # autocast entered inside the model
-                return []  # not an FP32 reference
+            if out is None or not out.requires_grad:
+                raise ReplayError("the replayed forward returned no tensor that needs a gradient")
+            if out.shape != grad_output.shape:
+                raise ReplayError(
+                    f"the replayed forward's output {tuple(out.shape)} is not the step's "
+                    f"{tuple(grad_output.shape)}"
+                )
+            low = next((t.dtype for t in outputs if t.dtype in _LOW), None)
+            if held_off.low is None and low is not None:
+                held_off.low = f"a module's output is {low}"
+            if held_off.low is not None:
+                raise ReplayError(_low_precision(held_off.low))
+            if held_off.entered and _recomputes(out):
+                raise ReplayError(
+                    "a checkpointed segment would recompute its forward under the model's own "
+                    "autocast in the backward"
+                )
             found = torch.autograd.grad(
                 out,
                 outputs,
@@ -93,3 +124,33 @@ def reference_gradients(
         for m, g in zip(owners, found, strict=True)
         if g is not None and g.numel()
     ]
+
+
+def _low_precision(what: str) -> str:
+    """The reason a replay is not FP32: which call computed in low precision."""
+    return (
+        "the model computes in low precision outside autocast "
+        f"({what}: an explicit cast or FP16 parameters)"
+    )
+
+
+def _recomputes(out: torch.Tensor) -> bool:
+    """Whether ``out``'s graph holds a reentrant checkpoint (it recomputes in the backward).
+
+    Such a segment runs its forward again under the autocast state its forward began in,
+    outside anything the replay holds off (a non-reentrant one notices the changed dtypes
+    itself and raises).
+    """
+    seen: set[int] = set()
+    keep: list[Any] = []  # holds the nodes, so that no id is reused during the walk
+    todo: list[Any] = [out.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        keep.append(node)
+        if node.name().startswith("CheckpointFunctionBackward"):
+            return True
+        todo.extend(n for n, _ in node.next_functions)
+    return False

@@ -16,6 +16,14 @@ From the histograms and the loss scale S: per parameter and in total, the zero s
 shares of nonzero values FP16 would flush (|g·S| < 2^-24) or hold as subnormal
 (|g·S| < 2^-14), would overflow (|g·S| >= 2^16), the non-finite count and the norm of the true
 (unscaled) gradient; and a histogram of log2|g| against FP16's range.
+
+Under autocast a parameter's gradient is FP16's only when autocast cast the parameter: a
+LayerNorm's or an embedding's weight (FP32-policy ops) and a part of the model outside
+autocast get FP32 gradients, whose small values FP16 never held. On a sampled step the loss's
+graph tells them apart (`fp32_computed`: parameters the backward reaches only without a cast,
+where it casts others), and ``totals["fp16_computed"]`` counts the others alone: the share
+FP16 held as zero or subnormal. A run that casts no parameter (FP32, or FP16 parameters) has
+no such split: every parameter counts, as FP16 would hold its gradient.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
+_LOW = (torch.float16, torch.bfloat16)
 FIELDS = ("n", "zero", "flush", "subnormal", "overflow", "nonfinite")
 
 
@@ -57,7 +66,10 @@ class GradientsCollector(Collector):
         self._names: dict[int, str] = {}
         self._cache: dict[Any, Any] = {}  # the sampling plans and their buffers
         self._done: set[tuple[int, int]] = set()
-        self._pending: list[tuple[int, list[str], bool, Deferred]] = []
+        self._pending: list[tuple[int, list[str], bool, list[bool], Deferred]] = []
+        self._fp32_ids: set[int] = set()  # this step: parameters with FP32-computed grads
+        self._fp32_names: set[str] = set()
+        self._fp16_acc: npt.NDArray[np.int64] | None = None  # FIELDS sums, the others
         self._steps: dict[int, dict[str, Any]] = {}
         # Per parameter (one row each, in order of first sight): FIELDS sums, norms, steps.
         self._rows: dict[str, int] = {}
@@ -85,6 +97,12 @@ class GradientsCollector(Collector):
     def _before_scaler_step(self, scaler: Any, optimizer: torch.optim.Optimizer) -> None:
         if self._run is not None:
             self._measure(self._run, optimizer, scaler)
+
+    def on_loss(self, run: RunContext, loss: torch.Tensor, from_scaler: bool) -> None:
+        """On a sampled step, learns which parameters' gradients the backward computes in FP32."""
+        if run.is_sampled() and loss.grad_fn is not None:
+            with internal_work():
+                self._fp32_ids |= fp32_computed(loss.grad_fn)
 
     def before_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
         """Measures the gradients the optimizer is about to use (on sampled steps)."""
@@ -117,10 +135,12 @@ class GradientsCollector(Collector):
             with internal_work():
                 deferred = device_stats(group, self._limit, self._cache, s)
             names = [self._names.get(id(params[i]), f"param{id(params[i]) % 100000}") for i in idx]
-            self._pending.append((run.step, names, scaled, deferred))
+            fp32 = [id(params[i]) in self._fp32_ids and params[i].dtype not in _LOW for i in idx]
+            self._pending.append((run.step, names, scaled, fp32, deferred))
 
     def on_step_end(self, run: RunContext, step: int) -> None:
         """Reads the previous steps' results that are ready (never waits mid-run on CUDA)."""
+        self._fp32_ids = set()
         if self._done:
             self._done = {k for k in self._done if k[0] > step}
         if self._pending:
@@ -144,7 +164,9 @@ class GradientsCollector(Collector):
             self._nsteps = _grown(self._nsteps, grow, (), np.int64)
         return np.fromiter((self._rows[n] for n in names), dtype=np.intp, count=len(names))
 
-    def _absorb(self, step: int, names: list[str], scaled: bool, deferred: Deferred) -> None:
+    def _absorb(
+        self, step: int, names: list[str], scaled: bool, fp32: list[bool], deferred: Deferred
+    ) -> None:
         import numpy as np
 
         signed, tail = deferred.arrays()
@@ -161,6 +183,11 @@ class GradientsCollector(Collector):
         assert self._acc is not None and self._norm_last is not None
         assert self._norm_max is not None and self._nsteps is not None
         np.add.at(self._acc, rows, table)
+        fp16 = ~np.asarray(fp32, dtype=bool)
+        if self._fp16_acc is None:
+            self._fp16_acc = np.zeros(len(FIELDS), dtype=np.int64)
+        self._fp16_acc += table[fp16].sum(axis=0)
+        self._fp32_names.update(n for n, f in zip(names, fp32, strict=True) if f)
         self._norm_last[rows] = true_norms
         np.fmax.at(self._norm_max, rows, true_norms)  # a NaN norm does not erase the max
         np.add.at(self._nsteps, rows, 1)
@@ -218,6 +245,8 @@ class GradientsCollector(Collector):
                 prm: dict[str, Any] = dict(zip(FIELDS, acc[row], strict=True))
                 prm |= {"norm_last": last[row], "norm_max": top[row], "steps": nst[row]}
                 nz = prm["n"] - prm["zero"] - prm["nonfinite"]
+                if name in self._fp32_names:
+                    prm["computed_in"] = "float32"
                 params.append(
                     {"name": name, **prm}
                     | {
@@ -231,6 +260,16 @@ class GradientsCollector(Collector):
             for f in FIELDS:
                 totals[f] += rec[f]
         nz = totals["n"] - totals["zero"] - totals["nonfinite"]
+        split: dict[str, Any] = {}
+        if self._fp32_names and self._fp16_acc is not None:
+            fp16 = dict(zip(FIELDS, self._fp16_acc.tolist(), strict=True))
+            nz16 = fp16["n"] - fp16["zero"] - fp16["nonfinite"]
+            split["fp16_computed"] = fp16 | {
+                "zero_fraction": fp16["zero"] / fp16["n"] if fp16["n"] else 0.0,
+                "flush_fraction": fp16["flush"] / nz16 if nz16 > 0 else 0.0,
+                "subnormal_fraction": fp16["subnormal"] / nz16 if nz16 > 0 else 0.0,
+                "fp32_params": len(self._fp32_names),
+            }
         return {
             "sample_elements": self._limit,
             "steps": steps,
@@ -241,7 +280,8 @@ class GradientsCollector(Collector):
                 "flush_fraction": totals["flush"] / nz if nz > 0 else 0.0,
                 "subnormal_fraction": totals["subnormal"] / nz if nz > 0 else 0.0,
                 "overflow_fraction": totals["overflow"] / nz if nz > 0 else 0.0,
-            },
+            }
+            | split,
             # Sparse {log2 exponent: count}: as held in the backward (g·S) and true (g).
             "hist_held": {str(k): v for k, v in sorted(self._hist_held.items())},
             "hist_true": {str(k): v for k, v in sorted(self._hist_true.items())},
@@ -250,6 +290,35 @@ class GradientsCollector(Collector):
                 "held": {str(k): v for k, v in sorted(self._last_hist.get("held", {}).items())},
             },
         }
+
+
+def fp32_computed(root: Any) -> set[int]:
+    """Ids of the parameters whose gradient the graph under ``root`` computes in FP32.
+
+    A parameter autocast uses is cast (``ToCopyBackward0`` above its ``AccumulateGrad``): its
+    gradient arrives as the cast's low-precision one. One the backward reaches only from
+    other nodes is computed in its own dtype. Empty when the graph casts no parameter (no
+    autocast: nothing to tell apart).
+    """
+    cast: set[int] = set()
+    direct: set[int] = set()
+    seen: dict[int, Any] = {}  # holds the nodes, so that no id is reused during the walk
+    todo: list[Any] = [root]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen[id(node)] = node
+        is_cast = node.name() == "ToCopyBackward0"
+        for nxt, _ in node.next_functions:
+            if nxt is None:
+                continue
+            variable = getattr(nxt, "variable", None)
+            if isinstance(variable, torch.Tensor):
+                (cast if is_cast else direct).add(id(variable))
+            else:
+                todo.append(nxt)
+    return direct - cast if cast else set()
 
 
 def device_stats(
