@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -73,21 +73,3 @@ def train(
                 loss.backward()
                 opt.step()
     return model
-
-
-@pytest.fixture(autouse=True)
-def _no_framework_state_carried_over() -> Iterator[None]:
-    """Each test starts without the Accelerate state an earlier test left in this process.
-
-    ``Accelerator(mixed_precision=...)`` keeps its request in process-wide singletons, which
-    ampdiag reads (``environment.framework_precision``): left over, an FP32 test run further
-    on would count as one where a framework asked for mixed precision.
-    """
-    yield
-    import sys
-
-    if "accelerate.state" in sys.modules:
-        from accelerate.state import AcceleratorState, GradientState
-
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()

@@ -92,7 +92,9 @@ def ddp(
             x, y = _batch(step, rank)
             if rank == sleep_rank:
                 t0 = time.perf_counter()
-                time.sleep(0.05)
+                # long beside the ranks' own steps, which a loaded machine stretches: 50 ms let
+                # the lateness leave its 0.6-1.3x band once under load
+                time.sleep(0.15)
                 slept.append(time.perf_counter() - t0)
             with torch.autocast("cpu", dtype=dtype):
                 loss = nn.functional.cross_entropy(model(x), y)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ampdiag.compat.frameworks import accelerate_mixed_precision
+from ampdiag.compat.frameworks import accelerate_mixed_precision, accelerate_prepared
 from ampdiag.schema import Environment
 from ampdiag.sources.live.discovery import dominant_autocast
 
@@ -41,16 +41,25 @@ def distributed_info() -> dict[str, int]:
     }
 
 
-def framework_precision() -> dict[str, str]:
+def framework_precision(run: RunContext) -> dict[str, str]:
     """The mixed precision a framework was asked for, where torch alone cannot tell.
 
     ``Accelerator(mixed_precision="fp16")`` on a CPU enters no autocast and makes no
     GradScaler: the run trains in FP32 although mixed precision was asked for, which is not
     the same as a deliberate FP32 run. Read only when the user's code imported Accelerate.
+
+    Accelerate keeps that request in process-wide state that outlives its Accelerator: in a
+    notebook or a test suite, an Accelerator made earlier would mark a later plain FP32 run.
+    So the request counts only when this run's model or optimizer was prepared by Accelerate
+    (`accelerate_prepared`): the models and optimizers the run found, whether the user passed
+    them to ``diagnose()`` or not. A run where no model and no optimizer was found (a block of
+    bare tensor code) has nothing that ties it to the Accelerator, so the request does not
+    count there either: the verdict rests on what this run did, never on what the process did
+    before it.
     """
     found: dict[str, str] = {}
     mode = accelerate_mixed_precision()
-    if mode is not None and mode != "no":
+    if mode is not None and mode != "no" and accelerate_prepared(run.models, run.optimizers):
         found["accelerate"] = mode
     return found
 
@@ -84,5 +93,5 @@ def describe_environment(run: RunContext | None = None) -> Environment:
     if run is not None:
         env["autocast"] = dominant_autocast(run.autocast)
         env["autocast_seen"] = dict(run.autocast)
-        env["framework_precision"] = framework_precision()
+        env["framework_precision"] = framework_precision(run)
     return env
