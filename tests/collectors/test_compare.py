@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ampdiag.sources.live.compare import EXACT_SQNR_DB, FP16_LOSS_SCALE, compare
+from tests.scenarios.harness import one_thread
 
 
 class Counting(nn.Module):
@@ -125,18 +126,13 @@ def test_a_diagnosed_run_reports_every_precision(tmp_path: Path) -> None:
     x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
     # one thread (on a loaded 2-core machine a second one stalls every pass at its barrier)
     # and 40 steps: a block whose 10% pays for the A/B's least cost (else it is skipped)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with ampdiag.diagnose(out=tmp_path, console=False, tensorboard=False) as d:
-            for _ in range(40):
-                opt.zero_grad()
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    loss = nn.functional.cross_entropy(model(x), y)
-                loss.backward()
-                opt.step()
-    finally:
-        torch.set_num_threads(threads)
+    with one_thread(), ampdiag.diagnose(out=tmp_path, console=False, tensorboard=False) as d:
+        for _ in range(40):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
     assert d.session is not None
     ab = d.session.section("speed_probe")["precisions"]
     rows = {r["precision"]: r for r in ab["results"]}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from ampdiag.analysis import analyze
 from ampdiag.analysis.rules.autocast_speed import THRESHOLDS
 from ampdiag.session import Finding, Session
 from ampdiag.sources.live.collectors.speed_probe import MAX_PAIRS, probe
+from tests.scenarios.harness import one_thread
 
 QUIET = {"profile": False, "report": False, "tensorboard": False, "console": False}
 
@@ -46,14 +48,11 @@ def train(
     return d.session
 
 
-@pytest.fixture()
-def one_thread():
-    # On a shared 2-core machine, multi-threaded GEMMs stall on thread barriers whenever another
-    # process runs; one thread makes both timings (probe and direct) comparable.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+@pytest.fixture(name="one_thread")
+def one_thread_fixture() -> Iterator[None]:
+    # one thread makes both timings (probe and direct) comparable on a shared machine
+    with one_thread():
+        yield
 
 
 def test_speed_probe_measures_both_precisions_on_a_real_run(tmp_path: Path, one_thread) -> None:

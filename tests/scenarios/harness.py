@@ -262,6 +262,18 @@ def seeded(seed: int = 0) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: on a shared machine a second thread waits at every GEMM's barrier
+    for a core another process holds (1.5 ms passes measured 150 ms); restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def session_of(d: ampdiag.Diagnosis) -> Session:
     """The Session a finished diagnose() block wrote."""
     assert d.session is not None, "diagnose() wrote no session"

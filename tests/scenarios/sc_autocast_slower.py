@@ -20,8 +20,6 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -35,6 +33,7 @@ from tests.scenarios.harness import (
     Scenario,
     Truth,
     diagnose,
+    one_thread,
     seeded,
     session_of,
 )
@@ -80,18 +79,6 @@ def timed(model: nn.Module, x: torch.Tensor, pairs: int = PAIRS) -> dict[bool, l
         for amp in (False, True) if i % 2 == 0 else (True, False):
             times[amp].append(once(amp))
     return times
-
-
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: on a shared machine a second thread waits at every GEMM's barrier
-    for a core another process holds (1.5 ms passes measured 150 ms); restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def run(out: Path) -> tuple[Session, Truth]:

@@ -42,7 +42,7 @@ from torch.nn import functional as F
 
 from ampdiag.session import Session
 from tests.scenarios import models
-from tests.scenarios.harness import Scenario, Truth, diagnose, seeded, session_of
+from tests.scenarios.harness import Scenario, Truth, diagnose, one_thread, seeded, session_of
 
 STEPS = 150  # a block long enough that 10% of it pays for FP32 and BF16, not for FP16
 ROUNDS = 3
@@ -172,13 +172,8 @@ def _no_fp16_claim(session: Session) -> str | None:
 
 
 def run(out: Path) -> tuple[Session, Truth]:
-    threads = torch.get_num_threads()
-    # one thread: on a shared 2-core machine multi-threaded kernels stall on thread barriers
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         return _run(out)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(out: Path) -> tuple[Session, Truth]:

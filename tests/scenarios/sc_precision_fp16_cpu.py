@@ -35,7 +35,15 @@ from torch.nn import functional as F
 
 from ampdiag.session import Session
 from tests.scenarios import models
-from tests.scenarios.harness import Expect, Scenario, Truth, diagnose, seeded, session_of
+from tests.scenarios.harness import (
+    Expect,
+    Scenario,
+    Truth,
+    diagnose,
+    one_thread,
+    seeded,
+    session_of,
+)
 
 STEPS = 150  # a block long enough that 10% of it pays for the A/B (its budget), under load too
 ROUNDS = 9
@@ -150,14 +158,8 @@ def _advice_check(ok: set[str]) -> Any:
 
 
 def run(out: Path) -> tuple[Session, Truth]:
-    threads = torch.get_num_threads()
-    # one thread: on a shared 2-core machine multi-threaded kernels stall on thread barriers
-    # whenever another process runs, for the A/B and the truth alike
-    torch.set_num_threads(1)
-    try:
+    with one_thread():  # for the A/B and the truth alike
         return _run(out)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(out: Path) -> tuple[Session, Truth]:

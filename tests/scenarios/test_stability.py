@@ -27,20 +27,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from ampdiag.session import Session
 from tests.scenarios import sc_autocast_slower, sc_dataloader
+from tests.scenarios.harness import one_thread
 
 RUNS = 10
 
 
-@pytest.fixture()
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+@pytest.fixture(name="one_thread")
+def one_thread_fixture() -> Iterator[None]:
+    with one_thread():
+        yield
 
 
 def findings_of(session: Session) -> frozenset[tuple[str, str]]:
