@@ -244,17 +244,9 @@ class GradientsCollector(Collector):
             for name, row in self._rows.items():
                 prm: dict[str, Any] = dict(zip(FIELDS, acc[row], strict=True))
                 prm |= {"norm_last": last[row], "norm_max": top[row], "steps": nst[row]}
-                nz = prm["n"] - prm["zero"] - prm["nonfinite"]
                 if name in self._fp32_names:
                     prm["computed_in"] = "float32"
-                params.append(
-                    {"name": name, **prm}
-                    | {
-                        "zero_fraction": prm["zero"] / prm["n"] if prm["n"] else 0.0,
-                        "flush_fraction": prm["flush"] / nz if nz > 0 else 0.0,
-                        "subnormal_fraction": prm["subnormal"] / nz if nz > 0 else 0.0,
-                    }
-                )
+                params.append({"name": name, **prm} | _shares(prm))
         totals = dict.fromkeys(FIELDS, 0)
         for rec in steps:
             for f in FIELDS:
@@ -263,24 +255,14 @@ class GradientsCollector(Collector):
         split: dict[str, Any] = {}
         if self._fp32_names and self._fp16_acc is not None:
             fp16 = dict(zip(FIELDS, self._fp16_acc.tolist(), strict=True))
-            nz16 = fp16["n"] - fp16["zero"] - fp16["nonfinite"]
-            split["fp16_computed"] = fp16 | {
-                "zero_fraction": fp16["zero"] / fp16["n"] if fp16["n"] else 0.0,
-                "flush_fraction": fp16["flush"] / nz16 if nz16 > 0 else 0.0,
-                "subnormal_fraction": fp16["subnormal"] / nz16 if nz16 > 0 else 0.0,
-                "fp32_params": len(self._fp32_names),
-            }
+            split["fp16_computed"] = fp16 | _shares(fp16) | {"fp32_params": len(self._fp32_names)}
         return {
             "sample_elements": self._limit,
             "steps": steps,
             "params": params,
             "totals": totals
-            | {
-                "zero_fraction": totals["zero"] / totals["n"] if totals["n"] else 0.0,
-                "flush_fraction": totals["flush"] / nz if nz > 0 else 0.0,
-                "subnormal_fraction": totals["subnormal"] / nz if nz > 0 else 0.0,
-                "overflow_fraction": totals["overflow"] / nz if nz > 0 else 0.0,
-            }
+            | _shares(totals)
+            | {"overflow_fraction": totals["overflow"] / nz if nz > 0 else 0.0}
             | split,
             # Sparse {log2 exponent: count}: as held in the backward (g·S) and true (g).
             "hist_held": {str(k): v for k, v in sorted(self._hist_held.items())},
@@ -290,6 +272,16 @@ class GradientsCollector(Collector):
                 "held": {str(k): v for k, v in sorted(self._last_hist.get("held", {}).items())},
             },
         }
+
+
+def _shares(counts: dict[str, Any]) -> dict[str, float]:
+    """Zero share of all values; flush and subnormal shares of the finite nonzero ones."""
+    nz = counts["n"] - counts["zero"] - counts["nonfinite"]
+    return {
+        "zero_fraction": counts["zero"] / counts["n"] if counts["n"] else 0.0,
+        "flush_fraction": counts["flush"] / nz if nz > 0 else 0.0,
+        "subnormal_fraction": counts["subnormal"] / nz if nz > 0 else 0.0,
+    }
 
 
 def fp32_computed(root: Any) -> set[int]:
