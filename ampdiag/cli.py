@@ -184,6 +184,8 @@ def load_any(path: Path, hta: bool = False) -> Session:
         )
     except OSError as exc:
         raise InputError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"cannot read {str(path)!r}: not UTF-8 text ({exc.reason})") from None
     if is_session:
         return load(path)
     if path.suffix in (".pickle", ".pkl"):  # a CUDA memory snapshot: loaded without code
