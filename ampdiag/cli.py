@@ -45,8 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="train the embedded demo model under diagnose()")
     demo.add_argument("--out", default="reports/demo", help="output folder (reports/demo)")
     demo.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when present")
-    demo.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
-    demo.add_argument("--steps", type=int, default=8)
+    demo.add_argument(
+        "--dtype",
+        default="float16",
+        choices=("float16", "bfloat16", "float32"),
+        help="the autocast dtype the demo trains in (float16: with a GradScaler) [float16]",
+    )
+    demo.add_argument("--steps", type=int, default=8, help="training steps [8]")
 
     run = sub.add_parser(
         "run",
@@ -59,9 +64,32 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("script", help="the Python file to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
 
-    report = sub.add_parser("report", help="re-render a session, or analyze a trace")
-    report.add_argument("path", help="a session folder, a trace file, or a folder of traces")
-    report.add_argument("--format", choices=FORMATS, default="html")
+    report = sub.add_parser(
+        "report",
+        help="re-render a session, or analyze a trace",
+        description="Reads a saved session, a Kineto trace, a folder of ranks' traces or "
+        "sessions, or a CUDA memory snapshot, analyzes it afresh and writes the report.",
+        epilog="examples:\n"
+        "  ampdiag report reports/my-run                     # report.html in that folder\n"
+        "  ampdiag report trace.json.gz --format console     # the summary on stdout\n"
+        "  ampdiag report reports/my-run --format json | jq '.findings[].id'\n"
+        "  ampdiag report traces/ --format tensorboard --out tb/   # tensorboard --logdir tb\n"
+        "  ampdiag report reports/my-run --fail-on high      # CI: exit 3 on a high finding",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    report.add_argument(
+        "path",
+        help="a session folder or session.json, a trace file, a folder of traces, or a "
+        "CUDA memory snapshot (.pickle)",
+    )
+    report.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="html",
+        help="html: report.html in --out (the default); console: the summary on stdout; "
+        "json: the session with fresh findings on stdout; tensorboard: event files in "
+        "--out/tensorboard/",
+    )
     report.add_argument("--out", help="output folder (default: the session folder itself)")
     report.add_argument("--fail-on", choices=GATES, help="exit 3 if a finding this severe exists")
     report.add_argument("--hta", action="store_true", help="also run HTA's analyses (traces)")
@@ -69,7 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     diff = sub.add_parser("diff", help="compare two runs (before and after a change)")
     diff.add_argument("before", help="run A: a session folder (or trace, like report PATH)")
     diff.add_argument("after", help="run B, compared with A")
-    diff.add_argument("--format", choices=("console", "html", "json"), default="console")
+    diff.add_argument(
+        "--format",
+        choices=("console", "html", "json"),
+        default="console",
+        help="console: the table on stdout (the default); html: diff.html in --out "
+        "(reports/diff); json: the comparison on stdout",
+    )
     diff.add_argument(
         "--out", help="write diff.html and both runs' TensorBoard data (tensorboard/<run>/) here"
     )
@@ -77,20 +111,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_settings(parser: argparse.ArgumentParser) -> None:
-    """One flag per DiagnoseConfig field: ``--profile-active 5``, ``--no-speed-probe``."""
-    from ampdiag.config import DiagnoseConfig
+    """One flag per DiagnoseConfig field: ``--profile-active 5``, ``--no-speed-probe``.
 
+    Each flag's help is the field's own documentation, so the two never drift apart.
+    """
+    from ampdiag.config import DiagnoseConfig, field_docs
+
+    docs = field_docs()
+    group = parser.add_argument_group("settings (DiagnoseConfig; default in brackets)")
     for f in fields(DiagnoseConfig):
         flag = "--" + f.name.replace("_", "-")
-        kind = str(f.type)
+        kind = str(f.type).replace(" | None", "")
+        text = f"{docs.get(f.name, '')} [{f.default}]".replace("``", "").replace("%", "%%")
         if kind == "bool":
-            parser.add_argument(
-                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS
+            group.add_argument(
+                flag,
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=text,
             )
-        elif kind in ("int", "int | None"):
-            parser.add_argument(flag, dest=f.name, type=int, default=argparse.SUPPRESS)
-        else:  # a setting of another type has no flag yet: diagnose() in code sets it
             continue
+        convert = {"int": int, "float": float, "str": str}.get(kind)
+        if convert is None:
+            raise TypeError(f"DiagnoseConfig.{f.name}: no flag for a setting of type {f.type}")
+        metavar = {"int": "N", "float": "X", "str": "TEXT"}[kind]
+        group.add_argument(
+            flag, dest=f.name, type=convert, default=argparse.SUPPRESS, metavar=metavar, help=text
+        )
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -6,6 +6,8 @@ settings without importing torch.
 
 from __future__ import annotations
 
+import inspect
+import re
 from dataclasses import dataclass
 from typing import TypedDict
 
@@ -158,3 +160,23 @@ def is_sampled_step(config: DiagnoseConfig, step: int) -> bool:
     if step < config.sample_first:
         return True
     return (step - config.sample_first) % max(1, config.sample_period) == 0
+
+
+def field_docs() -> dict[str, str]:
+    """Each setting's documentation from `DiagnoseConfig`'s docstring, as one line per field.
+
+    The docstring is the one place a setting is explained; the command line's ``--help``
+    reads it from here rather than keeping a second copy.
+    """
+    doc = inspect.getdoc(DiagnoseConfig) or ""
+    body = doc.split("Attributes:", 1)[-1]
+    docs: dict[str, str] = {}
+    name = ""
+    for line in body.splitlines():
+        match = re.match(r"^    (\w+): (.*)$", line)
+        if match:
+            name = match.group(1)
+            docs[name] = match.group(2).strip()
+        elif name and line.strip():
+            docs[name] += " " + line.strip()
+    return {k: " ".join(v.split()) for k, v in docs.items()}

@@ -162,3 +162,37 @@ def test_sys_exit_is_the_exit_code(
 def test_a_missing_script_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", str(tmp_path / "nope.py")]) == 2
     assert capsys.readouterr().err.strip().startswith("ampdiag: no such script")
+
+
+def test_every_setting_is_a_flag_with_its_documentation() -> None:
+    """``ampdiag run --help`` explains each DiagnoseConfig field with config.py's own words."""
+    from dataclasses import fields
+
+    from ampdiag.cli import build_parser
+    from ampdiag.config import DiagnoseConfig
+
+    (run,) = [
+        a.choices["run"]
+        for a in build_parser()._subparsers._group_actions  # type: ignore[union-attr]
+        if getattr(a, "choices", None) and "run" in a.choices
+    ]
+    flags = {o: a for a in run._actions for o in a.option_strings}
+    doc = DiagnoseConfig.__doc__ or ""
+    for f in fields(DiagnoseConfig):
+        action = flags["--" + f.name.replace("_", "-")]
+        assert action.dest == f.name
+        words = (action.help or "").split()
+        # the help opens with the field's first documented words, as the docstring has them
+        opening = " ".join(words[:4]).replace("``", "")
+        assert len(words) >= 3 and opening in " ".join(doc.replace("``", "").split()), f.name
+
+
+def test_float_settings_are_flags_and_reach_the_session(tmp_path: Path, script: Path) -> None:
+    out = tmp_path / "run"
+    code = main(
+        ["run", "--out", str(out), *QUIET, "--speed-probe-budget-s", "0.25",
+         "--precision-ab-budget-s", "0", str(script), str(tmp_path / "rec.json"), "3", "-", "-"]
+    )  # fmt: skip
+    assert code == 0
+    config = json.loads((out / "session.json").read_text())["config"]
+    assert config["speed_probe_budget_s"] == 0.25 and config["precision_ab_budget_s"] == 0.0
