@@ -44,14 +44,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="train the embedded demo model under diagnose()")
     demo.add_argument("--out", default="reports/demo", help="output folder (reports/demo)")
+    demo.add_argument(
+        "--scenario",
+        choices=("underflow", "amp"),
+        default="underflow",
+        help="underflow: FP16 autocast without a GradScaler, whose gradients underflow (the "
+        "report shows where, the scale that fixes it and the precision A/B); amp: a correct "
+        "setup in --dtype (a GradScaler in FP16) [underflow]",
+    )
     demo.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when present")
     demo.add_argument(
         "--dtype",
         default="float16",
         choices=("float16", "bfloat16", "float32"),
-        help="the autocast dtype the demo trains in (float16: with a GradScaler) [float16]",
+        help="the autocast dtype of --scenario amp [float16]",
     )
-    demo.add_argument("--steps", type=int, default=8, help="training steps [8]")
+    demo.add_argument("--steps", type=int, help="training steps [100 for underflow, 8 for amp]")
 
     run = sub.add_parser(
         "run",
@@ -203,14 +211,18 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from ampdiag.demo import run_demo
 
-    if args.steps < 1:
+    if args.steps is not None and args.steps < 1:
         raise InputError("--steps must be at least 1")
+    if args.scenario == "underflow" and args.dtype != "float16":
+        raise InputError("--dtype applies to --scenario amp (the underflow demo trains in FP16)")
     if args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise InputError("--device cuda: no CUDA device is available")
-    out = run_demo(args.out, device=args.device, dtype=args.dtype, steps=args.steps)
+    out = run_demo(
+        args.out, scenario=args.scenario, device=args.device, dtype=args.dtype, steps=args.steps
+    )
     print(out / REPORT_FILE)
     return EXIT_OK
 

@@ -1,7 +1,16 @@
-"""The embedded default workload: a small GPT-style transformer on synthetic tokens.
+"""The embedded workloads: a small GPT-style transformer on synthetic tokens.
 
-``ampdiag demo`` trains it for a handful of steps under fp16 autocast (CUDA when present, else
-CPU) with a GradScaler, inside ``ampdiag.diagnose()``, and writes reports/demo/.
+``ampdiag demo`` trains it under ``ampdiag.diagnose()`` (CUDA when present, else CPU) and
+writes reports/demo/. Two scenarios:
+
+* ``underflow`` (the default): FP16 autocast *without* a GradScaler, as a first mixed-precision
+  attempt often is. The gradients of a language model's loss are small (about 1/(tokens x
+  vocabulary) at the head), and FP16 flushes most of them, so the report shows what ampdiag is
+  for: the modules that lose their gradients, the loss scale that would keep them, and the
+  precision A/B measured on the model. The model is small and the run long enough that the
+  A/B fits its budget (10% of the block) on a CPU.
+* ``amp``: the same model trained a few steps under ``--dtype`` autocast, with a GradScaler in
+  FP16 (a correct setup).
 """
 
 from __future__ import annotations
@@ -24,6 +33,12 @@ class GPTConfig:
     dim: int = 128
     heads: int = 4
     layers: int = 2
+
+
+UNDERFLOW_CONFIG = GPTConfig(vocab=512, seq=32, dim=64, heads=4, layers=2)
+"""The ``underflow`` scenario's model: small enough that the A/B fits its budget on a CPU."""
+SCENARIOS = ("underflow", "amp")
+DEFAULT_STEPS = {"underflow": 100, "amp": 8}
 
 
 class Attention(nn.Module):
@@ -108,9 +123,10 @@ def default_device() -> torch.device:
 def run_demo(
     out: str | Path = "reports/demo",
     *,
+    scenario: str = "underflow",
     device: str | None = None,
     dtype: str = "float16",
-    steps: int = 8,
+    steps: int | None = None,
     batch: int = 8,
     seed: int = 0,
 ) -> Path:
@@ -118,22 +134,32 @@ def run_demo(
 
     Args:
         out: Output folder.
+        scenario: "underflow" (FP16 without a GradScaler; ``dtype`` must be "float16") or
+            "amp" (``dtype`` autocast, with a GradScaler in FP16).
         device: "cuda" or "cpu" (default: CUDA when present).
-        dtype: Autocast dtype: "float16" (with a GradScaler), "bfloat16", or "float32" (off).
-        steps: Training steps.
+        dtype: Autocast dtype: "float16", "bfloat16", or "float32" (off).
+        steps: Training steps (default: 100 for "underflow", 8 for "amp").
         batch: Sequences per batch.
         seed: Seed for the weights and the data.
+
+    Raises:
+        ValueError: An unknown scenario, or a dtype the scenario does not train in.
     """
     import ampdiag
 
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown demo scenario {scenario!r} (one of {', '.join(SCENARIOS)})")
+    if scenario == "underflow" and dtype != "float16":
+        raise ValueError("the underflow demo trains in float16; use --scenario amp for --dtype")
     dev = torch.device(device) if device else default_device()
     torch.manual_seed(seed)
-    cfg = GPTConfig()
+    cfg = UNDERFLOW_CONFIG if scenario == "underflow" else GPTConfig()
     model = TinyGPT(cfg).to(dev)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     amp_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(dtype)
-    scaler = torch.amp.GradScaler(dev.type, enabled=amp_dtype is torch.float16)
-    data = synthetic_batches(cfg, batch, steps, dev, seed)
+    use_scaler = scenario == "amp" and amp_dtype is torch.float16
+    scaler = torch.amp.GradScaler(dev.type, enabled=use_scaler)
+    data = synthetic_batches(cfg, batch, steps or DEFAULT_STEPS[scenario], dev, seed)
     with ampdiag.diagnose(out=out) as d:
         for x, y in data:
             optimizer.zero_grad(set_to_none=True)
@@ -142,7 +168,11 @@ def run_demo(
             ):
                 logits = model(x)
                 loss = F.cross_entropy(logits.view(-1, cfg.vocab), y.reshape(-1))
-            scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
-            scaler.step(optimizer)
-            scaler.update()
+            if use_scaler:
+                scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()  # type: ignore[no-untyped-call]
+                optimizer.step()
     return d.out

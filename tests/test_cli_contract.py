@@ -1,6 +1,7 @@
 """The CLI contract from DESIGN.md: exit codes, one-line errors, demo and report round trip."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import ampdiag
 from tests.advice_scan import contradictions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,7 +57,7 @@ def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...]) -> None:
 @pytest.mark.slow
 def test_demo_then_report_rerenders(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    r = ampdiag_cli("demo", "--out", str(out), "--steps", "6")
+    r = ampdiag_cli("demo", "--scenario", "amp", "--out", str(out), "--steps", "6")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(out / "report.html")
     assert "report:" in r.stderr  # the console summary
@@ -77,6 +79,27 @@ def test_demo_then_report_rerenders(tmp_path: Path) -> None:
         assert f'<section id="{section}">' in html
     r = ampdiag_cli("report", str(out), "--format", "json")
     assert r.returncode == 0 and json.loads(r.stdout)["schema_version"] == 1
+
+
+@pytest.mark.slow
+def test_the_default_demo_shows_the_headline(tmp_path: Path) -> None:
+    """`ampdiag demo` as a new user runs it: FP16 without a scaler, so its report shows the
+    underflow (proven against an FP32 replay by scenario underflow-demo), the scale that
+    fixes it, and the precision A/B measured on the model, not skipped for its budget."""
+    out = tmp_path / "demo"
+    r = ampdiag_cli("demo", "--device", "cpu", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    session = ampdiag.load(out)
+    assert len(session.steps) == 100 and session.environment["autocast"] == "cpu:float16"
+    assert session.sections["run"]["scaler"] is None  # the demo's loop uses none
+    found = {f.id: f for f in session.all_findings()}
+    assert found["fp16-grad-underflow"].severity == "high"
+    scale = found["grad-scaler-missing"].evidence["recommended_init_scale"]
+    assert scale >= 2 and math.log2(scale).is_integer()
+    ab = session.sections["speed_probe"]["precisions"]
+    timed = {row["precision"] for row in ab["results"] if row.get("time_ms")}
+    assert {"fp32", "bf16", "fp16"} <= timed, ab.get("skipped")
+    assert f"init_scale={int(scale)}" in r.stderr  # the console prints the measured fix
 
 
 def test_report_into_unwritable_out_is_exit_2(tmp_path: Path) -> None:

@@ -133,7 +133,7 @@ def test_cuda_demo_writes_snapshot(tmp_path: Path) -> None:
     from ampdiag.demo import run_demo
     from ampdiag.sources.safe_pickle import load_plain
 
-    out = run_demo(tmp_path, device="cuda", steps=5)
+    out = run_demo(tmp_path, scenario="amp", device="cuda", steps=5)
     mem = json.loads((out / "session.json").read_text())["memory"]
     cuda = mem["cuda"]
     assert (out / cuda["snapshot_file"]).is_file()

@@ -144,7 +144,7 @@ class Setup:
 
 
 def make(arch: str, batch_size: int = 16) -> Setup:
-    """One of "mlp", "cnn", "transformer", "gru", "gpt", seeded by the caller."""
+    """One of "mlp", "cnn", "transformer", "gru", "gpt", "demo", seeded by the caller."""
     n = batch_size
     if arch == "mlp":
         return Setup(MLP(), lambda g: (torch.randn(n, 32, generator=g), _labels(g, n, 10)))
@@ -158,6 +158,17 @@ def make(arch: str, batch_size: int = 16) -> Setup:
     if arch == "gpt":
         return Setup(
             GPT(), lambda g: (torch.randint(0, 64, (n, 16), generator=g), _labels(g, n * 16, 64))
+        )
+    if arch == "demo":  # the model `ampdiag demo` trains (its underflow scenario)
+        from ampdiag.demo import UNDERFLOW_CONFIG, TinyGPT
+
+        cfg = UNDERFLOW_CONFIG
+        return Setup(
+            TinyGPT(cfg),
+            lambda g: (
+                torch.randint(0, cfg.vocab, (n, cfg.seq), generator=g),
+                _labels(g, n * cfg.seq, cfg.vocab),
+            ),
         )
     if arch == "gru":
         return Setup(

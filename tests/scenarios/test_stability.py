@@ -59,7 +59,7 @@ def _demo(i: int, out: Path) -> Session:
     from ampdiag import load
     from ampdiag.demo import run_demo
 
-    return load(run_demo(out, device="cpu", steps=5, batch=4))
+    return load(run_demo(out, scenario="amp", device="cpu", steps=5, batch=4))
 
 
 def _autocast_slower(i: int, out: Path) -> Session:
