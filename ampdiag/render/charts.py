@@ -37,6 +37,10 @@ class Chart:
         marks: Vertical dashed marks at these x (line: e.g. skipped steps).
         limits: (x, label) reference lines (histogram: FP16's range).
         logy: A logarithmic value axis (line).
+        bands: (x0, x1, label) shaded ranges of x (line: e.g. the profiled steps).
+        ymax: The top of the value axis (line): values above it are drawn at the top edge,
+            so that one outlier (a first step that compiles and warms up) does not flatten
+            the rest; the note says which points lie above.
         note: Says how the data was aggregated, when it was.
     """
 
@@ -50,6 +54,8 @@ class Chart:
     marks: tuple[float, ...] = ()
     limits: tuple[tuple[float, str], ...] = ()
     logy: bool = False
+    bands: tuple[tuple[float, float, str], ...] = ()
+    ymax: float | None = None
     note: str = ""
     colors: tuple[str, ...] = field(default=())
 
@@ -115,16 +121,19 @@ def line(
     marks: Sequence[float] = (),
     logy: bool = False,
     kind: Kind = "line",
+    bands: Sequence[tuple[float, float, str]] = (),
+    ymax: float | None = None,
+    note: str = "",
 ) -> Chart:
     """A line (or stacked area) chart; beyond MAX_POINTS points, runs of neighbors averaged."""
     runs = _runs(len(x), MAX_POINTS)
-    note = ""
     if len(runs) < len(x):
         xs = [_mean([float(v) for v in x[a:b]]) for a, b in runs]
         data = {
             k: [_mean([_finite(float(u)) for u in v[a:b]]) for a, b in runs] for k, v in ys.items()
         }
-        note = f"{len(x)} points, neighbors averaged into {len(runs)}"
+        averaged = f"{len(x)} points, neighbors averaged into {len(runs)}"
+        note = f"{note}; {averaged}" if note else averaged
     else:
         xs = [float(v) for v in x]
         data = {k: [_finite(float(u)) for u in v] for k, v in ys.items()}
@@ -140,6 +149,8 @@ def line(
         series=tuple((str(k), tuple(v)) for k, v in data.items()),
         marks=tuple(shown_marks),
         logy=logy,
+        bands=tuple((float(a), float(b), str(t)) for a, b, t in bands),
+        ymax=ymax,
         note=note,
     )
 

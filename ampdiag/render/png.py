@@ -79,8 +79,12 @@ def _draw(chart: Chart) -> bytes:
                 )
             for m in chart.marks:
                 ax.axvline(m, color="tab:red", alpha=0.4, linestyle="--")
+            for x0, x1, label in chart.bands:
+                ax.axvspan(x0 - 0.5, x1 + 0.5, color="tab:blue", alpha=0.12, label=label)
             if chart.logy and any(v > 0 for _, vs in chart.series for v in vs):
                 ax.set_yscale("log")
+            if chart.ymax is not None:
+                ax.set_ylim(top=chart.ymax)
     ax.set_xlabel(_plain(chart.xlabel))
     ax.set_ylabel(_plain(chart.ylabel))
     ax.set_title(_plain(chart.title + (f"\n({chart.note})" if chart.note else "")), fontsize=10)

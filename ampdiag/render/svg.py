@@ -276,10 +276,19 @@ def _line(chart: Chart) -> str:
         positive = [v for v in values if v > 0]
         log = chart.logy and bool(positive)
         lo = min(positive) if log else min(values, default=0.0)
-        sy = _value_axis(c, lo, max(values, default=1.0) or 1.0, vertical=True, log=log)
+        hi = max(values, default=1.0) or 1.0
+        if chart.ymax is not None and chart.ymax < hi:
+            hi = chart.ymax
+        sy = _value_axis(c, lo, hi, vertical=True, log=log)
+        ceiling = sy.hi if not log else 10**sy.hi
+        for x0, x1, label in chart.bands:
+            left, right = sx(x0 - 0.5), sx(x1 + 0.5)
+            c.rect(left, c.y0, right - left, c.y1 - c.y0, "#1f77b41f")
+            c.text((left + right) / 2, c.y0 + 12, label, fill="#1f5f94")
         for m in chart.marks:
             c.line(sx(m), c.y0, sx(m), c.y1, "#d62728", stroke_dasharray="4 3", opacity="0.5")
         for k, (_, vs) in enumerate(chart.series):
+            vs = tuple(min(v, ceiling) for v in vs)
             points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(xs, vs, strict=True))
             c.parts.append(
                 f'<polyline points="{points}" fill="none" stroke="{c.color(k)}" '

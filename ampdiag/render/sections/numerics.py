@@ -1,7 +1,8 @@
-"""The numerics section: loss-scale history, log2|g| against FP16's range, per-layer underflow.
+"""The numerics section: log2|g| against FP16's range, per-layer underflow.
 
-Reads the ``gradients``, ``activations`` and ``scaler`` sections; also writes them to
-TensorBoard (scalars per step, histograms of log2|g|).
+The loss scale over the steps is the GradScaler section's. Reads the ``gradients``,
+``activations`` and ``scaler`` sections; also writes them to TensorBoard (scalars per step,
+histograms of log2|g|).
 """
 
 from __future__ import annotations
@@ -42,18 +43,6 @@ def build(session: Session) -> ReportSection | None:
     derived = session.section("derived").get("numerics") or {}
     figures: dict[str, str] = {}
     history = sc.get("history") or []
-    if history:
-        figures["loss-scale"] = svg.data_uri(
-            charts.line(
-                [h["step"] for h in history],
-                {"loss scale": [h["scale"] for h in history]},
-                "step",
-                "scale",
-                "Loss scale per step (dashed: skipped steps)",
-                marks=sc.get("skipped_steps") or [],
-                logy=True,
-            )
-        )
     series: dict[str, dict[int, float]] = {}
     if grads.get("hist_held"):
         series["param grads as held (g·S)"] = _exponents(grads["hist_held"])

@@ -5,8 +5,11 @@ The report adds the top recommendations and the table of every finding below it 
 
 from __future__ import annotations
 
+import math
 import statistics
+from typing import Any
 
+from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import SEVERITIES, Finding, Session
@@ -48,9 +51,49 @@ def counts(session: Session) -> str:
     return ", ".join(parts) + " finding" + ("s" if len(session.findings) != 1 else "")
 
 
+def _steps_where(values: Any) -> list[int]:
+    return [int(v) for v in values if isinstance(v, int)] if isinstance(values, list) else []
+
+
+def figures(session: Session) -> dict[str, charts.Chart]:
+    """The loss per step, the first thing a person looks at in a training run.
+
+    The steps the GradScaler skipped are dashed, the first non-finite loss a labelled line.
+    """
+    steps = [s for s in session.steps if isinstance(s.get("index"), int)]
+    losses = [(s["index"], s.get("loss")) for s in steps]
+    finite = [(i, float(v)) for i, v in losses if isinstance(v, (int, float)) and math.isfinite(v)]
+    if len(finite) < 2:
+        return {}
+    nonfinite = [i for i, v in losses if isinstance(v, (int, float)) and not math.isfinite(v)]
+    nonfinite += _steps_where(session.section("sentinel").get("loss_nonfinite_steps"))
+    skipped = _steps_where(session.section("scaler").get("skipped_steps"))
+    notes = []
+    if skipped:
+        notes.append(f"dashed: {len(skipped)} step{'s' if len(skipped) != 1 else ''} skipped")
+    bands = []
+    if nonfinite:
+        first = min(nonfinite)
+        bands.append((float(first), float(first), "first inf/NaN"))
+        notes.append(f"loss not finite from step {first} (not drawn)")
+    return {
+        "loss": charts.line(
+            [i for i, _ in finite],
+            {"loss": [v for _, v in finite]},
+            "step",
+            "loss",
+            "Loss per step",
+            marks=skipped,
+            bands=bands,
+            note="; ".join(notes),
+        )
+    }
+
+
 def build(session: Session) -> ReportSection:
     """The overview section (always present)."""
     text = verdict(session)
+    uris = {name: svg.data_uri(chart) for name, chart in figures(session).items()}
     walls = [s.get("wall_s") for s in session.steps[1:] or session.steps]
     values = [float(w) * 1000 for w in walls if isinstance(w, (int, float))]
     html = render_template(
@@ -59,5 +102,8 @@ def build(session: Session) -> ReportSection:
         verdict=text,
         median_ms=statistics.median(values) if values else None,
         counts=counts(session),
+        figures=uris,
     )
-    return ReportSection(id="overview", title="Overview", html=html, summary=text)
+    return ReportSection(
+        id="overview", title="Overview", html=html, summary=text, figures=list(uris)
+    )

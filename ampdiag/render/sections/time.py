@@ -6,6 +6,7 @@ in FP32 and under autocast).
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from ampdiag import units as humanize
@@ -21,6 +22,36 @@ TABLE_STEPS = 50
 def categories(breakdown: dict[str, Any]) -> list[str]:
     """The breakdown's categories in the order the trace analysis wrote them."""
     return [str(c) for c in breakdown.get("share") or {}]
+
+
+#: A step slower than this many times the median step lies above the step-time chart's scale.
+OUTLIER_FACTOR = 4.0
+
+
+def outlier_ceiling(values: list[float]) -> tuple[float | None, list[int]]:
+    """The value axis' top, and the indices of the values above it ((None, []): none).
+
+    It keeps outliers (a first step that compiles and warms up) from flattening the rest.
+    """
+    if len(values) < 3:
+        return None, []
+    median = statistics.median(values)
+    limit = OUTLIER_FACTOR * median
+    above = [i for i, v in enumerate(values) if v > limit]
+    if not above or median <= 0:
+        return None, []
+    return 1.2 * max(v for v in values if v <= limit), above
+
+
+def runs_of(indices: list[int]) -> list[tuple[int, int]]:
+    """Consecutive integers grouped into (first, last) runs: [1, 2, 3, 7] -> [(1, 3), (7, 7)]."""
+    out: list[tuple[int, int]] = []
+    for i in sorted(indices):
+        if out and i == out[-1][1] + 1:
+            out[-1] = (out[-1][0], i)
+        else:
+            out.append((i, i))
+    return out
 
 
 def figures(session: Session) -> dict[str, charts.Chart]:
@@ -43,12 +74,21 @@ def figures(session: Session) -> dict[str, charts.Chart]:
             unit="steps",
         )
     if len(steps) >= 2:
+        ms = [s["wall_s"] * 1000 for s in steps]
+        profiled = [s["index"] for s in steps if s.get("profiled")]
+        ymax, above = outlier_ceiling(ms)
+        note = ", ".join(
+            f"step {steps[i]['index']}: {humanize.micros(ms[i] * 1000)}" for i in above[:3]
+        ) + (" (above the scale)" if above else "")
         out["step-times"] = charts.line(
             [s["index"] for s in steps],
-            {"wall time": [s["wall_s"] * 1000 for s in steps]},
+            {"wall time": ms},
             "step",
             "ms",
-            "Wall time per step",
+            "Wall time per step (shaded: the steps the profiler recorded)",
+            bands=[(a, b, "profiled") for a, b in runs_of(profiled)],
+            ymax=ymax,
+            note=note,
         )
     if isinstance(probe.get("fp32_ms"), (int, float)):
         out["speed-probe"] = charts.bars(
