@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 import ampdiag
-from ampdiag.render.sections import overview, time as time_section
+from ampdiag.render.sections import overview
+from ampdiag.render.sections import time as time_section
 
 QUIET = {"console": False, "tensorboard": False, "speed_probe": False}
 
