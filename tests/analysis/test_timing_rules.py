@@ -88,3 +88,11 @@ def test_a_share_that_straddles_the_threshold_is_uncertain() -> None:
     assert dl.evidence["data_share_low"] < 0.1 < dl.evidence["data_share_high"]
     (single,) = data_findings([0.5])
     assert single.severity == "info" and "single" in single.evidence["uncertain"]
+
+
+def test_a_single_step_that_waits_for_nothing_is_no_finding() -> None:
+    # "Data loading may take 0% of a step" told a person nothing (every trace of one step)
+    assert not data_findings([0.0])
+    assert not data_findings([0.03])
+    (some,) = data_findings([0.08])
+    assert some.severity == "info"

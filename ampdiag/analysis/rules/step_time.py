@@ -15,6 +15,9 @@ THRESHOLDS = {
     # Share of the profiled step time spent in the DataLoader's __next__.
     "dataloader_share_medium": 0.10,
     "dataloader_share_high": 0.30,
+    # A single profiled step (no interval) is worth an uncertain note only from this share:
+    # one step of 0% says nothing a person could act on.
+    "dataloader_share_single_min": 0.05,
 }
 
 
@@ -68,8 +71,9 @@ def dataloader_bound(session: Session) -> Iterator[Finding]:
     worst rank counts when its median is larger. The thresholds are compared with the
     interval median ± spread of the per-step shares (`ampdiag.timing`), so a single stalled
     step neither fires the finding nor raises its severity (the severity is that of the
-    interval's lower end). An interval that straddles 10% (or a single step) is reported as
-    uncertain (info, with the interval) instead of flipping between runs.
+    interval's lower end). An interval that straddles 10% (or a single step of at least 5%) is
+    reported as uncertain (info, with the interval) instead of flipping between runs; a single
+    step below 5% is no finding (it would tell the user nothing).
     """
     waits = [data_wait(session.section("profiler").get("breakdown", {}))]
     for r in session.section("timeline").get("ranks", []):
@@ -82,6 +86,8 @@ def dataloader_bound(session: Session) -> Iterator[Finding]:
     est = worst.share
     side = est.versus(THRESHOLDS["dataloader_share_medium"])
     if side == "below":
+        return
+    if est.samples < timing.MIN_SAMPLES and est.median < THRESHOLDS["dataloader_share_single_min"]:
         return
     data = est.median
     evidence: dict[str, Any] = {
