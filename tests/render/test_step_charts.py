@@ -80,3 +80,14 @@ def test_a_slow_first_step_does_not_flatten_step_time(tmp_path) -> None:
 
 def test_no_outlier_keeps_the_whole_scale() -> None:
     assert time_section.outlier_ceiling([10.0, 11.0, 12.0, 10.5]) == (None, [])
+
+
+def test_the_trace_is_one_click_away(tmp_path) -> None:
+    d, _ = loop(tmp_path / "r", 5)
+    html = (d.out / "report.html").read_text()
+    links = re.findall(r'<a class="trace" href="([^"]+)"', html)
+    assert links and all((d.out / link).is_file() for link in links)
+    assert {(d.out / link).resolve() for link in links} == {
+        p.resolve() for p in (d.out / "trace").glob("*.pt.trace.json*")
+    }
+    assert "Perfetto" in html
