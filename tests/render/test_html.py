@@ -74,6 +74,8 @@ def test_user_strings_are_escaped_and_nothing_loads_from_the_network() -> None:
     assert "&lt;script&gt;alert(2)&lt;/script&gt;" in html
     csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', html)
     assert csp and "default-src 'none'" in csp.group(1) and "script-src 'none'" in csp.group(1)
-    # Every src/href is a data: URI or an in-page anchor.
-    for attr in re.findall(r'(?:src|href)="([^"]*)"', html):
-        assert attr.startswith(("data:image/svg+xml;base64,", "#")), attr
+    # Every src/href is a data: URI or an in-page anchor, or the trace file beside the report
+    # (a path with no scheme or host: nothing on the network).
+    for tag, attr in re.findall(r'<(\w+)[^>]*?(?:src|href)="([^"]*)"', html):
+        trace_link = tag == "a" and ":" not in attr and not attr.startswith("//")
+        assert trace_link or attr.startswith(("data:image/svg+xml;base64,", "#")), attr

@@ -25,7 +25,7 @@ def categories(breakdown: dict[str, Any]) -> list[str]:
 
 
 #: A step slower than this many times the median step lies above the step-time chart's scale.
-OUTLIER_FACTOR = 4.0
+OUTLIER_FACTOR = 10.0
 
 
 def outlier_ceiling(values: list[float]) -> tuple[float | None, list[int]]:
