@@ -31,7 +31,11 @@ def _special(v: float) -> str | None:
 
 
 def count(value: Any) -> str:
-    """An integer with thousands separators; other numbers to 4 significant digits."""
+    """An integer with thousands separators; other numbers to 4 significant digits.
+
+    Never in scientific notation, which people misread: an exact power of two below 1/1000 (a
+    loss scale) as ``2^-22``, other small values positionally (``0.000000238``).
+    """
     v = _number(value)
     if v is None:
         return NOT_MEASURED if value is None else str(value)
@@ -40,6 +44,15 @@ def count(value: Any) -> str:
         return special
     if v.is_integer() and abs(v) < 1e18:
         return f"{int(v):,}"
+    a = abs(v)
+    if a >= 1e15:
+        return f"{v:,.0f}"
+    if a < 1e-3:
+        mantissa, exponent = math.frexp(a)
+        if mantissa == 0.5:
+            return ("-" if v < 0 else "") + f"2^{exponent - 1}"
+        digits = 3 - math.floor(math.log10(a)) - 1
+        return f"{v:.{digits}f}".rstrip("0")
     return f"{v:.4g}"
 
 
@@ -111,12 +124,48 @@ def scalar(value: Any) -> str:
     return count(value) if _number(value) is not None else str(value)
 
 
+#: Words a key is made of that read better otherwise (acronyms, abbreviations).
+_WORDS = {
+    "fp8": "FP8", "fp16": "FP16", "bf16": "BF16", "fp32": "FP32", "tf32": "TF32",
+    "gpu": "GPU", "cpu": "CPU", "cuda": "CUDA", "sqnr": "SQNR", "db": "dB", "nan": "NaN",
+    "inf": "inf", "amp": "AMP", "nccl": "NCCL", "rel": "relative", "diff": "difference",
+    "num": "number of", "grad": "gradient", "grads": "gradients", "init": "initial",
+    "max": "max", "min": "min", "log2": "log2", "vs": "vs", "id": "id", "hta": "HTA",
+}  # fmt: skip
+#: Key suffixes the formatted value already states (the unit is in the value: "3.83 s").
+_UNIT_SUFFIXES = ("_bytes", "_us", "_ms", "_s", "_seconds", "_fraction")
+_TIME_WORDS = ("time", "times", "wait", "duration", "spread", "budget", "spent")
+
+
+def label(key: str) -> str:
+    """An evidence key in words, for a person: ``data_share_spread`` -> "Data share spread".
+
+    A unit suffix is dropped where the formatted value states the unit: ``peak_bytes`` ->
+    "Peak memory" ("3.0 MiB"), ``step_ms`` -> "Step time" ("3.83 s").
+    """
+    k = str(key)
+    noun = ""
+    for suffix in _UNIT_SUFFIXES:
+        if k.endswith(suffix) and len(k) > len(suffix):
+            k = k[: -len(suffix)]
+            if suffix == "_bytes" and not k.endswith(("memory", "size")):
+                noun = " memory"
+            elif suffix not in ("_bytes", "_fraction") and not k.endswith(_TIME_WORDS):
+                noun = " time"
+            break
+    words = [_WORDS.get(w.lower(), w) for w in k.replace("-", "_").split("_") if w]
+    text = (" ".join(words) + noun) if words else str(key)
+    return text[:1].upper() + text[1:]
+
+
 def by_key(key: str, value: Any) -> str:
     """A measured value formatted by what its key says it is."""
     if value is None:
         return NOT_MEASURED
     if isinstance(value, Mapping):
-        return "; ".join(f"{k}: {by_key(str(k), v)}" for k, v in value.items()) or "none"
+        return (
+            "; ".join(f"{label(str(k))}: {by_key(str(k), v)}" for k, v in value.items()) or "none"
+        )
     if isinstance(value, (list, tuple)):
         if not value:
             return "none"

@@ -221,7 +221,8 @@ def whatif(section: Mapping[str, Any]) -> dict[str, Any]:
                 "scenario": f"Activations at their most (batch {most.get('batch') or '?'})",
                 "bytes": int(most["activations"]),
                 "basis": (
-                    f"storages saved for the backward, live then; {int(most['bytes'])} B in all"
+                    "storages saved for the backward, live then; "
+                    f"{units.nbytes(most['bytes'])} in all"
                 ),
             }
         )

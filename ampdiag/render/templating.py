@@ -16,6 +16,16 @@ def _evidence(value: Any, key: str = "") -> str:
     return humanize.by_key(str(key), value)
 
 
+def _raw_json(evidence: Any) -> str:
+    """The evidence as stored in session.json (without the merged findings, shown apart)."""
+    import json
+
+    shown = (
+        {k: v for k, v in evidence.items() if k != "merged"} if isinstance(evidence, dict) else {}
+    )
+    return json.dumps(shown, indent=1, default=str, allow_nan=True)
+
+
 def merged_fixes(finding: Any) -> list[tuple[str, str]]:
     """(id, fix) of each finding a recommendation merged, whose fix it does not already say.
 
@@ -62,6 +72,8 @@ def environment() -> jinja2.Environment:
     env.filters["pct"] = humanize.percent
     env.filters["num"] = humanize.count
     env.filters["evidence"] = _evidence
+    env.filters["label"] = humanize.label
+    env.filters["rawjson"] = _raw_json
     env.filters["merged_fixes"] = merged_fixes
     return env
 

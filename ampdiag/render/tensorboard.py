@@ -61,7 +61,7 @@ def finding_markdown(finding: Any) -> str:
     """
     parts = [f"**{finding.severity}** `{finding.id}`: {_md(finding.title)}"]
     rows = [
-        f"| {_md(str(k))} | {_md(humanize.by_key(str(k), v))} |"
+        f"| {_md(humanize.label(str(k)))} | {_md(humanize.by_key(str(k), v))} |"
         for k, v in finding.evidence.items()
         if k != "merged"
     ]

@@ -29,7 +29,7 @@ def test_units() -> None:
     assert units.by_key("underflow_fraction", 0.5) == "50.0%"
     assert units.by_key("matmul_flops", 2e9) == "2.0 GFLOP"
     assert units.by_key("x", None) == "not measured"
-    assert units.by_key("x", {"a_bytes": 2048, "b": None}) == "a_bytes: 2.0 KiB; b: not measured"
+    assert units.by_key("x", {"a_bytes": 2048, "b": None}) == "A memory: 2.0 KiB; B: not measured"
 
 
 def test_evidence_tables_have_no_raw_dicts_or_none() -> None:
@@ -43,8 +43,10 @@ def test_evidence_tables_have_no_raw_dicts_or_none() -> None:
     html = render_html(Session(findings=[f]))
     evidence = html.split('id="finding-x"')[1].split("</article>")[0]
     assert "128.0 MiB" in evidence and "318.9 MFLOP" in evidence
-    assert "not measured" in evidence and "a_bytes: 1.0 KiB" in evidence
-    assert "None" not in evidence and "{" not in evidence and "134179704" not in evidence
+    assert "not measured" in evidence and "A memory: 1.0 KiB" in evidence
+    table = evidence.split('<details class="raw">')[0]  # the raw values are one click away
+    assert "None" not in table and "{" not in table and "134179704" not in table
+    assert "134179704" in evidence.split('<details class="raw">')[1]
     md = finding_markdown(f)
     assert "128.0 MiB" in md and "None" not in md and "134179704" not in md
 

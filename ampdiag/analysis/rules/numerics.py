@@ -215,7 +215,10 @@ def grad_scaler_missing(session: Session) -> Iterator[Finding]:
     yield Finding(
         id="grad-scaler-missing",
         severity="high",
-        title="FP16 autocast runs without a GradScaler: gradients below 6e-8 become zero.",
+        title=(
+            "FP16 autocast runs without a GradScaler: gradients below 2^-24 (about 0.00000006) "
+            "become zero."
+        ),
         evidence={
             "autocast_seen": fp16,
             "underflow_fraction": u["underflow_fraction"],
