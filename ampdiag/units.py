@@ -45,7 +45,7 @@ def count(value: Any) -> str:
     if v.is_integer() and abs(v) < 1e18:
         return f"{int(v):,}"
     a = abs(v)
-    if a >= 1e15:
+    if a >= 1e4:  # .4g would write 1.285e+04
         return f"{v:,.0f}"
     if a < 1e-3:
         mantissa, exponent = math.frexp(a)

@@ -4,17 +4,22 @@ Layout: the overview first (the verdict in a sentence, the top recommendations w
 every finding in a table that links to it), then one section per topic -- time, precision,
 numerics, memory, GradScaler -- and the environment. A topic no collector filled still gets its
 section, saying what it would need, so the report's shape (and its anchors) never change. Each
-finding is shown in full in its topic's section (anchor ``#finding-<id>``). No scripts: the
-navigation is anchors, the details are ``<details>`` elements; the Content-Security-Policy
-forbids every network access and every script.
+finding is shown in full in its topic's section (anchor ``#finding-<id>``). The navigation is
+anchors, the details are ``<details>`` elements, hover values are SVG ``<title>``s; one small
+inline script (templates/report.js) sorts tables and zooms the step charts. The
+Content-Security-Policy forbids every network access and every script but that one, by hash.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html as html_lib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+from markupsafe import Markup
 
 from ampdiag._layout import REPORT_FILE
 from ampdiag.render.sections import ReportSection, build_sections
@@ -77,9 +82,24 @@ def arrange(session: Session, built: list[ReportSection]) -> list[ReportSection]
     return [s for _, s in sorted(enumerate(sections), key=key)]
 
 
+def _asset(name: str) -> str:
+    return resources.files("ampdiag.render").joinpath(f"templates/{name}").read_text("utf-8")
+
+
+def script_and_hash() -> tuple[Markup, str]:
+    """The report's one script and its CSP source (``'sha256-...'``).
+
+    The policy allows exactly this script and no other, inline or fetched.
+    """
+    script = _asset("report.js")
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+    return Markup(script), f"'sha256-{digest}'"  # our own file, not user text
+
+
 def render_html(session: Session, sections: list[ReportSection] | None = None) -> str:
     """Returns the report as one HTML document."""
-    css = resources.files("ampdiag.render").joinpath("templates/report.css").read_text("utf-8")
+    css = Markup(_asset("report.css"))  # our own file: no escaping (it has > and ")
+    script, script_src = script_and_hash()
     sections = arrange(session, build_sections(session) if sections is None else sections)
     shown = anchors(session.findings, {s.id for s in sections} - {"overview"})
     by_section: dict[str, list[ShownFinding]] = {}
@@ -99,6 +119,8 @@ def render_html(session: Session, sections: list[ReportSection] | None = None) -
             titles=titles,
             top=[s for s in shown if s.f.severity != "info"][:TOP_RECOMMENDATIONS],
             css=css,
+            script=script,
+            script_src=script_src,
             title=title,
             folder=folder,
         )

@@ -1,17 +1,22 @@
 """Charts drawn as SVG text, for the HTML report.
 
 Plain string formatting: no plotting library, so the report of a trace costs milliseconds per
-figure instead of a second of matplotlib import and rasterising. The SVG is embedded as a
-``data:image/svg+xml`` URI in an ``<img>`` (the report's CSP allows data: images; an SVG loaded
-as an image runs no script and fetches nothing). All text is XML-escaped, so any name renders.
+figure instead of a second of matplotlib import and rasterising. The SVG is inlined in the page
+(`inline`), so that it answers the reader: every point and bar carries its value as a
+``<title>`` (the browser's own hover tooltip, no script), and a line chart carries its x data
+(``data-x`` attributes) so that the report's one small script can zoom it (report.js). All text
+is XML-escaped, so any name renders.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import math
 from collections.abc import Sequence
 from html import escape
+
+from markupsafe import Markup
 
 from ampdiag.render.charts import Chart
 
@@ -39,14 +44,26 @@ def _t(text: str) -> str:
 
 
 def _num(v: float) -> str:
+    """A tick label: never in scientific notation (2^-22, 10^-6, 0.0025, 3M)."""
     v = float(v)
     if v == 0:
         return "0"
     a = abs(v)
-    if a >= 1e6 or a < 1e-3:
-        return f"{v:.0e}".replace("e+0", "e").replace("e-0", "e-").replace("e+", "e")
-    if v.is_integer():
-        return f"{int(v):,}"
+    sign = "-" if v < 0 else ""
+    if a < 1e-3:
+        mantissa, exponent = math.frexp(a)
+        if mantissa == 0.5:
+            return f"{sign}2^{exponent - 1}"
+        ten = math.log10(a)
+        if abs(ten - round(ten)) < 1e-9:
+            return f"{sign}10^{round(ten)}"
+        return f"{v:.{2 - math.floor(ten)}f}".rstrip("0")
+    if a >= 1e6:
+        for div, suffix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
+            if a >= div:
+                return f"{v / div:.3g}{suffix}"
+    if v.is_integer() or a >= 1e4:
+        return f"{round(v):,}"
     return f"{v:.4g}"
 
 
@@ -110,10 +127,11 @@ class _Canvas:
             f'stroke="{stroke}"{attrs}/>'
         )
 
-    def rect(self, x: float, y: float, w: float, h: float, fill: str) -> None:
+    def rect(self, x: float, y: float, w: float, h: float, fill: str, title: str = "") -> None:
         if w > 0 and h > 0:
+            shape = f'<rect x="{x:.2f}" y="{y:.2f}" width="{w:.2f}" height="{h:.2f}" fill="{fill}"'
             self.parts.append(
-                f'<rect x="{x:.2f}" y="{y:.2f}" width="{w:.2f}" height="{h:.2f}" fill="{fill}"/>'
+                f"{shape}><title>{_t(title)}</title></rect>" if title else shape + "/>"
             )
 
     def frame(self) -> None:
@@ -141,13 +159,24 @@ class _Canvas:
             self.rect(x, y, 10, 10, self.color(i))
             self.text(x + 14, y + 9, name, anchor="start")
 
-    def svg(self) -> str:
+    def svg(self, attrs: str = "") -> str:
         body = "".join(self.parts)
         return (
-            f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{self.height}" '
-            f'viewBox="0 0 {WIDTH} {self.height}" font-family="sans-serif" font-size="{FONT}">'
+            f'<svg xmlns="http://www.w3.org/2000/svg" class="chart chart-{self.chart.kind}" '
+            f'width="{WIDTH}" height="{self.height}" viewBox="0 0 {WIDTH} {self.height}" '
+            f'font-family="sans-serif" font-size="{FONT}"{attrs}>'
             f'<rect width="100%" height="100%" fill="#fff"/>{body}</svg>'
         )
+
+    def clip(self) -> str:
+        """Opens a group clipped to the plot area (closed by the caller with ``</g>``)."""
+        key = hashlib.sha1(repr(self.chart).encode("utf-8", "replace")).hexdigest()[:12]
+        self.parts.append(
+            f'<defs><clipPath id="clip-{key}"><rect x="{self.x0:.1f}" y="{self.y0:.1f}" '
+            f'width="{self.x1 - self.x0:.1f}" height="{self.y1 - self.y0:.1f}"/></clipPath>'
+            f'</defs><g class="plot" clip-path="url(#clip-{key})">'
+        )
+        return key
 
 
 class _Scale:
@@ -206,9 +235,10 @@ def _bars(chart: Chart) -> str:
     for i, label in enumerate(chart.labels):
         bottom = 0.0
         x = c.x0 + (i + 0.5) * slot - bar / 2
-        for k, (_, values) in enumerate(chart.series):
+        for k, (name, values) in enumerate(chart.series):
             top = bottom + values[i]
-            c.rect(x, scale(top), bar, scale(bottom) - scale(top), c.color(k))
+            tip = f"{label} — {name}: {_num(values[i])} {chart.ylabel}".rstrip()
+            c.rect(x, scale(top), bar, scale(bottom) - scale(top), c.color(k), tip)
             bottom = top
         if i % _every(n) == 0:
             c.text(c.x0 + (i + 0.5) * slot, c.y1 + 14, label[:24])
@@ -228,9 +258,10 @@ def _hbars(chart: Chart) -> str:
     for i, label in enumerate(chart.labels):
         left_v = 0.0
         y = c.y0 + i * slot + slot * 0.15
-        for k, (_, values) in enumerate(chart.series):
+        for k, (name, values) in enumerate(chart.series):
             right = left_v + values[i]
-            c.rect(scale(left_v), y, scale(right) - scale(left_v), slot * 0.7, c.color(k))
+            tip = f"{label} — {name}: {_num(values[i])} {chart.xlabel}".rstrip()
+            c.rect(scale(left_v), y, scale(right) - scale(left_v), slot * 0.7, c.color(k), tip)
             left_v = right
         shown = label if len(label) <= 55 else label[:54] + "…"
         c.text(c.x0 - 4, c.y0 + (i + 0.5) * slot + 4, shown, anchor="end")
@@ -248,7 +279,7 @@ def _x_scale(c: _Canvas, xs: Sequence[float]) -> _Scale:
     for t in ticks:
         x = scale(t)
         c.line(x, c.y0, x, c.y1, "#eee")
-        c.text(x, c.y1 + 14, _num(t))
+        c.text(x, c.y1 + 14, _num(t), **{"class": "xtick", "data-px": f"{x:.1f}"})
     return scale
 
 
@@ -281,26 +312,60 @@ def _line(chart: Chart) -> str:
             hi = chart.ymax
         sy = _value_axis(c, lo, hi, vertical=True, log=log)
         ceiling = sy.hi if not log else 10**sy.hi
+        c.clip()
         for x0, x1, label in chart.bands:
             left, right = sx(x0 - 0.5), sx(x1 + 0.5)
-            c.rect(left, c.y0, right - left, c.y1 - c.y0, "#1f77b41f")
-            c.text((left + right) / 2, c.y0 + 12, label, fill="#1f5f94")
+            c.parts.append(
+                f'<rect x="{left:.2f}" y="{c.y0:.2f}" width="{right - left:.2f}" '
+                f'height="{c.y1 - c.y0:.2f}" fill="#1f77b41f" data-x0="{x0 - 0.5:g}" '
+                f'data-x1="{x1 + 0.5:g}"><title>{_t(label)}</title></rect>'
+            )
+            c.text(
+                (left + right) / 2,
+                c.y0 + 12,
+                label,
+                fill="#1f5f94",
+                **{"data-x": f"{(x0 + x1) / 2:g}"},
+            )
         for m in chart.marks:
-            c.line(sx(m), c.y0, sx(m), c.y1, "#d62728", stroke_dasharray="4 3", opacity="0.5")
-        for k, (_, vs) in enumerate(chart.series):
-            vs = tuple(min(v, ceiling) for v in vs)
+            c.line(
+                sx(m),
+                c.y0,
+                sx(m),
+                c.y1,
+                "#d62728",
+                stroke_dasharray="4 3",
+                opacity="0.5",
+                **{"data-x": f"{m:g}"},
+            )
+        xdata = " ".join(f"{x:g}" for x in xs)
+        for k, (name, raw) in enumerate(chart.series):
+            vs = tuple(min(v, ceiling) for v in raw)
             points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(xs, vs, strict=True))
             c.parts.append(
                 f'<polyline points="{points}" fill="none" stroke="{c.color(k)}" '
-                'stroke-width="1.5"/>'
+                f'stroke-width="1.5" vector-effect="non-scaling-stroke" data-xs="{xdata}"/>'
             )
-            if len(xs) <= 60:
-                for x, y in zip(xs, vs, strict=True):
-                    c.parts.append(
-                        f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{c.color(k)}"/>'
-                    )
+            # a circle per point, in the order of data-xs, carries its value for the hover
+            # tooltip (visible when there are few)
+            seen = 'r="2.5"' if len(xs) <= 60 else 'r="4" fill-opacity="0"'
+            who = f"{name} — " if len(chart.series) > 1 else ""
+            c.parts.append(f'<g class="points" fill="{c.color(k)}">')
+            for x, y, v in zip(xs, vs, raw, strict=True):
+                tip = f"{who}{chart.xlabel} {_num(x)}: {_num(v)} {chart.ylabel}".strip()
+                c.parts.append(
+                    f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" {seen}><title>{_t(tip)}</title>'
+                    "</circle>"
+                )
+            c.parts.append("</g>")
+        c.parts.append("</g>")
     c.legend_box()
-    return c.svg()
+    attrs = (
+        f' data-p0="{sx.p0:.1f}" data-p1="{sx.p1:.1f}" data-lo="{sx.lo:g}" data-hi="{sx.hi:g}"'
+        if chart.kind == "line"
+        else ""
+    )
+    return c.svg(attrs)
 
 
 def _histogram(chart: Chart) -> str:
@@ -338,6 +403,13 @@ _DRAW = {"bars": _bars, "hbars": _hbars, "line": _line, "area": _line, "histogra
 def draw(chart: Chart) -> str:
     """The chart as an SVG document."""
     return _DRAW[chart.kind](chart)
+
+
+def inline(chart: Chart) -> Markup:
+    """The chart as SVG markup to place in the page (lone surrogates replaced)."""
+    text = draw(chart).encode("utf-8", errors="replace").decode("utf-8")
+    text = text.replace(' xmlns="http://www.w3.org/2000/svg"', "", 1)  # HTML knows <svg>
+    return Markup(text)  # every text in it was escaped by _t
 
 
 def data_uri(chart: Chart) -> str:

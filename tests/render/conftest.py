@@ -12,6 +12,19 @@ import ampdiag
 from ampdiag.session import Finding, Session
 
 EVIL_MODULE = "<img src=x onerror=alert(1)>"
+
+
+def without_our_script(html: str) -> str:
+    """The page without the report's own script (templates/report.js), which must be there
+    exactly once and unchanged: what is left holds no script at all when escaping works."""
+    from importlib import resources
+
+    ours = resources.files("ampdiag.render").joinpath("templates/report.js").read_text("utf-8")
+    element = f"<script>{ours}</script>"
+    assert html.count(element) == 1
+    return html.replace(element, "")
+
+
 EVIL_MESSAGE = "<script>alert(2)</script> & <img src=y onerror=alert(3)>"
 
 

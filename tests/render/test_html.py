@@ -3,13 +3,14 @@ it for real)."""
 
 from __future__ import annotations
 
+import html as html_lib
 import re
 
 from ampdiag.analysis.advisors import advise
 from ampdiag.render.html import TOPICS, render_html
 from ampdiag.session import Finding, Session
 from tests.analysis.test_advice import cuda_session, fp16_findings
-from tests.render.conftest import EVIL_MESSAGE, EVIL_MODULE
+from tests.render.conftest import EVIL_MESSAGE, EVIL_MODULE, without_our_script
 
 SECTION_IDS = ["overview", *(t[0] for t in TOPICS), "environment"]
 
@@ -69,11 +70,14 @@ def test_user_strings_are_escaped_and_nothing_loads_from_the_network() -> None:
         findings=[Finding("x", "high", EVIL_MODULE, {EVIL_MODULE: EVIL_MESSAGE}, EVIL_MODULE)],
     )
     html = render_html(session)
-    assert EVIL_MODULE not in html and "<script" not in html.lower()
+    assert EVIL_MODULE not in html and "<script" not in without_our_script(html).lower()
     assert "&lt;img src=x onerror=alert(1)&gt;" in html
     assert "&lt;script&gt;alert(2)&lt;/script&gt;" in html
     csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', html)
-    assert csp and "default-src 'none'" in csp.group(1) and "script-src 'none'" in csp.group(1)
+    assert csp and "default-src 'none'" in csp.group(1)
+    # scripts: only ours, by its hash (no 'unsafe-inline', no source to fetch from)
+    (allowed,) = re.findall(r"script-src ([^;]+)", html_lib.unescape(csp.group(1)))
+    assert re.fullmatch(r"'sha256-[A-Za-z0-9+/=]+'", allowed.strip()), allowed
     # Every src/href is a data: URI or an in-page anchor, or the trace file beside the report
     # (a path with no scheme or host: nothing on the network).
     for tag, attr in re.findall(r'<(\w+)[^>]*?(?:src|href)="([^"]*)"', html):

@@ -100,8 +100,10 @@ def test_report_opens_cleanly_with_every_section(browser: Any, evil_run: Session
         # The overview comes first and holds the verdict.
         assert p.locator("main > section").first.get_attribute("id") == "overview"
         assert p.locator("section#overview .verdict").inner_text().strip()
-        # Figures are real decoded images (data: URIs the CSP allows).
-        widths = p.eval_on_selector_all("img.figure", "els => els.map(e => e.naturalWidth)")
+        # Figures are drawn SVG, laid out at a readable width.
+        widths = p.eval_on_selector_all(
+            "figure.figure svg", "els => els.map(e => e.getBoundingClientRect().width)"
+        )
         assert widths and all(w > 100 for w in widths)
         # Anchor navigation works without scripts.
         p.click('nav a[href="#gradscaler"]')
@@ -118,7 +120,7 @@ def test_hostile_module_name_is_text_and_runs_nothing(browser: Any, evil_run: Se
         # The probe's per-module table and the finding show the name as text.
         assert p.get_by_text(EVIL_MODULE, exact=True).count() >= 2
         assert p.locator('img[src="x"]').count() == 0
-        assert p.locator("script").count() == 0
+        assert p.locator("script").count() == 1  # ours alone
         assert page.dialogs == [] and page.errors == []
         assert page.outside() == []
     finally:
@@ -131,7 +133,7 @@ def test_hostile_exception_message_is_text(browser: Any, error_run: Session) -> 
     try:
         p = page.page
         assert p.get_by_text(EVIL_MESSAGE, exact=True).count() >= 1
-        assert p.locator('img[src="y"]').count() == 0 and p.locator("script").count() == 0
+        assert p.locator('img[src="y"]').count() == 0 and p.locator("script").count() == 1
         assert page.dialogs == [] and page.errors == [] and page.outside() == []
     finally:
         page.close()
@@ -160,5 +162,68 @@ def test_the_csp_blocks_script_and_network_even_if_escaping_failed(
         assert page.outside() == []  # blocked by the CSP before any request is made
         refused = [t for kind, t in page.console if "Content Security Policy" in t]
         assert refused, page.console
+    finally:
+        page.close()
+
+
+def test_tables_sort_charts_answer_hover_and_zoom(browser: Any, tmp_path: Path) -> None:
+    """What the reader does with the report: sort a table by a column, hover a point of a
+    step chart for its value, zoom into the steps; all offline, and the script blocked by
+    nothing (no CSP refusal, no error)."""
+    from tests.render.test_step_charts import loop
+
+    d, losses = loop(tmp_path / "r", 12)
+    page = open_report(browser, d.out / "report.html")
+    try:
+        p = page.page
+        assert page.errors == [] and page.outside() == [] and page.dialogs == []
+        assert not [t for _, t in page.console if "Content Security Policy" in t], page.console
+        assert p.evaluate("document.documentElement.dataset.interactive") == "yes"
+        # Sort the profiled ops by their self CPU time: the page's order follows the numbers.
+        table = p.locator("section#time table", has=p.locator("th", has_text="self CPU")).first
+        header = table.locator("th", has_text="self CPU")
+        column = table.locator("th").all_inner_texts().index(header.inner_text())
+        header.click()
+        cells = table.locator(f"tbody tr td:nth-child({column + 1})").all_inner_texts()
+        scale = {"µs": 1e-6, "ms": 1e-3, "s": 1.0}
+
+        def seconds(text: str) -> float:
+            number, unit = text.split()
+            return float(number.replace(",", "")) * scale[unit]
+
+        assert len(cells) >= 3 and [seconds(c) for c in cells] == sorted(
+            (seconds(c) for c in cells), reverse=True
+        )
+        header.click()
+        cells = table.locator(f"tbody tr td:nth-child({column + 1})").all_inner_texts()
+        assert [seconds(c) for c in cells] == sorted(seconds(c) for c in cells)
+        # Hover: each point of the loss chart says its step and the loss the loop computed.
+        points = p.locator('figure[aria-label="loss"] g.points circle')
+        assert points.count() == len(losses)
+        tip = points.nth(3).locator("title").text_content() or ""
+        assert tip.startswith("step 3: ") and abs(
+            float(tip.split(": ")[1].split()[0]) - losses[3]
+        ) < (1e-3 * abs(losses[3]) + 1e-9)
+        # Zoom: the wheel narrows the step axis of the chart, a double click restores it.
+        chart = p.locator('figure[aria-label="step-times"] svg')
+        box = chart.bounding_box()
+        assert box is not None
+        p.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        for _ in range(4):
+            p.mouse.wheel(0, -120)
+        lo, hi = (float(chart.get_attribute(a) or "nan") for a in ("data-zoom-lo", "data-zoom-hi"))
+        whole = float(chart.get_attribute("data-hi") or 0) - float(
+            chart.get_attribute("data-lo") or 0
+        )
+        assert 0 < hi - lo < 0.6 * whole
+        chart.dblclick()
+        lo, hi = (float(chart.get_attribute(a) or "nan") for a in ("data-zoom-lo", "data-zoom-hi"))
+        assert hi - lo == pytest.approx(whole)
+        # A section folds under its heading and opens again.
+        p.locator("section#time > h2").click()
+        assert not table.is_visible()
+        p.locator("section#time > h2").click()
+        assert table.is_visible()
+        assert page.errors == [] and page.outside() == []
     finally:
         page.close()

@@ -240,7 +240,7 @@ def test_a_long_run_renders_in_bounded_time_and_size() -> None:
     took = time.perf_counter() - started
     assert len(html.encode()) < 1_500_000, len(html)
     assert took < 20.0
-    assert "image/svg" in html
+    assert "<svg" in html
     assert "… and 16726 more steps" in html
 
 
@@ -264,8 +264,8 @@ def test_a_section_that_cannot_render_costs_only_itself() -> None:
     memory = html.split('<section id="memory">')[1].split("</section>")[0]
     assert "could not be rendered" in memory and "AttributeError" in memory
     time_section = html.split('<section id="time">')[1].split("</section>")[0]
-    assert "Wall time per step" not in time_section or "image/svg" in time_section
-    assert 'alt="step-times"' in time_section
+    assert "Wall time per step" in time_section and "<svg" in time_section
+    assert 'aria-label="step-times"' in time_section
 
 
 def test_a_report_that_cannot_render_at_all_still_writes_the_findings(tmp_path: Path) -> None:

@@ -60,7 +60,7 @@ def test_every_live_report_has_the_loss_chart_of_the_run(tmp_path) -> None:
     html = (d.out / "report.html").read_text()
     overview_html = html[html.index('<section id="overview">') :]
     overview_html = overview_html[: overview_html.index("</section>")]
-    assert 'alt="loss"' in overview_html
+    assert 'aria-label="loss"' in overview_html
 
 
 def test_a_slow_first_step_does_not_flatten_step_time(tmp_path) -> None:

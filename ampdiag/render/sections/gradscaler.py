@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from markupsafe import Markup
+
 from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
@@ -37,9 +39,9 @@ def build(session: Session) -> ReportSection | None:
     autocast = str(session.environment.get("autocast") or "")
     if not scaler and not history and not autocast.endswith("float16"):
         return None
-    figures: dict[str, str] = {}
+    figures: dict[str, Markup] = {}
     if len(history) >= 2:
-        figures["loss-scale"] = svg.data_uri(
+        figures["loss-scale"] = svg.inline(
             charts.line(
                 [r["step"] for r in history],
                 {"loss scale": [float(r["scale"]) for r in history]},

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from markupsafe import Markup
+
 from ampdiag import units as humanize
 from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
@@ -17,15 +19,15 @@ from ampdiag.session import Session
 MiB = 1024**2
 
 
-def _figures(mem: Mapping[str, Any]) -> dict[str, str]:
-    figures: dict[str, str] = {}
+def _figures(mem: Mapping[str, Any]) -> dict[str, Markup]:
+    figures: dict[str, Markup] = {}
     tl = mem.get("timeline") or {}
     if tl.get("t_ms"):
         series = {
             str(c): [v / MiB for v in values] for c, values in tl["bytes"].items() if any(values)
         }
         if series:
-            figures["memory-timeline"] = svg.data_uri(
+            figures["memory-timeline"] = svg.inline(
                 charts.line(
                     tl["t_ms"],
                     series,
@@ -39,7 +41,7 @@ def _figures(mem: Mapping[str, Any]) -> dict[str, str]:
     nonzero = [(c, v) for c, v in by_cat.items() if v]
     if nonzero:
         nonzero.sort(key=lambda cv: -cv[1])
-        figures["memory-peak"] = svg.data_uri(
+        figures["memory-peak"] = svg.inline(
             charts.bars(
                 [c for c, _ in nonzero],
                 {"MiB": [v / MiB for _, v in nonzero]},
@@ -50,7 +52,7 @@ def _figures(mem: Mapping[str, Any]) -> dict[str, str]:
         )
     cuda_tl = (mem.get("cuda") or {}).get("timeline") or {}
     if len(cuda_tl.get("event", [])) >= 2:
-        figures["cuda-allocator"] = svg.data_uri(
+        figures["cuda-allocator"] = svg.inline(
             charts.line(
                 cuda_tl["event"],
                 {

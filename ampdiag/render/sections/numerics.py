@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from markupsafe import Markup
+
 from ampdiag import units as humanize
 from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
@@ -41,7 +43,7 @@ def build(session: Session) -> ReportSection | None:
     if not grads and not acts and not sc.get("present"):
         return None
     derived = session.section("derived").get("numerics") or {}
-    figures: dict[str, str] = {}
+    figures: dict[str, Markup] = {}
     history = sc.get("history") or []
     series: dict[str, dict[int, float]] = {}
     if grads.get("hist_held"):
@@ -49,7 +51,7 @@ def build(session: Session) -> ReportSection | None:
     if acts.get("exponents"):
         series["activation grads, unscaled"] = _exponents(acts["exponents"])
     if series:
-        figures["log2-grad-histogram"] = svg.data_uri(
+        figures["log2-grad-histogram"] = svg.inline(
             charts.histogram(
                 series,
                 "log2 |value|",

@@ -93,7 +93,7 @@ def figures(session: Session) -> dict[str, charts.Chart]:
 def build(session: Session) -> ReportSection:
     """The overview section (always present)."""
     text = verdict(session)
-    uris = {name: svg.data_uri(chart) for name, chart in figures(session).items()}
+    uris = {name: svg.inline(chart) for name, chart in figures(session).items()}
     walls = [s.get("wall_s") for s in session.steps[1:] or session.steps]
     values = [float(w) * 1000 for w in walls if isinstance(w, (int, float))]
     html = render_template(

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from markupsafe import Markup
+
 from ampdiag import units as humanize
 from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
@@ -43,9 +45,9 @@ def build(session: Session) -> ReportSection | None:
         reason = sec.get("not_audited_reason") or "the session was not analysed"
         html = render_template("precision.html.j2", sec=sec, s=None, figures={}, reason=reason)
         return ReportSection(id="precision", title="Precision", html=html, summary="not audited")
-    figures: dict[str, str] = {}
+    figures: dict[str, Markup] = {}
     if s.get("modules"):
-        figures["precision-modules"] = svg.data_uri(module_bars(s["modules"]))
+        figures["precision-modules"] = svg.inline(module_bars(s["modules"]))
     html = render_template("precision.html.j2", sec=sec, s=s, figures=figures, reason="")
     summary = (
         f"FP32 {humanize.percent(s['fp32_flops_share'])} of FLOPs, "

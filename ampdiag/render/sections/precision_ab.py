@@ -126,9 +126,9 @@ def build(session: Session) -> ReportSection | None:
         return None
     rows = [r for r in ab["results"] if isinstance(r, Mapping)]
     timed = [r for r in rows if isinstance(r.get("time_ms"), (int, float))]
-    figures: dict[str, str] = {}
+    figures: dict[str, Markup] = {}
     if timed:
-        figures["precision-ab"] = svg.data_uri(
+        figures["precision-ab"] = svg.inline(
             charts.bars(
                 [NAMES.get(str(r["precision"]), str(r["precision"])) for r in timed],
                 {"ms": [float(r["time_ms"]) for r in timed]},
@@ -168,7 +168,7 @@ def build(session: Session) -> ReportSection | None:
     )
     parts.append(_modules(rows))
     for name, uri in figures.items():
-        parts.append(Markup('<img alt="{}" src="{}">').format(name, uri))
+        parts.append(Markup('<figure class="figure" aria-label="{}">{}</figure>').format(name, uri))
     return ReportSection(
         id="precision-ab",
         title="Which precision",

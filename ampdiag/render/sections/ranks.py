@@ -67,7 +67,7 @@ def build(session: Session) -> ReportSection | None:
     if not any(f.id == "straggler-rank" for f in session.findings):
         straggler = None
     rows = _rows(session)
-    uris = {name: svg.data_uri(chart) for name, chart in figures(session).items()}
+    uris = {name: svg.inline(chart) for name, chart in figures(session).items()}
     html = render_template(
         "ranks.html.j2", ranks=ranks, rows=rows, comm=comm, straggler=straggler, figures=uris
     )

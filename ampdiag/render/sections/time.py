@@ -108,7 +108,7 @@ def build(session: Session) -> ReportSection | None:
     steps = session.steps
     if not prof and not steps and not probe.get("fp32_ms"):
         return None
-    uris = {name: svg.data_uri(chart) for name, chart in figures(session).items()}
+    uris = {name: svg.inline(chart) for name, chart in figures(session).items()}
     breakdown = prof.get("breakdown", {})
     rows = breakdown.get("steps", [])
     top_ops = prof.get("top_ops") or []

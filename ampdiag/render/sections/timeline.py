@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from markupsafe import Markup
+
 from ampdiag import units
 from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
@@ -27,10 +29,10 @@ def build(session: Session) -> ReportSection | None:
     slow = next((r for r in gpu if r["rank"] == summary.get("slowest_rank")), None)
     if slow is not None and slow not in detail and len(detail) < DETAIL_RANKS:
         detail.append(slow)
-    figures: dict[str, str] = {}
+    figures: dict[str, Markup] = {}
     if gpu:
         shown = gpu
-        figures["gpu-time"] = svg.data_uri(
+        figures["gpu-time"] = svg.inline(
             charts.bars(
                 [f"rank {r['rank']}" for r in shown],
                 {
@@ -45,7 +47,7 @@ def build(session: Session) -> ReportSection | None:
         )
         top = detail[0]["top_kernels"][:10]
         if top:
-            figures["top-kernels"] = svg.data_uri(
+            figures["top-kernels"] = svg.inline(
                 charts.bars(
                     [k["short_name"][:50] for k in top],
                     {"ms": [k["total_us"] / 1000 for k in top]},
