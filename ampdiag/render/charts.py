@@ -38,6 +38,7 @@ class Chart:
         limits: (x, label) reference lines (histogram: FP16's range).
         logy: A logarithmic value axis (line).
         bands: (x0, x1, label) shaded ranges of x (line: e.g. the profiled steps).
+        yzero: The value axis starts at zero (line; False: at the data, as a loss curve's).
         ymax: The top of the value axis (line): values above it are drawn at the top edge,
             so that one outlier (a first step that compiles and warms up) does not flatten
             the rest; the note says which points lie above.
@@ -55,6 +56,7 @@ class Chart:
     limits: tuple[tuple[float, str], ...] = ()
     logy: bool = False
     bands: tuple[tuple[float, float, str], ...] = ()
+    yzero: bool = True
     ymax: float | None = None
     note: str = ""
     colors: tuple[str, ...] = field(default=())
@@ -123,6 +125,7 @@ def line(
     kind: Kind = "line",
     bands: Sequence[tuple[float, float, str]] = (),
     ymax: float | None = None,
+    yzero: bool = True,
     note: str = "",
 ) -> Chart:
     """A line (or stacked area) chart; beyond MAX_POINTS points, runs of neighbors averaged."""
@@ -151,6 +154,7 @@ def line(
         logy=logy,
         bands=tuple((float(a), float(b), str(t)) for a, b, t in bands),
         ymax=ymax,
+        yzero=yzero,
         note=note,
     )
 

@@ -195,9 +195,15 @@ class _Scale:
         return self.p0 + (v - self.lo) / (self.hi - self.lo) * (self.p1 - self.p0)
 
 
-def _value_axis(canvas: _Canvas, lo: float, hi: float, vertical: bool, log: bool = False) -> _Scale:
+def _value_axis(
+    canvas: _Canvas, lo: float, hi: float, vertical: bool, log: bool = False, zero: bool = True
+) -> _Scale:
     """Draws the value axis' ticks and grid; returns its scale."""
-    if log:
+    if not zero and not log:
+        pad = (hi - lo) * 0.1 or abs(hi) * 0.1 or 1.0
+        ticks = nice_ticks(lo - pad, hi + pad)
+        lo, hi = ticks[0], ticks[-1]
+    elif log:
         positive = max(lo, 1e-300)
         ticks = _log_ticks(positive, max(hi, positive * 2))
         lo, hi = min(ticks[0], positive), max(ticks[-1], hi)
@@ -310,7 +316,7 @@ def _line(chart: Chart) -> str:
         hi = max(values, default=1.0) or 1.0
         if chart.ymax is not None and chart.ymax < hi:
             hi = chart.ymax
-        sy = _value_axis(c, lo, hi, vertical=True, log=log)
+        sy = _value_axis(c, lo, hi, vertical=True, log=log, zero=chart.yzero)
         ceiling = sy.hi if not log else 10**sy.hi
         c.clip()
         for x0, x1, label in chart.bands:

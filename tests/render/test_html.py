@@ -16,7 +16,7 @@ SECTION_IDS = ["overview", *(t[0] for t in TOPICS), "environment"]
 
 
 def section_ids(html: str) -> list[str]:
-    return re.findall(r'<section id="([^"]+)">', html)
+    return re.findall(r'<section id="([^"]+)"[ >]', html)
 
 
 def test_every_section_in_order_even_without_data() -> None:

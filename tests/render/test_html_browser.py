@@ -227,3 +227,24 @@ def test_tables_sort_charts_answer_hover_and_zoom(browser: Any, tmp_path: Path) 
         assert page.errors == [] and page.outside() == []
     finally:
         page.close()
+
+
+@pytest.mark.parametrize("scenario", ["amp", "underflow"])
+def test_the_demo_reports_are_short(browser: Any, tmp_path: Path, scenario: str) -> None:
+    """The FP16 demos' reports fit 8,000 px at 1,400 px wide: sections fold long tables to
+    their first rows, detail tables and repeated fixes sit one click away."""
+    from ampdiag.demo import run_demo
+
+    out = run_demo(tmp_path / scenario, scenario=scenario, device="cpu")
+    page = open_report(browser, out / "report.html")
+    try:
+        p = page.page
+        p.set_viewport_size({"width": 1400, "height": 1000})
+        height = p.evaluate("document.documentElement.scrollHeight")
+        assert height <= 8000, height
+        assert page.errors == [] and page.outside() == []
+        # nothing was dropped to get there: every section and finding is still in the page
+        for sid in ("overview", "time", "precision", "numerics", "memory", "environment"):
+            assert p.locator(f"section#{sid}").count() == 1
+    finally:
+        page.close()

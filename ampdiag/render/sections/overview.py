@@ -85,6 +85,7 @@ def figures(session: Session) -> dict[str, charts.Chart]:
             "Loss per step",
             marks=skipped,
             bands=bands,
+            yzero=False,
             note="; ".join(notes),
         )
     }

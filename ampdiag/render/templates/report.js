@@ -36,8 +36,36 @@
           return desc ? -r : r;
         });
         rows.forEach(function (row) { body.appendChild(row); });
+        if (table.dataset.condensed === "yes") { condense(table); }
       });
     });
+  }
+
+  // A long table shows its first rows; a button under it shows them all (sorting first
+  // still orders every row, so the rows shown are the top of the chosen order).
+  var SHOWN_ROWS = 5;
+  function condense(table) {
+    var rows = table.tBodies[0].rows;
+    Array.prototype.forEach.call(rows, function (row, i) { row.hidden = i >= SHOWN_ROWS; });
+  }
+  function shorten(table) {
+    if (!table.tBodies.length || table.tBodies[0].rows.length <= SHOWN_ROWS + 1) { return; }
+    var n = table.tBodies[0].rows.length;
+    table.dataset.condensed = "yes";
+    condense(table);
+    var button = document.createElement("button");
+    button.type = "button";
+    button.className = "more";
+    button.textContent = "Show all " + n + " rows";
+    button.addEventListener("click", function () {
+      var open = table.dataset.condensed === "yes";
+      table.dataset.condensed = open ? "no" : "yes";
+      if (open) {
+        Array.prototype.forEach.call(table.tBodies[0].rows, function (r) { r.hidden = false; });
+      } else { condense(table); }
+      button.textContent = open ? "Show the first " + SHOWN_ROWS + " rows" : "Show all " + n + " rows";
+    });
+    table.parentNode.insertBefore(button, table.nextSibling);
   }
 
   // Zoom a line chart on the x axis: the wheel zooms around the pointer, a drag pans,
@@ -117,13 +145,20 @@
   // A section folds away under its heading (click the heading; again to open it).
   document.querySelectorAll("main > section > h2").forEach(function (h) {
     h.classList.add("fold");
+    if (h.parentNode.dataset.fold === "closed") {  // reference material: one click away
+      h.parentNode.classList.add("folded");
+      h.setAttribute("aria-expanded", "false");
+    }
     h.setAttribute("title", "fold or open this section");
     h.addEventListener("click", function () {
       var open = !h.parentNode.classList.toggle("folded");
       h.setAttribute("aria-expanded", open ? "true" : "false");
     });
   });
-  document.querySelectorAll("main table").forEach(function (t) { if (t.tHead) { sortable(t); } });
+  document.querySelectorAll("main table").forEach(function (t) {
+    if (t.tHead) { sortable(t); }
+    shorten(t);
+  });
   document.querySelectorAll("svg.chart-line[data-p0]").forEach(zoomable);
   document.documentElement.dataset.interactive = "yes";
 })();
