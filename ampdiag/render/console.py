@@ -92,14 +92,9 @@ def _finding_lines(f: Finding, width: int) -> list[str]:
 
 def summary(session: Session, report: Path | None = None, top: int = TOP) -> str:
     """A short plain-text summary of a session and its findings."""
-    from ampdiag.render.sections.overview import counts, verdict
+    from ampdiag.render.sections.overview import counts, run_facts, verdict
 
-    env = session.environment
-    lines = [
-        f"ampdiag: {len(session.steps)} steps, status {session.status}, "
-        f"{env.get('device_type', '?')} ({env.get('device_name', '?')}), "
-        f"autocast {env.get('autocast') or 'off'}"
-    ]
+    lines = ["ampdiag: " + ", ".join(run_facts(session))]
     width = _width()
     lines.extend(_wrap(verdict(session), "  verdict: ", INDENT, width))
     share = session.section("profiler").get("breakdown", {}).get("share", {})
