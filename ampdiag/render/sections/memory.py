@@ -48,8 +48,10 @@ def _figures(mem: Mapping[str, Any]) -> dict[str, str]:
                 horizontal=True,
             )
         )
-    cuda_tl = (mem.get("cuda") or {}).get("timeline") or {}
+    cuda = mem.get("cuda") or {}
+    cuda_tl = cuda.get("timeline") or {}
     if len(cuda_tl.get("event", [])) >= 2:
+        peak_at = (cuda.get("peak") or {}).get("event_index")
         figures["cuda-allocator"] = svg.data_uri(
             charts.line(
                 cuda_tl["event"],
@@ -59,7 +61,9 @@ def _figures(mem: Mapping[str, Any]) -> dict[str, str]:
                 },
                 "allocator event",
                 "MiB",
-                "CUDA allocator (recorded history)",
+                "CUDA allocator: allocated vs reserved (the peak marked)",
+                # the timeline's points are "after event i - 1": the peak is point index + 1
+                marks=[int(peak_at) + 1] if isinstance(peak_at, int) else (),
             )
         )
     return figures

@@ -70,7 +70,8 @@ def run_facts(session: Session) -> list[str]:
     if env.get("device_type") == "cuda" and env.get("device_name"):
         out.append(describe(env))  # "NVIDIA H800 (sm_90)"
     else:
-        out.append(f"{env.get('device_type', '?')} ({env.get('device_name', '?')})")
+        name = env.get("device_name")
+        out.append(f"{env.get('device_type', '?')}" + (f" ({name})" if name else ""))
     kernels = env.get("kernel_precisions")
     if isinstance(kernels, dict):
         shown = ", ".join(f"{k} {humanize.percent(v)}" for k, v in list(kernels.items())[:4])
