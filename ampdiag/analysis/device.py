@@ -67,10 +67,3 @@ def runs_tf32(environment: Mapping[str, Any]) -> bool | None:
 def runs_fp8(environment: Mapping[str, Any]) -> bool | None:
     """Whether the GPU has FP8 tensor cores (compute capability >= 8.9)."""
     return _at_least(environment, FP8)
-
-
-def describe(environment: Mapping[str, Any]) -> str:
-    """The GPU as a report names it: ``"Quadro GP100 (sm_60)"``, or its name alone."""
-    name = str(environment.get("device_name") or "the GPU")
-    cap = capability(environment)
-    return f"{name} (sm_{cap[0]}{cap[1]})" if cap else name

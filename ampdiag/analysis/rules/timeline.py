@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from ampdiag import units
 from ampdiag.analysis import device as D
 from ampdiag.analysis.registry import rule
 from ampdiag.analysis.rules.distributed import straggler
@@ -120,7 +121,7 @@ def fp32_kernels_dominant(session: Session) -> Iterator[Finding]:
     top = [k["short_name"] for k in p.get("fp32_matmul_kernels", [])[:5]]
     env = session.environment
     tensor_cores = D.has_tensor_cores(env)
-    gpu = D.describe(env)
+    gpu = units.gpu(env)
     if tensor_cores is False:
         why = (
             f"{gpu} has no tensor cores: FP16 autocast halves the memory traffic (and runs FP16 "
@@ -159,7 +160,7 @@ def _mixed_precision_fix(env: dict[str, Any] | Any) -> str:
     if D.runs_bf16(env) is False:
         return (
             "Run the forward pass under FP16 autocast with a GradScaler, the mixed precision "
-            f"{D.describe(env)} runs:\n"
+            f"{units.gpu(env)} runs:\n"
             "scaler = torch.amp.GradScaler('cuda')\n"
             "with torch.autocast('cuda', dtype=torch.float16):\n"
             "    loss = loss_fn(model(x), y)\n"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import statistics
 
 from ampdiag import units as humanize
-from ampdiag.analysis.device import describe
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import SEVERITIES, Finding, Session
@@ -68,7 +67,7 @@ def run_facts(session: Session) -> list[str]:
         out.append(f"{n} step{'s' if n != 1 else ''}")
     out.append(f"status {session.status}")
     if env.get("device_type") == "cuda" and env.get("device_name"):
-        out.append(describe(env))  # "NVIDIA H800 (sm_90)"
+        out.append(humanize.gpu(env))  # "NVIDIA H800 (sm_90)"
     else:
         name = env.get("device_name")
         out.append(f"{env.get('device_type', '?')}" + (f" ({name})" if name else ""))
