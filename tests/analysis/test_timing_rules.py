@@ -88,3 +88,9 @@ def test_a_share_that_straddles_the_threshold_is_uncertain() -> None:
     assert dl.evidence["data_share_low"] < 0.1 < dl.evidence["data_share_high"]
     (single,) = data_findings([0.5])
     assert single.severity == "info" and "single" in single.evidence["uncertain"]
+
+
+def test_a_step_with_no_data_loading_says_nothing_about_it() -> None:
+    # the DeepSeek-V3 trace's one ProfilerStep has no DataLoader span: "may take 0%" is no claim
+    assert data_findings([0.0]) == []
+    assert data_findings([0.0, 0.0, 0.0]) == []

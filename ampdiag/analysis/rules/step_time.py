@@ -69,7 +69,8 @@ def dataloader_bound(session: Session) -> Iterator[Finding]:
     interval median ± spread of the per-step shares (`ampdiag.timing`), so a single stalled
     step neither fires the finding nor raises its severity (the severity is that of the
     interval's lower end). An interval that straddles 10% (or a single step) is reported as
-    uncertain (info, with the interval) instead of flipping between runs.
+    uncertain (info, with the interval) instead of flipping between runs. Steps with no
+    data-loading span at all (a share of 0) say nothing about data loading: no finding.
     """
     waits = [data_wait(session.section("profiler").get("breakdown", {}))]
     for r in session.section("timeline").get("ranks", []):
@@ -84,6 +85,8 @@ def dataloader_bound(session: Session) -> Iterator[Finding]:
     if side == "below":
         return
     data = est.median
+    if est.high <= 0.0:
+        return  # no data-loading span in any step (a trace of a model fed otherwise): no claim
     evidence: dict[str, Any] = {
         "data_share": round(data, 4),
         "data_share_spread": round(est.spread, 4),
