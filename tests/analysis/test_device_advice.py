@@ -17,6 +17,7 @@ import pytest
 from ampdiag.analysis import analyze
 from ampdiag.analysis import device as D
 from ampdiag.render.console import summary
+from ampdiag.render.html import render_html
 from ampdiag.sources.traces import session_from_traces
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
@@ -69,7 +70,8 @@ def test_pre_ampere_trace_gets_no_bf16_or_tf32_advice() -> None:
     fp32 = next(f for f in session.findings if f.id == "fp32-kernels-dominant")
     assert "Quadro GP100 (sm_60)" in fp32.title and "no tensor cores" in fp32.title
     assert "float16" in str(fp32.fix) and "GradScaler" in str(fp32.fix)
-    assert "Quadro GP100" in summary(session)  # the report names the GPU
+    assert "Quadro GP100 (sm_60)" in summary(session)  # the report names the GPU
+    assert "Quadro GP100 (sm_60)" in render_html(session)
 
 
 def test_ampere_trace_keeps_its_tf32_advice() -> None:

@@ -258,3 +258,21 @@ def test_deepseek_nothing_of_it_is_in_the_hta_manifest() -> None:
     # the shared (NCCL) traces, so they stay as they were.
     assert "deepseek" not in (FIXTURES / "MANIFEST.tsv").read_text()
     assert Path(DEEPSEEK).is_file()
+
+
+def test_nccl_traces_keep_htas_kernel_types() -> None:
+    """Every kernel name of the committed NCCL (and other shared) traces: HTA's type, unchanged."""
+    get_kernel_type = pytest.importorskip("hta.utils.utils").get_kernel_type  # the oracle
+    names: set[str] = set()
+    for path in FIXTURES.glob("*/**/*.json.gz"):
+        if "deepseek" in str(path):
+            continue
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        events = doc.get("traceEvents", []) if isinstance(doc, dict) else []
+        names |= {
+            str(e["name"])
+            for e in events
+            if isinstance(e, dict) and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+        }
+    assert len(names) > 250 and any(n.startswith("nccl") for n in names)
+    assert [n for n in names if kernel_type(n) != get_kernel_type(n)] == []
