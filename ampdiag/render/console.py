@@ -102,6 +102,14 @@ def summary(session: Session, report: Path | None = None, top: int = TOP) -> str
         lines.append(
             "  step time: " + ", ".join(f"{k} {humanize.percent(v)}" for k, v in share.items())
         )
+    cuda_peak = (session.section("memory").get("cuda") or {}).get("peak") or {}
+    if cuda_peak.get("allocated_bytes"):
+        sites = cuda_peak.get("top_sites") or []
+        lines.append(
+            f"  CUDA allocator peak: {humanize.nbytes(cuda_peak['allocated_bytes'])} allocated, "
+            f"{humanize.nbytes(cuda_peak.get('reserved_bytes'))} reserved"
+            + (f"; largest site {sites[0].get('site')}" if sites and sites[0].get("site") else "")
+        )
     probe = session.section("speed_probe")
     if isinstance(probe.get("fp32_ms"), (int, float)):
         lines.append(
