@@ -50,6 +50,8 @@ class Environment(TypedDict, total=False):
     autocast: str | None
     autocast_seen: dict[str, int]
     framework_precision: dict[str, str]  # what a framework asked for, e.g. {"accelerate": "fp16"}
+    profiled_steps: dict[str, Any]  # a trace's ProfilerSteps: count, median/min/max_us
+    kernel_precisions: dict[str, float]  # a trace's computation-kernel time share by precision
 
 
 class Step(TypedDict, total=False):
@@ -138,6 +140,7 @@ class MemorySection(TypedDict, total=False):
     cuda: dict[str, Any]
     capacity_bytes: int | None
     capacity_source: str
+    snapshot_file: str  # the CUDA snapshot a snapshot session was read from
 
 
 class AccumulationSection(TypedDict, total=False):

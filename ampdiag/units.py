@@ -186,3 +186,15 @@ def by_key(key: str, value: Any) -> str:
     if k.endswith(("fraction", "share")):
         return percent(value)
     return scalar(value)
+
+
+def gpu(environment: Mapping[str, Any]) -> str:
+    """A session's GPU as findings and headers name it: ``"Quadro GP100 (sm_60)"``.
+
+    The architecture from ``device_capability`` ("6.0" -> sm_60), where recorded.
+    """
+    name = str(environment.get("device_name") or "the GPU")
+    major, dot, minor = str(environment.get("device_capability") or "").partition(".")
+    if dot and major.isdigit() and minor.isdigit():
+        return f"{name} (sm_{int(major)}{int(minor)})"
+    return name

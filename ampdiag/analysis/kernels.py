@@ -1,7 +1,10 @@
 """What GPU kernel names say: HTA's kernel types, and the precision the kernel computed in.
 
-Kernel types follow HTA 0.5 (``hta.utils.utils.get_kernel_type``) exactly, so the timeline's
-compute / non-compute split is HTA's:
+Kernel types follow HTA 0.5 (``hta.utils.utils.get_kernel_type``), so the timeline's compute /
+non-compute split is HTA's, with one deliberate difference: the communication families of the
+kernel taxonomy (`ampdiag.analysis.kernel_families`: DeepEP, NVSHMEM, other all-to-all, custom
+all-reduce, Transformer Engine userbuffers) are COMMUNICATION too, where HTA calls them
+computation. On NCCL-only traces the two agree exactly.
 
 - COMMUNICATION: the name matches ``^nccl.*Kernel``;
 - MEMORY: ``^Memcpy``, ``^Memset`` or ``^dma``;
@@ -21,6 +24,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from ampdiag.analysis.kernel_families import family
+
 COMPUTATION, COMMUNICATION, MEMORY, OTHER = "COMPUTATION", "COMMUNICATION", "MEMORY", "OTHER"
 KERNEL_TYPES = (COMPUTATION, COMMUNICATION, MEMORY)
 
@@ -39,15 +44,15 @@ _PRECISION_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("fp32", re.compile(r"sgemm|cgemm|scudnn|sgemv|float|f32|fp32")),
 )
 _MATMUL = re.compile(r"gemm|gemv|conv|scudnn|hcudnn|winograd|fprop|dgrad|wgrad|xmma|fft")
-_TENSOR_CORE = re.compile(
-    r"h884|h1688|h16816|s1688|s16816|i8816|161616|tensorop|xmma|hmma|wmma|imma|_mma|gmma"
-)
 
 
 @lru_cache(maxsize=65536)
 def kernel_type(name: str) -> str:
     """HTA's kernel type of a GPU activity name (COMPUTATION, COMMUNICATION, MEMORY, OTHER)."""
     if _NCCL.match(name):
+        return COMMUNICATION
+    fam = family(name)
+    if fam is not None and fam.kind == COMMUNICATION:
         return COMMUNICATION
     if _MEMORY.match(name):
         return MEMORY
@@ -64,8 +69,8 @@ def precision(name: str) -> tuple[str, bool, bool]:
         name: A computation kernel's name.
 
     Returns:
-        precision in PRECISIONS; tensor cores only where the name names a tensor-core
-        instruction shape or library path; GEMM/conv for matrix-multiply-like kernels.
+        precision in PRECISIONS; tensor cores only where the name belongs to a tensor-core
+        family of the kernel taxonomy; GEMM/conv for matrix-multiply-like kernels.
     """
     low = name.lower()
     prec = "unknown"
@@ -73,8 +78,10 @@ def precision(name: str) -> tuple[str, bool, bool]:
         if pattern.search(low):
             prec = label
             break
-    matmul = bool(_MATMUL.search(low))
-    tensor_core = bool(_TENSOR_CORE.search(low))
+    fam = family(name)
+    tensor_core = fam is not None and fam.kind == COMPUTATION and fam.tensor_core
+    # a family's word is final: a GEMM library's transpose is no GEMM
+    matmul = fam.matmul if fam is not None else bool(_MATMUL.search(low))
     return prec, tensor_core, matmul
 
 

@@ -195,17 +195,26 @@ def whatif(section: Mapping[str, Any]) -> dict[str, Any]:
     peak = section.get("peak") or {}
     by_cat = peak.get("by_category") or {}
     act_peak = int(by_cat.get("activations", 0))
-    rows.append(
-        {
-            "scenario": "Model state: parameters + gradients + optimizer state",
-            "bytes": ms,
-            "basis": (
-                f"params {units.nbytes(state.get('parameters', 0))}, "
-                f"grads {units.nbytes(state.get('gradients', 0))}, "
-                f"optimizer {units.nbytes(state.get('optimizer_state', 0))} (live tensors)"
-            ),
-        }
-    )
+    if state:
+        rows.append(
+            {
+                "scenario": "Model state: parameters + gradients + optimizer state",
+                "bytes": ms,
+                "basis": (
+                    f"params {units.nbytes(state.get('parameters', 0))}, "
+                    f"grads {units.nbytes(state.get('gradients', 0))}, "
+                    f"optimizer {units.nbytes(state.get('optimizer_state', 0))} (live tensors)"
+                ),
+            }
+        )
+    else:  # a CUDA snapshot: blocks and stacks, no tensor known as a parameter or a gradient
+        rows.append(
+            {
+                "scenario": "Model state: parameters + gradients + optimizer state",
+                "bytes": None,
+                "basis": "not measured: this source does not say which tensors are model state",
+            }
+        )
     if peak.get("bytes"):
         rows.append(
             {
@@ -227,7 +236,10 @@ def whatif(section: Mapping[str, Any]) -> dict[str, Any]:
             }
         )
     fit = activation_fit(section)
-    out: dict[str, Any] = {"model_state_bytes": ms, "activation_bytes_at_peak": act_peak}
+    out: dict[str, Any] = {
+        "model_state_bytes": ms if state else None,
+        "activation_bytes_at_peak": act_peak,
+    }
     cap, cap_source = capacity(section)
     out["capacity_bytes"], out["capacity_source"] = cap, cap_source
     if fit is not None:

@@ -559,3 +559,30 @@ def summarize_ranks(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("idle", "compute", "non_compute"):
         out[f"{key}_share_mean"] = sum(r[f"{key}_share"] for r in gpu) / len(gpu)
     return out
+
+
+def header_facts(rank: dict[str, Any]) -> dict[str, Any]:
+    """What a trace's header states: its profiled steps and the precisions its kernels ran in.
+
+    A trace has no per-step records of a live run (``session.steps``) and no autocast setting
+    of its own, so its header reads these instead: the ``ProfilerStep`` count with the median,
+    shortest and longest step (host time), and each precision's share of the computation-kernel
+    time, largest first ("unknown" and zero shares left out).
+    """
+    rows = rank.get("host", {}).get("steps") or []
+    times = sorted(float(r["total_us"]) for r in rows)
+    steps: dict[str, Any] = {"count": len(times)}
+    if times:
+        n = len(times)
+        steps.update(
+            median_us=(times[(n - 1) // 2] + times[n // 2]) / 2,
+            min_us=times[0],
+            max_us=times[-1],
+        )
+    shares = rank.get("precision", {}).get("by_precision_share", {})
+    kernels = {
+        k: float(v)
+        for k, v in sorted(shares.items(), key=lambda kv: -float(kv[1]))
+        if k != "unknown" and float(v) > 0
+    }
+    return {"profiled_steps": steps, "kernel_precisions": kernels}

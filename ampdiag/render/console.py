@@ -92,20 +92,23 @@ def _finding_lines(f: Finding, width: int) -> list[str]:
 
 def summary(session: Session, report: Path | None = None, top: int = TOP) -> str:
     """A short plain-text summary of a session and its findings."""
-    from ampdiag.render.sections.overview import counts, verdict
+    from ampdiag.render.sections.overview import counts, run_facts, verdict
 
-    env = session.environment
-    lines = [
-        f"ampdiag: {len(session.steps)} steps, status {session.status}, "
-        f"{env.get('device_type', '?')} ({env.get('device_name', '?')}), "
-        f"autocast {env.get('autocast') or 'off'}"
-    ]
+    lines = ["ampdiag: " + ", ".join(run_facts(session))]
     width = _width()
     lines.extend(_wrap(verdict(session), "  verdict: ", INDENT, width))
     share = session.section("profiler").get("breakdown", {}).get("share", {})
     if share:
         lines.append(
             "  step time: " + ", ".join(f"{k} {humanize.percent(v)}" for k, v in share.items())
+        )
+    cuda_peak = (session.section("memory").get("cuda") or {}).get("peak") or {}
+    if cuda_peak.get("allocated_bytes"):
+        sites = cuda_peak.get("top_sites") or []
+        lines.append(
+            f"  CUDA allocator peak: {humanize.nbytes(cuda_peak['allocated_bytes'])} allocated, "
+            f"{humanize.nbytes(cuda_peak.get('reserved_bytes'))} reserved"
+            + (f"; largest site {sites[0].get('site')}" if sites and sites[0].get("site") else "")
         )
     probe = session.section("speed_probe")
     if isinstance(probe.get("fp32_ms"), (int, float)):

@@ -67,8 +67,10 @@ def arrange(session: Session, built: list[ReportSection]) -> list[ReportSection]
     """Adds the missing topic sections and puts them in report order."""
     sections = list(built)
     have = {s.id for s in sections}
+    # a CUDA snapshot has memory and nothing else: no empty live-run sections beside it
+    snapshot = bool(session.section("memory").get("snapshot_file")) and not session.steps
     for topic, title, needs in TOPICS:
-        if topic not in have:
+        if topic not in have and not snapshot:
             sections.append(_placeholder(topic, title, needs, session))
 
     def key(item: tuple[int, ReportSection]) -> tuple[int, int]:

@@ -13,6 +13,7 @@ at that moment, and what was live at each OOM. It stays small: it goes into sess
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ MAX_TEXT = 500
 _INT_LIMIT = 2**63
 FRAMES_PER_SITE = 6
 MAX_POINTS = 400
-_INTERNAL = ("/torch/", "\\torch\\", "<frozen", "/site-packages/", "??")
+_INTERNAL = ("/torch/", "<frozen", "/site-packages/", "/dist-packages/", "/lib/python3", "??")
+"""Path parts of Python frames that are not the user's (``\\`` read as ``/``)."""
 
 
 def check_snapshot(snap: Any) -> dict[str, Any]:
@@ -76,33 +78,93 @@ def _frame_text(frame: Any) -> str:
 
 
 def site_of(frames: Any) -> tuple[str, ...]:
-    """The allocation site: the innermost user frames (torch internals dropped)."""
+    """The allocation site: the user's Python frames, innermost first (``file:line function``).
+
+    Torch, c10, the allocator, the standard library and site-packages are skipped, and so are
+    C++ frames (a snapshot recorded with ``stacks="all"`` starts every stack with the
+    allocator's own: ``gather_with_cpp``, ``DeviceCachingAllocator::malloc``). An allocation with
+    no Python frame of the user's (the autograd engine's thread, say) is named by its autograd
+    node or op instead.
+    """
     if not isinstance(frames, list):
         return ("<no stack recorded>",)
-    user = [f for f in frames if isinstance(f, dict) and not _is_internal(f)]
-    chosen = user or [f for f in frames if isinstance(f, dict)]
-    if not chosen:
+    dicts = [f for f in frames if isinstance(f, dict)]
+    user = [f for f in dicts if _is_user(f)]
+    if user:
+        return tuple(_frame_text(f) for f in user[:FRAMES_PER_SITE])
+    if not dicts:
         return ("<no stack recorded>",)
-    return tuple(_frame_text(f) for f in chosen[:FRAMES_PER_SITE])
+    node = _autograd_node(dicts)
+    if node:
+        return (f"<backward: {node}>",)
+    python = [f for f in dicts if _is_python(f)]
+    if python:  # only library frames: the outermost is where the library was called
+        return tuple(_frame_text(f) for f in python[-FRAMES_PER_SITE:])
+    return ("<no Python frame recorded>",)
+
+
+_OP = re.compile(r"^at::_ops::(\w+)::call\b")
+_NODE = re.compile(r"^torch::autograd::generated::(\w+)::apply\b")
+
+
+def op_of(frames: Any) -> str | None:
+    """The op that allocated, as the stack names it; None when it names none.
+
+    The outermost ``at::_ops::<op>::call`` (the op the caller called, not the
+    ``empty_strided`` it made its output with), else the innermost torch Python function.
+    """
+    if not isinstance(frames, list):
+        return None
+    dicts = [f for f in frames if isinstance(f, dict)]
+    ops = [m.group(1) for f in dicts if (m := _OP.match(_text(f.get("name", ""))))]
+    if ops:
+        return f"aten::{ops[-1]}"
+    for f in dicts:
+        if _is_python(f) and not _is_user(f):
+            return _text(f.get("name", "?"))
+    return None
+
+
+def _autograd_node(frames: list[dict[str, Any]]) -> str | None:
+    for f in frames:
+        m = _NODE.match(_text(f.get("name", "")))
+        if m:
+            return m.group(1)
+    return None
+
+
+def _is_python(frame: Mapping[str, Any]) -> bool:
+    return _text(frame.get("filename", "")).endswith(".py")
+
+
+def _is_user(frame: Mapping[str, Any]) -> bool:
+    """A Python frame of the user's code (not torch, a library or the standard library)."""
+    return _is_python(frame) and not _is_internal(frame)
 
 
 def _is_internal(frame: Mapping[str, Any]) -> bool:
-    name = _text(frame.get("filename", ""))
+    name = _text(frame.get("filename", "")).replace("\\", "/")
     return any(s in name for s in _INTERNAL) and "ampdiag" not in name
 
 
 def _group(live: Mapping[int, tuple[int, Any]], known: Mapping[int, str]) -> dict[str, Any]:
-    sites: dict[tuple[str, ...], list[int]] = {}
+    """What is live, grouped by the first frame in user code and the op (``top_sites``)."""
+    sites: dict[tuple[str, str | None], list[Any]] = {}
     cats: dict[str, int] = {}
     for addr, (size, frames) in live.items():
-        s = sites.setdefault(site_of(frames), [0, 0])
+        where = site_of(frames)
+        key = (where[0], op_of(frames))
+        s = sites.setdefault(key, [0, 0, where])
         s[0] += size
         s[1] += 1
         cat = known.get(addr, "other")
         cats[cat] = cats.get(cat, 0) + size
     top = sorted(sites.items(), key=lambda kv: -kv[1][0])[:TOP_SITES]
     return {
-        "top_sites": [{"bytes": b, "count": n, "frames": list(site)} for site, (b, n) in top],
+        "top_sites": [
+            {"bytes": b, "count": n, "site": site, "op": op, "frames": list(where)}
+            for (site, op), (b, n, where) in top
+        ],
         "by_category": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
     }
 

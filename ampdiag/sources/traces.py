@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from ampdiag._layout import MEMORY_DIR, SESSION_FILE, TENSORBOARD_DIR
 from ampdiag._version import __version__
 from ampdiag.analysis.communication import across_ranks, rank_communication
-from ampdiag.analysis.timeline import analyze_rank, summarize_ranks
+from ampdiag.analysis.device import parse_capability, runs_bf16
+from ampdiag.analysis.timeline import analyze_rank, header_facts, summarize_ranks
 from ampdiag.errors import InputError
 from ampdiag.session import Session
 from ampdiag.trace.reader import read_traces
@@ -109,6 +110,7 @@ def session_from_traces(path: Path, hta: bool = False, files: list[Path] | None 
                 raise InputError(f"no Kineto traces in {str(path)!r} (only other JSON files)")
     ranks = []
     devices: list[str] = []
+    capabilities: list[str] = []
     world: int | None = None
     seen: dict[int, Path] = {}
     # the [memory] allocator events are the memory timeline's, which a report does not draw
@@ -123,6 +125,7 @@ def session_from_traces(path: Path, hta: bool = False, files: list[Path] | None 
             rt.rank, rt.rank_source = index, "position"
         seen[rt.rank] = file
         devices = devices or rt.devices
+        capabilities = capabilities or rt.capabilities
         world = world or rt.world_size
         rank = analyze_rank(rt)
         rank["collectives"] = rank_communication(rt)
@@ -161,6 +164,13 @@ def session_from_traces(path: Path, hta: bool = False, files: list[Path] | None 
         "world_size": world or len(ranks),
         "ranks_in_trace": len(ranks),
     }
+    facts = header_facts(first)
+    env["profiled_steps"] = facts["profiled_steps"]
+    env["kernel_precisions"] = facts["kernel_precisions"]
+    if capabilities and parse_capability(capabilities[0]):
+        # what advice may say on this GPU (analysis/device.py): no BF16/TF32 below 8.0
+        env["device_capability"] = capabilities[0]
+        env["bf16_supported"] = bool(runs_bf16(env))
     sections: dict[str, Any] = {"timeline": timeline}
     if first["host"].get("steps"):
         # the host step breakdown, where the trace has ProfilerStep spans (the time section)

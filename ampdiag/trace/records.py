@@ -47,6 +47,7 @@ class RankTrace:
         rank_source: Where the rank came from: "distributedInfo", "file name" or "position".
         world_size: ``distributedInfo.world_size`` where present.
         devices: Names of the GPUs in ``deviceProperties`` (empty for CPU-only traces).
+        capabilities: Their compute capabilities, "major.minor" ("" where not recorded).
         steps: ``(N, start_us, end_us, pid)`` for each ``ProfilerStep#N``, sorted by start.
         cpu_ops: CPU op name -> [calls, inclusive_us].
         memory: The ``[memory]`` allocator events (see ``MemoryEvent``), in file order.
@@ -63,6 +64,7 @@ class RankTrace:
         self.rank_source = "position"
         self.world_size: int | None = None
         self.devices: list[str] = []
+        self.capabilities: list[str] = []
         self.steps: list[tuple[int, float, float, Any]] = []
         self.cpu_ops: dict[str, list[float]] = {}
         self.memory: list[MemoryEvent] = []
@@ -123,3 +125,13 @@ def apply_meta(out: RankTrace, index: int) -> None:
     props = out.meta.get("deviceProperties")
     if isinstance(props, list):
         out.devices = [str(d.get("name", "?")) for d in props if isinstance(d, dict)]
+        out.capabilities = [_capability(d) for d in props if isinstance(d, dict)]
+
+
+def _capability(props: dict[str, Any]) -> str:
+    """``computeMajor.computeMinor`` of one ``deviceProperties`` entry, "" if not integers."""
+    major, minor = props.get("computeMajor"), props.get("computeMinor")
+    ok = all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 100 for v in (major, minor)
+    )
+    return f"{major}.{minor}" if ok else ""

@@ -73,7 +73,8 @@ def dataloader_bound(session: Session) -> Iterator[Finding]:
     step neither fires the finding nor raises its severity (the severity is that of the
     interval's lower end). An interval that straddles 10% (or a single step of at least 5%) is
     reported as uncertain (info, with the interval) instead of flipping between runs; a single
-    step below 5% is no finding (it would tell the user nothing).
+    step below 5% is no finding (it would tell the user nothing), and neither are steps with no
+    data-loading span at all (a share of 0).
     """
     waits = [data_wait(session.section("profiler").get("breakdown", {}))]
     for r in session.section("timeline").get("ranks", []):
@@ -90,6 +91,8 @@ def dataloader_bound(session: Session) -> Iterator[Finding]:
     if est.samples < timing.MIN_SAMPLES and est.median < THRESHOLDS["dataloader_share_single_min"]:
         return
     data = est.median
+    if est.high <= 0.0:
+        return  # no data-loading span in any step (a trace of a model fed otherwise): no claim
     evidence: dict[str, Any] = {
         "data_share": round(data, 4),
         "data_share_spread": round(est.spread, 4),

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from ampdiag import units
+from ampdiag.analysis import device as D
 from ampdiag.analysis.registry import rule
 from ampdiag.analysis.rules.distributed import straggler
 from ampdiag.session import Finding, Session, Severity
@@ -100,7 +102,9 @@ def gpu_idle(session: Session) -> Iterator[Finding]:
 def fp32_kernels_dominant(session: Session) -> Iterator[Finding]:
     """GEMM/conv time is >= 50% FP32 without tensor cores (medium; >= 80% high).
 
-    Only counted when GEMM/conv kernels take >= 10% of the computation-kernel time.
+    Only counted when GEMM/conv kernels take >= 10% of the computation-kernel time. The fix
+    follows the GPU's compute capability (`ampdiag.analysis.device`): BF16 and TF32 only from
+    8.0, FP16 tensor cores from 7.0; below, no tensor cores to move the GEMMs to.
     """
     ranks = [r for r in _ranks(session) if r.get("precision")]
     if not ranks:
@@ -115,12 +119,22 @@ def fp32_kernels_dominant(session: Session) -> Iterator[Finding]:
         return
     severity: Severity = "high" if share >= THRESHOLDS["fp32_matmul_share_high"] else "medium"
     top = [k["short_name"] for k in p.get("fp32_matmul_kernels", [])[:5]]
+    env = session.environment
+    tensor_cores = D.has_tensor_cores(env)
+    gpu = units.gpu(env)
+    if tensor_cores is False:
+        why = (
+            f"{gpu} has no tensor cores: FP16 autocast halves the memory traffic (and runs FP16 "
+            "at twice the FP32 rate on sm_60 / sm_62), a newer GPU runs these on tensor cores."
+        )
+    else:
+        why = "mixed precision would run these on tensor cores."
     yield Finding(
         id="fp32-kernels-dominant",
         severity=severity,
         title=(
             f"{share:.0%} of GEMM/convolution time runs in FP32 without tensor cores "
-            f"(rank {r['rank']}): mixed precision would run these on tensor cores."
+            f"(rank {r['rank']}): {why}"
         ),
         evidence={
             "rank": r["rank"],
@@ -132,18 +146,38 @@ def fp32_kernels_dominant(session: Session) -> Iterator[Finding]:
             "low_precision_share": round(float(p["low_precision_share"]), 4),
             "top_fp32_kernels": top,
             "threshold": THRESHOLDS["fp32_matmul_share_medium"],
+            "device": gpu,
+            "device_capability": env.get("device_capability"),
         },
-        fix=(
-            "Run the forward pass under autocast (bf16 where supported, else fp16 + GradScaler):\n"
-            "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
-            "    loss = loss_fn(model(x), y)\n"
-            "loss.backward()\n"
-            "# At least allow TF32 tensor cores for FP32 matmuls and convolutions:\n"
-            "torch.backends.cuda.matmul.allow_tf32 = True\n"
-            "torch.backends.cudnn.allow_tf32 = True"
-        ),
+        fix=_mixed_precision_fix(env),
         section="timeline",
         impact=share * float(p["matmul_share"]),
+    )
+
+
+def _mixed_precision_fix(env: dict[str, Any] | Any) -> str:
+    """Autocast as this GPU runs it: BF16 and TF32 from 8.0, else FP16 with a GradScaler."""
+    if D.runs_bf16(env) is False:
+        return (
+            "Run the forward pass under FP16 autocast with a GradScaler, the mixed precision "
+            f"{units.gpu(env)} runs:\n"
+            "scaler = torch.amp.GradScaler('cuda')\n"
+            "with torch.autocast('cuda', dtype=torch.float16):\n"
+            "    loss = loss_fn(model(x), y)\n"
+            "scaler.scale(loss).backward()\n"
+            "scaler.step(optimizer)\n"
+            "scaler.update()"
+        )
+    unknown = D.runs_bf16(env) is None
+    return (
+        "Run the forward pass under autocast "
+        + ("(bf16 where supported, else fp16 + GradScaler):\n" if unknown else "in BF16:\n")
+        + "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+        "    loss = loss_fn(model(x), y)\n"
+        "loss.backward()\n"
+        "# At least allow TF32 tensor cores for FP32 matmuls and convolutions:\n"
+        "torch.backends.cuda.matmul.allow_tf32 = True\n"
+        "torch.backends.cudnn.allow_tf32 = True"
     )
 
 
@@ -241,7 +275,9 @@ def comm_not_overlapped(session: Session) -> Iterator[Finding]:
             "with model.no_sync():\n"
             "    loss.backward()\n"
             "# compress what is sent:\n"
-            "model.register_comm_hook(None, default_hooks.bf16_compress_hook)"
+            "model.register_comm_hook(None, default_hooks."
+            + ("fp16" if D.runs_bf16(session.environment) is False else "bf16")
+            + "_compress_hook)"
         ),
         section="timeline",
         impact=exposed,

@@ -50,8 +50,10 @@ def _figures(mem: Mapping[str, Any]) -> dict[str, Markup]:
                 horizontal=True,
             )
         )
-    cuda_tl = (mem.get("cuda") or {}).get("timeline") or {}
+    cuda = mem.get("cuda") or {}
+    cuda_tl = cuda.get("timeline") or {}
     if len(cuda_tl.get("event", [])) >= 2:
+        peak_at = (cuda.get("peak") or {}).get("event_index")
         figures["cuda-allocator"] = svg.inline(
             charts.line(
                 cuda_tl["event"],
@@ -61,7 +63,9 @@ def _figures(mem: Mapping[str, Any]) -> dict[str, Markup]:
                 },
                 "allocator event",
                 "MiB",
-                "CUDA allocator (recorded history)",
+                "CUDA allocator: allocated vs reserved (the peak marked)",
+                # the timeline's points are "after event i - 1": the peak is point index + 1
+                marks=[int(peak_at) + 1] if isinstance(peak_at, int) else (),
             )
         )
     return figures

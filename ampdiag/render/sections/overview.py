@@ -10,6 +10,7 @@ import statistics
 from typing import Any
 
 from ampdiag.render import charts, svg
+from ampdiag import units as humanize
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import SEVERITIES, Finding, Session
@@ -37,6 +38,53 @@ def verdict(session: Session) -> str:
     tail = f" {more} more finding{'s' if more != 1 else ''} below." if more else ""
     title = top.title.rstrip(".")
     return f"{head}{title}{because}.{tail}"
+
+
+def run_facts(session: Session) -> list[str]:
+    """The header's facts, one phrase each: steps, device, precision (every surface's header).
+
+    A live run states its recorded steps and its autocast; a trace its ``ProfilerStep`` count
+    and their times, and the precisions its kernels ran in (``environment.profiled_steps`` and
+    ``kernel_precisions``, from `ampdiag.analysis.timeline.header_facts`); a snapshot only its
+    device.
+    """
+    env = session.environment
+    profiled = env.get("profiled_steps")
+    out: list[str] = []
+    if isinstance(profiled, dict) and not session.steps:
+        n = int(profiled.get("count") or 0)
+        text = f"{n} profiled step{'s' if n != 1 else ''}"
+        if n == 1:
+            text += f" ({humanize.micros(profiled.get('median_us'))})"
+        elif n > 1:
+            text += (
+                f" (median {humanize.micros(profiled.get('median_us'))}, shortest "
+                f"{humanize.micros(profiled.get('min_us'))}, longest "
+                f"{humanize.micros(profiled.get('max_us'))})"
+            )
+        out.append(text)
+    elif env.get("source") == "trace" or (_snapshot(session) and not session.steps):
+        pass  # a snapshot, or a trace without the facts: no step count to state
+    else:
+        n = len(session.steps)
+        out.append(f"{n} step{'s' if n != 1 else ''}")
+    out.append(f"status {session.status}")
+    if env.get("device_type") == "cuda" and env.get("device_name"):
+        out.append(humanize.gpu(env))  # "NVIDIA H800 (sm_90)"
+    else:
+        name = env.get("device_name")
+        out.append(f"{env.get('device_type', '?')}" + (f" ({name})" if name else ""))
+    kernels = env.get("kernel_precisions")
+    if isinstance(kernels, dict):
+        shown = ", ".join(f"{k} {humanize.percent(v)}" for k, v in list(kernels.items())[:4])
+        out.append(f"kernels in {shown}" if shown else "no computation kernels")
+    elif env.get("source") != "trace" and not _snapshot(session):
+        out.append(f"autocast {env.get('autocast') or 'off'}")
+    return out
+
+
+def _snapshot(session: Session) -> bool:
+    return bool(session.section("memory").get("snapshot_file"))
 
 
 def counts(session: Session) -> str:
@@ -104,6 +152,7 @@ def build(session: Session) -> ReportSection:
         median_ms=statistics.median(values) if values else None,
         counts=counts(session),
         figures=uris,
+        facts=run_facts(session),
     )
     return ReportSection(
         id="overview", title="Overview", html=html, summary=text, figures=list(uris)

@@ -1,0 +1,69 @@
+"""What the run's GPU can do, from its CUDA compute capability: the predicates advice rests on.
+
+The capability comes from the session's environment (``device_capability``, "major.minor"): a
+live run reads it from torch, a trace from its ``deviceProperties`` (``computeMajor`` /
+``computeMinor``). Each predicate answers True, False, or None where the session does not say
+(a CPU run, a trace without ``deviceProperties``), so advice can tell "not on this GPU" from
+"unknown":
+
+- tensor cores (FP16): Volta, 7.0 and later;
+- BF16 and TF32 tensor cores: Ampere, 8.0 and later;
+- FP8 tensor cores: Ada and Hopper, 8.9 and later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+TENSOR_CORES = (7, 0)
+BF16 = (8, 0)
+TF32 = (8, 0)
+FP8 = (8, 9)
+
+
+def parse_capability(value: Any) -> tuple[int, int] | None:
+    """``"8.6"`` (or ``(8, 6)``) as ``(8, 6)``; None for anything else."""
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        major, minor = value
+    elif isinstance(value, str) and value.count(".") == 1:
+        major, _, minor = value.partition(".")
+    else:
+        return None
+    try:
+        out = (int(major), int(minor))
+    except (TypeError, ValueError):
+        return None
+    return out if 0 <= out[0] < 100 and 0 <= out[1] < 100 else None
+
+
+def capability(environment: Mapping[str, Any]) -> tuple[int, int] | None:
+    """The CUDA compute capability of a session's GPU, or None (CPU run, or not recorded)."""
+    if environment.get("device_type") not in (None, "cuda"):
+        return None
+    return parse_capability(environment.get("device_capability"))
+
+
+def _at_least(environment: Mapping[str, Any], needed: tuple[int, int]) -> bool | None:
+    cap = capability(environment)
+    return None if cap is None else cap >= needed
+
+
+def has_tensor_cores(environment: Mapping[str, Any]) -> bool | None:
+    """Whether the GPU has tensor cores (compute capability >= 7.0)."""
+    return _at_least(environment, TENSOR_CORES)
+
+
+def runs_bf16(environment: Mapping[str, Any]) -> bool | None:
+    """Whether the GPU runs BF16 on tensor cores (compute capability >= 8.0)."""
+    return _at_least(environment, BF16)
+
+
+def runs_tf32(environment: Mapping[str, Any]) -> bool | None:
+    """Whether the GPU has TF32 tensor cores (compute capability >= 8.0)."""
+    return _at_least(environment, TF32)
+
+
+def runs_fp8(environment: Mapping[str, Any]) -> bool | None:
+    """Whether the GPU has FP8 tensor cores (compute capability >= 8.9)."""
+    return _at_least(environment, FP8)
