@@ -138,7 +138,7 @@ def test_snapshot_report_is_memory_only_and_says_what_it_cannot_know(snap_path: 
     assert "0 B" not in text
     assert "counterfactuals.py:102 generate_counterfactuals" in text
     assert "memory_probe" not in text  # live-run advice has no place here
-    assert 'alt="cuda-allocator"' in html  # allocated vs reserved over the history
+    assert 'aria-label="cuda-allocator"' in html  # allocated vs reserved over the history
     line = summary(session)
     assert "cuda (?)" not in line
     assert "CUDA allocator peak: 103.3 MiB allocated, 128.0 MiB reserved" in line

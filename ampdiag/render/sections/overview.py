@@ -9,8 +9,8 @@ import math
 import statistics
 from typing import Any
 
-from ampdiag.render import charts, svg
 from ampdiag import units as humanize
+from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import SEVERITIES, Finding, Session
