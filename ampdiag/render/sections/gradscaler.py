@@ -66,10 +66,3 @@ def build(session: Session) -> ReportSection | None:
     return ReportSection(
         id="gradscaler", title="GradScaler", html=html, summary=summary, figures=list(figures)
     )
-
-
-def write_tensorboard(session: Session, writer: Any) -> None:
-    """Loss scale and skipped steps per step, when the run recorded them."""
-    for r in scale_history(session):
-        writer.add_scalar("scaler/loss_scale", float(r["scale"]), r["step"])
-        writer.add_scalar("scaler/skipped", 1.0 if r.get("skipped") else 0.0, r["step"])

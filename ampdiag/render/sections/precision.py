@@ -5,8 +5,6 @@ The summary it shows is the derive step's (``derived.precision``); this module o
 
 from __future__ import annotations
 
-from typing import Any
-
 from ampdiag import units as humanize
 from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
@@ -55,16 +53,3 @@ def build(session: Session) -> ReportSection | None:
     return ReportSection(
         id="precision", title="Precision", html=html, summary=summary, figures=list(figures)
     )
-
-
-def write_tensorboard(session: Session, writer: Any) -> None:
-    """Scalars: FP32 share of FLOPs and time, cast count and bytes of the audited step."""
-    sec = session.section("precision")
-    s = session.section("derived").get("precision")
-    if not sec.get("audited") or not isinstance(s, dict):
-        return
-    step = int(sec.get("step") or 0)
-    writer.add_scalar("precision/fp32_flops_share", s["fp32_flops_share"], step)
-    writer.add_scalar("precision/fp32_time_share", s["fp32_time_share"], step)
-    writer.add_scalar("precision/casts", s["casts"]["total"]["count"], step)
-    writer.add_scalar("precision/cast_bytes", s["casts"]["total"]["bytes"], step)

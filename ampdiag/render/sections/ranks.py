@@ -78,11 +78,3 @@ def build(session: Session) -> ReportSection | None:
     if slow.get("step_ms_median") is not None and straggler is None:
         summary += f", slowest median step {slow['step_ms_median']:.1f} ms (rank {slow['rank']})"
     return ReportSection(id="ranks", title="Ranks", html=html, summary=summary, figures=list(uris))
-
-
-def write_tensorboard(session: Session, writer: Any) -> None:
-    """The per-rank step-time chart."""
-    from ampdiag.render.tensorboard import add_chart
-
-    for name, chart in figures(session).items():
-        add_chart(writer, f"figures/ranks/{name}", chart)

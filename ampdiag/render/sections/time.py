@@ -88,15 +88,3 @@ def build(session: Session) -> ReportSection | None:
     return ReportSection(
         id="time", title="Step time", html=html, summary=summary, figures=list(uris)
     )
-
-
-def write_tensorboard(session: Session, writer: Any) -> None:
-    """The speed probe's two times and the section's figures."""
-    from ampdiag.render.tensorboard import add_chart
-
-    probe = session.section("speed_probe")
-    for key in ("fp32_ms", "autocast_ms"):
-        if isinstance(probe.get(key), (int, float)):
-            writer.add_scalar(f"speed_probe/{key}", float(probe[key]), 0)
-    for name, chart in figures(session).items():
-        add_chart(writer, f"figures/time/{name}", chart)

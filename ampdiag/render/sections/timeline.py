@@ -78,11 +78,3 @@ def build(session: Session) -> ReportSection | None:
     return ReportSection(
         id="timeline", title="GPU timeline", html=html, summary=text, figures=list(figures)
     )
-
-
-def write_tensorboard(session: Session, writer: Any) -> None:
-    """Per-rank idle / compute / non-compute shares as scalars (step = rank)."""
-    for r in session.section("timeline").get("ranks", []):
-        if isinstance(r, dict) and r.get("activities_in_window"):
-            for key in ("idle", "compute", "non_compute"):
-                writer.add_scalar(f"timeline/{key}_share", r[f"{key}_share"], int(r["rank"]))
