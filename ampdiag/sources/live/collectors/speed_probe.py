@@ -52,6 +52,7 @@ import torch
 
 from ampdiag import timing
 from ampdiag.analysis.precision_choice import run_precision
+from ampdiag.config import DiagnoseConfig
 from ampdiag.schema import SpeedProbeSection
 from ampdiag.sources.live.collectors.base import (
     Collector,
@@ -90,6 +91,11 @@ class SpeedProbe(Collector):
     """Times the model's forward + backward in FP32 and under the run's autocast, once."""
 
     name = "speed_probe"
+
+    @classmethod
+    def from_config(cls, config: DiagnoseConfig) -> SpeedProbe:
+        """Always attached: with ``speed_probe=False`` its section says it was disabled."""
+        return cls(config.speed_probe_repeats, config.speed_probe_budget_s)
 
     def __init__(self, repeats: int = 5, budget_s: float = DEFAULT_BUDGET_S) -> None:
         self.repeats = max(1, repeats)
