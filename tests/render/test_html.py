@@ -6,12 +6,16 @@ from __future__ import annotations
 import re
 
 from ampdiag.analysis.advisors import advise
-from ampdiag.render.html import TOPICS, render_html
+from ampdiag.render.html import render_html
+from ampdiag.render.sections import registry
 from ampdiag.session import Finding, Session
 from tests.analysis.test_advice import cuda_session, fp16_findings
 from tests.render.conftest import EVIL_MESSAGE, EVIL_MODULE
 
-SECTION_IDS = ["overview", *(t[0] for t in TOPICS), "environment"]
+#: The topic sections (every report has them), from the section registry.
+TOPICS = [(s.id, s.title, s.needs) for s in registry() if s.needs is not None]
+#: The order an empty session's report shows, written out (the order before the registry).
+SECTION_IDS = ["overview", "time", "precision", "numerics", "memory", "gradscaler", "environment"]
 
 
 def section_ids(html: str) -> list[str]:
@@ -77,3 +81,17 @@ def test_user_strings_are_escaped_and_nothing_loads_from_the_network() -> None:
     # Every src/href is a data: URI or an in-page anchor.
     for attr in re.findall(r'(?:src|href)="([^"]*)"', html):
         assert attr.startswith(("data:image/svg+xml;base64,", "#")), attr
+
+
+def test_sections_keep_the_order_the_report_had() -> None:
+    from markupsafe import Markup
+
+    from ampdiag.render.html import arrange
+    from ampdiag.render.sections import ReportSection
+
+    # the order html._ORDER gave before the registry (precision-ab after the topics)
+    shown = ["overview", "ranks", "time", "timeline", "precision", "numerics", "memory"]
+    shown += ["gradscaler", "precision-ab", "environment"]
+    built = [ReportSection(id=i, title=i, html=Markup("")) for i in reversed(shown)]
+    built.insert(3, ReportSection(id="mine", title="mine", html=Markup("")))
+    assert [s.id for s in arrange(Session(), built)] == [*shown[:-1], "mine", "environment"]

@@ -14,6 +14,9 @@ from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
+TITLE = "Memory"
+NEEDS = "the memory collector (allocator events or a CUDA snapshot)"
+
 MiB = 1024**2
 
 
@@ -81,5 +84,5 @@ def build(session: Session) -> ReportSection | None:
     if ms:
         summary += (", " if summary else "") + f"model state {humanize.nbytes(ms)}"
     return ReportSection(
-        id="memory", title="Memory", html=html, summary=summary, figures=list(figures)
+        id="memory", title=TITLE, html=html, summary=summary, figures=list(figures)
     )

@@ -12,6 +12,9 @@ from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
+TITLE = "Numerics"
+NEEDS = "gradient and activation statistics of sampled steps"
+
 TABLE_ROWS = 40
 #: How each of FP16's limits (log2 exponents, from the derive step) is labelled on the histogram.
 LIMIT_LABELS = {
@@ -96,7 +99,7 @@ def build(session: Session) -> ReportSection | None:
         parts.append(f"NaN/inf from {origin['module']}")
     return ReportSection(
         id="numerics",
-        title="Numerics",
+        title=TITLE,
         html=html,
         summary=", ".join(parts),
         figures=list(figures),

@@ -11,6 +11,8 @@ from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import SEVERITIES, Finding, Session
 
+TITLE = "Overview"
+
 
 def verdict(session: Session) -> str:
     """One sentence: what is most wrong with this run (or that nothing was found)."""
@@ -60,4 +62,4 @@ def build(session: Session) -> ReportSection:
         median_ms=statistics.median(values) if values else None,
         counts=counts(session),
     )
-    return ReportSection(id="overview", title="Overview", html=html, summary=text)
+    return ReportSection(id="overview", title=TITLE, html=html, summary=text)

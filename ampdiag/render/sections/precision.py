@@ -11,6 +11,9 @@ from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
+TITLE = "Precision"
+NEEDS = "the dtype audit of a sampled step under autocast"
+
 MAX_MODULES = 20
 
 
@@ -40,7 +43,7 @@ def build(session: Session) -> ReportSection | None:
     if not sec.get("audited") or not isinstance(s, dict):
         reason = sec.get("not_audited_reason") or "the session was not analysed"
         html = render_template("precision.html.j2", sec=sec, s=None, figures={}, reason=reason)
-        return ReportSection(id="precision", title="Precision", html=html, summary="not audited")
+        return ReportSection(id="precision", title=TITLE, html=html, summary="not audited")
     figures: dict[str, str] = {}
     if s.get("modules"):
         figures["precision-modules"] = svg.data_uri(module_bars(s["modules"]))
@@ -51,5 +54,5 @@ def build(session: Session) -> ReportSection | None:
         f"{humanize.count(s['casts']['total']['count'])} casts"
     )
     return ReportSection(
-        id="precision", title="Precision", html=html, summary=summary, figures=list(figures)
+        id="precision", title=TITLE, html=html, summary=summary, figures=list(figures)
     )

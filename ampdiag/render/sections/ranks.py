@@ -13,6 +13,8 @@ from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
+TITLE = "Ranks"
+
 
 def _rows(session: Session) -> list[dict[str, Any]]:
     """The ranks' rows, with their communication per step and findings added."""
@@ -77,4 +79,4 @@ def build(session: Session) -> ReportSection | None:
     )
     if slow.get("step_ms_median") is not None and straggler is None:
         summary += f", slowest median step {slow['step_ms_median']:.1f} ms (rank {slow['rank']})"
-    return ReportSection(id="ranks", title="Ranks", html=html, summary=summary, figures=list(uris))
+    return ReportSection(id="ranks", title=TITLE, html=html, summary=summary, figures=list(uris))

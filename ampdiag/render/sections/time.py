@@ -14,6 +14,9 @@ from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
+TITLE = "Step time"
+NEEDS = "a profiled step (run at least skip + warm-up + 1 steps)"
+
 #: At most this many per-step rows in the breakdown table (the chart shows every step).
 TABLE_STEPS = 50
 
@@ -85,6 +88,4 @@ def build(session: Session) -> ReportSection | None:
     )
     share = breakdown.get("share", {})
     summary = ", ".join(f"{c} {humanize.percent(share[c])}" for c in categories(breakdown))
-    return ReportSection(
-        id="time", title="Step time", html=html, summary=summary, figures=list(uris)
-    )
+    return ReportSection(id="time", title=TITLE, html=html, summary=summary, figures=list(uris))

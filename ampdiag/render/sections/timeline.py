@@ -10,6 +10,8 @@ from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
+TITLE = "GPU timeline"
+
 DETAIL_RANKS = 2
 #: At most this many per-step rows per rank in the table.
 TABLE_STEPS = 50
@@ -75,6 +77,4 @@ def build(session: Session) -> ReportSection | None:
         )
     else:
         text = "no GPU kernels (CPU side only)"
-    return ReportSection(
-        id="timeline", title="GPU timeline", html=html, summary=text, figures=list(figures)
-    )
+    return ReportSection(id="timeline", title=TITLE, html=html, summary=text, figures=list(figures))
