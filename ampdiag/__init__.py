@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from ampdiag.analysis import analyze
     from ampdiag.analysis.diff import diff
     from ampdiag.config import DiagnoseConfig
-    from ampdiag.session import Finding, Session, load
+    from ampdiag.session import Finding, Session
+    from ampdiag.sources import load
     from ampdiag.sources.live.collectors.base import Collector, RunContext
     from ampdiag.sources.live.compare import compare
     from ampdiag.sources.live.diagnosis import Diagnosis, diagnose
@@ -60,7 +61,7 @@ _LAZY = {
     "Diagnosis": "ampdiag.sources.live.diagnosis",
     "Session": "ampdiag.session",
     "Finding": "ampdiag.session",
-    "load": "ampdiag.session",
+    "load": "ampdiag.sources",
     "memory_probe": "ampdiag.sources.live.memory_probe",
     "run": "ampdiag.sources.live.script",
 }
