@@ -249,8 +249,8 @@ def console_main() -> NoReturn:
     only spin, competing with the report for the cores (unless the user set
     ``OPENBLAS_NUM_THREADS``); and their process ends as soon as their output is flushed
     (``os._exit``) rather than tearing the interpreter down, which only frees numpy and every
-    module. Together about 0.05 s of the 0.3 s a JSON report of the 54 MB shared trace takes
-    (``benchmarks/bench_report.py``). ``run`` and ``demo`` start and exit normally: the user's
+    module. What that saves is measured by ``benchmarks/bench_report.py`` (figures in the
+    README). ``run`` and ``demo`` start and exit normally: the user's
     script, torch and TensorBoard need their threads and may have exit work to do.
     """
     argv = sys.argv[1:]

@@ -242,7 +242,7 @@ def ab_cost_estimate_s(timings: dict[str, Any], precisions: int) -> float | None
     per-module forwards): FP32 and the run's autocast at the times the probe measured, any
     other at the slower of the two. The A/B is skipped, with this figure, when even that is
     over its budget: its cost stays bounded by the budget instead of overrunning it. A
-    precision the probe did not time can be far slower than that (FP16 on a CPU: 50x); the
+    precision the probe did not time can be far slower than that (FP16 without native FP16); the
     A/B drops it from timing once its observed pass predicts an overrun (``droppable``).
     """
     fp32, amp = timings.get("fp32_ms"), timings.get("autocast_ms")
