@@ -29,6 +29,7 @@ SECTION_MODULES: tuple[str, ...] = (
     "memory",
     "gradscaler",
     "precision_ab",
+    "settings",
     "environment",
 )
 
