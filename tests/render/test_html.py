@@ -95,3 +95,43 @@ def test_sections_keep_the_order_the_report_had() -> None:
     built = [ReportSection(id=i, title=i, html=Markup("")) for i in reversed(shown)]
     built.insert(3, ReportSection(id="mine", title="mine", html=Markup("")))
     assert [s.id for s in arrange(Session(), built)] == [*shown[:-1], "mine", "environment"]
+
+
+def _policy(page: str) -> str:
+    found = re.findall(r'http-equiv="Content-Security-Policy" content="([^"]+)"', page)
+    assert len(found) == 1, found
+    return str(found[0])
+
+
+def test_every_page_has_the_one_shell_and_policy() -> None:
+    from ampdiag.analysis.diff import diff
+    from ampdiag.render.diff import diff_html
+    from ampdiag.render.html import fallback_html
+
+    report = render_html(Session())
+    pages = [
+        fallback_html(Session(), ValueError(EVIL_MESSAGE)),
+        diff_html(diff(Session(), Session())),
+    ]
+    expected = _policy(report)
+    for directive in ("default-src 'none'", "script-src 'none'", "connect-src 'none'"):
+        assert directive in expected
+    for page in pages:
+        assert _policy(page) == expected and page.startswith("<!DOCTYPE html>")
+        assert "<script" not in page.lower()
+
+
+def test_the_settings_section_names_what_was_changed() -> None:
+    config = {"profile": True, "sample_every": 1, "profile_active": 3, EVIL_MODULE: 1}
+    html = render_html(Session(config=config))
+    part = html[html.index('<section id="settings">') : html.index('<section id="environment">')]
+    rows = re.findall(r"<tr><th><code>([^<]+)</code></th><td>([^<]*)</td><td>([^<]*)</td>", part)
+    # by hand: DiagnoseConfig's defaults are sample_every=0, profile=True, profile_active=3
+    assert rows[0] == ("sample_every", "1", "default 0")
+    assert {r[0] for r in rows[1:]} == {
+        "profile",
+        "profile_active",
+        EVIL_MODULE.replace("<", "&lt;").replace(">", "&gt;"),
+    }
+    assert "1 changed from the default" in part and EVIL_MODULE not in part
+    assert '<section id="settings">' not in render_html(Session())  # a trace's session: none
