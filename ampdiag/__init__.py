@@ -13,6 +13,7 @@ Importing ampdiag is light: torch, matplotlib, pandas and HTA load only when use
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from ampdiag._version import __version__
@@ -22,7 +23,8 @@ if TYPE_CHECKING:
     from ampdiag.analysis import analyze
     from ampdiag.analysis.diff import diff
     from ampdiag.config import DiagnoseConfig
-    from ampdiag.session import Finding, Session, load
+    from ampdiag.session import Finding, Session
+    from ampdiag.sources import load
     from ampdiag.sources.live.collectors.base import Collector, RunContext
     from ampdiag.sources.live.compare import compare
     from ampdiag.sources.live.diagnosis import Diagnosis, diagnose
@@ -59,10 +61,49 @@ _LAZY = {
     "Diagnosis": "ampdiag.sources.live.diagnosis",
     "Session": "ampdiag.session",
     "Finding": "ampdiag.session",
-    "load": "ampdiag.session",
+    "load": "ampdiag.sources",
     "memory_probe": "ampdiag.sources.live.memory_probe",
     "run": "ampdiag.sources.live.script",
 }
+
+
+def _register_notebook_display() -> None:
+    """In IPython, shows a Session, a diff and a Diagnosis as their reports (by type name).
+
+    The data classes import no renderer; IPython's formatters look the types up by name, so
+    nothing here is imported until a value is displayed.
+    """
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    formatters = getattr(getattr(shell, "display_formatter", None), "formatters", None)
+    if not formatters:
+        return
+
+    def lazily(index: int, module: str, name: str) -> Any:
+        def show(obj: Any, *args: Any) -> Any:
+            from ampdiag.render import notebook
+
+            fn = notebook.DISPLAYS[(module, name)][index]
+            assert fn is not None
+            if args:  # text/plain: (obj, printer, cycle)
+                args[0].text(fn(obj))
+                return None
+            return fn(obj)
+
+        return show
+
+    # the keys of `ampdiag.render.notebook.DISPLAYS` (with whether it has a text form)
+    for module, name, text in (
+        ("ampdiag.session", "Session", True),
+        ("ampdiag.analysis.diff", "SessionDiff", True),
+        ("ampdiag.sources.live.diagnosis", "Diagnosis", False),
+    ):
+        formatters["text/html"].for_type_by_name(module, name, lazily(0, module, name))
+        if text:
+            formatters["text/plain"].for_type_by_name(module, name, lazily(1, module, name))
+
+
+_register_notebook_display()
 
 
 def __getattr__(name: str) -> Any:

@@ -13,14 +13,11 @@ import sys
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 from ampdiag._layout import REPORT_FILE
 from ampdiag._version import __version__
 from ampdiag.errors import InputError
-
-if TYPE_CHECKING:
-    from ampdiag.session import Session
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_GATE = 0, 1, 2, 3
 REPORT_COMMANDS = frozenset({"report", "diff"})
@@ -182,8 +179,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_diff(args: argparse.Namespace) -> int:
     from ampdiag.analysis import analyze
     from ampdiag.analysis.diff import diff_sessions, labels_for
+    from ampdiag.sources import load
 
-    a, b = load_any(Path(args.before)), load_any(Path(args.after))
+    a, b = load(Path(args.before)), load(Path(args.after))
     for session in (a, b):
         session.findings = analyze(session)
     d = diff_sessions(a, b, labels=labels_for(a, b))
@@ -227,43 +225,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def load_any(path: Path, hta: bool = False) -> Session:
-    """A Session from a session folder/file, or from a trace file or folder of traces."""
-    from ampdiag.session import SESSION_FILE, load
-    from ampdiag.sources.ranks import is_derived, rank_folders, session_from_ranks
-
-    try:
-        if not path.exists():
-            raise InputError(f"no such file or folder: {str(path)!r}")
-        if path.is_dir():
-            next(path.iterdir(), None)  # an unlistable folder: one line, not a traceback
-        if path.is_dir() and rank_folders(path):  # a distributed run: the ranks' own sessions
-            return session_from_ranks(path, hta=hta)
-        is_session = path.name == SESSION_FILE or (
-            path.is_dir() and (path / SESSION_FILE).is_file() and not is_derived(path)
-        )
-    except OSError as exc:
-        raise InputError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"cannot read {str(path)!r}: not UTF-8 text ({exc.reason})") from None
-    if is_session:
-        return load(path)
-    if path.suffix in (".pickle", ".pkl"):  # a CUDA memory snapshot: loaded without code
-        from ampdiag.sources.snapshot import session_from_snapshot
-
-        snapshot_session: Session = session_from_snapshot(path)
-        return snapshot_session
-    from ampdiag.sources.traces import session_from_traces
-
-    return session_from_traces(path, hta=hta)
-
-
 def _cmd_report(args: argparse.Namespace) -> int:
     from ampdiag.analysis import analyze
     from ampdiag.session import SEVERITIES, dumps
+    from ampdiag.sources import load
 
     path = Path(args.path)
-    session = load_any(path, hta=args.hta)
+    session = load(path, hta=args.hta)
     # Re-analyze: rules are pure functions of the session, and a newer ampdiag may know more.
     session.findings = analyze(session)
     if args.format == "json":
@@ -341,8 +309,8 @@ def console_main() -> NoReturn:
     only spin, competing with the report for the cores (unless the user set
     ``OPENBLAS_NUM_THREADS``); and their process ends as soon as their output is flushed
     (``os._exit``) rather than tearing the interpreter down, which only frees numpy and every
-    module. Together about 0.05 s of the 0.3 s a JSON report of the 54 MB shared trace takes
-    (``benchmarks/bench_report.py``). ``run`` and ``demo`` start and exit normally: the user's
+    module. What that saves is measured by ``benchmarks/bench_report.py`` (figures in the
+    README). ``run`` and ``demo`` start and exit normally: the user's
     script, torch and TensorBoard need their threads and may have exit work to do.
     """
     argv = sys.argv[1:]

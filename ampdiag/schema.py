@@ -278,7 +278,9 @@ class DerivedSection(TypedDict, total=False):
     errors: dict[str, str]
 
 
-#: Section name -> its type. A section not named here is kept as it is and not checked.
+#: Section name -> its type. A section not named here is kept as it is and not checked. Every
+#: registered collector's section is here, with the same type as its ``section()`` returns
+#: and `Session.section` gives (tests/test_schema.py).
 SECTIONS: dict[str, type] = {
     "run": RunSection,
     "profiler": ProfilerSection,
@@ -294,21 +296,6 @@ SECTIONS: dict[str, type] = {
     "accumulation": AccumulationSection,
     "derived": DerivedSection,
 }
-
-SectionName = Literal[
-    "run",
-    "profiler",
-    "speed_probe",
-    "memory",
-    "precision",
-    "scaler",
-    "gradients",
-    "activations",
-    "sentinel",
-    "timeline",
-    "ranks",
-    "derived",
-]
 
 
 def check(value: Any, expected: Any, where: str, strict: bool = False) -> list[str]:

@@ -152,6 +152,10 @@ class Session:
     @overload
     def section(self, name: Literal["activations"]) -> schema.ActivationsSection: ...
     @overload
+    def section(self, name: Literal["sentinel"]) -> schema.SentinelSection: ...
+    @overload
+    def section(self, name: Literal["accumulation"]) -> schema.AccumulationSection: ...
+    @overload
     def section(self, name: Literal["ranks"]) -> schema.RanksSection: ...
     @overload
     def section(self, name: Literal["timeline"]) -> schema.TimelineSection: ...
@@ -184,16 +188,20 @@ class Session:
         return out
 
     def __repr__(self) -> str:
-        """The console summary (a session's fields are too large to print whole)."""
-        from ampdiag.render.console import summary
+        """A short form (a session's fields are too large to print whole).
 
-        return summary(self)
-
-    def _repr_html_(self) -> str:
-        """The report inline in Jupyter (a sandboxed iframe: no script, no network)."""
-        from ampdiag.render.notebook import session_html
-
-        return session_html(self)
+        The console summary and the inline report are renderers' work: in IPython they are
+        registered by type name (`ampdiag.render.notebook.register`), so this module imports
+        no renderer.
+        """
+        ids = ", ".join(f.id for f in self.findings[:5]) + (
+            ", ..." if len(self.findings) > 5 else ""
+        )
+        where = f", path={str(self.path)!r}" if self.path is not None else ""
+        return (
+            f"Session(status={self.status!r}, steps={len(self.steps)}, "
+            f"sections={sorted(self.sections)}, findings=[{ids}]{where})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the session document (what session.json holds)."""

@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import typing
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,47 @@ def test_the_key_check_catches_the_old_batch_size_read() -> None:
         ("MemorySection", "batch_size")
     ]
     assert "batch_size" not in typing.get_type_hints(schema.MemorySection)
+
+
+def _overloads() -> dict[str, object]:
+    """Section name -> the type `Session.section` declares for it (its typed overloads)."""
+    out: dict[str, object] = {}
+    import ampdiag.session
+
+    for fn in typing.get_overloads(Session.section):
+        hints = typing.get_type_hints(fn, globalns=vars(ampdiag.session))
+        (name,) = typing.get_args(hints["name"]) or (None,)
+        if isinstance(name, str):
+            out[name] = hints["return"]
+    return out
+
+
+def test_every_registered_collector_section_is_typed_in_one_place() -> None:
+    from ampdiag.config import DiagnoseConfig
+    from ampdiag.sources.live.collectors import REGISTERED, default_collectors, registered
+
+    classes = registered()
+    assert len(classes) == len(REGISTERED) and len({c.name for c in classes}) == len(classes)
+    typed = _overloads()
+    flags = {f.name: f.type for f in dataclass_fields(DiagnoseConfig)}
+    for cls in classes:
+        # the type its section() returns, as written in its file
+        returned = typing.get_type_hints(cls.section)["return"]
+        (kind,) = [a for a in typing.get_args(returned) if a is not type(None)]
+        assert typing.is_typeddict(kind), cls
+        assert schema.SECTIONS.get(cls.name) is kind, cls.name
+        assert typed.get(cls.name) is kind, f"Session.section({cls.name!r}) is not typed"
+        assert cls.enabled_by is None or flags[cls.enabled_by] in (bool, "bool"), cls
+    # the flags decide: all on gives every collector, one off removes exactly its own
+    assert {type(c) for c in default_collectors(DiagnoseConfig())} == set(classes)
+    off = {type(c) for c in default_collectors(DiagnoseConfig(sentinel=False))}
+    assert set(classes) - off == {c for c in classes if c.enabled_by == "sentinel"} != set()
+    numerics = {type(c).name for c in default_collectors(DiagnoseConfig())} - {
+        type(c).name for c in default_collectors(DiagnoseConfig(numerics=False))
+    }
+    assert numerics == {"scaler", "gradients", "activations", "accumulation"}
+
+
+def test_every_schema_section_is_typed_on_the_session() -> None:
+    typed = _overloads()
+    assert {name: typed.get(name) for name in schema.SECTIONS} == schema.SECTIONS

@@ -39,23 +39,6 @@ BREAKDOWN = ("data", "optimizer", "backward", "forward", "communication", "other
 """Where a step's host time goes, each moment given to the first of these that covers it;
 "communication" is time inside a collective not covered by any op (a rank waiting)."""
 
-THRESHOLDS = {
-    # A straggler is the last to arrive in at least this share of the matched collectives ...
-    "last_share_min": 0.75,
-    # ... and on every step the others wait for it at least this share of the median step
-    # (the least late step counts: CPU scheduling noise on a loaded machine makes single steps
-    # late by a third of a step and more, never all of them by a quarter) ...
-    "lateness_share_medium": 0.25,
-    "lateness_share_high": 0.50,
-    # ... and at least this long (below, transfer time differences dominate).
-    "lateness_min_us": 1000.0,
-    # redundant-allreduce: all-reduces in more than one micro-batch on at least this share of
-    # the steps with two or more micro-batches.
-    "redundant_step_share": 0.5,
-    # ... high when the redundant all-reduces take this share of the step.
-    "redundant_time_share_high": 0.20,
-}
-
 
 def _empty() -> Intervals:
     return np.empty(0), np.empty(0)

@@ -223,16 +223,11 @@ class SessionDiff:
         raise KeyError(key)
 
     def __repr__(self) -> str:
-        """The console form of the diff."""
-        from ampdiag.render.diff import diff_text
-
-        return diff_text(self)
-
-    def _repr_html_(self) -> str:
-        """The diff inline in Jupyter."""
-        from ampdiag.render.notebook import diff_inline
-
-        return diff_inline(self)
+        """A short form; the console and notebook forms are ``ampdiag.render.diff``'s."""
+        return (
+            f"SessionDiff(metrics={[m.key for m in self.metrics]}, "
+            f"resolved={[f.id for f in self.resolved]}, new={[f.id for f in self.new]})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (what ``ampdiag diff --format json`` prints)."""

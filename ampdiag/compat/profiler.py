@@ -11,8 +11,8 @@ no events. So before ampdiag starts its profiler, and at each of its step bounda
 * a ``torch.profiler.profile`` in its schedule's warm-up (Kineto prepared, not yet recording:
   torch keeps no flag for that phase): only where one was ever made (torch's
   ``KinetoStepTracker._step_dict`` holds ``"ProfilerStep"``), the live
-  ``torch.autograd.profiler.profile`` objects are looked up (``gc.get_referrers`` of the class,
-  about 30 ms per million Python objects) for one entered and not yet exited
+  ``torch.autograd.profiler.profile`` objects are looked up (``gc.get_referrers`` of the class:
+  a walk of every Python object, so it is not done otherwise) for one entered and not yet exited
   (``entered`` set, ``kineto_results`` still None).
 
 And a profiler that starts while ampdiag's is on is seen where every Kineto-based profiler

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import html
 import math
-from importlib import resources
 from pathlib import Path
+
+from markupsafe import Markup
 
 from ampdiag import units
 from ampdiag.analysis.diff import MetricChange, SessionDiff
+from ampdiag.render.templating import page
 from ampdiag.session import Finding
 
 DIFF_FILE = "diff.html"
-
-_CSP = (
-    "default-src 'none'; script-src 'none'; connect-src 'none'; img-src data:; "
-    "style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
-)
 
 
 def format_value(value: float | None, unit: str) -> str:
@@ -66,7 +63,6 @@ def diff_text(d: SessionDiff) -> str:
 
 def diff_html(d: SessionDiff) -> str:
     """The HTML form: one document, inline CSS, no network (the report's CSS and policy)."""
-    css = resources.files("ampdiag.render").joinpath("templates/report.css").read_text("utf-8")
     e = html.escape
     body = [f"<h1>ampdiag diff: {e(d.before_label)} &rarr; {e(d.after_label)}</h1>"]
     body.append(
@@ -94,12 +90,7 @@ def diff_html(d: SessionDiff) -> str:
             body.append("</ul>")
         else:
             body.append("<p>none</p>")
-    return (
-        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-        f"<meta http-equiv='Content-Security-Policy' content=\"{_CSP}\">"
-        f"<title>ampdiag diff</title><style>{css}</style></head>"
-        f"<body><main>{''.join(body)}</main></body></html>"
-    )
+    return page("ampdiag diff", Markup("".join(body)))  # every part escaped above
 
 
 def write_diff_html(d: SessionDiff, out: Path) -> Path:

@@ -22,19 +22,10 @@ from pathlib import Path
 from markupsafe import Markup
 
 from ampdiag._layout import REPORT_FILE
-from ampdiag.render.sections import ReportSection, build_sections
-from ampdiag.render.templating import render_template
+from ampdiag.render.sections import ReportSection, build_sections, registry
+from ampdiag.render.templating import page, page_css, render_template
 from ampdiag.session import Finding, Session
 
-#: Topic sections every report has, in order, with what fills them when a run has no data.
-TOPICS: tuple[tuple[str, str, str], ...] = (
-    ("time", "Step time", "a profiled step (run at least skip + warm-up + 1 steps)"),
-    ("precision", "Precision", "the dtype audit of a sampled step under autocast"),
-    ("numerics", "Numerics", "gradient and activation statistics of sampled steps"),
-    ("memory", "Memory", "the memory collector (allocator events or a CUDA snapshot)"),
-    ("gradscaler", "GradScaler", "a GradScaler in the run (scale history, skipped steps)"),
-)
-_ORDER = ("overview", "ranks", "time", "timeline", "precision", "numerics", "memory", "gradscaler")
 TOP_RECOMMENDATIONS = 3
 
 
@@ -64,24 +55,21 @@ def _placeholder(topic: str, title: str, needs: str, session: Session) -> Report
 
 
 def arrange(session: Session, built: list[ReportSection]) -> list[ReportSection]:
-    """Adds the missing topic sections and puts them in report order."""
+    """Adds the missing topic sections and puts every section in report order.
+
+    The order is `SECTION_MODULES`'; a section of no registered module (a caller's own) goes
+    before the environment, which closes the report.
+    """
     sections = list(built)
     have = {s.id for s in sections}
     # a CUDA snapshot has memory and nothing else: no empty live-run sections beside it
     snapshot = bool(session.section("memory").get("snapshot_file")) and not session.steps
-    for topic, title, needs in TOPICS:
-        if topic not in have and not snapshot:
-            sections.append(_placeholder(topic, title, needs, session))
-
-    def key(item: tuple[int, ReportSection]) -> tuple[int, int]:
-        index, s = item
-        if s.id == "environment":
-            return (2, index)
-        if s.id in _ORDER:
-            return (0, _ORDER.index(s.id))
-        return (1, index)
-
-    return [s for _, s in sorted(enumerate(sections), key=key)]
+    for section in registry():
+        if section.needs is not None and section.id not in have and not snapshot:
+            sections.append(_placeholder(section.id, section.title, section.needs, session))
+    order = {section.id: i for i, section in enumerate(registry())}
+    last = order.get("environment", len(order))
+    return sorted(sections, key=lambda s: order.get(s.id, last - 0.5))
 
 
 def _asset(name: str) -> str:
@@ -100,7 +88,6 @@ def script_and_hash() -> tuple[Markup, str]:
 
 def render_html(session: Session, sections: list[ReportSection] | None = None) -> str:
     """Returns the report as one HTML document."""
-    css = Markup(_asset("report.css"))  # our own file: no escaping (it has > and ")
     script, script_src = script_and_hash()
     sections = arrange(session, build_sections(session) if sections is None else sections)
     shown = anchors(session.findings, {s.id for s in sections} - {"overview"})
@@ -120,7 +107,7 @@ def render_html(session: Session, sections: list[ReportSection] | None = None) -
             by_section=by_section,
             titles=titles,
             top=[s for s in shown if s.f.severity != "info"][:TOP_RECOMMENDATIONS],
-            css=css,
+            css=page_css(),
             script=script,
             script_src=script_src,
             title=title,
@@ -141,16 +128,12 @@ def fallback_html(session: Session, exc: BaseException) -> str:
         f"<pre>{e(str(f.fix))}</pre></article>"
         for f in session.findings
     ]
-    return (
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
-        "style-src 'unsafe-inline'\"><title>ampdiag report</title></head><body>"
+    body = (
         "<h1>ampdiag report</h1><p>The full report could not be rendered from this session: "
         f"<code>{e(type(exc).__name__)}: {e(str(exc))}</code>. The findings follow; "
-        "everything collected is in <code>session.json</code>.</p>"
-        + "".join(parts)
-        + "</body></html>"
+        "everything collected is in <code>session.json</code>.</p>" + "".join(parts)
     )
+    return page("ampdiag report", Markup(body))  # every part escaped above
 
 
 def write_html(session: Session, out: Path) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from importlib import resources
 from typing import Any
 
 import jinja2
@@ -81,3 +82,19 @@ def environment() -> jinja2.Environment:
 def render_template(name: str, **context: Any) -> Markup:
     """Renders a template to escaped HTML markup."""
     return Markup(environment().get_template(name).render(**context))
+
+
+@lru_cache(maxsize=1)
+def page_css() -> Markup:
+    """The stylesheet every page carries inline (no network).
+
+    Our own file, so it is not escaped (it has > and ").
+    """
+    return Markup(
+        resources.files("ampdiag.render").joinpath("templates/report.css").read_text("utf-8")
+    )
+
+
+def page(title: str, body: Markup) -> str:
+    """A whole HTML document in the one page shell (its CSS and Content-Security-Policy)."""
+    return str(render_template("page.html.j2", page_title=title, body=body, css=page_css()))

@@ -13,7 +13,7 @@ READ_ERRORS: tuple[type[Exception], ...] = (EOFError, zlib.error, gzip.BadGzipFi
 """What reading a (possibly truncated or corrupt) gzip stream raises."""
 
 _gunzip: Any = gzip
-try:  # ISA-L's gunzip: 2-3x faster than zlib's (a dependency, but a platform may lack a wheel)
+try:  # ISA-L's gunzip: faster than zlib's (a dependency, but a platform may lack a wheel)
     from isal import igzip, isal_zlib
 
     _gunzip = igzip

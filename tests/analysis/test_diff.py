@@ -120,15 +120,24 @@ def test_cli_diff_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
 
 @pytest.mark.slow
 def test_session_shows_inline_in_a_notebook(runs: tuple[Path, Path]) -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    # IPython's own display machinery, as a notebook cell shows a value: the data classes
+    # have no _repr_html_, the formatters registered by type name at `import ampdiag` draw them.
+    shell = InteractiveShell.instance()
+    ampdiag._register_notebook_display()
     session = ampdiag.load(runs[0])
-    page = session._repr_html_()
+    shown, _ = shell.display_formatter.format(session)
+    page = shown["text/html"]
     assert page.startswith("<iframe srcdoc=") and " sandbox " in page
     # the report is inside, escaped, with its policy that forbids the network
     assert "Content-Security-Policy" in page and "<html" not in page.split('"', 2)[1][:20]
     assert "grad-scaler-missing" in page
-    text = repr(session)
+    text = shown["text/plain"]
     assert text.startswith("ampdiag:") and "grad-scaler-missing" in text
-    assert "Resolved findings" in ampdiag.diff(*runs)._repr_html_()
+    diffed, _ = shell.display_formatter.format(ampdiag.diff(*runs))
+    assert "Resolved findings" in diffed["text/html"]
+    assert session.findings[0].id in repr(session)  # the short form names the findings
 
 
 def _timed(walls: list[float]) -> ampdiag.Session:

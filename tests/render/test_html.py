@@ -7,12 +7,16 @@ import html as html_lib
 import re
 
 from ampdiag.analysis.advisors import advise
-from ampdiag.render.html import TOPICS, render_html
+from ampdiag.render.html import render_html
+from ampdiag.render.sections import registry
 from ampdiag.session import Finding, Session
 from tests.analysis.test_advice import cuda_session, fp16_findings
 from tests.render.conftest import EVIL_MESSAGE, EVIL_MODULE, without_our_script
 
-SECTION_IDS = ["overview", *(t[0] for t in TOPICS), "environment"]
+#: The topic sections (every report has them), from the section registry.
+TOPICS = [(s.id, s.title, s.needs) for s in registry() if s.needs is not None]
+#: The order an empty session's report shows, written out (the order before the registry).
+SECTION_IDS = ["overview", "time", "precision", "numerics", "memory", "gradscaler", "environment"]
 
 
 def section_ids(html: str) -> list[str]:
@@ -83,3 +87,61 @@ def test_user_strings_are_escaped_and_nothing_loads_from_the_network() -> None:
     for tag, attr in re.findall(r'<(\w+)[^>]*?(?:src|href)="([^"]*)"', html):
         trace_link = tag == "a" and ":" not in attr and not attr.startswith("//")
         assert trace_link or attr.startswith(("data:image/svg+xml;base64,", "#")), attr
+
+
+def test_sections_keep_the_order_the_report_had() -> None:
+    from markupsafe import Markup
+
+    from ampdiag.render.html import arrange
+    from ampdiag.render.sections import ReportSection
+
+    # the order html._ORDER gave before the registry (precision-ab after the topics)
+    shown = ["overview", "ranks", "time", "timeline", "precision", "numerics", "memory"]
+    shown += ["gradscaler", "precision-ab", "environment"]
+    built = [ReportSection(id=i, title=i, html=Markup("")) for i in reversed(shown)]
+    built.insert(3, ReportSection(id="mine", title="mine", html=Markup("")))
+    assert [s.id for s in arrange(Session(), built)] == [*shown[:-1], "mine", "environment"]
+
+
+def _policy(page: str) -> str:
+    found = re.findall(r'http-equiv="Content-Security-Policy" content="([^"]+)"', page)
+    assert len(found) == 1, found
+    return html_lib.unescape(str(found[0]))
+
+
+def test_every_page_has_the_one_shell_and_policy() -> None:
+    from ampdiag.analysis.diff import diff
+    from ampdiag.render.diff import diff_html
+    from ampdiag.render.html import fallback_html
+
+    report = render_html(Session())
+    pages = [
+        fallback_html(Session(), ValueError(EVIL_MESSAGE)),
+        diff_html(diff(Session(), Session())),
+    ]
+    expected = _policy(report)
+    for directive in ("default-src 'none'", "script-src 'sha256-", "connect-src 'none'"):
+        assert directive in expected
+    # the same policy, but that the pages with no script of ours allow none at all
+    ours = re.search(r"script-src [^;]+;", expected)
+    assert ours is not None
+    for page in pages:
+        policy = _policy(page)
+        assert policy.replace("script-src 'none';", ours.group(0)) == expected
+        assert page.startswith("<!DOCTYPE html>") and "<script" not in page.lower()
+
+
+def test_the_settings_section_names_what_was_changed() -> None:
+    config = {"profile": True, "sample_every": 1, "profile_active": 3, EVIL_MODULE: 1}
+    html = render_html(Session(config=config))
+    part = html[html.index('<section id="settings">') : html.index('<section id="environment"')]
+    rows = re.findall(r"<tr><th><code>([^<]+)</code></th><td>([^<]*)</td><td>([^<]*)</td>", part)
+    # by hand: DiagnoseConfig's defaults are sample_every=0, profile=True, profile_active=3
+    assert rows[0] == ("sample_every", "1", "default 0")
+    assert {r[0] for r in rows[1:]} == {
+        "profile",
+        "profile_active",
+        EVIL_MODULE.replace("<", "&lt;").replace(">", "&gt;"),
+    }
+    assert "1 changed from the default" in part and EVIL_MODULE not in part
+    assert '<section id="settings">' not in render_html(Session())  # a trace's session: none

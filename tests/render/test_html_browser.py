@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ampdiag.render.html import TOPICS
+from ampdiag.render.sections import registry
 from ampdiag.session import Session
 from tests.render.conftest import EVIL_MESSAGE, EVIL_MODULE
 
@@ -34,6 +34,9 @@ pytestmark = [
     ),
     pytest.mark.slow,  # starts a browser
 ]
+
+#: The topic sections (every report has them), from the section registry.
+TOPICS = [(s.id, s.title, s.needs) for s in registry() if s.needs is not None]
 
 
 @pytest.fixture(scope="module")

@@ -137,3 +137,25 @@ def test_findings_text_and_figures_read_back(served: tuple) -> None:
 def test_tensorboard_output_without_optional_data(tmp_path: Path) -> None:
     folder = write_tensorboard(Session(), tmp_path)
     assert list(folder.glob("events.out.tfevents.*"))
+
+
+def test_histograms_and_images_read_back_by_tensorboards_reader(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing import event_accumulator
+
+    from ampdiag.render import png
+    from ampdiag.render.sections.time import figures
+
+    steps = [{"index": i, "wall_s": 0.01 * (i + 1)} for i in range(4)]
+    session = Session(steps=steps)  # type: ignore[arg-type]
+    session.sections["gradients"] = {"hist_held": {"-3": 5, "0": 2}}
+    folder = write_tensorboard(session, tmp_path)
+    acc = event_accumulator.EventAccumulator(str(folder), size_guidance={"images": 0})
+    acc.Reload()
+    (h,) = acc.Histograms("numerics/log2_grad_held")
+    # counted by hand: 5 values in [-3, -2), 2 in [0, 1)
+    assert h.histogram_value.num == 7 and h.histogram_value.sum == -15.0
+    assert list(h.histogram_value.bucket_limit) == [-2.0, 1.0]
+    assert list(h.histogram_value.bucket) == [5.0, 2.0]
+    (img,) = acc.Images("figures/time/step-times")
+    expected = png.draw(figures(session)["step-times"])
+    assert img.encoded_image_string == expected and img.width > 100 and img.height > 50

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ampdiag.analysis import analyze
-from ampdiag.analysis.communication import THRESHOLDS as COMM
+from ampdiag.analysis.rules.distributed import THRESHOLDS as COMM
 from ampdiag.analysis.rules.recommendations import THRESHOLDS as ADVICE
 from ampdiag.analysis.rules.timeline import THRESHOLDS as TL
 from ampdiag.session import Session

@@ -9,11 +9,27 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ampdiag.analysis.communication import THRESHOLDS as COMM
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
 
-THRESHOLDS = dict(COMM)
+#: The straggler and redundant-all-reduce thresholds (here, not beside the numpy analysis in
+#: `ampdiag.analysis.communication`, so that a session's report imports no numpy).
+THRESHOLDS = {
+    # A straggler is the last to arrive in at least this share of the matched collectives ...
+    "last_share_min": 0.75,
+    # ... and on every step the others wait for it at least this share of the median step
+    # (the least late step counts: CPU scheduling noise on a loaded machine makes single steps
+    # late by a third of a step and more, never all of them by a quarter) ...
+    "lateness_share_medium": 0.25,
+    "lateness_share_high": 0.50,
+    # ... and at least this long (below, transfer time differences dominate).
+    "lateness_min_us": 1000.0,
+    # redundant-allreduce: all-reduces in more than one micro-batch on at least this share of
+    # the steps with two or more micro-batches.
+    "redundant_step_share": 0.5,
+    # ... high when the redundant all-reduces take this share of the step.
+    "redundant_time_share_high": 0.20,
+}
 
 _WHERE = {
     "data": "data loading (enumerate(DataLoader))",

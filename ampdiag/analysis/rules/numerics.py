@@ -428,8 +428,9 @@ def _nonfinite_origin(session: Session) -> tuple[dict[str, Any], int] | None:
     if sentinel:
         count = int(sentinel.get("nonfinite_step_count") or 0)
         found = []
-        if sentinel.get("forward_origin"):
-            found.append(dict(sentinel["forward_origin"]))
+        forward = sentinel.get("forward_origin")
+        if forward:
+            found.append(dict(forward))
         origin = sentinel.get("backward_origin")
         bad = sentinel.get("backward_only_steps") or []
         if origin and not (enabled and all(s in skipped for s in bad)):

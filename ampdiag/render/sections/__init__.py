@@ -1,11 +1,15 @@
 """Report sections: one module per section, each with ``build(session) -> ReportSection | None``.
 
-Renderers (HTML today) walk ``SECTION_MODULES`` in order; a new section is one new module here
-and one name in that tuple. A section returns None when the session has nothing for it.
+A new section is one new module here and one line in `SECTION_MODULES`, which is the order the
+report shows them in. A module says everything about its section: ``TITLE`` (its heading),
+``NEEDS`` for a *topic* (a section every report has: with no data it still shows, saying what
+would fill it), and ``build``, which returns None when the session has nothing for it. The HTML
+report draws them; TensorBoard output is `ampdiag.render.tensorboard`'s.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -14,21 +18,31 @@ from markupsafe import Markup
 
 from ampdiag.session import Session
 
+#: The report's sections, one module each, in the order the report shows them.
 SECTION_MODULES: tuple[str, ...] = (
     "overview",
     "ranks",
     "time",
     "timeline",
     "precision",
-    "precision_ab",
     "numerics",
-    "gradscaler",
     "memory",
+    "gradscaler",
+    "precision_ab",
+    "settings",
     "environment",
 )
 
-#: Headings of the sections whose name does not say it (for a section that failed to build).
-TITLES = {"time": "Step time", "timeline": "GPU timeline", "gradscaler": "GradScaler"}
+
+@dataclass(frozen=True)
+class SectionInfo:
+    """What a section module declares: its anchor, heading and, for a topic, what fills it."""
+
+    name: str
+    id: str
+    title: str
+    needs: str | None
+    module: ModuleType
 
 
 @dataclass
@@ -50,13 +64,15 @@ class ReportSection:
     figures: list[str] = field(default_factory=list)
 
 
-def section_modules() -> list[ModuleType]:
-    """The section modules, in report order.
-
-    Each has ``build(session) -> ReportSection | None`` and may have
-    ``write_tensorboard(session, writer)`` for its TensorBoard scalars and histograms.
-    """
-    return [importlib.import_module(f"ampdiag.render.sections.{n}") for n in SECTION_MODULES]
+@functools.cache
+def registry() -> tuple[SectionInfo, ...]:
+    """The registered sections, in report order (their modules imported)."""
+    out = []
+    for name in SECTION_MODULES:
+        module = importlib.import_module(f"{__name__}.{name}")
+        title, needs = module.TITLE, getattr(module, "NEEDS", None)
+        out.append(SectionInfo(name, name.replace("_", "-"), title, needs, module))
+    return tuple(out)
 
 
 def build_sections(session: Session) -> list[ReportSection]:
@@ -66,20 +82,19 @@ def build_sections(session: Session) -> list[ReportSection]:
     value in a session must not cost the user the rest of the report.
     """
     built = []
-    for name, module in zip(SECTION_MODULES, section_modules(), strict=True):
+    for info in registry():
         try:
-            section = module.build(session)
+            section = info.module.build(session)
         except Exception as exc:
-            section = failed(name, exc)
+            section = failed(info, exc)
         if section is not None:
             built.append(section)
     return built
 
 
-def failed(name: str, exc: BaseException) -> ReportSection:
+def failed(info: SectionInfo, exc: BaseException) -> ReportSection:
     """The stand-in for a section that could not be built."""
     from ampdiag.render.templating import render_template
 
     html = render_template("failed.html.j2", error=f"{type(exc).__name__}: {exc}")
-    title = TITLES.get(name, name.replace("_", " ").capitalize())
-    return ReportSection(id=name, title=title, html=html, summary="could not be rendered")
+    return ReportSection(id=info.id, title=info.title, html=html, summary="could not be rendered")

@@ -6,8 +6,10 @@ from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
+TITLE = "Run and environment"
+
 
 def build(session: Session) -> ReportSection:
     """The environment section (always present)."""
     html = render_template("environment.html.j2", session=session, run=session.section("run"))
-    return ReportSection(id="environment", title="Run and environment", html=html)
+    return ReportSection(id="environment", title=TITLE, html=html)

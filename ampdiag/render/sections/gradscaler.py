@@ -16,6 +16,9 @@ from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
+TITLE = "GradScaler"
+NEEDS = "a GradScaler in the run (scale history, skipped steps)"
+
 
 def scale_history(session: Session) -> list[dict[str, Any]]:
     """The per-step loss scale records that have a numeric scale."""
@@ -66,12 +69,5 @@ def build(session: Session) -> ReportSection | None:
     if history:
         summary += f", {skipped} skipped step{'s' if skipped != 1 else ''}"
     return ReportSection(
-        id="gradscaler", title="GradScaler", html=html, summary=summary, figures=list(figures)
+        id="gradscaler", title=TITLE, html=html, summary=summary, figures=list(figures)
     )
-
-
-def write_tensorboard(session: Session, writer: Any) -> None:
-    """Loss scale and skipped steps per step, when the run recorded them."""
-    for r in scale_history(session):
-        writer.add_scalar("scaler/loss_scale", float(r["scale"]), r["step"])
-        writer.add_scalar("scaler/skipped", 1.0 if r.get("skipped") else 0.0, r["step"])

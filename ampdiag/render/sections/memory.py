@@ -16,6 +16,9 @@ from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
+TITLE = "Memory"
+NEEDS = "the memory collector (allocator events or a CUDA snapshot)"
+
 MiB = 1024**2
 
 
@@ -87,16 +90,5 @@ def build(session: Session) -> ReportSection | None:
     if ms:
         summary += (", " if summary else "") + f"model state {humanize.nbytes(ms)}"
     return ReportSection(
-        id="memory", title="Memory", html=html, summary=summary, figures=list(figures)
+        id="memory", title=TITLE, html=html, summary=summary, figures=list(figures)
     )
-
-
-def write_tensorboard(session: Session, writer: Any) -> None:
-    """The peak split by category and the model state as scalars."""
-    mem = session.section("memory")
-    for cat, value in ((mem.get("peak") or {}).get("by_category") or {}).items():
-        writer.add_scalar(f"memory/peak_{cat}_MiB", value / MiB, 0)
-    for key in ("parameters", "gradients", "optimizer_state"):
-        value = (mem.get("model_state") or {}).get(key)
-        if isinstance(value, (int, float)):
-            writer.add_scalar(f"memory/model_state_{key}_MiB", value / MiB, 0)

@@ -7,8 +7,6 @@ histograms of log2|g|).
 
 from __future__ import annotations
 
-from typing import Any
-
 from markupsafe import Markup
 
 from ampdiag import units as humanize
@@ -16,6 +14,9 @@ from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
+
+TITLE = "Numerics"
+NEEDS = "gradient and activation statistics of sampled steps"
 
 TABLE_ROWS = 40
 #: How each of FP16's limits (log2 exponents, from the derive step) is labelled on the histogram.
@@ -89,57 +90,8 @@ def build(session: Session) -> ReportSection | None:
         parts.append(f"NaN/inf from {origin['module']}")
     return ReportSection(
         id="numerics",
-        title="Numerics",
+        title=TITLE,
         html=html,
         summary=", ".join(parts),
         figures=list(figures),
     )
-
-
-def write_tensorboard(session: Session, writer: Any) -> None:
-    """Scalars (loss scale, skips, gradient norm and underflow) and log2|g| histograms."""
-    import numpy as np
-
-    sc = session.section("scaler")
-    for h in sc.get("history") or []:
-        writer.add_scalar("numerics/loss_scale", h["scale"], h["step"])
-        writer.add_scalar("numerics/skipped", 1.0 if h["skipped"] else 0.0, h["step"])
-    grads = session.section("gradients")
-    for rec in grads.get("steps", []):
-        nz = rec["n"] - rec["zero"] - rec["nonfinite"]
-        if isinstance(rec.get("norm"), (int, float)):
-            writer.add_scalar("numerics/grad_norm", rec["norm"], rec["step"])
-        if nz > 0:
-            writer.add_scalar(
-                "numerics/grad_subnormal_fraction", rec["subnormal"] / nz, rec["step"]
-            )
-            writer.add_scalar("numerics/grad_flush_fraction", rec["flush"] / nz, rec["step"])
-        writer.add_scalar(
-            "numerics/grad_zero_fraction", rec["zero"] / max(1, rec["n"]), rec["step"]
-        )
-    for tag, hist in (
-        ("numerics/log2_grad_held", grads.get("hist_held")),
-        ("numerics/log2_grad_true", grads.get("hist_true")),
-        ("numerics/log2_activation_grad", session.section("activations").get("exponents")),
-    ):
-        if not hist:
-            continue
-        xs, counts = _hist_items(hist)
-        values = np.array(xs, dtype=np.float64)
-        c = np.array(counts, dtype=np.float64)
-        writer.add_histogram_raw(
-            tag,
-            min=float(values.min()),
-            max=float(values.max() + 1),
-            num=int(c.sum()),
-            sum=float((values * c).sum()),
-            sum_squares=float((values * values * c).sum()),
-            bucket_limits=(values + 1).tolist(),
-            bucket_counts=c.tolist(),
-            global_step=0,
-        )
-    for m in session.section("activations").get("modules", []):
-        if "subnormal_fraction" in m:
-            writer.add_scalar(
-                f"numerics/activation_grad_subnormal/{m['module']}", m["subnormal_fraction"], 0
-            )

@@ -15,6 +15,8 @@ from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import SEVERITIES, Finding, Session
 
+TITLE = "Overview"
+
 
 def verdict(session: Session) -> str:
     """One sentence: what is most wrong with this run (or that nothing was found)."""
@@ -154,6 +156,4 @@ def build(session: Session) -> ReportSection:
         figures=uris,
         facts=run_facts(session),
     )
-    return ReportSection(
-        id="overview", title="Overview", html=html, summary=text, figures=list(uris)
-    )
+    return ReportSection(id="overview", title=TITLE, html=html, summary=text, figures=list(uris))

@@ -5,8 +5,6 @@ The summary it shows is the derive step's (``derived.precision``); this module o
 
 from __future__ import annotations
 
-from typing import Any
-
 from markupsafe import Markup
 
 from ampdiag import units as humanize
@@ -14,6 +12,9 @@ from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
+
+TITLE = "Precision"
+NEEDS = "the dtype audit of a sampled step under autocast"
 
 MAX_MODULES = 20
 
@@ -44,7 +45,7 @@ def build(session: Session) -> ReportSection | None:
     if not sec.get("audited") or not isinstance(s, dict):
         reason = sec.get("not_audited_reason") or "the session was not analysed"
         html = render_template("precision.html.j2", sec=sec, s=None, figures={}, reason=reason)
-        return ReportSection(id="precision", title="Precision", html=html, summary="not audited")
+        return ReportSection(id="precision", title=TITLE, html=html, summary="not audited")
     figures: dict[str, Markup] = {}
     if s.get("modules"):
         figures["precision-modules"] = svg.inline(module_bars(s["modules"]))
@@ -55,18 +56,5 @@ def build(session: Session) -> ReportSection | None:
         f"{humanize.count(s['casts']['total']['count'])} casts"
     )
     return ReportSection(
-        id="precision", title="Precision", html=html, summary=summary, figures=list(figures)
+        id="precision", title=TITLE, html=html, summary=summary, figures=list(figures)
     )
-
-
-def write_tensorboard(session: Session, writer: Any) -> None:
-    """Scalars: FP32 share of FLOPs and time, cast count and bytes of the audited step."""
-    sec = session.section("precision")
-    s = session.section("derived").get("precision")
-    if not sec.get("audited") or not isinstance(s, dict):
-        return
-    step = int(sec.get("step") or 0)
-    writer.add_scalar("precision/fp32_flops_share", s["fp32_flops_share"], step)
-    writer.add_scalar("precision/fp32_time_share", s["fp32_time_share"], step)
-    writer.add_scalar("precision/casts", s["casts"]["total"]["count"], step)
-    writer.add_scalar("precision/cast_bytes", s["casts"]["total"]["bytes"], step)

@@ -18,6 +18,8 @@ from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.session import Session
 
+TITLE = "Which precision"
+
 NAMES = {"fp32": "FP32", "tf32": "TF32 matmuls", "bf16": "BF16 autocast",
          "fp16": "FP16 autocast + loss scale"}  # fmt: skip
 
@@ -171,7 +173,7 @@ def build(session: Session) -> ReportSection | None:
         parts.append(Markup('<figure class="figure" aria-label="{}">{}</figure>').format(name, uri))
     return ReportSection(
         id="precision-ab",
-        title="Which precision",
+        title=TITLE,
         html=Markup("").join(escape(p) for p in parts),
         summary=f"recommended {ab.get('recommended')}",
         figures=list(figures),

@@ -13,6 +13,8 @@ from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
+TITLE = "Ranks"
+
 
 def _rows(session: Session) -> list[dict[str, Any]]:
     """The ranks' rows, with their communication per step and findings added."""
@@ -77,12 +79,4 @@ def build(session: Session) -> ReportSection | None:
     )
     if slow.get("step_ms_median") is not None and straggler is None:
         summary += f", slowest median step {slow['step_ms_median']:.1f} ms (rank {slow['rank']})"
-    return ReportSection(id="ranks", title="Ranks", html=html, summary=summary, figures=list(uris))
-
-
-def write_tensorboard(session: Session, writer: Any) -> None:
-    """The per-rank step-time chart."""
-    from ampdiag.render.tensorboard import add_chart
-
-    for name, chart in figures(session).items():
-        add_chart(writer, f"figures/ranks/{name}", chart)
+    return ReportSection(id="ranks", title=TITLE, html=html, summary=summary, figures=list(uris))

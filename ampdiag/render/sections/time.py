@@ -15,6 +15,9 @@ from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
+TITLE = "Step time"
+NEEDS = "a profiled step (run at least skip + warm-up + 1 steps)"
+
 #: At most this many per-step rows in the breakdown table (the chart shows every step).
 TABLE_STEPS = 50
 
@@ -125,18 +128,4 @@ def build(session: Session) -> ReportSection | None:
     )
     share = breakdown.get("share", {})
     summary = ", ".join(f"{c} {humanize.percent(share[c])}" for c in categories(breakdown))
-    return ReportSection(
-        id="time", title="Step time", html=html, summary=summary, figures=list(uris)
-    )
-
-
-def write_tensorboard(session: Session, writer: Any) -> None:
-    """The speed probe's two times and the section's figures."""
-    from ampdiag.render.tensorboard import add_chart
-
-    probe = session.section("speed_probe")
-    for key in ("fp32_ms", "autocast_ms"):
-        if isinstance(probe.get(key), (int, float)):
-            writer.add_scalar(f"speed_probe/{key}", float(probe[key]), 0)
-    for name, chart in figures(session).items():
-        add_chart(writer, f"figures/time/{name}", chart)
+    return ReportSection(id="time", title=TITLE, html=html, summary=summary, figures=list(uris))

@@ -12,6 +12,8 @@ from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
+TITLE = "GPU timeline"
+
 DETAIL_RANKS = 2
 #: At most this many per-step rows per rank in the table.
 TABLE_STEPS = 50
@@ -77,14 +79,4 @@ def build(session: Session) -> ReportSection | None:
         )
     else:
         text = "no GPU kernels (CPU side only)"
-    return ReportSection(
-        id="timeline", title="GPU timeline", html=html, summary=text, figures=list(figures)
-    )
-
-
-def write_tensorboard(session: Session, writer: Any) -> None:
-    """Per-rank idle / compute / non-compute shares as scalars (step = rank)."""
-    for r in session.section("timeline").get("ranks", []):
-        if isinstance(r, dict) and r.get("activities_in_window"):
-            for key in ("idle", "compute", "non_compute"):
-                writer.add_scalar(f"timeline/{key}_share", r[f"{key}_share"], int(r["rank"]))
+    return ReportSection(id="timeline", title=TITLE, html=html, summary=text, figures=list(figures))

@@ -443,7 +443,7 @@ def compare(
             would overrun ``budget_s`` (`affordable`); their row keeps its numerics and says
             why in ``not_timed``. FP32 is always timed. The speed probe passes every precision
             but FP32 and the run's own: one the probe did not time may be far slower than
-            its estimate assumed (FP16 on a CPU, 50x).
+            its estimate assumed (FP16 on a CPU without native FP16).
 
     Returns:
         A `PrecisionComparison`: one row per precision, and the recommended one — the fastest
@@ -563,7 +563,7 @@ def affordable(
     The speed probe ran the A/B because its least cost fit the budget, assuming that no
     precision is slower than the slowest of those that must be timed: a droppable one whose
     observed run is no slower than theirs is timed, as that estimate counted it. One that is
-    slower (FP16 on a CPU: 15-50x) is kept, cheapest first, only while what was spent and all
+    slower (FP16 without native FP16) is kept, cheapest first, only while what was spent and all
     that is kept fit the budget; the A/B then overruns its budget by its observed run at most,
     never by its timed rounds. (A precision's first run in a process can be slower than the
     next, its kernels starting up: that errs towards not timing it.)
@@ -595,7 +595,7 @@ def _still_racing(racing: list[str], samples: dict[str, list[float]]) -> list[st
 
     A precision whose fastest sample is over `OUT_OF_RACE` times the slowest sample of the
     fastest one (by median) cannot come back within any spread: timing it further only spends
-    the budget (FP16 on a CPU without native FP16 is 50x slower, and would take all of it).
+    the budget (FP16 on a CPU without native FP16 is many times slower, and would take all of it).
     """
     best = min(racing, key=lambda n: statistics.median(samples[n]))
     limit = OUT_OF_RACE * max(samples[best])
@@ -667,7 +667,7 @@ def _module_costs(runner: _Runner, names: list[str], rows: dict[str, PrecisionRe
     modules, one the casts (in FP32: the model's own, which autocast's are counted above).
     ``cause`` is ``"casts"`` when the casts take at least half of the extra time, else
     ``"kernels"``: the low-precision kernels themselves are slower than FP32's (on a CPU
-    without native FP16, a convolution's FP16 kernel is, by 50x and more).
+    without native FP16, a convolution's FP16 kernel is, by far).
     """
     if "fp32" not in names:
         return

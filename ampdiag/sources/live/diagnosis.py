@@ -11,7 +11,6 @@ it propagates unchanged after the session is written with ``status: "error"``.
 from __future__ import annotations
 
 import datetime as _dt
-import html
 import logging
 import sys
 import threading
@@ -118,13 +117,6 @@ class Diagnosis:
     def report_path(self) -> Path:
         """Where report.html is (or will be) written."""
         return self.out / REPORT_FILE
-
-    def _repr_html_(self) -> str:
-        """In Jupyter: the report inline once the block has ended, else where it will be."""
-        if self.session is not None:
-            return self.session._repr_html_()
-        where = html.escape(str(self.report_path))
-        return f"<p>ampdiag: diagnosing; the report will be at <code>{where}</code></p>"
 
     # --- context manager ------------------------------------------------------------------------
 

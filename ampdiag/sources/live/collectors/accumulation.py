@@ -80,6 +80,7 @@ class AccumulationCollector(Collector):
     """Zeroing between micro-batches and the micro-batches' loss weights, on sampled steps."""
 
     name = "accumulation"
+    enabled_by = "numerics"
 
     def __init__(self) -> None:
         self._run: RunContext | None = None

@@ -70,6 +70,7 @@ class ActivationsCollector(Collector):
     """Forward range, activation-gradient underflow and NaN origin, per module."""
 
     name = "activations"
+    enabled_by = "numerics"
 
     def __init__(self) -> None:
         self._run: RunContext | None = None

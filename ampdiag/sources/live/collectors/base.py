@@ -31,7 +31,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -121,8 +121,16 @@ class RunContext:
 class Collector:
     """Base class: every callback is a no-op, so a collector overrides only what it needs."""
 
-    #: The Session section this collector writes (a top-level key of session.json).
+    #: The Session section this collector writes (a top-level key of session.json); its type
+    #: is the return annotation of `section` (a TypedDict of `ampdiag.schema`).
     name: str = ""
+    #: The `DiagnoseConfig` flag that turns it on (None: always on; it may skip itself).
+    enabled_by: ClassVar[str | None] = None
+
+    @classmethod
+    def from_config(cls, config: DiagnoseConfig) -> Collector:
+        """The collector diagnose() attaches for ``config`` (most take no settings)."""
+        return cls()
 
     def start(self, run: RunContext) -> None:
         """Called once before the first step."""

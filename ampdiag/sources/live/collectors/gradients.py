@@ -60,6 +60,7 @@ class GradientsCollector(Collector):
     """Gradient statistics per parameter and in total on sampled steps."""
 
     name = "gradients"
+    enabled_by = "numerics"
 
     def __init__(self) -> None:
         self._run: RunContext | None = None

@@ -149,6 +149,7 @@ class MemoryCollector(Collector):
     """Where the memory goes: model state, the categorized timeline, CUDA snapshots."""
 
     name = "memory"
+    enabled_by = "memory"
 
     def __init__(self) -> None:
         self._run: RunContext | None = None

@@ -23,6 +23,7 @@ class PrecisionCollector(Collector):
     """Audits the dtype of every op of one step (``precision_step``), forward and backward."""
 
     name = "precision"
+    enabled_by = "precision"
 
     def __init__(self) -> None:
         self._run: RunContext | None = None

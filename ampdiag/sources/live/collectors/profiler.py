@@ -45,6 +45,7 @@ class ProfilerCollector(Collector):
     """Runs torch.profiler over the diagnosed steps on the configured schedule."""
 
     name = "profiler"
+    enabled_by = "profile"
 
     def __init__(self) -> None:
         self._prof: profile | None = None

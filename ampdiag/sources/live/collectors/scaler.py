@@ -33,6 +33,7 @@ class ScalerCollector(Collector):
     """Scale history, skipped steps, growth/backoff, and misuse of the AMP API."""
 
     name = "scaler"
+    enabled_by = "numerics"
 
     def __init__(self) -> None:
         self._run: RunContext | None = None

@@ -64,6 +64,7 @@ class Sentinel(Collector):
     """First inf/NaN per step: module outputs, the loss, input gradients, parameter grads."""
 
     name = "sentinel"
+    enabled_by = "sentinel"
 
     def __init__(self) -> None:
         self._names: list[str] = []

@@ -52,6 +52,7 @@ import torch
 
 from ampdiag import timing
 from ampdiag.analysis.precision_choice import run_precision
+from ampdiag.config import DiagnoseConfig
 from ampdiag.schema import SpeedProbeSection
 from ampdiag.sources.live.collectors.base import (
     Collector,
@@ -90,6 +91,11 @@ class SpeedProbe(Collector):
     """Times the model's forward + backward in FP32 and under the run's autocast, once."""
 
     name = "speed_probe"
+
+    @classmethod
+    def from_config(cls, config: DiagnoseConfig) -> SpeedProbe:
+        """Always attached: with ``speed_probe=False`` its section says it was disabled."""
+        return cls(config.speed_probe_repeats, config.speed_probe_budget_s)
 
     def __init__(self, repeats: int = 5, budget_s: float = DEFAULT_BUDGET_S) -> None:
         self.repeats = max(1, repeats)
@@ -236,7 +242,7 @@ def ab_cost_estimate_s(timings: dict[str, Any], precisions: int) -> float | None
     per-module forwards): FP32 and the run's autocast at the times the probe measured, any
     other at the slower of the two. The A/B is skipped, with this figure, when even that is
     over its budget: its cost stays bounded by the budget instead of overrunning it. A
-    precision the probe did not time can be far slower than that (FP16 on a CPU: 50x); the
+    precision the probe did not time can be far slower than that (FP16 without native FP16); the
     A/B drops it from timing once its observed pass predicts an overrun (``droppable``).
     """
     fp32, amp = timings.get("fp32_ms"), timings.get("autocast_ms")
