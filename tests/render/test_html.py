@@ -134,7 +134,7 @@ def test_every_page_has_the_one_shell_and_policy() -> None:
 def test_the_settings_section_names_what_was_changed() -> None:
     config = {"profile": True, "sample_every": 1, "profile_active": 3, EVIL_MODULE: 1}
     html = render_html(Session(config=config))
-    part = html[html.index('<section id="settings">') : html.index('<section id="environment"')]
+    part = html[html.index('<section id="settings"') : html.index('<section id="environment"')]
     rows = re.findall(r"<tr><th><code>([^<]+)</code></th><td>([^<]*)</td><td>([^<]*)</td>", part)
     # by hand: DiagnoseConfig's defaults are sample_every=0, profile=True, profile_active=3
     assert rows[0] == ("sample_every", "1", "default 0")
