@@ -144,4 +144,4 @@ def test_the_settings_section_names_what_was_changed() -> None:
         EVIL_MODULE.replace("<", "&lt;").replace(">", "&gt;"),
     }
     assert "1 changed from the default" in part and EVIL_MODULE not in part
-    assert '<section id="settings">' not in render_html(Session())  # a trace's session: none
+    assert '<section id="settings"' not in render_html(Session())  # a trace's session: none
