@@ -8,8 +8,9 @@ runs as the user runs it, in a fresh process (``python -m ampdiag report FOLDER`
 session and the HTML report written into the folder), ``--repeat`` times; printed: wall time,
 the merged session.json's size, and the peak memory of the report process and its workers
 together (the sum of their resident sets, sampled every 10 ms from /proc: shared pages of
-forked workers counted once per process, so an upper bound). Targets: <= 10 s, <= 20 MB,
-<= 1 GB.
+forked workers counted once per process, so an upper bound) and the CPU time of them all
+(wall time on a shared machine is CPU time over the cores it is given). Targets: <= 10 s,
+<= 20 MB, <= 1 GB.
 
     python benchmarks/bench_ranks.py [--ranks 1024] [--repeat 1] [--source DIR]
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -55,11 +57,12 @@ def _tree_rss(root: int) -> int:
     return total
 
 
-def measure(folder: Path) -> tuple[float, int, int]:
-    """(wall seconds, merged session bytes, peak bytes of the report's process tree)."""
+def measure(folder: Path) -> tuple[float, float, int, int]:
+    """(wall s, CPU s of the report and its workers, merged session bytes, peak tree bytes)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     for stale in ("session.json", "report.html"):
         (folder / stale).unlink(missing_ok=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ampdiag", "report", str(folder)],
@@ -80,9 +83,11 @@ def measure(folder: Path) -> tuple[float, int, int]:
     _, err = proc.communicate()
     wall = time.perf_counter() - start
     sampler.join()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = sum(getattr(after, k) - getattr(before, k) for k in ("ru_utime", "ru_stime"))
     if proc.returncode != 0:
         raise SystemExit(f"report failed: {err.decode()[-2000:]}")
-    return wall, (folder / "session.json").stat().st_size, peak
+    return wall, cpu, (folder / "session.json").stat().st_size, peak
 
 
 def real_run(out: Path) -> Path:
@@ -107,9 +112,10 @@ def main() -> None:
         copy_ranks(source, folder, args.ranks)
         print(f"{args.ranks} ranks (copies of {source}), {os.cpu_count()} cores")
         for i in range(args.repeat):
-            wall, size, peak = measure(folder)
+            wall, cpu, size, peak = measure(folder)
             print(
-                f"run {i + 1}: {wall:.2f} s, merged session {size / 1e6:.1f} MB, "
+                f"run {i + 1}: {wall:.2f} s ({cpu:.2f} s CPU, load {os.getloadavg()[0]:.1f}), "
+                f"merged session {size / 1e6:.1f} MB, "
                 f"peak memory {peak / 2**20:.0f} MiB (report + workers)"
             )
     finally:
