@@ -139,3 +139,24 @@ def test_a_merged_session_of_an_older_version_is_analysed_from_its_members() -> 
     found = analyze(merged)
     assert {f.id for f in found} == alone
     assert all(f.evidence["ranks"] == "all" for f in found)
+
+
+def test_a_pool_merges_many_ranks_as_one_process_does(tmp_path: Path, monkeypatch: object) -> None:
+    import ampdiag.sources.traces as traces
+    from ampdiag.sources.ranks import session_from_ranks
+
+    made = tmp_path / "made"
+    made.mkdir()
+    rank_traces(made, 1, delay_us=4000.0)
+    out = tmp_path / "out"
+    n = 2 * traces.POOL_MIN_JOBS + 3  # a pool of 2 workers where 2 cores are free
+    for rank in range(n):  # the traces name ranks 0 and 1 only: the rest are kept by position
+        _rank_session(out / f"rank-{rank}", rank, made / f"rank-{rank % 2}.json", world=n)
+    pooled = session_from_ranks(out).to_dict()
+    monkeypatch.setattr(traces, "POOL_MIN_JOBS", 10**9)  # type: ignore[attr-defined]
+    alone = session_from_ranks(out).to_dict()
+    for doc in (pooled, alone):
+        doc.pop("created")
+    assert pooled == alone
+    assert [r["rank"] for r in pooled["timeline"]["ranks"]] == list(range(n))
+    assert sum("appears twice" in w for w in pooled["timeline"]["warnings"]) == n - 2
