@@ -259,7 +259,8 @@ class RanksSection(TypedDict, total=False):
 
     world_size: int
     rows: list[dict[str, Any]]  # ampdiag.analysis.ranks.rank_row, one per rank
-    members: list[dict[str, Any]]  # {"rank", "folder", "session": that rank's document}
+    summaries: list[dict[str, Any]]  # {"rank", "folder", "findings": that rank's own}
+    members: list[dict[str, Any]]  # older merges: {"rank", "folder", "session": its document}
     warnings: list[str]
 
 

@@ -17,17 +17,16 @@ def analyze(session: Session) -> list[Finding]:
     """
     from ampdiag.analysis.advisors import advise
     from ampdiag.analysis.derive import derive
-    from ampdiag.analysis.ranks import members, merge_findings
+    from ampdiag.analysis.ranks import merge_findings, rank_findings
 
     derive(session)
-    ranks = members(session)
-    if ranks:  # a merged distributed run: each rank alone, then the ranks together
+    per_rank = rank_findings(session)
+    if per_rank:  # a merged distributed run: each rank alone, then the ranks together
         together = Session(
             status=session.status,
             environment=session.environment,
             sections={k: v for k, v in session.sections.items() if k == "timeline"},
         )
-        per_rank = [(rank, analyze(member)) for rank, member in ranks]
         return merge_findings(per_rank, advise(together, run_rules(together)))
     return advise(session, run_rules(session))
 

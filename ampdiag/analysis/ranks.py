@@ -1,7 +1,9 @@
 """The ranks of a distributed run side by side, and their findings merged.
 
-A merged session (`ampdiag.sources.ranks`) holds every rank's session under ``ranks.members``.
-Each rank is analyzed on its own, as if reported alone; a finding every rank has is stated
+A merged session (`ampdiag.sources.ranks`) holds each rank's summary under ``ranks.summaries``:
+its row of the table and its findings, from its session analyzed on its own, as if reported
+alone (merged sessions of older versions held whole sessions under ``ranks.members``, analyzed
+here). A finding every rank has is stated
 once (``evidence.ranks = "all"``), one only some ranks have is named with those ranks. The
 findings about the ranks together (stragglers, communication) come from the merged timeline.
 """
@@ -21,6 +23,20 @@ def members(session: Session) -> list[tuple[int, Session]]:
         if isinstance(m, dict) and isinstance(m.get("session"), dict):
             out.append((int(m["rank"]), Session.from_dict(m["session"])))
     return out
+
+
+def rank_findings(session: Session) -> list[tuple[int, list[Finding]]]:
+    """(rank, that rank's own findings) of a merged session; empty for any other session."""
+    summaries = session.section("ranks").get("summaries")
+    if summaries:
+        return [
+            (int(s["rank"]), [Finding.from_dict(f) for f in s.get("findings") or []])
+            for s in summaries
+            if isinstance(s, dict)
+        ]
+    from ampdiag.analysis import analyze
+
+    return [(rank, analyze(member)) for rank, member in members(session)]
 
 
 def _median(values: list[float]) -> float | None:
@@ -60,11 +76,6 @@ def rank_row(rank: int, doc: dict[str, Any]) -> dict[str, Any]:
         "peak_bytes": (mem.get("peak") or {}).get("bytes"),
         "parameter_bytes": model_state.get("parameters"),
     }
-
-
-def rank_rows(members: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`rank_row` of each member of a merged session (``{"rank", "session"}`` dicts)."""
-    return [rank_row(int(m["rank"]), m["session"]) for m in members]
 
 
 def _label(ranks: list[int]) -> str:

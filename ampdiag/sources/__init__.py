@@ -50,15 +50,16 @@ def load(path: str | os.PathLike[str], *, hta: bool = False) -> Session:
             next(path.iterdir(), None)  # an unlistable folder: one line, not a traceback
         if path.is_dir() and rank_folders(path):  # a distributed run: the ranks' own sessions
             return session_from_ranks(path, hta=hta)
-        is_session = path.name == SESSION_FILE or (
-            path.is_dir() and (path / SESSION_FILE).is_file() and not is_derived(path)
-        )
+        if path.name == SESSION_FILE:
+            return load_session(path)
+        if path.is_dir() and (path / SESSION_FILE).is_file():
+            saved = load_session(path)  # read once: returned, unless it is a report's own output
+            if not is_derived(saved):
+                return saved
     except OSError as exc:
         raise InputError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise InputError(f"cannot read {str(path)!r}: not UTF-8 text ({exc.reason})") from None
-    if is_session:
-        return load_session(path)
     if path.suffix in (".pickle", ".pkl"):  # a CUDA memory snapshot: loaded without code
         from ampdiag.sources.snapshot import session_from_snapshot
 

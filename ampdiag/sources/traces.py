@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ampdiag._layout import MEMORY_DIR, SESSION_FILE, TENSORBOARD_DIR
 from ampdiag._version import __version__
@@ -18,10 +20,13 @@ from ampdiag.analysis.device import parse_capability, runs_bf16
 from ampdiag.analysis.timeline import analyze_rank, header_facts, summarize_ranks
 from ampdiag.errors import InputError
 from ampdiag.session import Session
-from ampdiag.trace.reader import read_traces
+from ampdiag.trace.reader import read_trace
 
 if TYPE_CHECKING:
     from ampdiag.schema import Environment
+
+_J = TypeVar("_J")
+_R = TypeVar("_R")
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 NOT_TRACE_DIRS = frozenset({TENSORBOARD_DIR, MEMORY_DIR})
@@ -108,29 +113,86 @@ def session_from_traces(path: Path, hta: bool = False, files: list[Path] | None 
             warnings += [f"{f.name}: skipped, not a Kineto trace" for f in foreign]
             if not files:
                 raise InputError(f"no Kineto traces in {str(path)!r} (only other JSON files)")
+    parts = pooled(analyze_trace, [(f, i) for i, f in enumerate(files)])
+    return timeline_session(path, files, parts, warnings, hta)
+
+
+def analyze_trace(job: tuple[Path, int]) -> dict[str, Any]:
+    """One trace read and analysed, in whichever process: its timeline entry, devices, world.
+
+    ``job`` is (file, its rank of last resort). The entry is `analyze_rank`'s, with the trace's
+    ``collectives`` (`rank_communication`): all the cross-rank figures need of a rank, so the
+    trace itself is read once and dropped.
+    """
+    file, index = job
+    # the [memory] allocator events are the memory timeline's, which a report does not draw
+    rt = read_trace(file, index, memory=False)
+    rank = analyze_rank(rt)
+    rank["collectives"] = rank_communication(rt)
+    return {
+        "rank": rank,
+        "devices": rt.devices,
+        "capabilities": rt.capabilities,
+        "world_size": rt.world_size,
+    }
+
+
+POOL_MIN_JOBS = 16
+"""Fewer jobs than this run in this process: a pool's start costs more than it saves."""
+
+
+def pool_size() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def pooled(fn: Callable[[_J], _R], jobs: list[_J]) -> list[_R]:
+    """``[fn(j) for j in jobs]``, over a process pool sized to the cores when there are many.
+
+    Each job is one rank's file(s), independent of the others; results come back in order and
+    the first job's error is raised, as in a loop. Forked workers where nothing forbids it
+    (torch is not imported: it may hold threads), else spawned ones.
+    """
+    import multiprocessing as mp
+
+    workers = min(pool_size(), len(jobs) // POOL_MIN_JOBS)
+    if workers <= 1:
+        return [fn(j) for j in jobs]
+    from concurrent.futures import ProcessPoolExecutor
+
+    method = "fork" if "fork" in mp.get_all_start_methods() and "torch" not in sys.modules else None
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context(method)) as pool:
+        return list(pool.map(fn, jobs, chunksize=max(1, len(jobs) // (workers * 8))))
+
+
+def timeline_session(
+    path: Path, files: list[Path], parts: list[dict[str, Any]], warnings: list[str], hta: bool
+) -> Session:
+    """The Session of the analysed traces (`analyze_trace` of ``files``, in their order)."""
     ranks = []
     devices: list[str] = []
     capabilities: list[str] = []
     world: int | None = None
     seen: dict[int, Path] = {}
-    # the [memory] allocator events are the memory timeline's, which a report does not draw
-    traced = read_traces(files, memory=False)
-    for index, (file, rt) in enumerate(zip(files, traced, strict=True)):
-        if rt.rank in seen:
+    for index, (file, part) in enumerate(zip(files, parts, strict=True)):
+        rank = part["rank"]
+        devices = devices or part["devices"]
+        world = world or part["world_size"]
+        if rank["rank"] in seen:
             # different jobs' traces side by side, or two runs of one job: kept apart by position
             warnings.append(
-                f"{file.name}: rank {rt.rank} appears twice (also {seen[rt.rank].name}: "
+                f"{file.name}: rank {rank['rank']} appears twice (also {seen[rank['rank']].name}: "
                 f"two runs in one folder?); using {index}"
             )
-            rt.rank, rt.rank_source = index, "position"
-        seen[rt.rank] = file
-        devices = devices or rt.devices
-        capabilities = capabilities or rt.capabilities
-        world = world or rt.world_size
-        rank = analyze_rank(rt)
-        rank["collectives"] = rank_communication(rt)
+            rank["rank"], rank["rank_source"] = index, "position"
+            own = part["devices"]
+            rank["device"] = own[index % len(own)] if own else None
+        seen[rank["rank"]] = file
+        capabilities = capabilities or part.get("capabilities") or []
         ranks.append(rank)
-        del rt
     ranks.sort(key=lambda r: r["rank"])
     for r in ranks:
         warnings.extend(f"rank {r['rank']}: {w}" for w in r["warnings"])

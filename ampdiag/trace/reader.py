@@ -52,9 +52,9 @@ def read_trace(path: str | Path, index: int = 0, memory: bool = True) -> RankTra
 def read_traces(paths: list[Path], memory: bool = True) -> Iterator[RankTrace]:
     """Reads trace files in order, ``paths[i]`` as rank of last resort ``i``.
 
-    One after the other, in this process: decoding holds the interpreter's lock, and worker
-    processes (measured with ``concurrent.futures``, see ``benchmarks/bench_trace.py``) did not
-    pay for a folder of ranks on the project's machines.
+    One after the other, in this process: decoding holds the interpreter's lock. A folder of
+    many ranks is read by `ampdiag.sources.traces.pooled` instead, one trace per job over a
+    process pool, each analysed where it was read (``benchmarks/bench_ranks.py``).
 
     Raises (while iterating):
         InputError: A file is unreadable, not JSON, truncated, or not a Kineto trace.

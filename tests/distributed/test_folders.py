@@ -108,3 +108,55 @@ def test_the_merged_report_imports_no_torch(tmp_path: Path) -> None:
     assert "rank-step-times" in ranks  # the per-rank step-time chart
     assert ranks.count("<tr>") >= 3  # a header and one row per rank
     assert "1 <strong>(straggler)</strong>" in ranks
+
+
+def test_a_session_with_a_nested_source_key_is_read_as_a_session(
+    tmp_path: Path, capsys: object
+) -> None:
+    # a live run's session whose environment names no source, with a "source" deeper in
+    Session(
+        environment={"rank": 0, "world_size": 1, "device_type": "cpu"},
+        sections={"timeline": {"source": "trace", "ranks": []}},
+        steps=[{"index": 0, "wall_s": 0.5}],
+    ).save(tmp_path)
+    doc = _json(capsys, str(tmp_path))
+    assert doc["environment"]["device_type"] == "cpu"
+    assert [s["wall_s"] for s in doc["steps"]] == [0.5]  # type: ignore[index]
+
+
+def test_a_merged_session_of_an_older_version_is_analysed_from_its_members() -> None:
+    from ampdiag.analysis import analyze
+
+    saved = Path(__file__).parents[1] / "data" / "sessions" / "main-f6ce857.json"
+    doc = json.loads(saved.read_text(encoding="utf-8"))
+    doc.pop("findings", None)
+    alone = {f.id for f in analyze(Session.from_dict(doc))}
+    assert alone  # a real saved session with a finding of its own
+    merged = Session(
+        environment={"source": "ranks", "world_size": 2},
+        sections={"ranks": {"members": [{"rank": r, "session": doc} for r in (0, 1)]}},
+    )
+    found = analyze(merged)
+    assert {f.id for f in found} == alone
+    assert all(f.evidence["ranks"] == "all" for f in found)
+
+
+def test_a_pool_merges_many_ranks_as_one_process_does(tmp_path: Path, monkeypatch: object) -> None:
+    import ampdiag.sources.traces as traces
+    from ampdiag.sources.ranks import session_from_ranks
+
+    made = tmp_path / "made"
+    made.mkdir()
+    rank_traces(made, 1, delay_us=4000.0)
+    out = tmp_path / "out"
+    n = 2 * traces.POOL_MIN_JOBS + 3  # a pool of 2 workers where 2 cores are free
+    for rank in range(n):  # the traces name ranks 0 and 1 only: the rest are kept by position
+        _rank_session(out / f"rank-{rank}", rank, made / f"rank-{rank % 2}.json", world=n)
+    pooled = session_from_ranks(out).to_dict()
+    monkeypatch.setattr(traces, "POOL_MIN_JOBS", 10**9)  # type: ignore[attr-defined]
+    alone = session_from_ranks(out).to_dict()
+    for doc in (pooled, alone):
+        doc.pop("created")
+    assert pooled == alone
+    assert [r["rank"] for r in pooled["timeline"]["ranks"]] == list(range(n))
+    assert sum("appears twice" in w for w in pooled["timeline"]["warnings"]) == n - 2

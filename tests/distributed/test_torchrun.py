@@ -166,3 +166,53 @@ def test_fsdp2_on_the_local_shard(runs: Path) -> None:
     mp = found["fsdp-mixed-precision"]
     assert mp["evidence"]["param_dtype"] == "bfloat16"
     assert mp["evidence"]["reduce_dtype"] == "float32" and "FP32" in mp["title"]
+
+
+def _merged_the_old_way(folder: Path) -> list[dict[str, Any]]:
+    """The findings of the merge before summaries: each whole session analysed, traces read."""
+    from ampdiag.analysis import analyze
+    from ampdiag.analysis.advisors import advise
+    from ampdiag.analysis.ranks import merge_findings
+    from ampdiag.analysis.registry import run_rules
+    from ampdiag.session import Session, load
+    from ampdiag.sources.ranks import rank_folders
+    from ampdiag.trace.reader import read_trace
+
+    per_rank, files = [], []
+    for rank, sub in rank_folders(folder):
+        member = load(sub)
+        member.findings = []
+        files += [sub / f for f in member.section("profiler")["trace_files"]]
+        per_rank.append((rank, analyze(member)))
+    from ampdiag.analysis.communication import across_ranks, rank_communication
+    from ampdiag.analysis.timeline import analyze_rank
+
+    ranks = []
+    for i, f in enumerate(files):  # one after the other, in this process
+        rt = read_trace(f, i, memory=False)
+        ranks.append({**analyze_rank(rt), "collectives": rank_communication(rt)})
+    together = Session(
+        sections={"timeline": {"ranks": ranks, "communication": across_ranks(ranks)}}
+    )
+    return [f.to_dict() for f in merge_findings(per_rank, advise(together, run_rules(together)))]
+
+
+def test_many_copied_ranks_merge_to_the_same_findings_in_small_summaries(
+    runs: Path, tmp_path: Path
+) -> None:
+    from tests.distributed.copies import copy_ranks
+
+    n = 40  # more than a process pool's threshold: the merge runs over a pool
+    sources = copy_ranks(runs / "straggler", tmp_path, n)
+    sleepers = {r for r, s in enumerate(sources) if truth(runs / "straggler", s)["slept_s"]}
+    assert sleepers == set(range(1, n, 2))
+    doc = report(tmp_path)
+    assert doc["findings"] == _merged_the_old_way(tmp_path)
+    found = findings(doc)
+    assert found["straggler-rank"]["evidence"]["rank"] in sleepers
+    assert [r["rank"] for r in doc["ranks"]["rows"]] == list(range(n))
+    assert [r["rank"] for r in doc["timeline"]["ranks"]] == list(range(n))
+    # what the merge keeps of a rank is a summary, far smaller than its session
+    assert "members" not in doc["ranks"]
+    per_rank = len(json.dumps(doc["ranks"])) / n
+    assert per_rank < 0.1 * (tmp_path / "rank-0" / "session.json").stat().st_size
