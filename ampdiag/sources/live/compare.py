@@ -124,6 +124,8 @@ class PrecisionComparison:
     budget_s: float = DEFAULT_BUDGET_S
     spent_s: float = 0.0
     skipped: str | None = None
+    #: FP8 readiness (`sources.live.fp8.readiness`), when ``"fp8"`` was asked for.
+    fp8: dict[str, Any] | None = None
 
     def result(self, precision: str) -> PrecisionResult:
         """One precision's row."""
@@ -156,6 +158,13 @@ def supported_precisions(device: torch.device) -> list[str]:
     else:
         out += ["bf16", "fp16"]
     return out
+
+
+def _default_precisions(device: torch.device) -> list[str]:
+    """`supported_precisions`, and FP8 where the device computes it natively."""
+    from ampdiag.compat import fp8 as cfp8
+
+    return supported_precisions(device) + (["fp8"] if cfp8.device_has_fp8(device) else [])
 
 
 @contextmanager
@@ -418,6 +427,7 @@ def compare(
     kwargs: dict[str, Any] | None = None,
     copy_model: bool = True,
     droppable: Collection[str] = (),
+    fp8_recipe: str = "tensorwise",
 ) -> PrecisionComparison:
     """Measures FP32 against each low precision for this model and batch, changing nothing.
 
@@ -430,7 +440,8 @@ def compare(
             exercises every op).
         target: The target passed to ``loss_fn``.
         precisions: Which to measure (default: every one the device supports; see
-            `supported_precisions`).
+            `supported_precisions`). ``"fp8"`` adds the FP8 readiness of every ``nn.Linear``
+            (``result.fp8``); by default only on a GPU with FP8 (compute capability >= 8.9).
         budget_s: Wall time the timing rounds may spend, in all.
         tolerance: Stop timing once every median is known to within this share.
         min_samples: Timed samples of each precision at least (budget permitting; two even
@@ -444,6 +455,10 @@ def compare(
             why in ``not_timed``. FP32 is always timed. The speed probe passes every precision
             but FP32 and the run's own: one the probe did not time may be far slower than
             its estimate assumed (FP16 on a CPU, 50x).
+        fp8_recipe: With ``"fp8"`` among ``precisions``: the scaling recipe of the FP8
+            readiness (``tensorwise``, ``rowwise``, ``delayed``; see `sources.live.fp8`). It
+            runs after the observed passes, inside the same budget, and is skipped with the
+            reason when its estimated cost would not fit.
 
     Returns:
         A `PrecisionComparison`: one row per precision, and the recommended one — the fastest
@@ -474,7 +489,9 @@ def compare(
     else:
         loss = loss_fn
     runner = _Runner(clone, args, named, loss, device, seed)
-    names = precisions or supported_precisions(device)
+    names = precisions or _default_precisions(device)
+    want_fp8 = "fp8" in names
+    names = [n for n in names if n != "fp8"]
     if "fp32" not in names:
         names = ["fp32", *names]
     rows = {n: PrecisionResult(n) for n in names}
@@ -497,6 +514,8 @@ def compare(
         if name == "fp16":
             rows[name].loss_scale = runner.fp16_scale
     ok = [n for n in names if rows[n].error is None]
+    if want_fp8:
+        result.fp8 = _fp8_within_budget(runner, observed_s, ok, started, budget_s, fp8_recipe)
     dropped = affordable(
         observed_s,
         {n for n in droppable if n != "fp32"},
@@ -516,6 +535,54 @@ def compare(
     _recommend(result)
     result.spent_s = time.perf_counter() - started
     return result
+
+
+def _fp8_within_budget(
+    runner: _Runner,
+    observed_s: dict[str, float],
+    ok: list[str],
+    started: float,
+    budget_s: float,
+    recipe: str,
+) -> dict[str, Any]:
+    """FP8 readiness (`sources.live.fp8`), when its cost fits the budget beside the timing's.
+
+    Its cost is predicted from FP32's observed pass (`fp8.FP8_PASSES` passes); the timing
+    rounds every precision still gets (`MIN_ROUNDS` and the per-module forwards) are counted
+    first, so FP8 never pushes the A/B past its budget: it is skipped, with the figures.
+    """
+    from ampdiag.compat import fp8 as cfp8
+    from ampdiag.sources.live import fp8
+
+    if not cfp8.available():
+        return {"skipped": f"this torch ({torch.__version__}) has no FP8 dtypes"}
+    if "fp32" not in observed_s:
+        return {"skipped": "FP32 did not run: no reference"}
+    per_pass = observed_s["fp32"] / OBSERVED_PASSES
+    need = fp8.FP8_PASSES * per_pass
+    timing_s = sum(observed_s[n] / OBSERVED_PASSES * (MIN_ROUNDS + MODULE_PASSES) for n in ok)
+    spent = time.perf_counter() - started
+    if spent + need + timing_s > budget_s:
+        return {
+            "skipped": (
+                f"it needs about {need:.2g} s ({fp8.FP8_PASSES:g} FP32 passes), and with the "
+                f"{spent:.2g} s spent and {timing_s:.2g} s for the timing rounds it would "
+                f"overrun the A/B's budget of {budget_s:.2g} s"
+            ),
+            "estimated_s": need,
+        }
+    try:
+        return fp8.readiness(
+            runner.model,
+            runner.args,
+            runner.kwargs,
+            runner.loss_fn,
+            runner.device,
+            runner.seed,
+            recipe,
+        )
+    except Exception as exc:  # FP8 is evidence, never worth the comparison
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _numerics(
