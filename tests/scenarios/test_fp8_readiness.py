@@ -9,11 +9,13 @@ cast cleanly. The product must name exactly the lossy layer unsafe.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 import ampdiag
+from tests.scenarios.harness import one_thread
 
 E4M3 = torch.float8_e4m3fn
 
@@ -153,3 +155,43 @@ def test_tiny_budget_skips_fp8_with_the_reason() -> None:
 def test_fp8_off_by_default_on_a_cpu() -> None:
     model, x = outlier_model(), torch.randn(64, 64)
     assert ampdiag.compare(model, x, precisions=["fp32", "bf16"], budget_s=0.5).fp8 is None
+
+
+@pytest.mark.slow
+def test_diagnose_fp8_reports_the_layers_the_finding_and_the_filter(tmp_path: Path) -> None:
+    model, x = outlier_model(), torch.randn(32, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    with one_thread(), ampdiag.diagnose(
+        out=tmp_path, console=False, tensorboard=False, fp8=True
+    ) as d:
+        # a block whose 10% (the A/B's budget) pays for FP16's slow CPU passes and FP8 too
+        for _ in range(1500):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(x).float().pow(2).mean()
+            loss.backward()
+            opt.step()
+    assert d.session is not None
+    fp8 = d.session.section("speed_probe")["precisions"]["fp8"]
+    assert "layers" in fp8, fp8
+    assert {la["name"]: la["verdict"] for la in fp8["layers"]}["3"] == "keep-bf16", fp8
+    found = [f for f in d.session.findings if f.id == "fp8-readiness"]
+    assert len(found) == 1 and "3" in found[0].evidence["keep"]
+    assert "module_filter_fn" in found[0].fix
+    page = (tmp_path / "report.html").read_text()
+    assert "FP8 readiness (tensorwise recipe)" in page and "keep in BF16" in page
+
+
+def test_fp8_is_off_in_diagnose_on_a_cpu_by_default(tmp_path: Path) -> None:
+    model, x = outlier_model(), torch.randn(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    with one_thread(), ampdiag.diagnose(out=tmp_path, console=False, tensorboard=False) as d:
+        for _ in range(40):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(x).float().pow(2).mean()
+            loss.backward()
+            opt.step()
+    assert d.session is not None
+    ab = d.session.section("speed_probe").get("precisions", {})
+    assert ab.get("fp8") is None

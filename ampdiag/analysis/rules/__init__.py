@@ -13,4 +13,5 @@ RULE_MODULES: tuple[str, ...] = (
     "accumulation",
     "autocast_speed",
     "distributed",
+    "fp8",
 )
