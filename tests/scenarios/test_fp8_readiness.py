@@ -161,9 +161,10 @@ def test_fp8_off_by_default_on_a_cpu() -> None:
 def test_diagnose_fp8_reports_the_layers_the_finding_and_the_filter(tmp_path: Path) -> None:
     model, x = outlier_model(), torch.randn(32, 64)
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
-    with one_thread(), ampdiag.diagnose(
-        out=tmp_path, console=False, tensorboard=False, fp8=True
-    ) as d:
+    with (
+        one_thread(),
+        ampdiag.diagnose(out=tmp_path, console=False, tensorboard=False, fp8=True) as d,
+    ):
         # a block whose 10% (the A/B's budget) pays for FP16's slow CPU passes and FP8 too
         for _ in range(1500):
             opt.zero_grad()

@@ -97,7 +97,7 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def to_scale(amax: torch.Tensor, dtype: torch.dtype, pow2: bool = False) -> torch.Tensor:
-    """torchao's ``amax_to_scale``: ``max_fp8 / max(amax, EPS)`` in float64, then float32."""
+    """The scale of an amax, as torchao's ``amax_to_scale``: ``max_fp8 / max(amax, EPS)``."""
     scale = (torch.finfo(dtype).max / torch.clamp(amax.double(), min=EPS)).float()
     if pow2:
         scale = torch.exp2(torch.floor(torch.log2(scale)))
@@ -196,7 +196,7 @@ def _capture(
                 def grad_hook(g: torch.Tensor, name: str = name) -> None:
                     grads.setdefault(name, g.detach().float().clone())
 
-                out.register_hook(grad_hook)
+                out.register_hook(grad_hook)  # type: ignore[no-untyped-call]
 
         handles.append(module.register_forward_hook(hook))
     try:
@@ -283,7 +283,7 @@ def _converted(
 
     try:
         for _, module in layers:
-            module.forward = forward_of(module)  # type: ignore[method-assign]
+            module.forward = forward_of(module)  # type: ignore[method-assign,assignment]
         yield
     finally:
         for _, module in layers:
@@ -317,7 +317,11 @@ def _speedup(
         m, k = shapes[name]
         x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
         w = module.weight.detach().to(torch.bfloat16)
-        bf16 += timed(lambda x=x, w=w: torch.nn.functional.linear(x, w))
+
+        def bf16_forward(x: torch.Tensor = x, w: torch.Tensor = w) -> torch.Tensor:
+            return torch.nn.functional.linear(x, w)
+
+        bf16 += timed(bf16_forward)
 
         def fp8_forward(x: torch.Tensor = x, w: torch.Tensor = w) -> torch.Tensor:
             qx, sx, _ = quantize(x, f)

@@ -52,6 +52,7 @@ import torch
 
 from ampdiag import timing
 from ampdiag.analysis.precision_choice import run_precision
+from ampdiag.compat.fp8 import device_has_fp8
 from ampdiag.schema import SpeedProbeSection
 from ampdiag.sources.live.collectors.base import (
     Collector,
@@ -59,7 +60,6 @@ from ampdiag.sources.live.collectors.base import (
     internal_work,
     tensors_in,
 )
-from ampdiag.compat.fp8 import device_has_fp8
 from ampdiag.sources.live.compare import (
     PASSES_PER_PRECISION,
     class_forward,
