@@ -74,6 +74,10 @@ class DiagnoseConfig:
             and batch, spending at most this many seconds and at most 10% of the block's wall
             time (0 turns it off); a precision whose first pass shows that timing it would
             overrun that is left untimed, with the reason.
+        fp8: Add the FP8 readiness of every ``nn.Linear`` to the precision A/B (which layers
+            can train in FP8, with the torchao filter; see sources/live/fp8.py), inside its
+            budget. ``None`` (default): only on a GPU with FP8 (compute capability >= 8.9).
+        fp8_recipe: Its scaling recipe: ``tensorwise``, ``rowwise`` or ``delayed``.
     """
 
     profile: bool = True
@@ -105,6 +109,8 @@ class DiagnoseConfig:
     speed_probe_repeats: int = 5
     speed_probe_budget_s: float = 10.0
     precision_ab_budget_s: float = 20.0
+    fp8: bool | None = None
+    fp8_recipe: str = "tensorwise"
 
 
 class Settings(TypedDict, total=False):
@@ -139,6 +145,8 @@ class Settings(TypedDict, total=False):
     speed_probe_repeats: int
     speed_probe_budget_s: float
     precision_ab_budget_s: float
+    fp8: bool | None
+    fp8_recipe: str
 
 
 def is_profiled_step(config: DiagnoseConfig, step: int) -> bool:

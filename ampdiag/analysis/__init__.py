@@ -20,7 +20,7 @@ def analyze(session: Session) -> list[Finding]:
     from ampdiag.analysis.ranks import merge_findings, rank_findings
 
     derive(session)
-    per_rank = rank_findings(session)
+    per_rank = rank_findings(session, analyze)
     if per_rank:  # a merged distributed run: each rank alone, then the ranks together
         together = Session(
             status=session.status,

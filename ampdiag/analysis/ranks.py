@@ -10,6 +10,7 @@ findings about the ranks together (stragglers, communication) come from the merg
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 from ampdiag.schema import PrecisionSection
@@ -25,8 +26,14 @@ def members(session: Session) -> list[tuple[int, Session]]:
     return out
 
 
-def rank_findings(session: Session) -> list[tuple[int, list[Finding]]]:
-    """(rank, that rank's own findings) of a merged session; empty for any other session."""
+def rank_findings(
+    session: Session, analyze: Callable[[Session], list[Finding]]
+) -> list[tuple[int, list[Finding]]]:
+    """(rank, that rank's own findings) of a merged session; empty for any other session.
+
+    A merged session keeps each rank's findings; an older one keeps whole members, which
+    ``analyze`` (the caller's, `ampdiag.analysis.analyze`) reads.
+    """
     summaries = session.section("ranks").get("summaries")
     if summaries:
         return [
@@ -34,8 +41,6 @@ def rank_findings(session: Session) -> list[tuple[int, list[Finding]]]:
             for s in summaries
             if isinstance(s, dict)
         ]
-    from ampdiag.analysis import analyze
-
     return [(rank, analyze(member)) for rank, member in members(session)]
 
 

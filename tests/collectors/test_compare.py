@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from ampdiag.sources.live.compare import EXACT_SQNR_DB, FP16_LOSS_SCALE, compare
+from ampdiag.sources.live.compare import FP16_LOSS_SCALE, compare
+from ampdiag.sources.live.passes import EXACT_SQNR_DB
 from tests.scenarios.harness import one_thread
 
 

@@ -27,3 +27,28 @@ def test_the_section_states_the_rule_the_ties_and_where_time_goes() -> None:
     assert "median gradient SQNR at least 20 dB" in html and "within 1% of FP32" in html
     assert "<td>conv2</td>" in html and "slow low-precision kernels" in html
     assert "<td>670.0 µs</td><td>47.00 ms</td>" in html
+
+
+def test_the_fp8_rows_name_each_layers_verdict_reason_and_filter() -> None:
+    layer = {"name": "fc2", "verdict": "keep-bf16", "output_sqnr_db": 28.0,
+             "grad_input_sqnr_db": 25.0, "grad_weight_sqnr_db": 38.0,
+             "input": {"low_share": 0.91, "amax": 1.85e4}, "reasons": ["an outlier"]}  # fmt: skip
+    fp8 = {"recipe": "tensorwise", "layers": [layer], "convert": [], "keep": ["fc2"],
+           "filter": "KEEP_IN_BF16 = {'fc2'}", "loss_rel_diff_vs_bf16": 0.01,
+           "speed": "speed not measured: needs an FP8 GPU"}  # fmt: skip
+    ab = {"results": [{"precision": "fp32", "time_ms": 1.0}], "recommended": "fp32",
+          "reason": "r", "fp8": fp8}  # fmt: skip
+    section = build(Session(sections={"speed_probe": {"precisions": ab}}))
+    assert section is not None
+    html = str(section.html)
+    assert "FP8 readiness (tensorwise recipe)" in html and "Convert 0 of 1" in html
+    assert "<td>fc2</td><td>keep in BF16</td><td>28.0 dB</td>" in html
+    assert "<td>91.0%</td>" in html and "an outlier" in html
+    assert "KEEP_IN_BF16 = {&#39;fc2&#39;}" in html and "needs an FP8 GPU" in html
+
+
+def test_a_skipped_fp8_says_why() -> None:
+    ab = {"results": [{"precision": "fp32", "time_ms": 1.0}], "recommended": "fp32",
+          "reason": "r", "fp8": {"skipped": "over budget"}}  # fmt: skip
+    section = build(Session(sections={"speed_probe": {"precisions": ab}}))
+    assert section is not None and "Not measured: over budget." in str(section.html)

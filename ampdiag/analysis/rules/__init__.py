@@ -14,4 +14,5 @@ RULE_MODULES: tuple[str, ...] = (
     "autocast_speed",
     "distributed",
     "coverage",
+    "fp8",
 )

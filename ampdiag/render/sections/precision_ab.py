@@ -33,7 +33,7 @@ def comparison(session: Session) -> Mapping[str, Any] | None:
 def _db(value: Any) -> str:
     if not isinstance(value, (int, float)):
         return units.NOT_MEASURED
-    return "exact" if value >= 400.0 else f"{value:.1f} dB"  # compare.EXACT_SQNR_DB
+    return "exact" if value >= 400.0 else f"{value:.1f} dB"  # passes.EXACT_SQNR_DB
 
 
 def _speed(row: Mapping[str, Any]) -> str:
@@ -121,6 +121,55 @@ HEAD = ["precision", "forward + backward", "vs FP32", "activations", "loss vs FP
         "worst output SQNR", "worst gradient SQNR", "gradients lost", "safe"]  # fmt: skip
 
 
+def _fp8(ab: Mapping[str, Any]) -> Markup:
+    """FP8 readiness: one row per Linear (verdict and why), the filter, the loss and speed."""
+    fp8 = ab.get("fp8")
+    if not isinstance(fp8, Mapping):
+        return Markup("")
+    if not fp8.get("layers"):
+        why = fp8.get("skipped") or fp8.get("error") or "no nn.Linear ran"
+        return Markup("<h3>FP8 readiness</h3><p>Not measured: {}.</p>").format(why)
+    head = ("Layer", "Verdict", "Output SQNR", "Input grad SQNR", "Weight grad SQNR",
+            "Input below normal", "Input amax", "Why")  # fmt: skip
+    rows = [
+        [
+            la.get("name"),
+            "FP8-safe" if la.get("verdict") == "fp8-safe" else "keep in BF16",
+            _db(la.get("output_sqnr_db")),
+            _db(la.get("grad_input_sqnr_db")),
+            _db(la.get("grad_weight_sqnr_db")),
+            f"{la.get('input', {}).get('low_share', 0):.1%}",
+            f"{la.get('input', {}).get('amax', 0):.3g}",
+            "; ".join(la.get("reasons") or []) or "—",
+        ]
+        for la in fp8["layers"]
+        if isinstance(la, Mapping)
+    ]
+    diff = fp8.get("loss_rel_diff_vs_bf16")
+    loss = f"{diff:.2%}" if isinstance(diff, (int, float)) else units.NOT_MEASURED
+    return Markup(
+        "<h3>FP8 readiness ({} recipe)</h3><p>Convert {} of {} Linear layers; the converted "
+        "model's loss differs from BF16's by {} on this batch; {}.</p>{}<pre>{}</pre>"
+    ).format(
+        fp8.get("recipe"),
+        len(fp8.get("convert") or []),
+        len(rows),
+        loss,
+        fp8.get("speed", ""),
+        _table(head, rows),
+        fp8.get("filter", ""),
+    )
+
+
+def _table(head: tuple[str, ...], rows: list[list[Any]]) -> Markup:
+    cells = Markup("").join(Markup("<th>{}</th>").format(h) for h in head)
+    body = Markup("").join(
+        Markup("<tr>{}</tr>").format(Markup("").join(Markup("<td>{}</td>").format(c) for c in r))
+        for r in rows
+    )
+    return Markup("<table><thead><tr>{}</tr></thead><tbody>{}</tbody></table>").format(cells, body)
+
+
 def build(session: Session) -> ReportSection | None:
     """The section, when the run measured the precisions."""
     ab = comparison(session)
@@ -169,6 +218,7 @@ def build(session: Session) -> ReportSection | None:
         )
     )
     parts.append(_modules(rows))
+    parts.append(_fp8(ab))
     for name, uri in figures.items():
         parts.append(Markup('<figure class="figure" aria-label="{}">{}</figure>').format(name, uri))
     return ReportSection(

@@ -50,6 +50,7 @@ from ampdiag.analysis import precision_choice
 from ampdiag.compat.autocast import dispatch_mode_class
 from ampdiag.compat.dispatch import op_name
 from ampdiag.sources.live.collectors.base import tensors_in
+from ampdiag.sources.live.passes import class_forward, sqnr_db
 
 #: The loss scale of the FP16 measurement (a GradScaler's default ``init_scale``).
 FP16_LOSS_SCALE = 2.0**16
@@ -60,9 +61,6 @@ OUT_OF_RACE = 3.0
 MAX_BACKOFFS = 24
 #: Leaf modules kept per low precision in the per-module costs (the most slowed down first).
 TOP_MODULES = 8
-#: The SQNR of identical tensors (no noise), and its negative for non-finite noise: finite, so
-#: that a session's JSON round-trips, and beyond what float64 arithmetic can resolve (~313 dB).
-EXACT_SQNR_DB = 400.0
 #: Passes of forward + backward one observed run costs: the run, and its hooks copying every
 #: leaf module's output and counting the saved tensors (about half a pass more).
 OBSERVED_PASSES = 1.5
@@ -124,6 +122,8 @@ class PrecisionComparison:
     budget_s: float = DEFAULT_BUDGET_S
     spent_s: float = 0.0
     skipped: str | None = None
+    #: FP8 readiness (`sources.live.fp8.readiness`), when ``"fp8"`` was asked for.
+    fp8: dict[str, Any] | None = None
 
     def result(self, precision: str) -> PrecisionResult:
         """One precision's row."""
@@ -158,6 +158,13 @@ def supported_precisions(device: torch.device) -> list[str]:
     return out
 
 
+def _default_precisions(device: torch.device) -> list[str]:
+    """`supported_precisions`, and FP8 where the device computes it natively."""
+    from ampdiag.compat import fp8 as cfp8
+
+    return supported_precisions(device) + (["fp8"] if cfp8.device_has_fp8(device) else [])
+
+
 @contextmanager
 def _precision(name: str, device: torch.device) -> Iterator[None]:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)
@@ -173,37 +180,8 @@ def _precision(name: str, device: torch.device) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
-@contextmanager
-def class_forward(model: torch.nn.Module) -> Iterator[None]:
-    """Runs the class's forward where the instance's was replaced (a wrapped forward).
-
-    Accelerate sets ``model.forward`` to the forward wrapped in autocast: through it the FP32
-    pass would run under autocast too. The instance attribute is put back on exit.
-    """
-    wrapped = vars(model).get("forward")
-    if wrapped is None:
-        yield
-        return
-    del model.forward
-    try:
-        yield
-    finally:
-        model.forward = wrapped
-
-
 def _leaves(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if not any(m.children()) and n]
-
-
-def _sqnr_db(ref: torch.Tensor, other: torch.Tensor) -> float:
-    ref, other = ref.detach().double(), other.detach().double()
-    noise = float((ref - other).pow(2).sum())
-    signal = float(ref.pow(2).sum())
-    if noise == 0.0:
-        return EXACT_SQNR_DB
-    if not math.isfinite(noise) or signal == 0.0:
-        return -EXACT_SQNR_DB
-    return max(-EXACT_SQNR_DB, min(EXACT_SQNR_DB, 10.0 * math.log10(signal / noise)))
 
 
 class _Runner:
@@ -418,6 +396,7 @@ def compare(
     kwargs: dict[str, Any] | None = None,
     copy_model: bool = True,
     droppable: Collection[str] = (),
+    fp8_recipe: str = "tensorwise",
 ) -> PrecisionComparison:
     """Measures FP32 against each low precision for this model and batch, changing nothing.
 
@@ -430,7 +409,8 @@ def compare(
             exercises every op).
         target: The target passed to ``loss_fn``.
         precisions: Which to measure (default: every one the device supports; see
-            `supported_precisions`).
+            `supported_precisions`). ``"fp8"`` adds the FP8 readiness of every ``nn.Linear``
+            (``result.fp8``); by default only on a GPU with FP8 (compute capability >= 8.9).
         budget_s: Wall time the timing rounds may spend, in all.
         tolerance: Stop timing once every median is known to within this share.
         min_samples: Timed samples of each precision at least (budget permitting; two even
@@ -444,6 +424,10 @@ def compare(
             why in ``not_timed``. FP32 is always timed. The speed probe passes every precision
             but FP32 and the run's own: one the probe did not time may be far slower than
             its estimate assumed (FP16 on a CPU without native FP16).
+        fp8_recipe: With ``"fp8"`` among ``precisions``: the scaling recipe of the FP8
+            readiness (``tensorwise``, ``rowwise``, ``delayed``; see `sources.live.fp8`). It
+            runs after the observed passes, inside the same budget, and is skipped with the
+            reason when its estimated cost would not fit.
 
     Returns:
         A `PrecisionComparison`: one row per precision, and the recommended one — the fastest
@@ -474,7 +458,9 @@ def compare(
     else:
         loss = loss_fn
     runner = _Runner(clone, args, named, loss, device, seed)
-    names = precisions or supported_precisions(device)
+    names = precisions or _default_precisions(device)
+    want_fp8 = "fp8" in names
+    names = [n for n in names if n != "fp8"]
     if "fp32" not in names:
         names = ["fp32", *names]
     rows = {n: PrecisionResult(n) for n in names}
@@ -497,6 +483,8 @@ def compare(
         if name == "fp16":
             rows[name].loss_scale = runner.fp16_scale
     ok = [n for n in names if rows[n].error is None]
+    if want_fp8:
+        result.fp8 = _fp8_within_budget(runner, observed_s, ok, started, budget_s, fp8_recipe)
     dropped = affordable(
         observed_s,
         {n for n in droppable if n != "fp32"},
@@ -518,6 +506,54 @@ def compare(
     return result
 
 
+def _fp8_within_budget(
+    runner: _Runner,
+    observed_s: dict[str, float],
+    ok: list[str],
+    started: float,
+    budget_s: float,
+    recipe: str,
+) -> dict[str, Any]:
+    """FP8 readiness (`sources.live.fp8`), when its cost fits the budget beside the timing's.
+
+    Its cost is predicted from FP32's observed pass (`fp8.FP8_PASSES` passes); the timing
+    rounds every precision still gets (`MIN_ROUNDS` and the per-module forwards) are counted
+    first, so FP8 never pushes the A/B past its budget: it is skipped, with the figures.
+    """
+    from ampdiag.compat import fp8 as cfp8
+    from ampdiag.sources.live import fp8
+
+    if not cfp8.available():
+        return {"skipped": f"this torch ({torch.__version__}) has no FP8 dtypes"}
+    if "fp32" not in observed_s:
+        return {"skipped": "FP32 did not run: no reference"}
+    per_pass = observed_s["fp32"] / OBSERVED_PASSES
+    need = fp8.FP8_PASSES * per_pass
+    timing_s = sum(observed_s[n] / OBSERVED_PASSES * (MIN_ROUNDS + MODULE_PASSES) for n in ok)
+    spent = time.perf_counter() - started
+    if spent + need + timing_s > budget_s:
+        return {
+            "skipped": (
+                f"it needs about {need:.2g} s ({fp8.FP8_PASSES:g} FP32 passes), and with the "
+                f"{spent:.2g} s spent and {timing_s:.2g} s for the timing rounds it would "
+                f"overrun the A/B's budget of {budget_s:.2g} s"
+            ),
+            "estimated_s": need,
+        }
+    try:
+        return fp8.readiness(
+            runner.model,
+            runner.args,
+            runner.kwargs,
+            runner.loss_fn,
+            runner.device,
+            runner.seed,
+            recipe,
+        )
+    except Exception as exc:  # FP8 is evidence, never worth the comparison
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def _numerics(
     row: PrecisionResult,
     observed: tuple[float, dict[str, torch.Tensor], list[torch.Tensor], int],
@@ -531,13 +567,13 @@ def _numerics(
         return
     ref_loss, ref_outputs, ref_grads, _ = ref
     row.loss_rel_diff = abs(loss - ref_loss) / max(abs(ref_loss), 1e-30)
-    out_sqnr = {n: _sqnr_db(ref_outputs[n], o) for n, o in outputs.items() if n in ref_outputs
+    out_sqnr = {n: sqnr_db(ref_outputs[n], o) for n, o in outputs.items() if n in ref_outputs
                 and ref_outputs[n].shape == o.shape}  # fmt: skip
     if out_sqnr:
         row.worst_output_module = min(out_sqnr, key=lambda n: out_sqnr[n])
         row.output_sqnr_db_min = out_sqnr[row.worst_output_module]
         row.output_sqnr_db_median = statistics.median(out_sqnr.values())
-    grad_sqnr = {n: _sqnr_db(r, g) for n, r, g in zip(param_names, ref_grads, grads, strict=True)
+    grad_sqnr = {n: sqnr_db(r, g) for n, r, g in zip(param_names, ref_grads, grads, strict=True)
                  if bool(r.ne(0).any())}  # fmt: skip
     if grad_sqnr:
         row.worst_grad_param = min(grad_sqnr, key=lambda n: grad_sqnr[n])

@@ -52,6 +52,7 @@ import torch
 
 from ampdiag import timing
 from ampdiag.analysis.precision_choice import run_precision
+from ampdiag.compat.fp8 import device_has_fp8
 from ampdiag.config import DiagnoseConfig
 from ampdiag.schema import SpeedProbeSection
 from ampdiag.sources.live.collectors.base import (
@@ -62,12 +63,12 @@ from ampdiag.sources.live.collectors.base import (
 )
 from ampdiag.sources.live.compare import (
     PASSES_PER_PRECISION,
-    class_forward,
     compare,
     model_device,
     supported_precisions,
 )
 from ampdiag.sources.live.discovery import dominant_autocast
+from ampdiag.sources.live.passes import class_forward
 
 TOP_MODULES = 15
 #: Stop timing once both medians' spreads (MAD) are at most this share of them.
@@ -200,6 +201,9 @@ class SpeedProbe(Collector):
             return {"skipped": "disabled (precision_ab_budget_s=0)"}
         precisions = supported_precisions(model_device(copy))
         need = ab_cost_estimate_s(self._result, len(precisions))
+        fp8 = run.config.fp8
+        if fp8 or (fp8 is None and device_has_fp8(model_device(copy))):
+            precisions = [*precisions, "fp8"]  # inside compare's budget, or skipped with why
         if need is not None and need > budget:
             return {
                 "skipped": (
@@ -220,6 +224,8 @@ class SpeedProbe(Collector):
                     kwargs=inputs[1],
                     # a precision the probe did not time may be far slower than assumed
                     droppable=[p for p in precisions if p != run_precision(self._autocast)],
+                    precisions=precisions,
+                    fp8_recipe=run.config.fp8_recipe,
                 ).to_dict()
         except Exception as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}

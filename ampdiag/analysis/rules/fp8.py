@@ -1,0 +1,48 @@
+"""FP8 readiness: which Linear layers can train in FP8, from the precision A/B's FP8 rows.
+
+The per-layer verdicts and their thresholds are `sources.live.fp8.THRESHOLDS` (recorded in
+the section beside the verdicts); this rule only turns them into one finding with the filter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from ampdiag.analysis.registry import rule
+from ampdiag.session import Finding, Session
+
+THRESHOLDS: dict[str, float] = {}  # the verdicts' own are in the section (``fp8.thresholds``)
+
+
+@rule("fp8-readiness")
+def fp8_readiness(session: Session) -> Iterator[Finding]:
+    """Which layers to convert to FP8 and which to keep in BF16, with the recipe and filter."""
+    ab = session.section("speed_probe").get("precisions")
+    fp8 = ab.get("fp8") if isinstance(ab, Mapping) else None
+    if not isinstance(fp8, Mapping) or not fp8.get("layers"):
+        return
+    layers = [la for la in fp8["layers"] if isinstance(la, Mapping)]
+    convert, keep = list(fp8.get("convert") or []), list(fp8.get("keep") or [])
+    title = (
+        f"FP8 ({fp8.get('recipe')} scaling): {len(convert)} of {len(layers)} Linear layers are "
+        f"FP8-safe on this batch"
+        + (f"; keep {', '.join(keep[:5])}{' …' if len(keep) > 5 else ''} in BF16." if keep
+           else ".")
+    )  # fmt: skip
+    yield Finding(
+        id="fp8-readiness",
+        severity="info",
+        title=title,
+        evidence={
+            "recipe": fp8.get("recipe"),
+            "convert": convert,
+            "keep": {str(la["name"]): la.get("reasons") for la in layers if la["name"] in keep},
+            "loss_rel_diff_vs_bf16": fp8.get("loss_rel_diff_vs_bf16"),
+            "speedup": fp8.get("speedup"),
+            "speed": fp8.get("speed"),
+            "thresholds": fp8.get("thresholds"),
+        },
+        fix=str(fp8.get("filter", "")),
+        section="precision",
+        impact=0.0,
+    )
