@@ -52,7 +52,9 @@ import torch
 
 from ampdiag import timing
 from ampdiag.analysis.precision_choice import run_precision
+from ampdiag.compat.modules import eager_copy_fix, uncompiled
 from ampdiag.schema import SpeedProbeSection
+from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors.base import (
     Collector,
     RunContext,
@@ -86,6 +88,13 @@ def _is_distributed(model: torch.nn.Module) -> bool:
     return "DistributedDataParallel" in type(model).__name__ or "FullyShard" in str(type(model))
 
 
+COMPILED = (
+    "the speed probe and the precision A/B timed the torch.compile'd model's original module, "
+    "run eagerly (a compiled copy would compile again): the figures compare precisions, "
+    "without torch.compile's own speed-up"
+)
+
+
 class SpeedProbe(Collector):
     """Times the model's forward + backward in FP32 and under the run's autocast, once."""
 
@@ -115,7 +124,7 @@ class SpeedProbe(Collector):
         if self._handle is not None:
             return
         self._model = model
-        self._handle = model.register_forward_pre_hook(self._pre, with_kwargs=True)
+        self._handle = global_hooks.on_module(model, global_hooks.MODULE_INPUTS, self._pre)
 
     def _pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._probing or (self._run is not None and not self._run.on_block_thread()):
@@ -155,10 +164,14 @@ class SpeedProbe(Collector):
             self._skipped = "distributed run: extra forwards would desynchronise the ranks"
         if self._skipped is not None or model is None or inputs is None or self._autocast is None:
             return
+        model, compiled = uncompiled(model)
         copy, why = copy_of(model)
         if copy is None:
             self._skipped = why
             return
+        eager_copy_fix(copy)
+        if compiled:
+            run.warn(COMPILED)
         device, dtype_name = self._autocast.split(":", 1)
         extra = min(self.budget_s, BLOCK_SHARE * (time.perf_counter() - self._began))
         self._probing = True
