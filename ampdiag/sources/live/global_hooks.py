@@ -205,6 +205,15 @@ def on_module(module: torch.nn.Module, kind: str, callback: Callable[..., Any]) 
         return Handle(shared, callback, table, id(module))
 
 
+def module_callbacks(module: torch.nn.Module) -> int:
+    """How many `on_module` callbacks are held for ``module`` (what a module hook count was)."""
+    key = id(module)
+    return sum(
+        len(shared.by_module.get(key, ())) + len(shared.inputs.get(key, ()))
+        for shared in (_SHARED[MODULE_PRE], _SHARED[MODULE_POST])
+    )
+
+
 def block_started() -> None:
     """Counts a diagnose() block in (call before it adds callbacks)."""
     global _blocks

@@ -165,6 +165,7 @@ class SpeedProbe(Collector):
         if self._skipped is not None or model is None or inputs is None or self._autocast is None:
             return
         model, compiled = uncompiled(model)
+        inputs = (widened(inputs[0]), widened(inputs[1]))
         copy, why = copy_of(model)
         if copy is None:
             self._skipped = why
@@ -240,6 +241,28 @@ class SpeedProbe(Collector):
             "SpeedProbeSection",
             {"batch_size": self._batch, "skipped": self._skipped, **self._result},
         )
+
+
+def widened(value: Any, depth: int = 4) -> Any:
+    """The captured inputs with every FP16/BF16 tensor as FP32 (in tuples, lists, dicts).
+
+    A recurrent model carries its state from step to step (an LSTM's hidden state, made under
+    autocast, so BF16): fed back as captured, the FP32 pass mixes an FP32 weight with a BF16
+    state and fails. As FP32 both passes run: autocast casts them down again where its policy
+    says, as it does for the first step's FP32 state.
+    """
+    if isinstance(value, torch.Tensor):
+        low = value.dtype in (torch.float16, torch.bfloat16)
+        return value.detach().float().requires_grad_(value.requires_grad) if low else value
+    if depth <= 0:
+        return value
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(widened(v, depth - 1) for v in value)
+    if isinstance(value, list):
+        return [widened(v, depth - 1) for v in value]
+    if isinstance(value, dict) and type(value) is dict:
+        return {k: widened(v, depth - 1) for k, v in value.items()}
+    return value
 
 
 def ab_cost_estimate_s(timings: dict[str, Any], precisions: int) -> float | None:
