@@ -24,13 +24,12 @@ Scenario = Callable[[contextlib.AbstractContextManager[Any]], Any]
 
 QUIET: dict[str, Any] = {"report": False, "tensorboard": False, "console": False}
 # The settings every scenario runs under: the defaults; every collector on every step (the
-# profiler recording from the first step, the audit on the first step, every statistic
-# sampled); and the profiler off (copies failed differently with it off).
+# profiler recording from the first step, every statistic sampled, the audit on its default
+# step); and the profiler off (copies failed differently with it off).
 CONFIGS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "every-collector-every-step": {
         "sample_every": 1,
-        "precision_step": 0,
         "profile_skip": 0,
         "profile_warmup": 0,
         "profile_active": 2,
