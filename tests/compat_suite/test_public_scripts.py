@@ -28,6 +28,14 @@ from torch.nn import functional as F
 from tests.compat_suite.harness import CONFIGS, same_under_diagnose
 
 params = pytest.mark.parametrize("settings", list(CONFIGS.values()), ids=list(CONFIGS))
+# The GPTs' every-step run is the suite's slowest (the audit and statistics on every step).
+heavy = pytest.mark.parametrize(
+    "settings",
+    [
+        pytest.param(v, id=k, marks=[pytest.mark.slow] if k != "defaults" else [])
+        for k, v in CONFIGS.items()
+    ],
+)
 
 
 class RNNModel(nn.Module):
@@ -242,7 +250,7 @@ def nanogpt(block: contextlib.AbstractContextManager[Any]) -> Any:
     return model, made
 
 
-@params
+@heavy
 def test_nanogpt(settings: dict[str, Any], tmp_path: Path) -> None:
     session = same_under_diagnose(nanogpt, settings, tmp_path)
     assert [m["class"] for m in session["run"]["models"]] == ["GPT"]
@@ -277,7 +285,7 @@ def mingpt(block: contextlib.AbstractContextManager[Any]) -> Any:
     return model, losses, generated
 
 
-@params
+@heavy
 def test_mingpt_generate_callback(settings: dict[str, Any], tmp_path: Path) -> None:
     session = same_under_diagnose(mingpt, settings, tmp_path)
     # The dtype audit holds the training step's own ops: the forward of a (4, 8) batch, not
