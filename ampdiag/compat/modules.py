@@ -65,3 +65,23 @@ def without_hooks(
         return c
 
     return clone(model), origin
+
+
+def uncompiled(model: torch.nn.Module) -> tuple[torch.nn.Module, bool]:
+    """The module ``torch.compile`` wraps, and whether ``model`` was compiled at all.
+
+    ``torch.compile(model)`` returns an ``OptimizedModule`` whose original is ``_orig_mod``
+    and whose ``forward`` is an instance attribute (the compiled call); ``model.compile()``
+    compiles in place and keeps the compiled call in ``_compiled_call_impl``. A copy meant
+    for extra eager forwards needs the original: see `eager_copy_fix`.
+    """
+    inner = model.__dict__.get("_modules", {}).get("_orig_mod")
+    if isinstance(inner, torch.nn.Module) and "forward" in model.__dict__:
+        return inner, True
+    return model, model.__dict__.get("_compiled_call_impl") is not None
+
+
+def eager_copy_fix(copied: torch.nn.Module) -> None:
+    """Makes a deep copy of an in-place compiled module (``model.compile()``) run eagerly."""
+    if copied.__dict__.get("_compiled_call_impl") is not None:
+        copied.__dict__["_compiled_call_impl"] = None

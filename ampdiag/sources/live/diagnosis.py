@@ -62,6 +62,15 @@ def default_out() -> Path:
     return out
 
 
+# What a torch.compile'd region hides (module callbacks are not traced: see global_hooks).
+COMPILED_REGION = (
+    "part of the model ran inside torch.compile: the modules in the compiled region were not "
+    "observed one by one (the sentinel's per-module origin, activation statistics and the "
+    "precision audit's per-module attribution); the loss, gradients, GradScaler, profiler "
+    "and memory figures are unaffected"
+)
+
+
 class Diagnosis:
     """The handle ``diagnose()`` yields.
 
@@ -126,6 +135,7 @@ class Diagnosis:
         model, optimizer, scaler = self._given
         self.run.thread = threading.get_ident()  # the thread whose training the block observes
         global_hooks.block_started()
+        global_hooks.reset_compiled_region()
         started: list[Collector] = []
         enter_run(self.run)
         try:
@@ -304,6 +314,8 @@ class Diagnosis:
             self._closed = True
         interrupt: BaseException | None = None
         parts: list[tuple[str, Callable[[], None]]] = []
+        if global_hooks.compiled_region_seen():
+            self._warn(COMPILED_REGION)
         if self._discovery is not None:
             parts.append(("discovery", self._discovery.close))
         parts.append(("run registry", partial(leave_run, self.run)))

@@ -85,8 +85,8 @@ class AutocastWatch:
 
     def watch(self, root: torch.nn.Module) -> None:
         """Hooks a root model's forward (entry and exit)."""
-        self._handles.append(root.register_forward_pre_hook(self._pre, prepend=True))
-        self._handles.append(root.register_forward_hook(self._post, always_call=True))
+        self._handles.append(global_hooks.on_module(root, MODULE_PRE, self._pre))
+        self._handles.append(global_hooks.on_module(root, MODULE_POST, self._post))
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
         if self._root is not None:  # a root called inside another root's forward
@@ -123,7 +123,7 @@ class AutocastWatch:
             self._learning = None
             found = self._probes.get(id(module), [])
             for probe in found:
-                self._handles.append(probe.register_forward_pre_hook(self._check))
+                self._handles.append(global_hooks.on_module(probe, MODULE_PRE, self._check))
         self._on_state(self._seen if self._probed else self._root_state)
 
     def close(self) -> None:

@@ -6,6 +6,20 @@ another thread iterates the same dict makes that thread's training fail ("Ordere
 during iteration"). So ampdiag registers one hook of each kind with torch, the first time a
 block needs it, and keeps it until no block is left; blocks add and remove their callbacks in
 ampdiag's own list (a tuple replaced under a lock, safe to iterate from any thread).
+
+**No hook on the user's modules.** A hook registered on a module lives in the module's own
+dicts: ``copy.deepcopy(model)`` (EMA, ``AveragedModel``, best-model copies) and
+``torch.save(model)`` then copy or pickle ampdiag's closures with it (and fail on what they
+hold), and ``nn.TransformerEncoder`` turns its eval fast path off when any of its modules has
+a forward hook (different numbers). So callbacks meant for one module (`on_module`) are kept
+here, keyed by the module's id, and called from torch's global hooks, which neither copies,
+pickling nor the fast path look at.
+
+**Training forwards only.** Module callbacks see the forwards that build an autograd graph
+outside a backward pass: not ``no_grad``/``inference_mode`` forwards (evaluation, generation
+inside the step), not the submodules that activation checkpointing recomputes during the
+backward, and not what ``torch.compile`` traces (a Python callback there is a graph break, and
+what it would see is a fake tensor); `compiled_region_seen` says a compiled region was skipped.
 """
 
 from __future__ import annotations
@@ -14,8 +28,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
+
+from ampdiag.compat.autocast import in_backward
 
 MODULE_PRE, MODULE_POST, OPTIMIZER_PRE, OPTIMIZER_POST = (
     "module_pre",
@@ -23,9 +40,33 @@ MODULE_PRE, MODULE_POST, OPTIMIZER_PRE, OPTIMIZER_POST = (
     "optimizer_pre",
     "optimizer_post",
 )
+# Per-module only: (module, args, kwargs) after the forward (torch has no global pre-hook
+# with keyword arguments; the input objects are the same ones the forward got).
+MODULE_INPUTS = "module_inputs"
 
 _LOCK = threading.Lock()
 _blocks = 0
+# Set (a list item, which dynamo replays as a plain side effect) when a module forward ran
+# inside a region torch.compile traced: the callbacks did not see it.
+_COMPILED: list[bool] = [False]
+
+
+def training_forward() -> bool:
+    """Whether a module forward now is one the callbacks observe (see the module doc)."""
+    if torch.compiler.is_compiling():
+        _COMPILED[0] = True
+        return False
+    return torch.is_grad_enabled() and not in_backward()
+
+
+def compiled_region_seen() -> bool:
+    """Whether a forward ran inside a torch.compile region since `reset_compiled_region`."""
+    return _COMPILED[0]
+
+
+def reset_compiled_region() -> None:
+    """Forgets `compiled_region_seen` (at a block's start)."""
+    _COMPILED[0] = False
 
 
 class _Shared:
@@ -34,11 +75,41 @@ class _Shared:
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self.callbacks: tuple[Callable[..., Any], ...] = ()
+        # id(module) -> callbacks for that module alone (MODULE_PRE / MODULE_POST).
+        self.by_module: dict[int, tuple[Callable[..., Any], ...]] = {}
+        self.inputs: dict[int, tuple[Callable[..., Any], ...]] = {}  # MODULE_POST only
         self.handle: Any = None
 
     def call(self, *args: Any) -> None:
         for callback in self.callbacks:
             callback(*args)
+
+    def call_pre(self, module: Any, args: Any) -> None:
+        if not training_forward():
+            return
+        # Read first: a module's callbacks added by a callback below (a model just found)
+        # start with its next forward, as a hook registered on the module would.
+        own = self.by_module.get(id(module), ())
+        for callback in self.callbacks:
+            callback(module, args)
+        for callback in own:
+            callback(module, args)
+
+    def call_post(self, module: Any, args: Any, *rest: Any) -> None:
+        # (kwargs, output); torch passes (output) alone when the forward raised (always_call).
+        kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
+        if not training_forward():
+            return
+        own = self.by_module.get(id(module), ())
+        for callback in self.inputs.get(id(module), ()):
+            callback(module, args, kwargs)
+        for callback in self.callbacks:
+            callback(module, args, output)
+        for callback in own:
+            callback(module, args, output)
+
+    def empty(self) -> bool:
+        return not (self.callbacks or self.by_module or self.inputs)
 
     def call_step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         """Optimizer pre-hooks may hand ``step`` other arguments (a wrapped closure): chained."""
@@ -53,10 +124,10 @@ class _Shared:
         if self.handle is not None:
             return
         if self.kind == MODULE_PRE:
-            self.handle = nn_module.register_module_forward_pre_hook(lambda m, a: self.call(m, a))
+            self.handle = nn_module.register_module_forward_pre_hook(self.call_pre)
         elif self.kind == MODULE_POST:
             self.handle = nn_module.register_module_forward_hook(
-                lambda m, a, o: self.call(m, a, o), always_call=True
+                self.call_post, with_kwargs=True, always_call=True
             )
         elif self.kind == OPTIMIZER_PRE:
             self.handle = optim_module.register_optimizer_step_pre_hook(self.call_step_pre)
@@ -66,7 +137,7 @@ class _Shared:
             )
 
     def uninstall(self) -> None:
-        if self.handle is not None and not self.callbacks:
+        if self.handle is not None and self.empty():
             self.handle.remove()
             self.handle = None
 
@@ -77,9 +148,16 @@ _SHARED = {kind: _Shared(kind) for kind in (MODULE_PRE, MODULE_POST, OPTIMIZER_P
 class Handle:
     """Removes one callback (safe to call twice)."""
 
-    def __init__(self, shared: _Shared, callback: Callable[..., Any]) -> None:
+    def __init__(
+        self,
+        shared: _Shared,
+        callback: Callable[..., Any],
+        table: dict[int, tuple[Callable[..., Any], ...]] | None = None,
+        key: int = 0,
+    ) -> None:
         self._shared: _Shared | None = shared
         self._callback = callback
+        self._table, self._key = table, key
 
     def remove(self) -> None:
         """Removes the callback; torch's hook too when no other block may be iterating it."""
@@ -87,7 +165,14 @@ class Handle:
             shared, self._shared = self._shared, None
             if shared is None:
                 return
-            shared.callbacks = tuple(c for c in shared.callbacks if c is not self._callback)
+            if self._table is None:
+                shared.callbacks = tuple(c for c in shared.callbacks if c is not self._callback)
+            else:
+                left = tuple(c for c in self._table.get(self._key, ()) if c is not self._callback)
+                if left:
+                    self._table[self._key] = left
+                else:
+                    self._table.pop(self._key, None)
             if _blocks <= 1:  # no other block's thread may be iterating torch's dict
                 shared.uninstall()
 
@@ -103,6 +188,30 @@ def add(kind: str, callback: Callable[..., Any]) -> Handle:
         shared.callbacks = (*shared.callbacks, callback)
         shared.install()
         return Handle(shared, callback)
+
+
+def on_module(module: torch.nn.Module, kind: str, callback: Callable[..., Any]) -> Handle:
+    """Adds a callback for one module's forwards, kept here rather than on the module.
+
+    ``MODULE_PRE``: (module, args) before its forward; ``MODULE_POST``: (module, args,
+    output) after it (also when it raised); ``MODULE_INPUTS``: (module, args, kwargs) after
+    it. Only training forwards call it (see the module doc).
+    """
+    with _LOCK:
+        shared = _SHARED[MODULE_PRE if kind == MODULE_PRE else MODULE_POST]
+        table = shared.inputs if kind == MODULE_INPUTS else shared.by_module
+        table[id(module)] = (*table.get(id(module), ()), callback)
+        shared.install()
+        return Handle(shared, callback, table, id(module))
+
+
+def module_callbacks(module: torch.nn.Module) -> int:
+    """How many `on_module` callbacks are held for ``module`` (what a module hook count was)."""
+    key = id(module)
+    return sum(
+        len(shared.by_module.get(key, ())) + len(shared.inputs.get(key, ()))
+        for shared in (_SHARED[MODULE_PRE], _SHARED[MODULE_POST])
+    )
 
 
 def block_started() -> None:

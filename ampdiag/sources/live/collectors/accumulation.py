@@ -35,6 +35,7 @@ import torch
 
 from ampdiag.compat import scaler as compat_scaler
 from ampdiag.schema import AccumulationSection
+from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work
 from ampdiag.sources.live.discovery import reference_parameter
 
@@ -59,6 +60,21 @@ ARITHMETIC = frozenset(
     }
 )
 MAX_ARITHMETIC_NODES = 16
+
+
+def _norm(grad: torch.Tensor) -> torch.Tensor:
+    """The L2 norm of a gradient, dense or sparse (``nn.Embedding(sparse=True)``).
+
+    ``vector_norm`` has no sparse kernel; a sparse COO gradient may also hold one index
+    several times (uncoalesced), so its values are summed per index first, on a copy.
+    """
+    grad = grad.detach()
+    if grad.layout == torch.sparse_coo:
+        grad = grad.coalesce().values()
+    elif grad.layout != torch.strided:
+        grad = grad.values()
+    norm: torch.Tensor = torch.linalg.vector_norm(grad.float())
+    return norm
 
 
 class _Micro:
@@ -102,7 +118,9 @@ class AccumulationCollector(Collector):
         if self._reference is not None:
             return
         self._reference = reference_parameter(model)
-        self._handles.append(model.register_forward_pre_hook(self._count_forward))
+        self._handles.append(
+            global_hooks.on_module(model, global_hooks.MODULE_PRE, self._count_forward)
+        )
         if self._reference is not None:
             hook = self._reference.register_hook(self._incoming)  # type: ignore[no-untyped-call]
             self._handles.append(hook)
@@ -148,12 +166,12 @@ class AccumulationCollector(Collector):
             return
         micro = self._current()
         with internal_work():
-            micro.incoming = torch.linalg.vector_norm(grad.detach().float())
+            micro.incoming = _norm(grad)
             if self._micro:  # a previous backward of this step already accumulated
                 if ref.grad is None:
                     micro.before_none = True
                 else:
-                    micro.before = torch.linalg.vector_norm(ref.grad.detach().float())
+                    micro.before = _norm(ref.grad)
 
     def after_backward(self, run: RunContext, index: int) -> None:
         """Closes the micro-batch: the accumulated gradient's norm after it."""
@@ -163,7 +181,7 @@ class AccumulationCollector(Collector):
         grad = self._reference.grad
         if grad is not None:
             with internal_work():
-                micro.after = torch.linalg.vector_norm(grad.detach().float())
+                micro.after = _norm(grad)
         self._micro.append(micro)
         self._pending = None
 

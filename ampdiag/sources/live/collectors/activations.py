@@ -47,6 +47,7 @@ import torch
 from ampdiag.analysis import fp16range
 from ampdiag.compat import scaler as compat_scaler
 from ampdiag.schema import ActivationsSection
+from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors._exponents import BINS, sample_view, signed_histograms_of
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
@@ -148,7 +149,9 @@ class ActivationsCollector(Collector):
     def _hook(self, indices: list[int]) -> None:
         for idx in indices:
             hook = partial(self._forward, idx)
-            self._handles.append(self._modules[idx].register_forward_hook(hook))
+            self._handles.append(
+                global_hooks.on_module(self._modules[idx], global_hooks.MODULE_POST, hook)
+            )
 
     def _unhook(self) -> None:
         for handle in self._handles:

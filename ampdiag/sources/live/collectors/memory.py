@@ -46,7 +46,7 @@ from ampdiag.analysis import memory_timeline as tl_mod
 from ampdiag.compat import memory as compat_memory
 from ampdiag.compat.dtensor import local_tensor
 from ampdiag.schema import MemorySection
-from ampdiag.sources.live import exclusive
+from ampdiag.sources.live import exclusive, global_hooks
 from ampdiag.sources.live.collectors.base import (
     Collector,
     RunContext,
@@ -202,7 +202,7 @@ class MemoryCollector(Collector):
                     self._batches[run.step] = int(a.shape[0])
                     return
 
-        self._handles.append(model.register_forward_pre_hook(pre, with_kwargs=True))
+        self._handles.append(global_hooks.on_module(model, global_hooks.MODULE_INPUTS, pre))
 
     def _note_inputs(self, step: int, values: tuple[Any, ...]) -> None:
         """The storages of the model's tensor inputs (top level, or in a list/tuple/dict)."""

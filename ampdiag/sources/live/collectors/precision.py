@@ -12,8 +12,9 @@ from typing import Any, cast
 import torch
 
 from ampdiag.compat import autocast as ac
+from ampdiag.compat.modules import uncompiled
 from ampdiag.schema import PrecisionSection
-from ampdiag.sources.live import exclusive
+from ampdiag.sources.live import exclusive, global_hooks
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 from ampdiag.sources.live.collectors.dtype_audit import DtypeAudit
 from ampdiag.sources.live.collectors.module_tracker import ROOT
@@ -45,12 +46,18 @@ class PrecisionCollector(Collector):
         """Hooks the root model's forward: the audit starts at its first forward of the step."""
         if not run.config.precision:
             return
+        if uncompiled(model)[1]:
+            # Its ops run as compiled kernels; a dispatch mode around them makes torch.compile
+            # run them otherwise (other bits than without the audit, measured under inductor).
+            self._done = True
+            run.warn("the precision audit did not run: the model is torch.compile'd")
+            return
         names = {id(m): (n or ROOT) for n, m in model.named_modules()}
 
         def pre(module: torch.nn.Module, args: Any) -> None:
             self._root_forward(module, args, names)
 
-        self._handles.append(model.register_forward_pre_hook(pre, prepend=True))
+        self._handles.append(global_hooks.on_module(model, global_hooks.MODULE_PRE, pre))
 
     def _root_forward(self, module: torch.nn.Module, args: Any, names: dict[int, str]) -> None:
         run = self._run

@@ -31,6 +31,7 @@ import torch
 
 from ampdiag.compat.dtensor import local_tensor
 from ampdiag.schema import SentinelSection
+from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
 
@@ -100,7 +101,8 @@ class Sentinel(Collector):
             idx = len(self._names)
             self._index[id(module)] = idx
             self._names.append(prefix + name if name else prefix + f"({type(module).__name__})")
-            self._handles.append(module.register_forward_hook(partial(self._forward, idx)))
+            hook = partial(self._forward, idx)
+            self._handles.append(global_hooks.on_module(module, global_hooks.MODULE_POST, hook))
         known = {id(p) for _, p in self._params}
         for name, p in model.named_parameters():
             if p.requires_grad and id(p) not in known:

@@ -53,8 +53,10 @@ import torch
 from ampdiag import timing
 from ampdiag.analysis.precision_choice import run_precision
 from ampdiag.compat.fp8 import device_has_fp8
+from ampdiag.compat.modules import eager_copy_fix, uncompiled
 from ampdiag.config import DiagnoseConfig
 from ampdiag.schema import SpeedProbeSection
+from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors.base import (
     Collector,
     RunContext,
@@ -86,6 +88,13 @@ def _is_distributed(model: torch.nn.Module) -> bool:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return True
     return "DistributedDataParallel" in type(model).__name__ or "FullyShard" in str(type(model))
+
+
+COMPILED = (
+    "the speed probe and the precision A/B timed the torch.compile'd model's original module, "
+    "run eagerly (a compiled copy would compile again): the figures compare precisions, "
+    "without torch.compile's own speed-up"
+)
 
 
 class SpeedProbe(Collector):
@@ -122,7 +131,7 @@ class SpeedProbe(Collector):
         if self._handle is not None:
             return
         self._model = model
-        self._handle = model.register_forward_pre_hook(self._pre, with_kwargs=True)
+        self._handle = global_hooks.on_module(model, global_hooks.MODULE_INPUTS, self._pre)
 
     def _pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._probing or (self._run is not None and not self._run.on_block_thread()):
@@ -162,10 +171,15 @@ class SpeedProbe(Collector):
             self._skipped = "distributed run: extra forwards would desynchronise the ranks"
         if self._skipped is not None or model is None or inputs is None or self._autocast is None:
             return
+        model, compiled = uncompiled(model)
+        inputs = (widened(inputs[0]), widened(inputs[1]))
         copy, why = copy_of(model)
         if copy is None:
             self._skipped = why
             return
+        eager_copy_fix(copy)
+        if compiled:
+            run.warn(COMPILED)
         device, dtype_name = self._autocast.split(":", 1)
         extra = min(self.budget_s, BLOCK_SHARE * (time.perf_counter() - self._began))
         self._probing = True
@@ -239,6 +253,28 @@ class SpeedProbe(Collector):
             "SpeedProbeSection",
             {"batch_size": self._batch, "skipped": self._skipped, **self._result},
         )
+
+
+def widened(value: Any, depth: int = 4) -> Any:
+    """The captured inputs with every FP16/BF16 tensor as FP32 (in tuples, lists, dicts).
+
+    A recurrent model carries its state from step to step (an LSTM's hidden state, made under
+    autocast, so BF16): fed back as captured, the FP32 pass mixes an FP32 weight with a BF16
+    state and fails. As FP32 both passes run: autocast casts them down again where its policy
+    says, as it does for the first step's FP32 state.
+    """
+    if isinstance(value, torch.Tensor):
+        low = value.dtype in (torch.float16, torch.bfloat16)
+        return value.detach().float().requires_grad_(value.requires_grad) if low else value
+    if depth <= 0:
+        return value
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(widened(v, depth - 1) for v in value)
+    if isinstance(value, list):
+        return [widened(v, depth - 1) for v in value]
+    if isinstance(value, dict) and type(value) is dict:
+        return {k: widened(v, depth - 1) for k, v in value.items()}
+    return value
 
 
 def ab_cost_estimate_s(timings: dict[str, Any], precisions: int) -> float | None:
