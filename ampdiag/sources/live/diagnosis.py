@@ -92,7 +92,9 @@ class Diagnosis:
         self.session: Session | None = None
         self.run = RunContext(out=self.out, config=config)
         self._given = (model, optimizer, scaler)
-        self._collectors = collectors if collectors is not None else default_collectors(config)
+        chosen = collectors if collectors is not None else default_collectors(config)
+        # stable: the profiler's step() (which opens the next profiled step) comes last
+        self._collectors = sorted(chosen, key=lambda c: c.step_end_last)
         self._discovery: Discovery | None = None
         self._steps = StepLog(config.max_steps_recorded)
         self._step_start = 0.0
