@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
-from tinygpt import GPT, CharData  # noqa: E402
+import torch
+from tinygpt import GPT, CharData
 
 
 class Trainer:
