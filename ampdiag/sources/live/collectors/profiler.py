@@ -282,7 +282,7 @@ def top_ops(prof: profile, limit: int = TOP_OPS) -> list[dict[str, Any]]:
     (`compat.profiler.host_op_times`); with CUDA from ``key_averages()``, which also
     attributes each kernel's time to the op that launched it.
     """
-    rows = []
+    rows: list[dict[str, Any]] = []
     host = None if torch.cuda.is_available() else compat_profiler.host_op_times(prof)
     if host is not None:
         for name, (calls, self_us, total_us) in host.items():
