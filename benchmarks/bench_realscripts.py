@@ -82,14 +82,16 @@ def main(argv: list[str] | None = None) -> None:
         exit_budget = max(1.0, 0.1 * med["block_s"])
         native = sum(len(x["native_lines"]) for x in diag)
         print(
-            f"{name}: plain {base:.2f} s (block {base_block:.2f} s), diagnosed {med['wall_s']:.2f} s "
+            f"{name}: plain {base:.2f} s (block {base_block:.2f} s), "
+            f"diagnosed {med['wall_s']:.2f} s "
             f"(block {med['block_s']:.2f} s, exit {med['exit_s']:.2f} s), "
             f"ratio {med['wall_s'] / base:.2f}x (n={len(diag)})"
         )
         print(
             f"  target wall <= 1.5x + 2 s = {1.5 * base + 2:.2f} s: "
             f"{'holds' if med['wall_s'] <= 1.5 * base + 2 else 'MISSED'}; "
-            f"exit <= {exit_budget:.2f} s: {'holds' if med['exit_s'] <= exit_budget else 'MISSED'}; "
+            f"exit <= {exit_budget:.2f} s: "
+            f"{'holds' if med['exit_s'] <= exit_budget else 'MISSED'}; "
             f"native log lines on stderr: {native}"
         )
 

@@ -73,10 +73,14 @@ def test_the_audit_counts_the_training_steps_ops_not_generation(tmp_path: Path) 
     data = CharData(n=64)
     batches = [torch.stack(t) for t in zip(*(data[i] for i in range(8)), strict=True)]
     x, y = batches
-    quiet = {"profile": False, "memory": False, "numerics": False, "sentinel": False,
-             "speed_probe": False, "report": False, "tensorboard": False, "console": False}  # fmt: skip
+    quiet = dict.fromkeys(
+        ("profile", "memory", "numerics", "sentinel", "speed_probe", "report", "tensorboard"),
+        False,
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with ampdiag.diagnose(model, opt, out=tmp_path / "run", precision_step=1, **quiet) as d:
+    with ampdiag.diagnose(
+        model, opt, out=tmp_path / "run", console=False, precision_step=1, **quiet
+    ) as d:
         for _ in range(3):
             _generate(model)  # the callback of the step before, as minGPT's on_batch_end
             _step(model, opt, x, y)
