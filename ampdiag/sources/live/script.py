@@ -20,7 +20,6 @@ from typing import Any
 
 from ampdiag.sources.live.diagnosis import Diagnosis, diagnose
 
-
 #: The script errors `run(print_error=True)` printed (so that its caller does not print twice).
 printed: list[BaseException] = []
 
