@@ -177,7 +177,7 @@ def no_step_boundary(session: Session) -> Iterator[Finding]:
         return
     yield Finding(
         id="no-step-boundary",
-        severity="warning",
+        severity="low",
         title=(
             f"{backward} backward passes ran but no step boundary was seen: no optimizer.step() "
             "(parameters updated by hand?) and no d.step(), so the whole block counts as one "

@@ -127,7 +127,8 @@ class ImportFilters:
         added = [f for f in warnings.filters if f not in self._before and self._from_new_module(f)]
         if not added:
             return
-        for saved in [warnings.filters, *_saved_filter_lists()]:
+        current: list[Any] = warnings.filters  # type: ignore[assignment]
+        for saved in [current, *_saved_filter_lists()]:
             saved[:] = [f for f in saved if f not in added]
         mutated = getattr(warnings, "_filters_mutated", None)
         if callable(mutated):
