@@ -12,6 +12,7 @@ plain wall time + 2 s; its exit at most max(1 s, 10% of its block)), and any std
 names a native profiler log.
 
     flock /tmp/bench.lock python -m benchmarks.bench_realscripts [--rounds 5] [--script mingpt]
+        [--flags "--no-speed-probe"]
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ SCRIPTS = {
 NATIVE = ("CPUAllocator", "USDT:", "STAGE:", "SyncActivityProfilerHandler")
 
 
-def _once(script: Path, args: list[str], diagnosed: bool, out: Path) -> dict[str, Any]:
+def _once(
+    script: Path, args: list[str], diagnosed: bool, out: Path, flags: list[str]
+) -> dict[str, Any]:
     cmd = [sys.executable]
     if diagnosed:
-        cmd += ["-m", "ampdiag", "run", "--out", str(out)]
+        cmd += ["-m", "ampdiag", "run", "--out", str(out), *flags]
     cmd += [str(script), *args]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     t0 = time.time()
@@ -63,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--script", action="append", choices=sorted(SCRIPTS))
+    p.add_argument("--flags", default="", help="ampdiag run's settings, e.g. '--no-speed-probe'")
     a = p.parse_args(argv)
     names = a.script or sorted(SCRIPTS)
     runs: dict[tuple[str, bool], list[dict[str, Any]]] = {}
@@ -72,7 +76,8 @@ def main(argv: list[str] | None = None) -> None:
                 script, args = SCRIPTS[name]
                 order = (False, True) if r % 2 == 0 else (True, False)
                 for diagnosed in order:
-                    got = _once(script, args, diagnosed, Path(tmp) / f"{name}-{r}")
+                    out = Path(tmp) / f"{name}-{r}"
+                    got = _once(script, args, diagnosed, out, a.flags.split())
                     runs.setdefault((name, diagnosed), []).append(got)
     for name in names:
         plain, diag = runs[(name, False)], runs[(name, True)]
