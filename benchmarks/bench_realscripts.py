@@ -84,12 +84,14 @@ def main(argv: list[str] | None = None) -> None:
         med = {k: statistics.median(x[k] for x in diag) for k in ("wall_s", "block_s", "exit_s")}
         base = statistics.median(x["wall_s"] for x in plain)
         base_block = statistics.median(x["block_s"] for x in plain)
+        base_exit = statistics.median(x["exit_s"] for x in plain)  # interpreter teardown
         exit_budget = max(1.0, 0.1 * med["block_s"])
         native = sum(len(x["native_lines"]) for x in diag)
         print(
             f"{name}: plain {base:.2f} s (block {base_block:.2f} s), "
             f"diagnosed {med['wall_s']:.2f} s "
-            f"(block {med['block_s']:.2f} s, exit {med['exit_s']:.2f} s), "
+            f"(block {med['block_s']:.2f} s, exit {med['exit_s']:.2f} s; plain's "
+            f"{base_exit:.2f} s), "
             f"ratio {med['wall_s'] / base:.2f}x (n={len(diag)})"
         )
         print(
