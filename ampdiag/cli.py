@@ -148,7 +148,7 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from ampdiag.config import DiagnoseConfig
-    from ampdiag.sources.live.script import exit_code, run
+    from ampdiag.sources.live.script import exit_code, printed, run
 
     settings = {
         f.name: getattr(args, f.name) for f in fields(DiagnoseConfig) if hasattr(args, f.name)
@@ -160,17 +160,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
     try:
-        d = run(script, script_args, out=args.out, **settings)
+        d = run(script, script_args, out=args.out, print_error=True, **settings)
     except SystemExit as exc:
         return exit_code(exc)
     except KeyboardInterrupt:
         print("ampdiag: the script was interrupted; the session was written", file=sys.stderr)
         return 130
-    except Exception:
-        import traceback
+    except Exception as exc:
+        # The script's own error: its traceback was printed as it left the script, first
+        # and as python would print it (run(print_error=True)); anything else here.
+        if not any(e is exc for e in printed):
+            import traceback
 
-        # The script's own error: its traceback, as python would print it.
-        traceback.print_exc()
+            traceback.print_exc()
+        printed.clear()
         return 1
     print(f"ampdiag: {d.out}", file=sys.stderr)
     return EXIT_OK

@@ -74,6 +74,9 @@ class RunSection(TypedDict, total=False):
     autocast_seen: dict[str, int]
     duration_s: float
     warnings: list[str]
+    backward_calls: int
+    optimizer_steps: int
+    step_boundaries: int
 
 
 class ProfilerSection(TypedDict, total=False):

@@ -19,6 +19,7 @@ tensors ampdiag knows from the live run (the trace read by `ampdiag.trace.reader
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -152,10 +153,17 @@ def timeline_from_trace(
     backward = sorted(host.host_start[host.host_cat == HOST_CATEGORIES.index("backward")].tolist())
     t0 = min([mem[0][0]] + [s[1] for s in steps])
 
+    # each step's first backward, found once (per allocation it made the categorizer
+    # quadratic: a step holds thousands of backward ops)
+    first_bwd: list[float | None] = []
+    for _, start, end in steps:
+        i = bisect.bisect_left(backward, start)
+        first_bwd.append(backward[i] if i < len(backward) and backward[i] <= end else None)
+
     def bwd_start(t: float) -> float | None:
-        for _, start, end in steps:
+        for k, (_, start, end) in enumerate(steps):
             if start <= t <= end:
-                return next((b for b in backward if start <= b <= end), None)
+                return first_bwd[k]
         return None
 
     def saved_labels(t: float) -> Mapping[tuple[int, int], str] | None:

@@ -108,3 +108,53 @@ def start_points() -> list[tuple[Any, str]]:
 def inner_profile(prof: Any) -> Any:
     """The ``torch.autograd.profiler.profile`` a ``torch.profiler.profile`` drives, if any yet."""
     return getattr(prof, "profiler", None)
+
+
+def host_op_times(prof: Any) -> dict[str, list[float]] | None:
+    """Name -> [calls, self_us, total_us] of a finished profile's host events, or None.
+
+    Read from the recorded ``kineto_results`` events (the private ``prof.profiler``) with one
+    sweep per thread: what ``key_averages()`` gives for host time, without building its
+    ``FunctionEvent`` tree (seconds on a real script's window). An event's self time is its
+    duration less its direct children's (events of the same thread nested inside it); an op
+    nested in one of its own name (``aten::sum`` calling ``aten::sum``) is one call, as there.
+    """
+    try:
+        events = prof.profiler.kineto_results.events()
+        cpu = torch._C._autograd.DeviceType.CPU
+        by_thread: dict[int, list[tuple[int, int, str]]] = {}
+        for e in events:
+            if e.device_type() != cpu or e.is_async():
+                continue
+            name = e.name()
+            if name == "[memory]":
+                continue
+            start = int(e.start_ns())
+            by_thread.setdefault(int(e.start_thread_id()), []).append(
+                (start, start + int(e.duration_ns()), name)
+            )
+    except Exception:  # private API changed: the caller uses key_averages()
+        return None
+    out: dict[str, list[float]] = {}
+    for spans in by_thread.values():
+        spans.sort(key=lambda s: (s[0], -s[1]))
+        stack: list[list[Any]] = []  # [end, name, child_ns, dur_ns, nested in its own name]
+
+        def close(item: list[Any]) -> None:
+            row = out.setdefault(item[1], [0, 0.0, 0.0])
+            row[1] += max(0, item[3] - item[2]) / 1e3
+            if not item[4]:
+                row[0] += 1
+                row[2] += item[3] / 1e3
+
+        for start, end, name in spans:
+            while stack and stack[-1][0] <= start:
+                close(stack.pop())
+            dup = False
+            if stack:
+                stack[-1][2] += end - start
+                dup = stack[-1][1] == name
+            stack.append([end, name, 0, end - start, dup])
+        while stack:
+            close(stack.pop())
+    return out

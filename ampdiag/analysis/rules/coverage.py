@@ -55,8 +55,11 @@ def nothing_measured(session: Session) -> Iterator[Finding]:
         run = session.sections.get("run")
         run = run if isinstance(run, dict) else {}
         models, optimizers = _count(run, "models"), _count(run, "optimizers")
-        if not models:
+        backward = run.get("backward_calls")
+        if not models and not backward:
             why = "no model ran a forward inside the block"
+        elif isinstance(backward, int) and backward and not optimizers:
+            why = f"{backward} backward passes, but no optimizer.step() and no d.step()"
         elif not optimizers:
             why = "no optimizer stepped and d.step() was never called"
         else:

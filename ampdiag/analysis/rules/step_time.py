@@ -143,11 +143,63 @@ def dataloader_bound(session: Session) -> Iterator[Finding]:
     )
 
 
+def _run_counts(session: Session) -> tuple[int, int, int] | None:
+    """(backward calls, optimizer steps, step boundaries) of the block; None in older sessions."""
+    run = session.sections.get("run")
+    if not isinstance(run, dict) or "step_boundaries" not in run:
+        return None
+    return (
+        int(run.get("backward_calls") or 0),
+        int(run.get("optimizer_steps") or 0),
+        int(run.get("step_boundaries") or 0),
+    )
+
+
+@rule("no-step-boundary")
+def no_step_boundary(session: Session) -> Iterator[Finding]:
+    """Backward passes ran but no step boundary came (no ``optimizer.step``, no ``d.step()``)."""
+    counts = _run_counts(session)
+    if counts is None:
+        return
+    backward, optimizer_steps, boundaries = counts
+    if boundaries or not backward:
+        return
+    yield Finding(
+        id="no-step-boundary",
+        severity="low",
+        title=(
+            f"{backward} backward passes ran but no step boundary was seen: no optimizer.step() "
+            "(parameters updated by hand?) and no d.step(), so the whole block counts as one "
+            "step and nothing per-step (profiler, sampling, step times) could run."
+        ),
+        evidence={
+            "backward_calls": backward,
+            "optimizer_steps": optimizer_steps,
+            "step_boundaries": 0,
+        },
+        fix=(
+            "Mark each training step's end by hand:\n"
+            "with ampdiag.diagnose() as d:\n"
+            "    for x, y in loader:\n"
+            "        train_step(x, y)  # updates the parameters itself\n"
+            "        d.step()"
+        ),
+        section="time",
+    )
+
+
 @rule("profiler-no-steps")
 def profiler_no_steps(session: Session) -> Iterator[Finding]:
-    """The profiler recorded no step (the block ran fewer steps than skip + warm-up + 1)."""
+    """The profiler recorded no step (the block ran fewer steps than skip + warm-up + 1).
+
+    Not when the block trained nothing or saw no step boundary: ``nothing-measured``
+    (rules/coverage.py) and `no_step_boundary` name those causes.
+    """
     prof = session.sections.get("profiler")
     if not isinstance(prof, dict):
+        return
+    counts = _run_counts(session)
+    if counts is not None and (not any(counts) or (counts[0] and not counts[2])):
         return
     # A trace is written at exit even when the block ended in the warm-up: what counts is
     # whether a step was recorded (older sessions have no recorded_steps: their trace says).
@@ -155,6 +207,8 @@ def profiler_no_steps(session: Session) -> Iterator[Finding]:
         return
     sched = prof.get("schedule", {})
     need = int(sched.get("skip", 0)) + int(sched.get("warmup", 0)) + 1
+    if int(prof.get("steps_seen", 0)) >= need:
+        return  # long enough: the profiler stopped for another reason (its section says)
     yield Finding(
         id="profiler-no-steps",
         severity="info",

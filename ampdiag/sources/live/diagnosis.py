@@ -100,11 +100,17 @@ class Diagnosis:
         self.session: Session | None = None
         self.run = RunContext(out=self.out, config=config)
         self._given = (model, optimizer, scaler)
-        self._collectors = collectors if collectors is not None else default_collectors(config)
+        chosen = collectors if collectors is not None else default_collectors(config)
+        # stable: the profiler's step() (which opens the next profiled step) comes last
+        self._collectors = sorted(chosen, key=lambda c: c.step_end_last)
         self._discovery: Discovery | None = None
         self._steps = StepLog(config.max_steps_recorded)
         self._step_start = 0.0
         self._backward_passes = 0  # in the step in progress
+        # the whole block's, to tell "no step boundary" from "too short" (the rules read them)
+        self._backward_calls = 0
+        self._optimizer_steps = 0
+        self._boundaries = 0
         self._manual_steps = False
         self._primary_optimizer: int | None = None
         self._scaler_in_use = False
@@ -206,6 +212,7 @@ class Diagnosis:
         if not raised and self._step_has_activity():
             try:
                 self._end_step()
+                self._boundaries -= 1  # the block's end, not a boundary the loop marked
             except BaseException as exc:  # a KeyboardInterrupt raised in a callback
                 interrupt = exc
         self.run.block_raised = raised  # collectors' stop() may ask
@@ -241,6 +248,7 @@ class Diagnosis:
         self._each("before_optimizer_step", optimizer)
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self._optimizer_steps += 1
         # With a GradScaler, scaler.update() ends the step: scaler.step() skips
         # optimizer.step() on inf/NaN, and a skipped step is still a step.
         if self._manual_steps or self._scaler_in_use:
@@ -257,6 +265,7 @@ class Diagnosis:
         self._each("on_loss", loss, from_scaler)
 
     def _before_backward(self, tensor: torch.Tensor) -> None:
+        self._backward_calls += 1
         self._each("before_backward", tensor)
 
     def _after_backward(self) -> None:
@@ -274,6 +283,7 @@ class Diagnosis:
         return self._steps.has_activity()
 
     def _end_step(self) -> None:
+        self._boundaries += 1
         now = time.perf_counter()
         step = self.run.step
         self._steps.end(
@@ -359,6 +369,9 @@ class Diagnosis:
             "autocast_seen": self.run.autocast,
             "duration_s": time.time() - self._started,
             "warnings": list(self.run.warnings),
+            "backward_calls": self._backward_calls,
+            "optimizer_steps": self._optimizer_steps,
+            "step_boundaries": self._boundaries,
         }
         session = Session(
             status=status,  # type: ignore[arg-type]

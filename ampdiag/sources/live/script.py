@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import runpy
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ampdiag.sources.live.diagnosis import Diagnosis, diagnose
+
+#: The script errors `run(print_error=True)` printed (so that its caller does not print twice).
+printed: list[BaseException] = []
 
 
 def exit_code(exc: SystemExit) -> int:
@@ -35,6 +39,7 @@ def run(
     args: Sequence[str] = (),
     *,
     out: str | Path | None = None,
+    print_error: bool = False,
     **settings: Any,
 ) -> Diagnosis:
     """Runs ``script`` as ``__main__`` inside ``diagnose(out=out, **settings)``.
@@ -43,6 +48,9 @@ def run(
         script: The Python file to run.
         args: Its command-line arguments (``sys.argv[1:]`` inside the script).
         out: The output folder (default: a new ``reports/run-<time>/``).
+        print_error: Print the script's own error (its traceback without ampdiag's and
+            runpy's frames, as ``python script.py`` shows it) to stderr as it leaves the
+            script, before the block's exit prints its summary (``ampdiag run`` does).
         **settings: Any field of `DiagnoseConfig`.
 
     Returns:
@@ -66,7 +74,39 @@ def run(
             except SystemExit as exc:
                 if exit_code(exc) != 0:
                     raise
+            except Exception as exc:
+                if print_error:
+                    print_user_traceback(exc, path)
+                    printed.append(exc)
+                raise
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path
     return d
+
+
+def print_user_traceback(exc: BaseException, script: Path) -> None:
+    """Prints ``exc`` as Python would for ``python script.py``: no ampdiag or runpy frames.
+
+    The frames before the script's own first one (ampdiag's runner, runpy) are dropped, and so
+    are ampdiag's hook frames between the user's (its module and optimizer hooks sit in the
+    user's call stack).
+    """
+    import ampdiag
+
+    ours = str(Path(ampdiag.__file__).resolve().parent)
+    target = str(script.resolve())
+    te = traceback.TracebackException.from_exception(exc)
+    frames = list(te.stack)
+    first = next((i for i, f in enumerate(frames) if _resolved(f.filename) == target), 0)
+    kept = [f for f in frames[first:] if not _resolved(f.filename).startswith(ours)]
+    te.stack = traceback.StackSummary.from_list(kept)
+    sys.stderr.write("".join(te.format()))
+    sys.stderr.flush()
+
+
+def _resolved(filename: str) -> str:
+    try:
+        return str(Path(filename).resolve())
+    except (OSError, ValueError):
+        return filename

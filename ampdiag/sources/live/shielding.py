@@ -117,15 +117,40 @@ class ImportFilters:
         self._modules = set(sys.modules)
 
     def remove_added(self) -> None:
-        """Drops the filters added by imports since the block began (safe to call twice)."""
-        keep = [f for f in warnings.filters if f in self._before or not self._from_new_module(f)]
-        if len(keep) == len(warnings.filters):
+        """Drops the filters added by imports since the block began (safe to call twice).
+
+        In place, in the current list and in the lists that ``catch_warnings`` blocks still
+        open in other threads saved: one such block (another thread training) restores its
+        saved list on leaving, which would bring an import's filter back, and a
+        ``catch_warnings`` of ours would restore the other thread's filters over its exit.
+        """
+        added = [f for f in warnings.filters if f not in self._before and self._from_new_module(f)]
+        if not added:
             return
-        warnings.filters[:] = keep  # type: ignore[index]
-        with warnings.catch_warnings():  # its entry and exit clear the module's decision cache
-            pass
+        current: list[Any] = warnings.filters  # type: ignore[assignment]
+        for saved in [current, *_saved_filter_lists()]:
+            saved[:] = [f for f in saved if f not in added]
+        mutated = getattr(warnings, "_filters_mutated", None)
+        if callable(mutated):
+            mutated()  # clears the modules' decision caches, as filterwarnings() does
+        else:
+            with warnings.catch_warnings():  # its entry and exit clear them too
+                pass
 
     def _from_new_module(self, entry: Any) -> bool:
         category = entry[2] if isinstance(entry, tuple) and len(entry) > 2 else None
         module = getattr(category, "__module__", "builtins")
         return module not in self._modules
+
+
+def _saved_filter_lists() -> list[list[Any]]:
+    """The filter lists saved by the ``warnings.catch_warnings`` blocks open now (any thread)."""
+    import gc
+
+    out = []
+    for obj in gc.get_referrers(warnings.catch_warnings):
+        if isinstance(obj, warnings.catch_warnings) and getattr(obj, "_entered", False):
+            saved = getattr(obj, "_filters", None)
+            if isinstance(saved, list) and saved is not warnings.filters:
+                out.append(saved)
+    return out

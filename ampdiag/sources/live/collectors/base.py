@@ -17,7 +17,8 @@ A collector watches one thing in a live run. `diagnose()` calls its callbacks in
     section()                        its JSON section for the Session, or None for nothing
 
 Collectors share facts only through typed `RunContext` fields, never through each other, so
-the order of the collector list does not matter.
+the order of the collector list does not matter (except that a collector with
+``step_end_last`` gets ``on_step_end`` after the others).
 
 A collector never renders and never changes the user's numbers. Callbacks must be cheap on
 steps that are not sampled (`run.is_sampled(step)`).
@@ -131,6 +132,10 @@ class Collector:
     def from_config(cls, config: DiagnoseConfig) -> Collector:
         """The collector diagnose() attaches for ``config`` (most take no settings)."""
         return cls()
+
+    #: Called after every other collector at a step boundary. The profiler opens the next
+    #: profiled step there, so the others' end-of-step work never lands inside a profiled step.
+    step_end_last: bool = False
 
     def start(self, run: RunContext) -> None:
         """Called once before the first step."""

@@ -2,8 +2,11 @@
 
 On the audited step (``DiagnoseConfig.precision_step``, default the second step: the first one
 pays for lazy initialization and autocast's weight-cast cache warm-up) a TorchDispatchMode is
-entered at the root model's first forward pre-hook and left before the optimizer step, so it
-sees the forward and the backward *after* autocast has cast the inputs. For each op it records
+entered at the root model's first training forward (grad mode on) and left before the optimizer
+step, so it sees the forward and the backward *after* autocast has cast the inputs. The step's
+own ops only: a forward of the model under ``no_grad``/``inference_mode`` (a generate-every-N
+callback, an eval loop) and the code after it up to the next training forward (its sampling)
+are not recorded. For each op it records
 the input and output dtypes, whether autocast was active when the op was called, the module it
 ran under (forward and backward), its FLOPs (torch.utils.flop_counter's registered formulas)
 and its time, and for every op that ran in FP32 one reason:
@@ -137,6 +140,9 @@ class DtypeAudit:
         self._events: list[tuple[dict[str, Any], Any, Any]] = []
         self._mode = _make_audit_mode(self)
         self._entered = False
+        #: Whether the model's last forward trained (grad mode on as it began). Not the grad
+        #: mode of each op: a custom op's body and autograd.Function.forward run without grad.
+        self.training = True
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -186,6 +192,11 @@ class DtypeAudit:
         """Runs the op exactly as without the audit, and records it."""
         if is_internal_work():  # another collector's statistics, not the model's work
             return func(*args, **kwargs)
+        backward = ac.in_backward()
+        if not backward and not self.training:
+            # not the training step's own op: a forward under no_grad or inference_mode (a
+            # generate callback, an eval loop) and what follows it (its sampling)
+            return func(*args, **kwargs)
         info = self.info(func)
         inputs = [t for t in tensors_of(args) if isinstance(t, torch.Tensor)]
         inputs += list(tensors_of(kwargs))
@@ -195,7 +206,6 @@ class DtypeAudit:
         reenable = False
         if active and info.foreign:
             reenable = not ac.op_has_autocast_kernel(func, device)
-        backward = ac.in_backward()
         start_ev = end_ev = None
         if device == "cuda":
             start_ev = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]

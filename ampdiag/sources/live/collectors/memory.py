@@ -62,6 +62,10 @@ log = logging.getLogger("ampdiag")
 SNAPSHOT_FILE = "snapshot.pickle"
 #: Steps whose batch size is noted (and every profiled step): enough for the batch in use.
 MAX_BATCH_STEPS = 1000
+#: Most trace events torch's memory profiler categorizes; past it ampdiag's own categorizer
+#: (linear in the events) does. torch's replays the whole op tree with a data-flow pass whose
+#: cost per event is high enough that a real script's window made the exit take seconds.
+TORCH_CATEGORIZER_MAX_EVENTS = 4000
 
 
 def _storage_ptr(t: torch.Tensor) -> int:
@@ -327,17 +331,18 @@ class MemoryCollector(Collector):
             n: {**self._inputs_by_step.get(n, {}), **self._known_by_step.get(n, {})}
             for n in sorted({*self._known_by_step, *self._inputs_by_step})
         }
+        files = run.trace_files
+        trace = read_trace(max(files, key=lambda p: p.stat().st_mtime)) if files else None
         prof = run.profile
-        if prof is not None:
+        small = trace is None or trace.events <= TORCH_CATEGORIZER_MAX_EVENTS
+        if prof is not None and small:
             tl = compat_memory.categorized_timeline(
                 prof, "cuda:0" if cuda else "cpu", known, self._saved_by_step
             )
             if tl is not None and tl["t_us"]:
                 return tl
-        files = run.trace_files
-        if not files:
+        if trace is None:
             return None
-        trace = read_trace(max(files, key=lambda p: p.stat().st_mtime))
         return tl_mod.timeline_from_trace(
             trace, 1 if cuda else 0, known, self._known_sizes, self._saved_by_step
         )

@@ -55,18 +55,24 @@ class PrecisionCollector(Collector):
         names = {id(m): (n or ROOT) for n, m in model.named_modules()}
 
         def pre(module: torch.nn.Module, args: Any) -> None:
-            self._root_forward(module, args, names)
+            # a forward under no_grad or inference_mode (generation, an eval loop inside the
+            # step) is not a training forward: it neither starts the audit nor is audited
+            self._root_forward(module, args, names, torch.is_grad_enabled())
 
         self._handles.append(global_hooks.on_module(model, global_hooks.MODULE_PRE, pre))
 
-    def _root_forward(self, module: torch.nn.Module, args: Any, names: dict[int, str]) -> None:
+    def _root_forward(
+        self, module: torch.nn.Module, args: Any, names: dict[int, str], training: bool
+    ) -> None:
         run = self._run
         if run is None or not run.on_block_thread():
             return
         if self._audit is not None:
-            self._audit.new_forward()
+            self._audit.training = training
+            if training:
+                self._audit.new_forward()
             return
-        if self._done or run.step != run.config.precision_step:
+        if self._done or run.step != run.config.precision_step or not training:
             return
         if not exclusive.claim(exclusive.DISPATCH_MODE, self):
             self._done = True

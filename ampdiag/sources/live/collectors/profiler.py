@@ -8,6 +8,7 @@ profiler's own ``key_averages()`` counts them.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Callable
@@ -46,6 +47,7 @@ class ProfilerCollector(Collector):
 
     name = "profiler"
     enabled_by = "profile"
+    step_end_last = True
 
     def __init__(self) -> None:
         self._prof: profile | None = None
@@ -62,6 +64,10 @@ class ProfilerCollector(Collector):
         self._made_before: bool | None = None  # whether torch's step tracker had a profiler
         self._patches = Patches()
         self._native_log: list[str] = []
+        # fd 2 held from the warm-up to the stop: the CPU allocator logs every free of a block
+        # allocated before profiling (no rate limit without glog), inside the user's steps
+        self._window_log: contextlib.ExitStack | None = None
+        self._ready: tuple[profile, Callable[[profile], None]] | None = None
 
     def start(self, run: RunContext) -> None:
         """Starts the profiler, unless another one runs (then the block runs without it)."""
@@ -83,8 +89,9 @@ class ProfilerCollector(Collector):
         )
 
         def on_trace_ready(prof: profile) -> None:
-            handler(prof)
-            self._top_ops = top_ops(prof)
+            # Only kept here: writing the trace and reading its ops back take seconds on a
+            # real script's window, a stall of the user's loop; `after_stop` does both.
+            self._ready = (prof, handler)
             # For collectors that read the same profile (memory): no second profiler.
             run.profile = prof
 
@@ -100,11 +107,25 @@ class ProfilerCollector(Collector):
         for owner, method in compat_profiler.start_points():
             self._patches.wrap(owner, method, self._watch)
         try:
+            if cfg.profile_skip == 0:
+                self._hold_native_log()
             with native_log.captured(self._native_log):
                 self._prof.start()
         except BaseException:
             self._release()
             raise
+
+    def _hold_native_log(self) -> None:
+        """Points fd 2 at a temporary file until the profiler stops (see `native_log`)."""
+        if self._window_log is None:
+            stack = contextlib.ExitStack()
+            stack.enter_context(native_log.captured(self._native_log))
+            self._window_log = stack
+
+    def _release_native_log(self) -> None:
+        stack, self._window_log = self._window_log, None
+        if stack is not None:
+            stack.close()
 
     def _not_started(self, run: RunContext, why: str) -> None:
         self._skipped = why
@@ -157,11 +178,13 @@ class ProfilerCollector(Collector):
             return
         if run.is_profiled(step):
             self._recorded_steps.append(step)
+        cfg = run.config
+        if step + 1 >= cfg.profile_skip:
+            self._hold_native_log()  # the warm-up begins with this step()
         primer = native_log.prime_allocator_warning()
         with native_log.captured(self._native_log):
             self._prof.step()
             del primer
-        cfg = run.config
         if step + 1 >= cfg.profile_skip + cfg.profile_warmup + cfg.profile_active:
             # the window is over and its trace written: stopping now costs nothing later,
             # where stepping an idle profiler cost every step a captured fd 2 and a temp file
@@ -182,7 +205,23 @@ class ProfilerCollector(Collector):
     def stop(self, run: RunContext) -> None:
         """Stops the profiler; a trace of a partly recorded window is still written."""
         self._stop_profiler()
+
+    def after_stop(self, run: RunContext) -> None:
+        """Writes the recorded window's trace and reads its top ops, after the user's steps."""
+        self._process()
         run.trace_files = self.trace_files()
+
+    def _process(self) -> None:
+        ready, self._ready = self._ready, None
+        if ready is None:
+            return
+        prof, handler = ready
+        try:
+            with native_log.captured(self._native_log):
+                handler(prof)
+            self._top_ops = top_ops(prof)
+        except Exception as exc:  # a failed export is reported, never raised
+            self._error = f"{type(exc).__name__}: {exc}"
 
     def _stop_profiler(self) -> None:
         prof, self._prof = self._prof, None
@@ -197,6 +236,7 @@ class ProfilerCollector(Collector):
             self._release()
 
     def _release(self) -> None:
+        self._release_native_log()
         if self._made_before is False:
             compat_profiler.forget_profiler()
             self._made_before = None
@@ -215,6 +255,7 @@ class ProfilerCollector(Collector):
         """Trace files, profiled steps, step-time breakdown and top ops."""
         if self._run is None:
             return None
+        self._process()  # when after_stop did not run (a second Ctrl-C during the exit)
         files = self.trace_files()
         out: ProfilerSection = {
             "trace_files": [str(p.relative_to(self._run.out)) for p in files],
@@ -236,8 +277,27 @@ class ProfilerCollector(Collector):
 
 
 def top_ops(prof: profile, limit: int = TOP_OPS) -> list[dict[str, Any]]:
-    """The ops with the most self CPU time (and their device time) from ``key_averages()``."""
-    rows = []
+    """The ops with the most self CPU time (and their device time).
+
+    On the CPU alone they are read from the profile's events in one sweep
+    (`compat.profiler.host_op_times`); with CUDA from ``key_averages()``, which also
+    attributes each kernel's time to the op that launched it.
+    """
+    rows: list[dict[str, Any]] = []
+    host = None if torch.cuda.is_available() else compat_profiler.host_op_times(prof)
+    if host is not None:
+        for name, (calls, self_us, total_us) in host.items():
+            rows.append(
+                {
+                    "name": name,
+                    "calls": int(calls),
+                    "self_cpu_us": self_us,
+                    "cpu_total_us": total_us,
+                    "self_device_us": 0.0,
+                }
+            )
+        rows.sort(key=lambda r: r["self_cpu_us"], reverse=True)
+        return [r for r in rows if not r["name"].startswith("ProfilerStep")][:limit]
     for avg in prof.key_averages():
         rows.append(
             {

@@ -1,0 +1,107 @@
+"""What ``ampdiag run`` costs on training scripts written like real ones, against ``python``.
+
+The scripts (``benchmarks/realscripts/``) are written here in the style of minGPT's trainer (a
+generate-every-N callback, DataLoader workers, clipping, AdamW) and nanoGPT's ``train.py``
+(autocast, gradient accumulation, an eval loop every N iterations). Each round runs every
+script plainly (``python script.py``) and diagnosed (``python -m ampdiag run script.py``) as
+fresh processes, in alternating order, so the machine's drift lands on both alike. Measured
+from outside: the process's wall time, and the script's own block (its ``BLOCK_START`` to
+``BLOCK_END`` lines); the diagnosed exit is the process's end less ``BLOCK_END``. Printed per
+script: the medians, the wall ratio, whether the targets hold (a diagnosed run at most 1.5x the
+plain wall time + 2 s; its exit at most max(1 s, 10% of its block)), and any stderr line that
+names a native profiler log.
+
+    flock /tmp/bench.lock python -m benchmarks.bench_realscripts [--rounds 5] [--script mingpt]
+        [--flags "--no-speed-probe"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SCRIPTS = {
+    "mingpt": (HERE / "realscripts" / "mingpt_like.py", ["--iters", "30", "--gen-every", "10"]),
+    "nanogpt": (HERE / "realscripts" / "nanogpt_like.py", ["--iters", "20"]),
+}
+NATIVE = ("CPUAllocator", "USDT:", "STAGE:", "SyncActivityProfilerHandler")
+
+
+def _once(
+    script: Path, args: list[str], diagnosed: bool, out: Path, flags: list[str]
+) -> dict[str, Any]:
+    cmd = [sys.executable]
+    if diagnosed:
+        cmd += ["-m", "ampdiag", "run", "--out", str(out), *flags]
+    cmd += [str(script), *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    t0 = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+    t1 = time.time()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    marks = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith(("BLOCK_START ", "BLOCK_END ")):
+            key, value = line.split()
+            marks[key] = float(value)
+    return {
+        "wall_s": t1 - t0,
+        "block_s": marks["BLOCK_END"] - marks["BLOCK_START"],
+        "exit_s": t1 - marks["BLOCK_END"],
+        "native_lines": [ln for ln in proc.stderr.splitlines() if any(n in ln for n in NATIVE)],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--script", action="append", choices=sorted(SCRIPTS))
+    p.add_argument("--flags", default="", help="ampdiag run's settings, e.g. '--no-speed-probe'")
+    a = p.parse_args(argv)
+    names = a.script or sorted(SCRIPTS)
+    runs: dict[tuple[str, bool], list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(a.rounds):
+            for name in names:
+                script, args = SCRIPTS[name]
+                order = (False, True) if r % 2 == 0 else (True, False)
+                for diagnosed in order:
+                    out = Path(tmp) / f"{name}-{r}"
+                    got = _once(script, args, diagnosed, out, a.flags.split())
+                    runs.setdefault((name, diagnosed), []).append(got)
+    for name in names:
+        plain, diag = runs[(name, False)], runs[(name, True)]
+        med = {k: statistics.median(x[k] for x in diag) for k in ("wall_s", "block_s", "exit_s")}
+        base = statistics.median(x["wall_s"] for x in plain)
+        base_block = statistics.median(x["block_s"] for x in plain)
+        base_exit = statistics.median(x["exit_s"] for x in plain)  # interpreter teardown
+        exit_budget = max(1.0, 0.1 * med["block_s"])
+        native = sum(len(x["native_lines"]) for x in diag)
+        print(
+            f"{name}: plain {base:.2f} s (block {base_block:.2f} s), "
+            f"diagnosed {med['wall_s']:.2f} s "
+            f"(block {med['block_s']:.2f} s, exit {med['exit_s']:.2f} s; plain's "
+            f"{base_exit:.2f} s), "
+            f"ratio {med['wall_s'] / base:.2f}x (n={len(diag)})"
+        )
+        print(
+            f"  target wall <= 1.5x + 2 s = {1.5 * base + 2:.2f} s: "
+            f"{'holds' if med['wall_s'] <= 1.5 * base + 2 else 'MISSED'}; "
+            f"exit <= {exit_budget:.2f} s: "
+            f"{'holds' if med['exit_s'] <= exit_budget else 'MISSED'}; "
+            f"native log lines on stderr: {native}"
+        )
+
+
+if __name__ == "__main__":
+    main()
