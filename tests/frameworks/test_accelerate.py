@@ -51,6 +51,8 @@ def test_accelerate_bf16_accumulate(tmp_path: Path) -> None:
     model, opt, loader = acc.prepare(model, opt, loader)
     updates: list[int] = []
     opt.optimizer.register_step_post_hook(lambda o, a, k: updates.append(1))
+    # The loop's own count: the micro-batches (acc.backward calls) before each real update.
+    backwards: dict[int, int] = {}
     # Wall time of each micro-batch's forward (with the loss) and backward, by step.
     walls: dict[int, list[float]] = {}
     settings = SETTINGS | {"profile_active": PROFILED}
@@ -62,6 +64,7 @@ def test_accelerate_bf16_accumulate(tmp_path: Path) -> None:
                 t1 = time.perf_counter()
                 acc.backward(loss)
                 t2 = time.perf_counter()
+                backwards[len(updates)] = backwards.get(len(updates), 0) + 1
                 walls.setdefault(len(updates), [0.0, 0.0])
                 walls[len(updates)][0] += t1 - t0
                 walls[len(updates)][1] += t2 - t1
@@ -76,9 +79,8 @@ def test_accelerate_bf16_accumulate(tmp_path: Path) -> None:
     # Steps: the updates really made (accumulate() skips the others), micro-batches each.
     assert len(updates) == BATCHES // ACCUM
     assert len(session.steps) == len(updates)
-    mb = micro_batches(session)
-    if mb is not None:
-        assert mb == [ACCUM] * len(updates)
+    assert [backwards[i] for i in range(len(updates))] == [ACCUM] * len(updates)
+    assert micro_batches(session) == [backwards[i] for i in range(len(updates))]
     # Autocast: entered by the wrapped forward, after the model's pre-hooks.
     assert trained == {"cpu:bfloat16": BATCHES}
     assert run["autocast_seen"] == trained

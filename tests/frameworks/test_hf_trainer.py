@@ -40,6 +40,21 @@ class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return {"input_ids": self.ids[i], "labels": labels}
 
 
+class MicroBatches(transformers.TrainerCallback):  # type: ignore[misc]
+    """The Trainer's own record of each optimizer step's micro-batches (its callbacks)."""
+
+    def __init__(self) -> None:
+        self.per_step: list[int] = []
+        self._pending = 0
+
+    def on_substep_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self._pending += 1
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.per_step.append(self._pending + 1)
+        self._pending = 0
+
+
 def _model(kind: str) -> tuple[Any, torch.nn.Module]:
     if kind == "gpt2":
         cfg = transformers.GPT2Config(
@@ -83,8 +98,12 @@ def test_trainer_bf16(tmp_path: Path, kind: str) -> None:
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
+    counted = MicroBatches()
     trainer = transformers.Trainer(
-        model=model, args=args, train_dataset=Tokens(64, classify=kind == "bert")
+        model=model,
+        args=args,
+        train_dataset=Tokens(64, classify=kind == "bert"),
+        callbacks=[counted],
     )
     truth = AutocastRecorder(block)
     with ampdiag.diagnose(out=tmp_path / "diag", **SETTINGS) as d:
@@ -99,12 +118,11 @@ def test_trainer_bf16(tmp_path: Path, kind: str) -> None:
     assert run["models"][0]["class"] == type(trainer.model).__name__
     inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     assert run["optimizers"] == [type(inner).__name__]
-    # Steps: one per optimizer update; micro-batches where recorded.
+    # Steps: one per optimizer update, with the micro-batches the Trainer's callbacks saw.
     assert trainer.state.global_step == STEPS
     assert len(session.steps) == STEPS
-    mb = micro_batches(session)
-    if mb is not None:
-        assert mb == [ACCUM] * STEPS
+    assert counted.per_step == [args.gradient_accumulation_steps] * STEPS
+    assert micro_batches(session) == counted.per_step
     # Autocast: the state the block ran in, once per forward, wherever Accelerate entered it.
     assert trained == {"cpu:bfloat16": STEPS * ACCUM}
     assert run["autocast_seen"] == trained
