@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,64 @@ def test_autocast_slower_compares_the_interval_not_one_sample() -> None:
     # a single pair gives no interval
     (single,) = slower([10.0], [40.0])
     assert single.severity == "info" and "single" in single.evidence["uncertain"]
+
+
+class _LinearDtypes(torch.overrides.TorchFunctionMode):
+    """Counts the dtype of every ``F.linear`` result: what the probe's passes really ran in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dtypes: list[torch.dtype] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        if func is torch.nn.functional.linear:
+            self.dtypes.append(out.dtype)
+        return out
+
+
+def test_probe_autocast_passes_run_in_the_low_dtype(one_thread) -> None:
+    # Truth outside the probe's own samples: a function mode counts what each linear returned.
+    # Four layers; per precision one warm-up pass, three timed passes (tolerance=inf stops at
+    # the requested pairs) and one per-module pass -- five forwards each.
+    model, x = matmul_model(), torch.randn(8, 256)
+    with _LinearDtypes() as seen:
+        out = probe(model, (x,), {}, "cpu", torch.bfloat16, repeats=3, tolerance=math.inf)
+    assert out["repeats"] == 3
+    assert seen.dtypes.count(torch.bfloat16) == 4 * 5
+    assert seen.dtypes.count(torch.float32) == 4 * 5
+    assert len(seen.dtypes) == 40
+
+
+def _own_ratio(model: nn.Module, x: torch.Tensor, dtype: torch.dtype, pairs: int) -> float:
+    """Autocast / FP32 forward+backward time, timed by the test with its own clock (ABBA)."""
+    params = list(model.parameters())
+
+    def once(amp: bool) -> float:
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=dtype, enabled=amp):
+            loss = model(x).float().sum()
+        torch.autograd.grad(loss, params)
+        return time.perf_counter() - t0
+
+    once(False), once(True)
+    fp32: list[float] = []
+    amp: list[float] = []
+    for i in range(pairs):
+        for on in (False, True) if i % 2 == 0 else (True, False):
+            (amp if on else fp32).append(once(on))
+    return statistics.median(amp) / statistics.median(fp32)
+
+
+def test_probe_ratio_agrees_with_the_tests_own_clock(one_thread) -> None:
+    # FP16 autocast on a CPU is emulated: several times slower than FP32 (measured here 4-10x
+    # on a 256-wide MLP). The test times the same passes itself; the probe's ratio must land
+    # near it -- a probe whose "autocast" passes ran in FP32 measures about 1x.
+    model, x = matmul_model(), torch.randn(64, 256)
+    own = _own_ratio(model, x, torch.float16, pairs=5)
+    out = probe(model, (x,), {}, "cpu", torch.float16, repeats=5, budget_s=20.0)
+    assert own > 2.5, f"the premise: FP16 on this CPU is slow ({own:.2f}x)"
+    assert own / 2.5 < out["ratio"] < own * 2.5, (out["ratio"], own)
 
 
 def test_probe_repeats_until_tight_within_its_budgets() -> None:

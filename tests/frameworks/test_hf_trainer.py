@@ -7,6 +7,7 @@ autocast starts after the model's forward pre-hooks. Truth: ``trainer.state.glob
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +15,15 @@ import pytest
 import torch
 
 import ampdiag
-from tests.frameworks.conftest import SETTINGS, AutocastRecorder, micro_batches, step_split
+from tests.frameworks.conftest import SETTINGS, AutocastRecorder, assert_attribution, micro_batches
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
 
 ACCUM = 2
-STEPS = 3
+STEPS = 6
+#: Every step after the profiler's warm-up step is profiled (the split is summed over them).
+PROFILED = STEPS - 1
 VOCAB = 64
 SEQ = 16
 
@@ -38,6 +41,44 @@ class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         labels = self.labels[i] if self.classify else self.ids[i]
         return {"input_ids": self.ids[i], "labels": labels}
+
+
+class MicroBatches(transformers.TrainerCallback):  # type: ignore[misc]
+    """The Trainer's own record of each optimizer step's micro-batches (its callbacks)."""
+
+    def __init__(self) -> None:
+        self.per_step: list[int] = []
+        self._pending = 0
+
+    def on_substep_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self._pending += 1
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.per_step.append(self._pending + 1)
+        self._pending = 0
+
+
+class Timed(transformers.Trainer):  # type: ignore[misc]
+    """The Trainer, with the thread CPU time of each micro-batch's forward (with the loss) and
+    backward (the rest of ``training_step``) by optimizer step, measured around its calls."""
+
+    walls: dict[int, list[float]]
+
+    def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.thread_time()
+        out = super().compute_loss(*args, **kwargs)
+        self._forward_s = time.thread_time() - t0
+        return out
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        self._forward_s = 0.0
+        t0 = time.thread_time()
+        out = super().training_step(*args, **kwargs)
+        total = time.thread_time() - t0
+        wall = self.walls.setdefault(self.state.global_step, [0.0, 0.0])
+        wall[0] += self._forward_s
+        wall[1] += total - self._forward_s
+        return out
 
 
 def _model(kind: str) -> tuple[Any, torch.nn.Module]:
@@ -83,11 +124,17 @@ def test_trainer_bf16(tmp_path: Path, kind: str) -> None:
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    trainer = transformers.Trainer(
-        model=model, args=args, train_dataset=Tokens(64, classify=kind == "bert")
+    counted = MicroBatches()
+    trainer = Timed(
+        model=model,
+        args=args,
+        train_dataset=Tokens(64, classify=kind == "bert"),
+        callbacks=[counted],
     )
+    trainer.walls = {}
     truth = AutocastRecorder(block)
-    with ampdiag.diagnose(out=tmp_path / "diag", **SETTINGS) as d:
+    settings = SETTINGS | {"profile_active": PROFILED}
+    with ampdiag.diagnose(out=tmp_path / "diag", **settings) as d:
         trainer.train()
         trained = truth.counts()
     probed = truth.states[sum(trained.values()) :]
@@ -99,12 +146,11 @@ def test_trainer_bf16(tmp_path: Path, kind: str) -> None:
     assert run["models"][0]["class"] == type(trainer.model).__name__
     inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     assert run["optimizers"] == [type(inner).__name__]
-    # Steps: one per optimizer update; micro-batches where recorded.
+    # Steps: one per optimizer update, with the micro-batches the Trainer's callbacks saw.
     assert trainer.state.global_step == STEPS
     assert len(session.steps) == STEPS
-    mb = micro_batches(session)
-    if mb is not None:
-        assert mb == [ACCUM] * STEPS
+    assert counted.per_step == [args.gradient_accumulation_steps] * STEPS
+    assert micro_batches(session) == counted.per_step
     # Autocast: the state the block ran in, once per forward, wherever Accelerate entered it.
     assert trained == {"cpu:bfloat16": STEPS * ACCUM}
     assert run["autocast_seen"] == trained
@@ -117,5 +163,6 @@ def test_trainer_bf16(tmp_path: Path, kind: str) -> None:
     assert session.sections["precision"]["autocast_dtypes"] == {"cpu": "bfloat16"}
     ids = {f.id for f in session.findings}
     assert not ids & {"low-precision-inactive", "amp-off", "grad-scaler-missing"}
-    split = step_split(session)
-    assert split["forward"] > 0.1 and split["backward"] > 0.1
+    # The step split: the forward Accelerate wraps counts as forward, accelerator.backward()
+    # as backward, in every profiled step (against the CPU time around those calls).
+    assert_attribution(session, trainer.walls, PROFILED)
