@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ampdiag.analysis import fp16range
+from ampdiag.analysis.device import device_type
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
 
@@ -151,6 +152,7 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
     use (`underflow_summary`); only for runs that compute in FP16. When no scale reaches 1%
     (``scale_reaches_target`` False) the fix is BF16.
     """
+    dev = device_type(session.environment)
     if not fp16_in_use(session):
         return
     u = underflow_summary(session)
@@ -167,7 +169,7 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
             "No loss scale keeps FP16's underflow under 1% without overflowing other "
             "gradients: they span more than FP16's range. Train in bfloat16 (FP32's exponent "
             "range, no GradScaler):\n"
-            "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+            f"with torch.autocast('{dev}', dtype=torch.bfloat16):\n"
             "    loss = loss_fn(model(x), y)\n"
             "loss.backward(); optimizer.step()"
         )
@@ -180,10 +182,10 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
         )
         fix = (
             f"Scale the loss so small gradients stay representable ({needs}):\n"
-            f'scaler = torch.amp.GradScaler("cuda", init_scale={rec_txt})\n'
+            f'scaler = torch.amp.GradScaler("{dev}", init_scale={rec_txt})\n'
             "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()\n"
             "or train in bfloat16 (same exponent range as float32): "
-            "torch.autocast('cuda', dtype=torch.bfloat16)"
+            f"torch.autocast('{dev}', dtype=torch.bfloat16)"
         )
     yield Finding(
         id="fp16-grad-underflow",
@@ -271,6 +273,7 @@ def grad_scaler_disabled(session: Session) -> Iterator[Finding]:
 @rule("loss-scale-collapse")
 def loss_scale_collapse(session: Session) -> Iterator[Finding]:
     """The loss scale fell below 1 (high) or to <= 2^-10 of its initial value (medium)."""
+    dev = device_type(session.environment)
     sc = session.section("scaler")
     history = sc.get("history") or []
     if not history:
@@ -305,7 +308,7 @@ def loss_scale_collapse(session: Session) -> Iterator[Finding]:
         fix=(
             "A collapsing scale means a real inf/NaN (not a too-large scale). Find its origin "
             "(see nonfinite-origin), e.g. an overflowing activation or a log/div of 0; or train "
-            "in bfloat16: torch.autocast('cuda', dtype=torch.bfloat16) with no GradScaler."
+            f"in bfloat16: torch.autocast('{dev}', dtype=torch.bfloat16) with no GradScaler."
         ),
         section=SECTION,
         impact=0.8 if sev == "high" else 0.5,
@@ -361,6 +364,7 @@ def activation_overflow(session: Session) -> Iterator[Finding]:
 
     High in FP16 runs; medium otherwise (a prediction for switching the run to FP16).
     """
+    dev = device_type(session.environment)
     modules = [
         m
         for m in session.section("activations").get("modules", [])
@@ -401,7 +405,7 @@ def activation_overflow(session: Session) -> Iterator[Finding]:
         },
         fix=(
             "Keep that module's computation in float32 or bfloat16:\n"
-            "with torch.autocast('cuda', enabled=False):\n"
+            f"with torch.autocast('{dev}', enabled=False):\n"
             "    y = module(x.float())\n"
             "or normalize/scale its input (e.g. a LayerNorm before it), or train in bfloat16."
         ),
@@ -451,6 +455,7 @@ def nonfinite_origin(session: Session) -> Iterator[Finding]:
     In the backward: the first module whose input gradient held it (medium).
     Backward-only inf/NaN is not reported when an enabled GradScaler skipped every such step.
     """
+    dev = device_type(session.environment)
     found = _nonfinite_origin(session)
     if found is None:
         return
@@ -478,7 +483,7 @@ def nonfinite_origin(session: Session) -> Iterator[Finding]:
             "sqrt of 0 in the backward, exp/softmax of large values"
             + (", or an FP16 overflow" if fp16_in_use(session) else "")
             + ". Compute it in float32:\n"
-            "with torch.autocast('cuda', enabled=False):\n"
+            f"with torch.autocast('{dev}', enabled=False):\n"
             "    y = module(x.float())\n"
             "or add an epsilon (x / (d + 1e-6), torch.log(x.clamp_min(1e-6)))."
         ),
@@ -566,6 +571,7 @@ def fp16_params(session: Session) -> Iterator[Finding]:
 
     Updates smaller than the weight's fp16 spacing are lost.
     """
+    dev = device_type(session.environment)
     found = session.section("scaler").get("fp16_params") or []
     models = [
         m
@@ -589,7 +595,7 @@ def fp16_params(session: Session) -> Iterator[Finding]:
         fix=(
             "Keep fp32 weights and let autocast compute in fp16:\n"
             "model = model.float()\n"
-            "with torch.autocast('cuda', dtype=torch.float16):\n"
+            f"with torch.autocast('{dev}', dtype=torch.float16):\n"
             "    loss = loss_fn(model(x), y)\n"
             "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()"
         ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from ampdiag.analysis.device import device_type
 from ampdiag.analysis.registry import rule
 from ampdiag.analysis.rules.distributed import straggler
 from ampdiag.session import Finding, Session, Severity
@@ -102,6 +103,7 @@ def fp32_kernels_dominant(session: Session) -> Iterator[Finding]:
 
     Only counted when GEMM/conv kernels take >= 10% of the computation-kernel time.
     """
+    dev = device_type(session.environment)
     ranks = [r for r in _ranks(session) if r.get("precision")]
     if not ranks:
         return
@@ -135,7 +137,7 @@ def fp32_kernels_dominant(session: Session) -> Iterator[Finding]:
         },
         fix=(
             "Run the forward pass under autocast (bf16 where supported, else fp16 + GradScaler):\n"
-            "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+            f"with torch.autocast('{dev}', dtype=torch.bfloat16):\n"
             "    loss = loss_fn(model(x), y)\n"
             "loss.backward()\n"
             "# At least allow TF32 tensor cores for FP32 matmuls and convolutions:\n"
