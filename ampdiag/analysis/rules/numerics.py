@@ -362,7 +362,8 @@ def skipped_steps(session: Session) -> Iterator[Finding]:
 def activation_overflow(session: Session) -> Iterator[Finding]:
     """A module's output reaches FP16's max 65504, or comes within 4x of it (low).
 
-    High in FP16 runs; medium otherwise (a prediction for switching the run to FP16).
+    High in FP16 runs. In a BF16 or FP32 run the value is representable: the figure is only
+    what FP16 would do, so it is an info what-if, never the run's problem.
     """
     dev = device_type(session.environment)
     modules = [
@@ -383,6 +384,8 @@ def activation_overflow(session: Session) -> Iterator[Finding]:
         sev = "low"
     else:
         return
+    if not fp16:
+        sev = "info"
     near = sorted(
         (m for m in modules if m["max_abs"] >= THRESHOLDS["activation_near"]),
         key=lambda m: -m["max_abs"],
@@ -393,7 +396,7 @@ def activation_overflow(session: Session) -> Iterator[Finding]:
         severity=sev,
         title=(
             f"The output of {top['module']} reaches |x| = {peak:.4g}: it {what} FP16's max "
-            f"(65504){'' if fp16 else ' if this run were switched to FP16'}."
+            f"(65504){'' if fp16 else ' if this run used FP16 (what-if; fine in this run)'}."
         ),
         evidence={
             "module": top["module"],
@@ -403,14 +406,17 @@ def activation_overflow(session: Session) -> Iterator[Finding]:
             "fp16_in_use": fp16,
             "modules_near_limit": [m["module"] for m in near[:10]],
         },
+        # A what-if advises nothing: the run's own precision holds the value.
         fix=(
             "Keep that module's computation in float32 or bfloat16:\n"
             f"with torch.autocast('{dev}', enabled=False):\n"
             "    y = module(x.float())\n"
             "or normalize/scale its input (e.g. a LayerNorm before it), or train in bfloat16."
-        ),
+        )
+        if fp16
+        else "",
         section=SECTION,
-        impact=0.7 if sev == "high" else 0.3,
+        impact={"high": 0.7, "info": 0.0}.get(sev, 0.3),
     )
 
 
