@@ -67,3 +67,8 @@ def runs_tf32(environment: Mapping[str, Any]) -> bool | None:
 def runs_fp8(environment: Mapping[str, Any]) -> bool | None:
     """Whether the GPU has FP8 tensor cores (compute capability >= 8.9)."""
     return _at_least(environment, FP8)
+
+
+def device_type(environment: Mapping[str, Any]) -> str:
+    """The run's device type for the code in a fix ("cuda" when the session does not say)."""
+    return str(environment.get("device_type") or "cuda")

@@ -50,3 +50,22 @@ def test_section_figures_tables_and_tensorboard(tmp_path: Path) -> None:
     assert scales == [256.0, 256.0, 128.0]
     assert [e.value for e in acc.Scalars("numerics/skipped")] == [0.0, 1.0, 0.0]
     assert "numerics/log2_grad_held" in acc.Tags()["histograms"]
+
+
+def test_a_bf16_runs_underflow_figure_is_labelled_what_if(tmp_path: Path) -> None:
+    """BF16 has FP32's range: the run itself computes in BF16 (set here), so FP16's
+    underflow is a what-if and the summary must say so."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), Odd())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ampdiag.diagnose(out=tmp_path, profile=False, console=False) as d:
+        for _ in range(3):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(torch.randn(4, 8)).float().pow(2).mean() * 1e-9
+            loss.backward()
+            opt.step()
+    assert d.session is not None
+    section = numerics.build(d.session)
+    assert section is not None
+    assert section.summary.startswith("if FP16: underflow "), section.summary

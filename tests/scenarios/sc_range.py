@@ -97,6 +97,40 @@ def run_activation(out: Path, gain: float) -> tuple[Session, Truth]:
     )
 
 
+def run_activation_bf16(out: Path, gain: float) -> tuple[Session, Truth]:
+    """BF16 (FP32's range) holds an activation past FP16's max: a what-if, not the run's fault."""
+    with seeded(0):
+        setup, name = _model_with(Gain(gain))
+        data = models.batches(setup, 6)
+        peak: list[float] = []
+        losses: list[float] = []
+        module = dict(setup.model.named_modules())[name]
+        handle = module.register_forward_hook(
+            lambda m, a, o: peak.append(float(o.detach().float().abs().max()))
+        )
+        with diagnose(out) as d:
+            models.train(
+                setup.model,
+                data,
+                dtype=torch.bfloat16,
+                lr=1e-6,  # small enough that the gain's large gradients do not diverge it
+                loss_fn=lambda o, y: _record(losses, models.loss_of(o, y)),
+            )
+            handle.remove()
+    nonfinite = sum(not torch.isfinite(torch.tensor(v)) for v in losses)
+    assert nonfinite == 0 and max(peak) > 65504.0, (nonfinite, max(peak))
+    return session_of(d), Truth(
+        expect=[Expect("activation-overflow", module=name, severities=frozenset({"info"}))],
+        forbid={"nonfinite-origin", "skipped-steps", "loss-scale-collapse", "fp16-grad-underflow"},
+        measured={"module": name, "max_abs": max(peak), "nonfinite_losses": nonfinite},
+    )
+
+
+def _record(losses: list[float], loss: torch.Tensor) -> torch.Tensor:
+    losses.append(float(loss.detach().float()))
+    return loss
+
+
 def run_collapse(out: Path) -> tuple[Session, Truth]:
     """inf in the backward on every step: every step skipped, the scale halves each time."""
     with seeded(0):
@@ -144,6 +178,11 @@ SCENARIOS = [
         "activation-overflow-fp16",
         "An FP16 activation x 1e5 overflows to inf at step 0.",
         lambda out: run_activation(out, 1e5),
+    ),
+    Scenario(
+        "activation-whatif-bf16",
+        "A BF16 activation x 1e5 exceeds FP16's max but is finite in BF16: only a what-if.",
+        lambda out: run_activation_bf16(out, 1e5),
     ),
     Scenario(
         "loss-scale-collapse",

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ampdiag.analysis import fp16range
+from ampdiag.analysis.device import device_type
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
 
@@ -151,6 +152,7 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
     use (`underflow_summary`); only for runs that compute in FP16. When no scale reaches 1%
     (``scale_reaches_target`` False) the fix is BF16.
     """
+    dev = device_type(session.environment)
     if not fp16_in_use(session):
         return
     u = underflow_summary(session)
@@ -167,7 +169,7 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
             "No loss scale keeps FP16's underflow under 1% without overflowing other "
             "gradients: they span more than FP16's range. Train in bfloat16 (FP32's exponent "
             "range, no GradScaler):\n"
-            "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+            f"with torch.autocast('{dev}', dtype=torch.bfloat16):\n"
             "    loss = loss_fn(model(x), y)\n"
             "loss.backward(); optimizer.step()"
         )
@@ -180,10 +182,10 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
         )
         fix = (
             f"Scale the loss so small gradients stay representable ({needs}):\n"
-            f'scaler = torch.amp.GradScaler("cuda", init_scale={rec_txt})\n'
+            f'scaler = torch.amp.GradScaler("{dev}", init_scale={rec_txt})\n'
             "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()\n"
             "or train in bfloat16 (same exponent range as float32): "
-            "torch.autocast('cuda', dtype=torch.bfloat16)"
+            f"torch.autocast('{dev}', dtype=torch.bfloat16)"
         )
     yield Finding(
         id="fp16-grad-underflow",
@@ -274,6 +276,7 @@ def grad_scaler_disabled(session: Session) -> Iterator[Finding]:
 @rule("loss-scale-collapse")
 def loss_scale_collapse(session: Session) -> Iterator[Finding]:
     """The loss scale fell below 1 (high) or to <= 2^-10 of its initial value (medium)."""
+    dev = device_type(session.environment)
     sc = session.section("scaler")
     history = sc.get("history") or []
     if not history:
@@ -308,7 +311,7 @@ def loss_scale_collapse(session: Session) -> Iterator[Finding]:
         fix=(
             "A collapsing scale means a real inf/NaN (not a too-large scale). Find its origin "
             "(see nonfinite-origin), e.g. an overflowing activation or a log/div of 0; or train "
-            "in bfloat16: torch.autocast('cuda', dtype=torch.bfloat16) with no GradScaler."
+            f"in bfloat16: torch.autocast('{dev}', dtype=torch.bfloat16) with no GradScaler."
         ),
         section=SECTION,
         impact=0.8 if sev == "high" else 0.5,
@@ -362,8 +365,10 @@ def skipped_steps(session: Session) -> Iterator[Finding]:
 def activation_overflow(session: Session) -> Iterator[Finding]:
     """A module's output reaches FP16's max 65504, or comes within 4x of it (low).
 
-    High in FP16 runs; medium otherwise (a prediction for switching the run to FP16).
+    High in FP16 runs. In a BF16 or FP32 run the value is representable: the figure is only
+    what FP16 would do, so it is an info what-if, never the run's problem.
     """
+    dev = device_type(session.environment)
     modules = [
         m
         for m in session.section("activations").get("modules", [])
@@ -382,6 +387,8 @@ def activation_overflow(session: Session) -> Iterator[Finding]:
         sev = "low"
     else:
         return
+    if not fp16:
+        sev = "info"
     near = sorted(
         (m for m in modules if m["max_abs"] >= THRESHOLDS["activation_near"]),
         key=lambda m: -m["max_abs"],
@@ -392,7 +399,7 @@ def activation_overflow(session: Session) -> Iterator[Finding]:
         severity=sev,
         title=(
             f"The output of {top['module']} reaches |x| = {peak:.4g}: it {what} FP16's max "
-            f"(65504){'' if fp16 else ' if this run were switched to FP16'}."
+            f"(65504){'' if fp16 else ' if this run used FP16 (what-if; fine in this run)'}."
         ),
         evidence={
             "module": top["module"],
@@ -402,14 +409,17 @@ def activation_overflow(session: Session) -> Iterator[Finding]:
             "fp16_in_use": fp16,
             "modules_near_limit": [m["module"] for m in near[:10]],
         },
+        # A what-if advises nothing: the run's own precision holds the value.
         fix=(
             "Keep that module's computation in float32 or bfloat16:\n"
-            "with torch.autocast('cuda', enabled=False):\n"
+            f"with torch.autocast('{dev}', enabled=False):\n"
             "    y = module(x.float())\n"
             "or normalize/scale its input (e.g. a LayerNorm before it), or train in bfloat16."
-        ),
+        )
+        if fp16
+        else "",
         section=SECTION,
-        impact=0.7 if sev == "high" else 0.3,
+        impact={"high": 0.7, "info": 0.0}.get(sev, 0.3),
     )
 
 
@@ -455,6 +465,7 @@ def nonfinite_origin(session: Session) -> Iterator[Finding]:
     In the backward: the first module whose input gradient held it (medium).
     Backward-only inf/NaN is not reported when an enabled GradScaler skipped every such step.
     """
+    dev = device_type(session.environment)
     found = _nonfinite_origin(session)
     if found is None:
         return
@@ -482,7 +493,7 @@ def nonfinite_origin(session: Session) -> Iterator[Finding]:
             "sqrt of 0 in the backward, exp/softmax of large values"
             + (", or an FP16 overflow" if fp16_in_use(session) else "")
             + ". Compute it in float32:\n"
-            "with torch.autocast('cuda', enabled=False):\n"
+            f"with torch.autocast('{dev}', enabled=False):\n"
             "    y = module(x.float())\n"
             "or add an epsilon (x / (d + 1e-6), torch.log(x.clamp_min(1e-6)))."
         ),
@@ -570,6 +581,7 @@ def fp16_params(session: Session) -> Iterator[Finding]:
 
     Updates smaller than the weight's fp16 spacing are lost.
     """
+    dev = device_type(session.environment)
     found = session.section("scaler").get("fp16_params") or []
     models = [
         m
@@ -593,7 +605,7 @@ def fp16_params(session: Session) -> Iterator[Finding]:
         fix=(
             "Keep fp32 weights and let autocast compute in fp16:\n"
             "model = model.float()\n"
-            "with torch.autocast('cuda', dtype=torch.float16):\n"
+            f"with torch.autocast('{dev}', dtype=torch.float16):\n"
             "    loss = loss_fn(model(x), y)\n"
             "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()"
         ),

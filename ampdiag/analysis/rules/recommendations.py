@@ -27,6 +27,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from ampdiag.analysis import device
 from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.advisors import Advice, advisor, find, number, worst_severity
 from ampdiag.analysis.rules.accumulation import accumulation_broken
@@ -75,15 +76,12 @@ def bf16_supported(session: Session) -> bool | None:
     value = env.get("bf16_supported")
     if isinstance(value, bool):
         return value
-    cap = env.get("device_capability")
-    if isinstance(cap, str) and cap.replace(".", "", 1).isdigit():
-        return float(cap) >= 8.0
-    return None
+    return device.runs_bf16(env)
 
 
 def device_type(session: Session) -> str:
     """The run's device type ("cuda" when the session does not say)."""
-    return str(session.environment.get("device_type") or "cuda")
+    return device.device_type(session.environment)
 
 
 def batch_size(session: Session, *findings: Finding) -> int | None:

@@ -82,7 +82,9 @@ def build(session: Session) -> ReportSection | None:
         predictions=[p for p in acts.get("predictions", []) if p["scale_log2"] % 4 == 0],
         figures=figures,
     )
-    parts = [f"underflow {humanize.percent(u.get('underflow_fraction'))}"]
+    underflow = f"underflow {humanize.percent(u.get('underflow_fraction'))}"
+    # Outside FP16 the figure is what FP16 would do, never this run's problem.
+    parts = [underflow if derived.get("fp16_in_use") is not False else f"if FP16: {underflow}"]
     if history:
         parts.append(f"{len(sc.get('skipped_steps') or [])}/{len(history)} steps skipped")
     origin = acts.get("nonfinite_origin")
