@@ -92,9 +92,7 @@ def print_user_traceback(exc: BaseException, script: Path) -> None:
     are ampdiag's hook frames between the user's (its module and optimizer hooks sit in the
     user's call stack).
     """
-    import ampdiag
-
-    ours = str(Path(ampdiag.__file__).resolve().parent)
+    ours = str(Path(__file__).resolve().parents[2])  # the ampdiag package
     target = str(script.resolve())
     te = traceback.TracebackException.from_exception(exc)
     frames = list(te.stack)
