@@ -286,8 +286,12 @@ def dumps(doc: dict[str, Any]) -> str:
     """
     import msgspec
 
-    flat = json.dumps(_json_safe(doc), allow_nan=False, default=str)
-    return msgspec.json.format(flat, indent=1)
+    safe = _json_safe(doc)
+    flat = json.dumps(safe, allow_nan=False, default=str)
+    try:
+        return msgspec.json.format(flat, indent=1)
+    except msgspec.DecodeError:  # a lone surrogate's escape (\ud800): msgspec refuses it
+        return json.dumps(safe, allow_nan=False, default=str, indent=1)
 
 
 def load(path: str | os.PathLike[str]) -> Session:

@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import Any
 
+from ampdiag.compat.warnings_cache import clear_warning_caches
+
 MAX_MESSAGE = 2000
 MAX_TRACEBACK = 4000
 
@@ -130,12 +132,7 @@ class ImportFilters:
         current: list[Any] = warnings.filters  # type: ignore[assignment]
         for saved in [current, *_saved_filter_lists()]:
             saved[:] = [f for f in saved if f not in added]
-        mutated = getattr(warnings, "_filters_mutated", None)
-        if callable(mutated):
-            mutated()  # clears the modules' decision caches, as filterwarnings() does
-        else:
-            with warnings.catch_warnings():  # its entry and exit clear them too
-                pass
+        clear_warning_caches()
 
     def _from_new_module(self, entry: Any) -> bool:
         category = entry[2] if isinstance(entry, tuple) and len(entry) > 2 else None
