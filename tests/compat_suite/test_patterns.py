@@ -34,11 +34,16 @@ def amp_loop(
     after_step: Any = None,
     steps: int = STEPS,
     scaler: bool = True,
+    batch: Any = lambda: torch.randn(6, 8),
+    optimizer: Any = None,
 ) -> dict[str, Any]:
-    """A bf16-autocast loop with a (CPU) GradScaler; ``after_step(i, model, opt, scaler)``."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    """A bf16-autocast loop with a (CPU) GradScaler; ``after_step(i, model, opt, scaler)``.
+
+    ``batch()`` draws one input; ``optimizer(params)`` makes the optimizer (AdamW by default).
+    """
+    opt = (optimizer or (lambda p: torch.optim.AdamW(p, lr=1e-2)))(model.parameters())
     gs = torch.amp.GradScaler("cpu", enabled=scaler)
-    data = [torch.randn(6, 8) for _ in range(steps)]
+    data = [batch() for _ in range(steps)]
     made: list[Any] = []
     losses = []
     with block:
@@ -214,19 +219,13 @@ class SparseBag(nn.Module):
 @params
 def test_sparse_embedding_gradients(settings: dict[str, Any], tmp_path: Path) -> None:
     def scenario(block: Any) -> Any:
-        model = SparseBag()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        losses = []
-        with block:
-            for _ in range(STEPS):
-                idx = torch.randint(0, 50, (6, 5))  # repeated indices: an uncoalesced grad
-                with torch.autocast("cpu", torch.bfloat16):
-                    loss = model(idx).float().square().mean()
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-                losses.append(loss.detach())
-        return model, losses
+        return amp_loop(
+            block,
+            SparseBag(),
+            scaler=False,
+            batch=lambda: torch.randint(0, 50, (6, 5)),  # repeated indices: uncoalesced grads
+            optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        )
 
     same_under_diagnose(scenario, settings, tmp_path)
 
@@ -241,18 +240,13 @@ def test_channels_last_convolution(settings: dict[str, Any], tmp_path: Path) -> 
             nn.Flatten(),
             nn.Linear(8 * 36, 4),
         ).to(memory_format=torch.channels_last)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        losses = []
-        with block:
-            for _ in range(STEPS):
-                x = torch.randn(4, 3, 6, 6).to(memory_format=torch.channels_last)
-                with torch.autocast("cpu", torch.bfloat16):
-                    loss = model(x).float().square().mean()
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-                losses.append(loss.detach())
-        return model, losses
+        return amp_loop(
+            block,
+            model,
+            scaler=False,
+            batch=lambda: torch.randn(4, 3, 6, 6).to(memory_format=torch.channels_last),
+            optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+        )
 
     same_under_diagnose(scenario, settings, tmp_path)
 

@@ -27,6 +27,7 @@ from ampdiag.session import Session
 from tests.scenarios import models
 from tests.scenarios.harness import (
     Expect,
+    Truth,
     diagnose,
     fp16_lost,
     needed_scale_log2,
@@ -158,3 +159,17 @@ def underflow_expect(measured: dict[str, Any], tol: float = 0.03) -> Expect:
         if len(needing) == 1:
             ev["recommended_at_step"] = (needing[0], 0.0)
     return Expect("fp16-grad-underflow", evidence=ev)
+
+
+def no_scaler_truth(measured: dict[str, Any]) -> Truth:
+    """An FP16 run without a GradScaler: the underflow the replay measured, the scaler missing
+    with the init_scale the worst sampled step needs, and no overflow or inf/NaN claimed."""
+    k = measured["needed_scale_log2"]
+    return Truth(
+        expect=[
+            underflow_expect(measured),
+            Expect("grad-scaler-missing", evidence={"recommended_init_scale": (2.0**k, 0.0)}),
+        ],
+        forbid={"nonfinite-origin", "activation-overflow"},
+        measured=measured,
+    )
