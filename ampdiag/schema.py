@@ -231,6 +231,18 @@ class ActivationsSection(TypedDict, total=False):
     nonfinite_steps: list[Any]
 
 
+class Fp8AmaxSection(TypedDict, total=False):
+    """Per Linear, its FP8 operands' amax on each sampled step (``fp8_amax``).
+
+    ``steps``: the sampled steps; ``layers``: name -> ``{input, weight, grad_output}``, one
+    amax per step (None where the operand was not seen that step).
+    """
+
+    steps: list[int]
+    layers: dict[str, dict[str, list[float | None]]]
+    errors: list[str]
+
+
 class SentinelSection(TypedDict, total=False):
     """The divergence sentinel (``sentinel``): the first inf/NaN by phase, on every step."""
 
@@ -272,13 +284,15 @@ class DerivedSection(TypedDict, total=False):
 
     ``precision``: the audited step's summary (shares, top FP32 ops, casts, per module, and
     ``reason_fixes``); ``memory``: the what-if estimates (``rows``, model state, capacity, plan);
-    ``numerics``: ``fp16_in_use``, ``underflow`` and ``fp16_limits_log2``; ``errors``: part ->
-    why it could not be derived.
+    ``numerics``: ``fp16_in_use``, ``underflow`` and ``fp16_limits_log2``; ``fp8``: the FP8
+    readiness with each layer's amax movement and the final verdicts (`analysis.fp8`);
+    ``errors``: part -> why it could not be derived.
     """
 
     precision: dict[str, Any]
     memory: dict[str, Any]
     numerics: dict[str, Any]
+    fp8: dict[str, Any]
     errors: dict[str, str]
 
 
@@ -295,6 +309,7 @@ SECTIONS: dict[str, type] = {
     "gradients": GradientsSection,
     "activations": ActivationsSection,
     "sentinel": SentinelSection,
+    "fp8_amax": Fp8AmaxSection,
     "timeline": TimelineSection,
     "ranks": RanksSection,
     "accumulation": AccumulationSection,

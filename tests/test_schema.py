@@ -31,13 +31,13 @@ OLD_SESSION = REPO / "tests" / "data" / "sessions" / "main-f6ce857.json"
 
 
 def diagnosed_run(out: Path, batch: int = 6, steps: int = 5) -> Session:
-    """FP16 autocast with a GradScaler on the CPU, every collector on, no rendering."""
+    """FP16 autocast with a GradScaler on the CPU, every collector on (FP8's too), no rendering."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu")
     with ampdiag.diagnose(
-        out=out, report=False, tensorboard=False, console=False, speed_probe_repeats=1
+        out=out, report=False, tensorboard=False, console=False, speed_probe_repeats=1, fp8=True
     ) as d:
         for _ in range(steps):
             x = torch.randn(batch, 8)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ampdiag.analysis import fp16range, memory_estimates, precision
+from ampdiag.analysis import fp8, fp16range, memory_estimates, precision
 from ampdiag.analysis.rules import numerics
 from ampdiag.schema import DerivedSection
 from ampdiag.session import Session
@@ -69,9 +69,18 @@ def _numerics(session: Session) -> dict[str, Any] | None:
     }
 
 
+def _fp8(session: Session) -> dict[str, Any] | None:
+    ab = session.section("speed_probe").get("precisions")
+    row = ab.get("fp8") if isinstance(ab, dict) else None
+    if not isinstance(row, dict):
+        return None
+    return fp8.readiness(row, session.section("fp8_amax"))
+
+
 #: Part name -> what computes it (None when the session has no input for it).
 PARTS: dict[str, Callable[[Session], dict[str, Any] | None]] = {
     "precision": _precision,
     "memory": _memory,
     "numerics": _numerics,
+    "fp8": _fp8,
 }

@@ -196,3 +196,100 @@ def test_fp8_is_off_in_diagnose_on_a_cpu_by_default(tmp_path: Path) -> None:
     assert d.session is not None
     ab = d.session.section("speed_probe").get("precisions", {})
     assert ab.get("fp8") is None
+
+
+def growing_input_model() -> torch.nn.Module:
+    """Layer "0" sees the batch as it comes; the LayerNorm gives layer "3" a steady input."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 128),
+        torch.nn.LayerNorm(128),
+        torch.nn.GELU(),
+        torch.nn.Linear(128, 64),
+    )
+
+
+def _stale_scale_sqnr_db(x: torch.Tensor, history_amax: float) -> float:
+    """SQNR of an E4M3 cast of ``x`` at the scale of an earlier amax (delayed scaling)."""
+    x = x.float()
+    scale = 448.0 / history_amax
+    back = (x * scale).clamp(-448, 448).to(E4M3).float() / scale
+    return float(10 * torch.log10(x.pow(2).sum() / (back - x).pow(2).sum()))
+
+
+def test_amax_growth_between_sampled_steps_keeps_that_layer_out_of_delayed_fp8(
+    tmp_path: Path,
+) -> None:
+    """The batch grows 4x a step: layer "0"'s input amax outruns its history, "3"'s does not.
+
+    Truth from the test's own tensors: each step's input amax per layer (plain forward hooks
+    outside ampdiag's), the growth over the steps before it, and the SQNR of an E4M3 cast of
+    that step's input at the scale the delayed recipe takes from the earlier steps' amax.
+    """
+    from ampdiag.analysis import analyze
+
+    model = growing_input_model()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    gen = torch.Generator().manual_seed(1)
+    batches = [torch.randn(64, 64, generator=gen) * 4.0**k for k in range(6)]
+    seen: dict[str, list[torch.Tensor]] = {"0": [], "3": []}
+    hooks = [
+        model[int(n)].register_forward_hook(
+            lambda _m, a, _o, n=n: seen[n].append(a[0].detach().clone())
+        )
+        for n in seen
+    ]
+    with (
+        one_thread(),
+        ampdiag.diagnose(
+            out=tmp_path, report=False, console=False, tensorboard=False, fp8=True,
+            sample_every=1, precision_ab_budget_s=0,
+        ) as d,
+    ):  # fmt: skip
+        for x in batches:
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+    for h in hooks:
+        h.remove()
+    assert d.session is not None
+    truth: dict[str, tuple[float, int, float]] = {}  # growth, its step, the stale-scale SQNR
+    for name, inputs in seen.items():
+        amax = [float(t.abs().amax()) for t in inputs]
+        growth, at = max((amax[k] / max(amax[:k]), k) for k in range(1, len(amax)))
+        truth[name] = (growth, at, _stale_scale_sqnr_db(inputs[at], max(amax[:at])))
+    # the test's own casts: the stale scale wrecks layer "0" at 4x growth, not layer "3"
+    assert truth["0"][0] > 3.0 and truth["0"][2] < 20.0, truth
+    assert truth["3"][0] < 1.5 and truth["3"][2] > 25.0, truth
+
+    r = ampdiag.compare(model, batches[-1], precisions=["fp32", "fp8"], budget_s=5,
+                        fp8_recipe="delayed")  # fmt: skip
+    assert r.fp8 is not None and r.fp8.get("layers"), r.fp8
+    # one batch alone cannot see the movement: the A/B calls both layers safe
+    assert r.fp8["keep"] == []
+    session = d.session
+    session.sections["speed_probe"] = {"precisions": {"fp8": r.fp8}}
+    findings = analyze(session)
+    derived = session.section("derived")["fp8"]
+    by_name = {la["name"]: la for la in derived["layers"]}
+    for name in ("0", "3"):
+        growth = by_name[name]["amax_drift"]["input"]
+        assert abs(growth["growth"] - truth[name][0]) <= 1e-5 * truth[name][0], (name, growth)
+        assert growth["growth_step"] == truth[name][1]
+    assert by_name["0"]["verdict"] == "keep-bf16" and by_name["3"]["verdict"] == "fp8-safe"
+    assert derived["keep"] == ["0"] and "KEEP_IN_BF16 = {'0'}" in derived["filter"]
+    (found,) = [f for f in findings if f.id == "fp8-readiness"]
+    assert list(found.evidence["keep"]) == ["0"]
+    assert "amax grew" in found.evidence["keep"]["0"][-1]
+
+
+def test_amax_growth_is_shown_not_judged_under_current_scaling(tmp_path: Path) -> None:
+    """Tensorwise scaling takes each step's own amax: the same growth keeps every layer."""
+    from ampdiag.analysis import fp8 as afp8
+
+    amax = {"steps": [0, 1, 2], "layers": {"0": {"input": [1.0, 4.0, 16.0]}}}
+    row = {"recipe": "tensorwise", "layers": [{"name": "0", "reasons": []}], "convert": ["0"]}
+    out = afp8.readiness(row, amax)
+    assert out["layers"][0]["verdict"] == "fp8-safe"
+    assert out["layers"][0]["amax_drift"]["input"]["growth"] == 4.0
+    assert afp8.readiness({**row, "recipe": "delayed"}, amax)["keep"] == ["0"]

@@ -1,7 +1,9 @@
 """FP8 readiness: which Linear layers can train in FP8, from the precision A/B's FP8 rows.
 
-The per-layer verdicts and their thresholds are `sources.live.fp8.THRESHOLDS` (recorded in
-the section beside the verdicts); this rule only turns them into one finding with the filter.
+The per-layer verdicts are the derived ones (`analysis.fp8`: the A/B's, with the amax
+movement over the sampled steps); their thresholds (`sources.live.fp8.THRESHOLDS` and
+`analysis.fp8.THRESHOLDS`) are recorded beside them. This rule only turns them into one
+finding with the filter.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ THRESHOLDS: dict[str, float] = {}  # the verdicts' own are in the section (``fp8
 @rule("fp8-readiness")
 def fp8_readiness(session: Session) -> Iterator[Finding]:
     """Which layers to convert to FP8 and which to keep in BF16, with the recipe and filter."""
-    ab = session.section("speed_probe").get("precisions")
-    fp8 = ab.get("fp8") if isinstance(ab, Mapping) else None
+    fp8 = session.section("derived").get("fp8")
     if not isinstance(fp8, Mapping) or not fp8.get("layers"):
         return
     layers = [la for la in fp8["layers"] if isinstance(la, Mapping)]
@@ -41,6 +42,10 @@ def fp8_readiness(session: Session) -> Iterator[Finding]:
             "speedup": fp8.get("speedup"),
             "speed": fp8.get("speed"),
             "thresholds": fp8.get("thresholds"),
+            "amax_drift": {
+                str(la["name"]): la.get("amax_drift") for la in layers if la.get("amax_drift")
+            }
+            or fp8.get("amax_drift"),
         },
         fix=str(fp8.get("filter", "")),
         section="precision",

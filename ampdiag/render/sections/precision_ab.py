@@ -121,16 +121,30 @@ HEAD = ["precision", "forward + backward", "vs FP32", "activations", "loss vs FP
         "worst output SQNR", "worst gradient SQNR", "gradients lost", "safe"]  # fmt: skip
 
 
-def _fp8(ab: Mapping[str, Any]) -> Markup:
+def _growth(layer: Mapping[str, Any]) -> str:
+    """The largest amax growth of a layer's operands over the sampled steps, or not measured."""
+    drift = layer.get("amax_drift")
+    found = [
+        (float(m["growth"]), op)
+        for op, m in (drift.items() if isinstance(drift, Mapping) else ())
+        if isinstance(m, Mapping) and isinstance(m.get("growth"), (int, float))
+    ]
+    if not found:
+        return units.NOT_MEASURED
+    growth, op = max(found)
+    return f"{growth:.3g}x ({op.replace('_', ' ')})"
+
+
+def _fp8(session: Session, ab: Mapping[str, Any]) -> Markup:
     """FP8 readiness: one row per Linear (verdict and why), the filter, the loss and speed."""
-    fp8 = ab.get("fp8")
+    fp8 = session.section("derived").get("fp8") or ab.get("fp8")
     if not isinstance(fp8, Mapping):
         return Markup("")
     if not fp8.get("layers"):
         why = fp8.get("skipped") or fp8.get("error") or "no nn.Linear ran"
         return Markup("<h3>FP8 readiness</h3><p>Not measured: {}.</p>").format(why)
     head = ("Layer", "Verdict", "Output SQNR", "Input grad SQNR", "Weight grad SQNR",
-            "Input below normal", "Input amax", "Why")  # fmt: skip
+            "Input below normal", "Input amax", "Amax growth", "Why")  # fmt: skip
     rows = [
         [
             la.get("name"),
@@ -140,6 +154,7 @@ def _fp8(ab: Mapping[str, Any]) -> Markup:
             _db(la.get("grad_weight_sqnr_db")),
             f"{la.get('input', {}).get('low_share', 0):.1%}",
             f"{la.get('input', {}).get('amax', 0):.3g}",
+            _growth(la),
             "; ".join(la.get("reasons") or []) or "—",
         ]
         for la in fp8["layers"]
@@ -149,13 +164,16 @@ def _fp8(ab: Mapping[str, Any]) -> Markup:
     loss = f"{diff:.2%}" if isinstance(diff, (int, float)) else units.NOT_MEASURED
     return Markup(
         "<h3>FP8 readiness ({} recipe)</h3><p>Convert {} of {} Linear layers; the converted "
-        "model's loss differs from BF16's by {} on this batch; {}.</p>{}<pre>{}</pre>"
+        "model's loss differs from BF16's by {} on this batch; {}. Amax growth: the largest "
+        "factor by which a sampled step's amax exceeded every earlier one's ({}).</p>"
+        "{}<pre>{}</pre>"
     ).format(
         fp8.get("recipe"),
         len(fp8.get("convert") or []),
         len(rows),
         loss,
         fp8.get("speed", ""),
+        fp8.get("amax_drift", units.NOT_MEASURED),
         _table(head, rows),
         fp8.get("filter", ""),
     )
@@ -218,7 +236,7 @@ def build(session: Session) -> ReportSection | None:
         )
     )
     parts.append(_modules(rows))
-    parts.append(_fp8(ab))
+    parts.append(_fp8(session, ab))
     for name, uri in figures.items():
         parts.append(Markup('<figure class="figure" aria-label="{}">{}</figure>').format(name, uri))
     return ReportSection(

@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from ampdiag.analysis.fp8 import module_filter
 from ampdiag.compat import fp8 as cfp8
 from ampdiag.sources.live.passes import class_forward, sqnr_db
 
@@ -244,22 +245,6 @@ def _verdict(layer: dict[str, Any], recipe: Recipe) -> list[str]:
             f"{KERNEL_MULTIPLE}: the FP8 kernels need one (torchao's default filter skips it)"
         )
     return reasons
-
-
-def module_filter(keep: list[str], recipe: str) -> str:
-    """The code the user pastes: torchao's conversion with the layers to keep left out."""
-    names = ", ".join(repr(n) for n in keep)
-    return (
-        "from torchao.float8 import Float8LinearConfig, convert_to_float8_training\n"
-        f"KEEP_IN_BF16 = {{{names}}}\n\n"
-        "def module_filter_fn(module, fqn):\n"
-        "    return fqn not in KEEP_IN_BF16\n\n"
-        "convert_to_float8_training(\n"
-        f"    model, config=Float8LinearConfig.from_recipe_name({recipe!r}),\n"
-        "    module_filter_fn=module_filter_fn,\n"
-        ")\n"
-        "# Transformer Engine: te.Linear for the converted layers, torch.nn.Linear for KEEP_IN_BF16"
-    )
 
 
 @contextmanager

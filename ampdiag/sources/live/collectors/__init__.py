@@ -26,6 +26,7 @@ REGISTERED: tuple[str, ...] = (
     "gradients:GradientsCollector",
     "activations:ActivationsCollector",
     "accumulation:AccumulationCollector",
+    "fp8_amax:Fp8AmaxCollector",
 )
 
 

@@ -1,0 +1,189 @@
+"""The amax of every ``nn.Linear``'s FP8 operands on each sampled step: how far it moves.
+
+The FP8 readiness (`ampdiag.sources.live.fp8`) measures each Linear on one batch. Whether a
+delayed-scaling recipe (Transformer Engine's ``DelayedScaling``: this step's scale comes from
+the amax history of earlier steps) survives the training depends on something one batch cannot
+show: how the amax of the layer's input, weight and output gradient moves from step to step.
+A value above the history's amax saturates at the format's largest; an amax that grows 4x
+between steps clamps everything in its top three quarters.
+
+So, on sampled steps only (the hooks are registered for a sampled step and removed after
+it), a forward hook on every Linear reduces its input and its weight to one amax each and
+puts a tensor hook on its output, whose gradient is reduced likewise in the backward. The
+values stay on the device and go to the host in one transfer per step (`_host.Deferred`).
+It runs where the FP8 readiness does: ``diagnose(fp8=True)``, or by default on a GPU with
+FP8. Hooks never change a tensor (they return None).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+
+from ampdiag.compat.fp8 import device_has_fp8
+from ampdiag.config import DiagnoseConfig
+from ampdiag.schema import Fp8AmaxSection
+from ampdiag.sources.live import global_hooks
+from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
+from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work
+
+#: The operands of a Linear's three FP8 matmuls, in the section's order.
+OPERANDS = ("input", "weight", "grad_output")
+#: Sampled steps kept (the first ones: the amax a delayed recipe starts its history with).
+MAX_STEPS = 64
+#: Linear layers watched (the model's first ones, in ``named_modules`` order).
+MAX_LAYERS = 512
+
+
+class Fp8AmaxCollector(Collector):
+    """Per Linear and sampled step: the amax of its input, weight and output gradient."""
+
+    name = "fp8_amax"
+    enabled_by = None  # decided per model: fp8=True, or None on an FP8 GPU
+
+    def __init__(self, config: DiagnoseConfig | None = None) -> None:
+        self._wanted = None if config is None else config.fp8
+        self._run: RunContext | None = None
+        self._names: list[str] = []
+        self._linears: list[torch.nn.Linear] = []
+        self._handles: list[Any] = []
+        self._active = False
+        self._tokens: dict[tuple[int, int], torch.Tensor] = {}
+        self._pending: list[tuple[int, list[tuple[int, int]], Deferred]] = []
+        self._steps: list[int] = []
+        self._amax: list[dict[tuple[int, int], float]] = []
+        self._errors: list[str] = []
+
+    @classmethod
+    def from_config(cls, config: DiagnoseConfig) -> Collector:
+        """Knows whether FP8 was asked for (``fp8``: True, False, or None: on an FP8 GPU)."""
+        return cls(config)
+
+    def start(self, run: RunContext) -> None:
+        """Arms the hooks for the first step when it is sampled."""
+        self._run = run
+        self._active = run.is_sampled(run.step)
+
+    def on_model(self, run: RunContext, model: torch.nn.Module) -> None:
+        """Learns the model's Linear layers, when this run measures FP8 at all."""
+        if self._wanted is False:
+            return
+        if self._wanted is None:
+            param = next(model.parameters(), None)
+            if param is None or not device_has_fp8(param.device):
+                return
+        prefix = "" if len(run.models) <= 1 else f"model{len(run.models) - 1}."
+        known = {id(m) for m in self._linears}
+        added = []
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and id(module) not in known:
+                if len(self._linears) >= MAX_LAYERS:
+                    break
+                added.append(len(self._linears))
+                self._names.append(prefix + name)
+                self._linears.append(module)
+        if self._active:
+            self._hook(added)
+
+    def _hook(self, indices: list[int]) -> None:
+        for idx in indices:
+            hook = partial(self._forward, idx)
+            self._handles.append(
+                global_hooks.on_module(self._linears[idx], global_hooks.MODULE_POST, hook)
+            )
+
+    def _unhook(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def stop(self, run: RunContext) -> None:
+        """Removes every hook; reads what is still on its way to the host."""
+        self._unhook()
+        self._active = False
+        self._pending = absorb_ready(self._pending, self._absorb, True)
+
+    # --- hooks ------------------------------------------------------------------------------
+
+    def _forward(self, idx: int, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if not self._active or (self._run is not None and not self._run.on_block_thread()):
+            return
+        try:
+            with internal_work():
+                x = args[0] if args else None
+                if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel():
+                    self._keep(idx, 0, x)
+                weight = getattr(module, "weight", None)
+                if isinstance(weight, torch.Tensor) and weight.numel():
+                    self._keep(idx, 1, weight)
+                if (
+                    torch.is_grad_enabled()
+                    and isinstance(output, torch.Tensor)
+                    and output.requires_grad
+                ):
+                    output.register_hook(partial(self._grad, idx))  # type: ignore[no-untyped-call]
+        except Exception as exc:  # observing must never break the user's step
+            self._error(exc)
+
+    def _grad(self, idx: int, grad: torch.Tensor) -> None:
+        try:
+            with internal_work():
+                if grad is not None and grad.numel():
+                    self._keep(idx, 2, grad)
+        except Exception as exc:  # observing must never break the user's backward
+            self._error(exc)
+
+    def _keep(self, idx: int, operand: int, t: torch.Tensor) -> None:
+        """The operand's amax this step (the largest over the step's calls and micro-batches)."""
+        amax = t.detach().abs().amax().float()
+        key = (idx, operand)
+        seen = self._tokens.get(key)
+        self._tokens[key] = amax if seen is None else torch.maximum(seen, amax.to(seen.device))
+
+    def _error(self, exc: Exception) -> None:
+        if len(self._errors) < 10:
+            self._errors.append(repr(exc))
+
+    # --- steps ------------------------------------------------------------------------------
+
+    def on_step_end(self, run: RunContext, step: int) -> None:
+        """Sends the step's amaxes to the host; hooks or unhooks for the next step."""
+        if self._tokens and len(self._steps) + len(self._pending) < MAX_STEPS:
+            with internal_work():
+                keys = list(self._tokens)
+                parts = [self._tokens[k] for k in keys]
+                device = parts[0].device
+                parts = [p if p.device == device else p.to(device) for p in parts]
+                self._pending.append((step, keys, Deferred(torch.stack(parts), copy=False)))
+        self._tokens = {}
+        active = (
+            bool(self._linears)
+            and len(self._steps) + len(self._pending) < MAX_STEPS
+            and run.is_sampled(step + 1)
+        )
+        if active and not self._handles:
+            self._hook(list(range(len(self._linears))))
+        elif not active and self._handles:
+            self._unhook()
+        self._active = active
+        if self._pending:
+            self._pending = absorb_ready(self._pending, self._absorb, False)
+
+    def _absorb(self, step: int, keys: list[tuple[int, int]], d: Deferred) -> None:
+        values = d.arrays()[0].tolist()
+        self._steps.append(step)
+        self._amax.append({k: float(v) for k, v in zip(keys, values, strict=True)})
+
+    def section(self) -> Fp8AmaxSection | None:
+        """Per Linear: each operand's amax on every sampled step (None where not seen)."""
+        self._pending = absorb_ready(self._pending, self._absorb, True)
+        if not self._steps:
+            return None
+        layers: dict[str, dict[str, list[float | None]]] = {}
+        for idx, name in enumerate(self._names):
+            layers[name] = {
+                op: [step.get((idx, k)) for step in self._amax] for k, op in enumerate(OPERANDS)
+            }
+        return {"steps": list(self._steps), "layers": layers, "errors": self._errors}
