@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ampdiag.analysis import kernels as K
-from ampdiag.analysis.timeline import Intervals, coverage, intersect, total, union
+from ampdiag.analysis.intervals import Intervals, clip, coverage, empty, intersect, total, union
 from ampdiag.trace.columns import HOST_CATEGORIES
 
 if TYPE_CHECKING:
@@ -40,16 +40,6 @@ BREAKDOWN = ("data", "optimizer", "backward", "forward", "communication", "other
 "communication" is time inside a collective not covered by any op (a rank waiting)."""
 
 
-def _empty() -> Intervals:
-    return np.empty(0), np.empty(0)
-
-
-def _clip(iv: Intervals, start: float, end: float) -> Intervals:
-    s, e = np.maximum(iv[0], start), np.minimum(iv[1], end)
-    ok = e > s
-    return s[ok], e[ok]
-
-
 def _host(cols: Any, name: str) -> tuple[Any, Any]:
     sel = cols.host_cat == _CAT[name]
     return cols.host_start[sel], cols.host_end[sel]
@@ -60,7 +50,7 @@ def _gpu_comm(rt: RankTrace) -> tuple[Any, Any, Any, Any, Any]:
     cols = rt.columns()
     types = np.array([K.kernel_type(n) for n in cols.names], dtype=object)
     if not len(cols.gpu_ts):
-        return np.empty(0), np.empty(0), np.empty(0), np.empty(0, dtype=bool), _empty()
+        return np.empty(0), np.empty(0), np.empty(0), np.empty(0, dtype=bool), empty()
     kt = types[cols.gpu_name]
     comm = kt == K.COMMUNICATION
     comp = kt == K.COMPUTATION
@@ -138,8 +128,8 @@ def rank_communication(rt: RankTrace) -> dict[str, Any]:
 
 def _breakdown(cols: Any, start: float, end: float, comm: Intervals) -> dict[str, float]:
     """Host time of [start, end] by `BREAKDOWN`, the first category covering a moment winning."""
-    groups = [union(*_clip(_host(cols, c), start, end)) for c in BREAKDOWN[:4]]
-    groups.append(union(*_clip(comm, start, end)))
+    groups = [union(*clip(_host(cols, c), start, end)) for c in BREAKDOWN[:4]]
+    groups.append(union(*clip(comm, start, end)))
     cov = coverage(groups)
     out = dict.fromkeys(BREAKDOWN, 0.0)
     covered = 0.0

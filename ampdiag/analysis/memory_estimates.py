@@ -189,112 +189,110 @@ def amp_comparison(section: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def whatif(section: Mapping[str, Any]) -> dict[str, Any]:
     """Every estimate the section supports, as rows a table shows, plus the raw numbers."""
-    rows: list[dict[str, Any]] = []
-    ms = model_state_bytes(section)
     state = section.get("model_state") or {}
-    peak = section.get("peak") or {}
-    by_cat = peak.get("by_category") or {}
+    by_cat = (section.get("peak") or {}).get("by_category") or {}
     act_peak = int(by_cat.get("activations", 0))
-    if state:
-        rows.append(
-            {
-                "scenario": "Model state: parameters + gradients + optimizer state",
-                "bytes": ms,
-                "basis": (
-                    f"params {units.nbytes(state.get('parameters', 0))}, "
-                    f"grads {units.nbytes(state.get('gradients', 0))}, "
-                    f"optimizer {units.nbytes(state.get('optimizer_state', 0))} (live tensors)"
-                ),
-            }
-        )
-    else:  # a CUDA snapshot: blocks and stacks, no tensor known as a parameter or a gradient
-        rows.append(
-            {
-                "scenario": "Model state: parameters + gradients + optimizer state",
-                "bytes": None,
-                "basis": "not measured: this source does not say which tensors are model state",
-            }
-        )
-    if peak.get("bytes"):
-        rows.append(
-            {
-                "scenario": f"Measured peak (batch {section.get('observed_batch') or '?'})",
-                "bytes": int(peak["bytes"]),
-                "basis": f"activations {units.nbytes(act_peak)} at the peak",
-            }
-        )
-    most = section.get("activation_peak") or {}
-    if most.get("activations"):
-        rows.append(
-            {
-                "scenario": f"Activations at their most (batch {most.get('batch') or '?'})",
-                "bytes": int(most["activations"]),
-                "basis": (
-                    "storages saved for the backward, live then; "
-                    f"{units.nbytes(most['bytes'])} in all"
-                ),
-            }
-        )
-    fit = activation_fit(section)
-    out: dict[str, Any] = {
-        "model_state_bytes": ms if state else None,
-        "activation_bytes_at_peak": act_peak,
-    }
+    rows = _measured_rows(section, act_peak)
     cap, cap_source = capacity(section)
-    out["capacity_bytes"], out["capacity_source"] = cap, cap_source
+    out: dict[str, Any] = {
+        "model_state_bytes": model_state_bytes(section) if state else None,
+        "activation_bytes_at_peak": act_peak,
+        "capacity_bytes": cap,
+        "capacity_source": cap_source,
+    }
+    fit = activation_fit(section)
     if fit is not None:
         out["activation_fit"] = fit
-        rows.append(
-            {
-                "scenario": "Activations per sample",
-                "bytes": int(fit["per_sample_bytes"]),
-                "basis": f"fitted to {len(fit['points'])} measurements ({fit['source']})",
-            }
-        )
-        observed = section.get("observed_batch")
-        if observed:
-            for mult in (2, 4):
-                b = int(observed) * mult
-                rows.append(
-                    {
-                        "scenario": f"Peak at batch {b}",
-                        "bytes": int(estimate_peak(section, b, fit)),
-                        "basis": "measured peak + per-sample activations",
-                    }
-                )
+        rows += _fit_rows(section, fit)
     amp = amp_comparison(section)
     if amp is not None:
         out["amp"] = amp
-        rows.append(
-            {
-                "scenario": f"Activations in FP32 (batch {amp['batch']})",
-                "bytes": amp["fp32_bytes"],
-                "basis": "memory_probe without autocast",
-            }
-        )
-        rows.append(
-            {
-                "scenario": f"Activations in {amp['dtype']} (batch {amp['batch']})",
-                "bytes": amp["low_precision_bytes"],
-                "basis": "memory_probe under autocast",
-            }
-        )
+        rows.append(_row(f"Activations in FP32 (batch {amp['batch']})", amp["fp32_bytes"],
+                         "memory_probe without autocast"))  # fmt: skip
+        rows.append(_row(f"Activations in {amp['dtype']} (batch {amp['batch']})",
+                         amp["low_precision_bytes"], "memory_probe under autocast"))  # fmt: skip
     target = section.get("target_batch") or None
     if target and fit is not None and cap:
         plan = plan_accumulation(section, int(target), fit, cap)
         out["plan"] = plan
         if plan is not None:
             rows.append(
-                {
-                    "scenario": (
-                        f"Target batch {target}: micro-batch {plan['micro_batch']} x "
-                        f"{plan['accumulation_steps']} accumulation steps"
-                    ),
-                    "bytes": plan["estimated_peak_bytes"],
-                    "basis": (
-                        f"largest that fits {HEADROOM:.0%} of {units.nbytes(cap)} ({cap_source})"
-                    ),
-                }
+                _row(
+                    f"Target batch {target}: micro-batch {plan['micro_batch']} x "
+                    f"{plan['accumulation_steps']} accumulation steps",
+                    plan["estimated_peak_bytes"],
+                    f"largest that fits {HEADROOM:.0%} of {units.nbytes(cap)} ({cap_source})",
+                )
             )
     out["rows"] = rows
     return out
+
+
+def _row(scenario: str, nbytes: int | None, basis: str) -> dict[str, Any]:
+    """One row of the what-if table."""
+    return {"scenario": scenario, "bytes": nbytes, "basis": basis}
+
+
+def _measured_rows(section: Mapping[str, Any], act_peak: int) -> list[dict[str, Any]]:
+    """The rows measured as they are: model state, the peak, activations at their most."""
+    state = section.get("model_state") or {}
+    peak = section.get("peak") or {}
+    model_state = "Model state: parameters + gradients + optimizer state"
+    if state:
+        rows = [
+            _row(
+                model_state,
+                model_state_bytes(section),
+                f"params {units.nbytes(state.get('parameters', 0))}, "
+                f"grads {units.nbytes(state.get('gradients', 0))}, "
+                f"optimizer {units.nbytes(state.get('optimizer_state', 0))} (live tensors)",
+            )
+        ]
+    else:  # a CUDA snapshot: blocks and stacks, no tensor known as a parameter or a gradient
+        rows = [
+            _row(
+                model_state,
+                None,
+                "not measured: this source does not say which tensors are model state",
+            )
+        ]
+    if peak.get("bytes"):
+        rows.append(
+            _row(
+                f"Measured peak (batch {section.get('observed_batch') or '?'})",
+                int(peak["bytes"]),
+                f"activations {units.nbytes(act_peak)} at the peak",
+            )
+        )
+    most = section.get("activation_peak") or {}
+    if most.get("activations"):
+        rows.append(
+            _row(
+                f"Activations at their most (batch {most.get('batch') or '?'})",
+                int(most["activations"]),
+                f"storages saved for the backward, live then; {units.nbytes(most['bytes'])} in all",
+            )
+        )
+    return rows
+
+
+def _fit_rows(section: Mapping[str, Any], fit: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The per-sample activations, and the peak they predict at 2x and 4x the batch."""
+    rows = [
+        _row(
+            "Activations per sample",
+            int(fit["per_sample_bytes"]),
+            f"fitted to {len(fit['points'])} measurements ({fit['source']})",
+        )
+    ]
+    observed = int(section.get("observed_batch") or 0)
+    for mult in (2, 4) if observed else ():
+        b = observed * mult
+        rows.append(
+            _row(
+                f"Peak at batch {b}",
+                int(estimate_peak(section, b, fit)),
+                "measured peak + per-sample activations",
+            )
+        )
+    return rows

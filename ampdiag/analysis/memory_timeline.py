@@ -152,28 +152,26 @@ def timeline_from_trace(
     host = trace.columns()
     backward = sorted(host.host_start[host.host_cat == HOST_CATEGORIES.index("backward")].tolist())
     t0 = min([mem[0][0]] + [s[1] for s in steps])
+    intervals = _allocations(mem, known_by_step, known_sizes or {})
+    classify = _Classifier(steps, backward, known_by_step, saved_by_step or {})
+    times, cols = _series(intervals, classify, t0)
+    return {
+        "t_us": times,
+        "bytes": cols,
+        "steps": [(n, s - t0, e - t0) for n, s, e in steps],
+        "source": "ampdiag-known-tensors",
+    }
 
-    # each step's first backward, found once (per allocation it made the categorizer
-    # quadratic: a step holds thousands of backward ops)
-    first_bwd: list[float | None] = []
-    for _, start, end in steps:
-        i = bisect.bisect_left(backward, start)
-        first_bwd.append(backward[i] if i < len(backward) and backward[i] <= end else None)
 
-    def bwd_start(t: float) -> float | None:
-        for k, (_, start, end) in enumerate(steps):
-            if start <= t <= end:
-                return first_bwd[k]
-        return None
+def _allocations(
+    mem: list[tuple[float, int, int, int]],
+    known_by_step: Mapping[int, Mapping[int, str]],
+    known_sizes: Mapping[int, int],
+) -> list[list[Any]]:
+    """Allocation intervals ``[addr, size, t_alloc, t_free]`` (None: before / after the trace).
 
-    def saved_labels(t: float) -> Mapping[tuple[int, int], str] | None:
-        for name, start, end in steps:
-            if start <= t <= end:
-                n = step_number(name)
-                return (saved_by_step or {}).get(n) if n is not None else None
-        return None
-
-    # Allocation intervals: (addr, size, t_alloc, t_free or None).
+    A known tensor with no event in the trace was live throughout it.
+    """
     intervals: list[list[Any]] = []
     open_at: dict[int, int] = {}
     for t, addr, size, _device in mem:
@@ -189,20 +187,55 @@ def timeline_from_trace(
     in_trace = {iv[0] for iv in intervals}
     last_known = known_by_step[max(known_by_step)] if known_by_step else {}
     for addr in last_known:
-        size = (known_sizes or {}).get(addr, 0)
+        size = known_sizes.get(addr, 0)
         if addr not in in_trace and size > 0:
             intervals.append([addr, size, None, None])
-    step_end = {}
-    for name, _, end in steps:
-        try:
-            step_end[int(name.split("#", 1)[1])] = end
-        except ValueError:
-            continue
+    return intervals
 
-    def classify(addr: int, size: int, t_alloc: float | None, t_free: float | None) -> str:
-        for step, ptrs in known_by_step.items():
+
+class _Classifier:
+    """The category of one allocation interval (the module docstring's rules)."""
+
+    def __init__(
+        self,
+        steps: list[tuple[str, float, float]],
+        backward: list[float],
+        known_by_step: Mapping[int, Mapping[int, str]],
+        saved_by_step: Mapping[int, Mapping[tuple[int, int], str]],
+    ) -> None:
+        self.steps = steps
+        self.known_by_step = known_by_step
+        self.saved_by_step = saved_by_step
+        # each step's first backward, found once (per allocation it made the categorizer
+        # quadratic: a step holds thousands of backward ops)
+        self.first_bwd: list[float | None] = []
+        for _, start, end in steps:
+            i = bisect.bisect_left(backward, start)
+            self.first_bwd.append(backward[i] if i < len(backward) and backward[i] <= end else None)
+        self.step_end = {}
+        for name, _, end in steps:
+            try:
+                self.step_end[int(name.split("#", 1)[1])] = end
+            except ValueError:
+                continue
+
+    def _bwd_start(self, t: float) -> float | None:
+        for k, (_, start, end) in enumerate(self.steps):
+            if start <= t <= end:
+                return self.first_bwd[k]
+        return None
+
+    def _saved_labels(self, t: float) -> Mapping[tuple[int, int], str] | None:
+        for name, start, end in self.steps:
+            if start <= t <= end:
+                n = step_number(name)
+                return self.saved_by_step.get(n) if n is not None else None
+        return None
+
+    def __call__(self, addr: int, size: int, t_alloc: float | None, t_free: float | None) -> str:
+        for step, ptrs in self.known_by_step.items():
             cat = ptrs.get(addr)
-            end = step_end.get(step)
+            end = self.step_end.get(step)
             if cat is None:
                 continue
             live_at_end = end is None or (
@@ -210,17 +243,20 @@ def timeline_from_trace(
             )
             if live_at_end:
                 return cat
-        labels = saved_labels(t_alloc) if t_alloc is not None else None
-        if labels is not None and t_alloc is not None:
-            b = bwd_start(t_alloc)  # the saved tensors were counted just before it
-            live = b is not None and t_alloc < b and (t_free is None or t_free > b)
+        if t_alloc is None:
+            return "temporaries"
+        b = self._bwd_start(t_alloc)  # the saved tensors were counted just before it
+        live = b is not None and t_alloc < b and (t_free is None or t_free > b)
+        labels = self._saved_labels(t_alloc)
+        if labels is not None:
             return labels.get((addr, size), "temporaries") if live else "temporaries"
-        if t_alloc is not None:
-            b = bwd_start(t_alloc)
-            if b is not None and t_alloc < b and (t_free is None or t_free > b):
-                return "activations"
-        return "temporaries"
+        return "activations" if live else "temporaries"
 
+
+def _series(
+    intervals: list[list[Any]], classify: _Classifier, t0: float
+) -> tuple[list[float], dict[str, list[int]]]:
+    """The bytes live per category after each moment (times relative to ``t0``)."""
     deltas: list[tuple[float, str, int]] = []
     for addr, size, t_alloc, t_free in intervals:
         cat = classify(addr, size, t_alloc, t_free)
@@ -241,12 +277,7 @@ def timeline_from_trace(
             times.append(rel)
             for c in CATEGORIES:
                 cols[c].append(current[c])
-    return {
-        "t_us": times,
-        "bytes": cols,
-        "steps": [(n, s - t0, e - t0) for n, s, e in steps],
-        "source": "ampdiag-known-tensors",
-    }
+    return times, cols
 
 
 def step_number(name: str | None) -> int | None:

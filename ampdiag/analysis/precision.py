@@ -91,67 +91,14 @@ def summarize(section: PrecisionSection, top: int = 10) -> dict[str, Any]:
         ``total``), ``modules`` (module -> low/fp32 time and FLOPs) and
         ``device_differences``.
     """
-    rows = _work_rows(section)
-    flops = {"low": 0, "fp32": 0, "cast": 0}
-    time_us = {"low": 0.0, "fp32": 0.0, "cast": 0.0}
-    matmul = {"low": 0, "fp32": 0, "autocast": 0}
-    reasons: dict[str, dict[str, float]] = defaultdict(
-        lambda: {"count": 0, "flops": 0, "time_us": 0.0}
-    )
-    fp32_ops: dict[tuple[str, str, str, str], dict[str, Any]] = {}
-    casts: dict[str, dict[str, float]] = defaultdict(
-        lambda: {"count": 0, "bytes": 0, "time_us": 0.0}
-    )
-    modules: dict[str, dict[str, float]] = defaultdict(
-        lambda: {"low_time_us": 0.0, "fp32_time_us": 0.0, "low_flops": 0, "fp32_flops": 0}
-    )
-    for r in rows:
-        prec = r.get("precision")
-        t = _time(r)
-        f = int(r.get("flops", 0))
-        if prec == "cast":
-            c = casts[str(r.get("cast_origin"))]
-            c["count"] += r.get("count", 0)
-            c["bytes"] += r.get("cast_bytes", 0)
-            c["time_us"] += t
-            time_us["cast"] += t
-            continue
-        if prec not in _WORK:
-            continue
-        flops[prec] += f
-        time_us[prec] += t
-        mod = modules[str(r.get("module"))]
-        mod[f"{prec}_time_us"] += t
-        mod[f"{prec}_flops"] += f
-        if f > 0:
-            matmul[prec] += f
-            if r.get("autocast"):
-                matmul["autocast"] += f
-        if prec == "fp32":
-            reason = str(r.get("reason"))
-            reasons[reason]["count"] += r.get("count", 0)
-            reasons[reason]["flops"] += f
-            reasons[reason]["time_us"] += t
-            key = (str(r.get("op")), str(r.get("module")), reason, str(r.get("phase")))
-            agg = fp32_ops.setdefault(
-                key,
-                {
-                    "op": key[0],
-                    "module": key[1],
-                    "reason": reason,
-                    "phase": key[3],
-                    "count": 0,
-                    "flops": 0,
-                    "time_us": 0.0,
-                },
-            )
-            agg["count"] += r.get("count", 0)
-            agg["flops"] += f
-            agg["time_us"] += t
+    totals = _Totals()
+    for r in _work_rows(section):
+        totals.add(r)
+    flops, time_us, matmul, casts = totals.flops, totals.time_us, totals.matmul, totals.casts
     work_flops = flops["low"] + flops["fp32"]
     work_time = time_us["low"] + time_us["fp32"]
     mm_total = matmul["low"] + matmul["fp32"]
-    ops_list = list(fp32_ops.values())
+    ops_list = list(totals.fp32_ops.values())
     total_casts = {
         "count": sum(c["count"] for c in casts.values()),
         "bytes": sum(c["bytes"] for c in casts.values()),
@@ -175,11 +122,71 @@ def summarize(section: PrecisionSection, top: int = 10) -> dict[str, Any]:
         "top_fp32_by_time": by_time,
         # One row per (op, module, reason, phase): the FLOP-heavy ones, then the slow ones.
         "top_fp32": list({id(o): o for o in by_flops + by_time}.values()),
-        "reasons": dict(reasons),
+        "reasons": dict(totals.reasons),
         "casts": {**dict(casts), "total": total_casts},
-        "modules": dict(modules),
+        "modules": dict(totals.modules),
         "device_differences": device_differences(section),
     }
+
+
+class _Totals:
+    """The audit's rows summed: by precision, matmul FLOPs, FP32 reason and op, cast, module."""
+
+    def __init__(self) -> None:
+        self.flops = {"low": 0, "fp32": 0, "cast": 0}
+        self.time_us = {"low": 0.0, "fp32": 0.0, "cast": 0.0}
+        self.matmul = {"low": 0, "fp32": 0, "autocast": 0}
+        self.reasons: dict[str, dict[str, float]] = defaultdict(
+            lambda: {"count": 0, "flops": 0, "time_us": 0.0}
+        )
+        self.fp32_ops: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+        self.casts: dict[str, dict[str, float]] = defaultdict(
+            lambda: {"count": 0, "bytes": 0, "time_us": 0.0}
+        )
+        self.modules: dict[str, dict[str, float]] = defaultdict(
+            lambda: {"low_time_us": 0.0, "fp32_time_us": 0.0, "low_flops": 0, "fp32_flops": 0}
+        )
+
+    def add(self, r: dict[str, Any]) -> None:
+        """Adds one audit row."""
+        prec = r.get("precision")
+        t = _time(r)
+        f = int(r.get("flops", 0))
+        if prec == "cast":
+            c = self.casts[str(r.get("cast_origin"))]
+            c["count"] += r.get("count", 0)
+            c["bytes"] += r.get("cast_bytes", 0)
+            c["time_us"] += t
+            self.time_us["cast"] += t
+            return
+        if prec not in _WORK:
+            return
+        self.flops[prec] += f
+        self.time_us[prec] += t
+        mod = self.modules[str(r.get("module"))]
+        mod[f"{prec}_time_us"] += t
+        mod[f"{prec}_flops"] += f
+        if f > 0:
+            self.matmul[prec] += f
+            if r.get("autocast"):
+                self.matmul["autocast"] += f
+        if prec == "fp32":
+            self._add_fp32(r, t, f)
+
+    def _add_fp32(self, r: dict[str, Any], t: float, f: int) -> None:
+        reason = str(r.get("reason"))
+        self.reasons[reason]["count"] += r.get("count", 0)
+        self.reasons[reason]["flops"] += f
+        self.reasons[reason]["time_us"] += t
+        key = (str(r.get("op")), str(r.get("module")), reason, str(r.get("phase")))
+        agg = self.fp32_ops.setdefault(
+            key,
+            {"op": key[0], "module": key[1], "reason": reason, "phase": key[3],
+             "count": 0, "flops": 0, "time_us": 0.0},
+        )  # fmt: skip
+        agg["count"] += r.get("count", 0)
+        agg["flops"] += f
+        agg["time_us"] += t
 
 
 def device_differences(section: PrecisionSection) -> list[dict[str, Any]]:

@@ -90,107 +90,28 @@ def categorized_timeline(
     if not memory_profiler_available():
         return None
     try:
-        from torch.profiler._memory_profiler import Action, MemoryProfile, TensorKey
+        from torch.profiler._memory_profiler import MemoryProfile
 
         result = prof.profiler.kineto_results
         if result is None:
             return None
         profile = MemoryProfile(result)
         timeline = profile.timeline
-        categories = profile._categories
-        want = torch.device(device)
-        by_step = {n: dict(ptrs) for n, ptrs in (known_by_step or {}).items()}
-        known_params = any(
-            c in ("parameters", "optimizer_state")
-            for ptrs in by_step.values()
-            for c in ptrs.values()
-        )
-        step_end = {
-            int(node.name.split("#", 1)[1]): node.end_time_ns
-            for node in profile._op_tree.sorted_nodes
-            if node.name.startswith("ProfilerStep#") and node.name.split("#", 1)[1].isdigit()
-        }
-        lives: dict[Any, list[float]] = {}  # key -> [created, destroyed] (ns; inf: not freed)
-        sizes_of: dict[Any, int] = {}
-        preexisting: set[Any] = set()
-        for t, action, (key, _), nbytes in timeline:
-            if action in (Action.PREEXISTING, Action.CREATE):
-                lives[key] = [-math.inf if action == Action.PREEXISTING else t, math.inf]
-                sizes_of[key] = int(nbytes)
-                if action == Action.PREEXISTING and isinstance(key, TensorKey):
-                    preexisting.add(key)
-            elif action == Action.DESTROY and key in lives:
-                lives[key][1] = t
-        saved = _saved_labels(profile, lives, sizes_of, saved_by_step or {})
+        lives, sizes_of, preexisting = _lifetimes(timeline)
+        label = _Labels(profile, lives, known_by_step or {})
+        label.saved = _saved_labels(profile, lives, sizes_of, saved_by_step or {})
         # A tensor allocated before the allocator reported to the profiler, read inside the
         # window, with no free reported: torch counts it live to the end, but it may have been
         # freed (the last step's gradients, read by ampdiag's statistics, then dropped by
         # zero_grad): its bytes then came and went with allocator address reuse. Only the
         # tensors ampdiag knows are live (model state, the model's inputs) are counted.
         unseen_free = {key for key in preexisting if lives[key][1] == math.inf}
-
-        decided: dict[Any, str | None] = {}
-
-        def known_category(key: Any) -> str | None:
-            if key not in decided:
-                ptr = int(key.storage.ptr)
-                created, destroyed = lives.get(key, (-math.inf, math.inf))
-                decided[key] = next(
-                    (
-                        ptrs[ptr]
-                        for n, ptrs in by_step.items()
-                        if ptr in ptrs and (n not in step_end or created <= step_end[n] < destroyed)
-                    ),
-                    None,
-                )
-            return decided[key]
-
-        def category(key: Any, version: int) -> str:
-            if not isinstance(key, TensorKey):
-                return "unknown"
-            label = saved.get(key)
-            if label:  # saved for its step's backward
-                return label
-            ours = known_category(key)
-            if ours is not None:
-                return ours
-            cat = categories.get(key, version)
-            name = _TORCH_TO_OURS.get(cat.name, "unknown") if cat is not None else "unknown"
-            if label is not None and name == "activations":
-                return "temporaries"  # torch's guess, but autograd did not save it
-            if name == "parameters" and known_params:
-                # torch's data-flow guess; not one of the model's or optimizer's tensors.
-                return "temporaries"
-            return name
-
-        times: list[int] = []
-        sizes: list[dict[str, int]] = []
-        current = dict.fromkeys(CATEGORIES, 0)
-        t_min: int | None = None
-        for t, action, (key, version), nbytes in timeline:
-            if key.device != want or (key in unseen_free and known_category(key) is None):
-                continue
-            if t >= 0 and (t_min is None or t < t_min):
-                t_min = t
-            if action in (Action.PREEXISTING, Action.CREATE):
-                current[category(key, version)] += int(nbytes)
-            elif action == Action.INCREMENT_VERSION:
-                current[category(key, version)] -= int(nbytes)
-                current[category(key, version + 1)] += int(nbytes)
-            elif action == Action.DESTROY:
-                current[category(key, version)] -= int(nbytes)
-            if times and times[-1] == t:
-                sizes[-1] = dict(current)
-            else:
-                times.append(t)
-                sizes.append(dict(current))
-        base = t_min or 0
-        steps = []
-        for node in profile._op_tree.sorted_nodes:
-            if node.name.startswith("ProfilerStep#"):
-                steps.append(
-                    (node.name, (node.start_time_ns - base) / 1e3, (node.end_time_ns - base) / 1e3)
-                )
+        times, sizes, base = _series(timeline, torch.device(device), label, unseen_free)
+        steps = [
+            (node.name, (node.start_time_ns - base) / 1e3, (node.end_time_ns - base) / 1e3)
+            for node in profile._op_tree.sorted_nodes
+            if node.name.startswith("ProfilerStep#")
+        ]
         return {
             "t_us": [max(0.0, (t - base) / 1e3) if t >= 0 else 0.0 for t in times],
             "bytes": {c: [s[c] for s in sizes] for c in CATEGORIES},
@@ -200,6 +121,120 @@ def categorized_timeline(
     except Exception as exc:  # private API: any change in it means "use the fallback"
         log.info("torch memory profiler unavailable on this profile: %r", exc)
         return None
+
+
+def _lifetimes(timeline: Any) -> tuple[dict[Any, list[float]], dict[Any, int], set[Any]]:
+    """Each tensor key's [created, destroyed] (ns; inf: not freed), bytes, and if it preexisted."""
+    from torch.profiler._memory_profiler import Action, TensorKey
+
+    lives: dict[Any, list[float]] = {}
+    sizes_of: dict[Any, int] = {}
+    preexisting: set[Any] = set()
+    for t, action, (key, _), nbytes in timeline:
+        if action in (Action.PREEXISTING, Action.CREATE):
+            lives[key] = [-math.inf if action == Action.PREEXISTING else t, math.inf]
+            sizes_of[key] = int(nbytes)
+            if action == Action.PREEXISTING and isinstance(key, TensorKey):
+                preexisting.add(key)
+        elif action == Action.DESTROY and key in lives:
+            lives[key][1] = t
+    return lives, sizes_of, preexisting
+
+
+class _Labels:
+    """The category of a tensor key, as `categorized_timeline` documents.
+
+    Autograd's saved storages first, then the tensors ampdiag saw at a step's end (live
+    across it), then torch's own label, corrected.
+    """
+
+    def __init__(
+        self,
+        profile: Any,
+        lives: Mapping[Any, list[float]],
+        known_by_step: Mapping[int, Mapping[int, str]],
+    ) -> None:
+        self.categories = profile._categories
+        self.lives = lives
+        self.saved: Mapping[Any, str | None] = {}
+        self.by_step = {n: dict(ptrs) for n, ptrs in known_by_step.items()}
+        self.known_params = any(
+            c in ("parameters", "optimizer_state")
+            for ptrs in self.by_step.values()
+            for c in ptrs.values()
+        )
+        self.step_end = {
+            int(node.name.split("#", 1)[1]): node.end_time_ns
+            for node in profile._op_tree.sorted_nodes
+            if node.name.startswith("ProfilerStep#") and node.name.split("#", 1)[1].isdigit()
+        }
+        self.decided: dict[Any, str | None] = {}
+
+    def known(self, key: Any) -> str | None:
+        """Our category of the tensor at that key, where ampdiag saw it live at a step's end."""
+        if key not in self.decided:
+            ptr = int(key.storage.ptr)
+            created, destroyed = self.lives.get(key, (-math.inf, math.inf))
+            self.decided[key] = next(
+                (
+                    ptrs[ptr]
+                    for n, ptrs in self.by_step.items()
+                    if ptr in ptrs
+                    and (n not in self.step_end or created <= self.step_end[n] < destroyed)
+                ),
+                None,
+            )
+        return self.decided[key]
+
+    def __call__(self, key: Any, version: int) -> str:
+        from torch.profiler._memory_profiler import TensorKey
+
+        if not isinstance(key, TensorKey):
+            return "unknown"
+        label = self.saved.get(key)
+        if label:  # saved for its step's backward
+            return label
+        ours = self.known(key)
+        if ours is not None:
+            return ours
+        cat = self.categories.get(key, version)
+        name = _TORCH_TO_OURS.get(cat.name, "unknown") if cat is not None else "unknown"
+        if label is not None and name == "activations":
+            return "temporaries"  # torch's guess, but autograd did not save it
+        if name == "parameters" and self.known_params:
+            # torch's data-flow guess; not one of the model's or optimizer's tensors.
+            return "temporaries"
+        return name
+
+
+def _series(
+    timeline: Any, want: torch.device, label: _Labels, unseen_free: set[Any]
+) -> tuple[list[int], list[dict[str, int]], int]:
+    """The bytes live per category at each moment of the device's timeline; the first moment."""
+    from torch.profiler._memory_profiler import Action
+
+    times: list[int] = []
+    sizes: list[dict[str, int]] = []
+    current = dict.fromkeys(CATEGORIES, 0)
+    t_min: int | None = None
+    for t, action, (key, version), nbytes in timeline:
+        if key.device != want or (key in unseen_free and label.known(key) is None):
+            continue
+        if t >= 0 and (t_min is None or t < t_min):
+            t_min = t
+        if action in (Action.PREEXISTING, Action.CREATE):
+            current[label(key, version)] += int(nbytes)
+        elif action == Action.INCREMENT_VERSION:
+            current[label(key, version)] -= int(nbytes)
+            current[label(key, version + 1)] += int(nbytes)
+        elif action == Action.DESTROY:
+            current[label(key, version)] -= int(nbytes)
+        if times and times[-1] == t:
+            sizes[-1] = dict(current)
+        else:
+            times.append(t)
+            sizes.append(dict(current))
+    return times, sizes, t_min or 0
 
 
 def _saved_labels(

@@ -203,93 +203,46 @@ def summarize_snapshot(
         if isinstance(s, dict) and _int(s.get("device", device)) == device
     ]
     reserved_end = sum(_int(s.get("total_size", 0)) for s in segments)
-    end_live: dict[int, tuple[int, Any]] = {}
-    for seg in segments:
-        blocks = seg.get("blocks")
-        for b in blocks if isinstance(blocks, list) else []:
-            if isinstance(b, dict) and b.get("state") == "active_allocated":
-                end_live[_int(b.get("address", 0))] = (_int(b.get("size", 0)), b.get("frames"))
+    end_live = _live_blocks(segments)
     allocated_end = sum(size for size, _ in end_live.values())
     traces = snap.get("device_traces") or []
     chosen = traces[device] if 0 <= device < len(traces) else []
     trace = [e for e in (chosen if isinstance(chosen, list) else []) if isinstance(e, dict)]
 
     # The state at the trace's start: end state minus what the trace did.
-    d_alloc = d_res = 0
-    allocated_in_trace: set[int] = set()
-    for e in trace:
-        act, size = e.get("action"), _int(e.get("size", 0))
-        if act == "alloc":
-            d_alloc += size
-            allocated_in_trace.add(_int(e.get("addr", 0)))
-        elif act == "free_completed":
-            d_alloc -= size
-        elif act in ("segment_alloc", "segment_map"):
-            d_res += size
-        elif act in ("segment_free", "segment_unmap"):
-            d_res -= size
-    start_alloc, start_res = allocated_end - d_alloc, reserved_end - d_res
-
+    d_alloc = sum(_effect(e)[0] for e in trace)
+    d_res = sum(_effect(e)[1] for e in trace)
+    allocated_in_trace = {_int(e.get("addr", 0)) for e in trace if e.get("action") == "alloc"}
+    start = (allocated_end - d_alloc, reserved_end - d_res)
+    before = {a: v for a, v in end_live.items() if a not in allocated_in_trace}
     ooms_at = [i for i, e in enumerate(trace) if e.get("action") == "oom"]
 
-    def replay(wanted: set[int]) -> tuple[list[tuple[int, int]], dict[int, dict[str, Any]]]:
-        """One pass over the trace: (allocated, reserved) after each event, and more.
-
-        Also what was live just before each event index in ``wanted`` (grouped; an index of
-        ``len(trace)`` means at the end).
-        """
-        live = {a: v for a, v in end_live.items() if a not in allocated_in_trace}
-        alloc, res = start_alloc, start_res
-        points = [(alloc, res)]
-        groups: dict[int, dict[str, Any]] = {}
-        for i, e in enumerate(trace):
-            if i in wanted:
-                groups[i] = _group(live, known)
-            act, size, addr = e.get("action"), _int(e.get("size", 0)), _int(e.get("addr", 0))
-            if act == "alloc":
-                alloc += size
-                live[addr] = (size, e.get("frames"))
-            elif act == "free_completed":
-                alloc -= size
-                live.pop(addr, None)
-            elif act in ("segment_alloc", "segment_map"):
-                res += size
-            elif act in ("segment_free", "segment_unmap"):
-                res -= size
-            points.append((alloc, res))
-        if len(trace) in wanted:
-            groups[len(trace)] = _group(live, known)
-        return points, groups
-
-    points, _ = replay(set())
+    points, _ = _replay(trace, before, start, set(), known)
     peak_i = max(range(len(points)), key=lambda i: points[i][0])
     # What was live at the peak (after event peak_i - 1) and at each described OOM (before
     # it): one more pass, however many OOMs (each described OOM costs one grouping).
     described = ooms_at[:MAX_OOMS]
-    _, groups = replay({peak_i, *described})
-    at_peak = groups[peak_i]
+    _, groups = _replay(trace, before, start, {peak_i, *described}, known)
     peak_alloc, peak_res = points[peak_i]
     peak = {
         "allocated_bytes": peak_alloc,
         "reserved_bytes": peak_res,
         "fragmentation_bytes": max(0, peak_res - peak_alloc),
         "event_index": peak_i - 1,
-        **at_peak,
+        **groups[peak_i],
     }
-    ooms = []
-    for i in described:
-        e = trace[i]
-        ooms.append(
-            {
-                "event_index": i,
-                "requested_bytes": _int(e.get("size", 0)),
-                "device_free_bytes": _int(e.get("device_free", 0)),
-                "allocated_bytes": points[i][0],
-                "reserved_bytes": points[i][1],
-                "frames": list(site_of(e.get("frames"))),
-                **groups[i],
-            }
-        )
+    ooms = [
+        {
+            "event_index": i,
+            "requested_bytes": _int(trace[i].get("size", 0)),
+            "device_free_bytes": _int(trace[i].get("device_free", 0)),
+            "allocated_bytes": points[i][0],
+            "reserved_bytes": points[i][1],
+            "frames": list(site_of(trace[i].get("frames"))),
+            **groups[i],
+        }
+        for i in described
+    ]
     step = max(1, len(points) // MAX_POINTS)
     idx = list(range(0, len(points), step))
     if peak_i not in idx:
@@ -300,7 +253,7 @@ def summarize_snapshot(
         "allocated_bytes": allocated_end,
         "reserved_bytes": reserved_end,
         "trace_events": len(trace),
-        "trace_starts_empty": start_alloc == 0,
+        "trace_starts_empty": start[0] == 0,
         "peak": peak,
         "ooms": ooms,
         "oom_count": len(ooms_at),
@@ -310,6 +263,63 @@ def summarize_snapshot(
             "reserved": [points[i][1] for i in idx],
         },
     }
+
+
+def _live_blocks(segments: list[dict[str, Any]]) -> dict[int, tuple[int, Any]]:
+    """Address -> (size, frames) of every block allocated at the snapshot."""
+    live: dict[int, tuple[int, Any]] = {}
+    for seg in segments:
+        blocks = seg.get("blocks")
+        for b in blocks if isinstance(blocks, list) else []:
+            if isinstance(b, dict) and b.get("state") == "active_allocated":
+                live[_int(b.get("address", 0))] = (_int(b.get("size", 0)), b.get("frames"))
+    return live
+
+
+def _effect(e: Mapping[str, Any]) -> tuple[int, int]:
+    """What a trace event does to (allocated, reserved) bytes."""
+    act, size = e.get("action"), _int(e.get("size", 0))
+    if act == "alloc":
+        return size, 0
+    if act == "free_completed":
+        return -size, 0
+    if act in ("segment_alloc", "segment_map"):
+        return 0, size
+    if act in ("segment_free", "segment_unmap"):
+        return 0, -size
+    return 0, 0
+
+
+def _replay(
+    trace: list[dict[str, Any]],
+    before: Mapping[int, tuple[int, Any]],
+    start: tuple[int, int],
+    wanted: set[int],
+    known: Mapping[int, str],
+) -> tuple[list[tuple[int, int]], dict[int, dict[str, Any]]]:
+    """One pass over the trace: (allocated, reserved) after each event, and more.
+
+    Also what was live just before each event index in ``wanted`` (grouped; an index of
+    ``len(trace)`` means at the end). ``before``: the blocks live at the trace's start.
+    """
+    live = dict(before)
+    alloc, res = start
+    points = [(alloc, res)]
+    groups: dict[int, dict[str, Any]] = {}
+    for i, e in enumerate(trace):
+        if i in wanted:
+            groups[i] = _group(live, known)
+        da, dr = _effect(e)
+        alloc, res = alloc + da, res + dr
+        act, addr = e.get("action"), _int(e.get("addr", 0))
+        if act == "alloc":
+            live[addr] = (_int(e.get("size", 0)), e.get("frames"))
+        elif act == "free_completed":
+            live.pop(addr, None)
+        points.append((alloc, res))
+    if len(trace) in wanted:
+        groups[len(trace)] = _group(live, known)
+    return points, groups
 
 
 def session_from_snapshot(path: Path) -> Any:

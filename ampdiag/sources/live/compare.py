@@ -435,11 +435,7 @@ def compare(
     """
     started = time.perf_counter()
     device = model_device(model)
-    args, named = (
-        ((), dict(batch)) if isinstance(batch, dict)
-        else (tuple(batch), {}) if isinstance(batch, (tuple, list)) else ((batch,), {})
-    )  # fmt: skip
-    named.update(kwargs or {})
+    args, named = _split_batch(batch, kwargs)
     first = next((t for t in tensors_in((args, named))), None)
     result = PrecisionComparison(
         device=str(device),
@@ -465,23 +461,7 @@ def compare(
         names = ["fp32", *names]
     rows = {n: PrecisionResult(n) for n in names}
     result.results = list(rows.values())
-    # Numerics: one observed run each (this also warms every precision up before timing).
-    ref: tuple[float, dict[str, torch.Tensor], list[torch.Tensor], int] | None = None
-    observed_s: dict[str, float] = {}
-    for name in names:
-        try:
-            t0 = time.perf_counter()
-            observed = runner.run(name, observe=True)
-            # the pass a timed run repeats: without the backwards of FP16's loss-scale backoff
-            observed_s[name] = time.perf_counter() - t0 - runner.backoff_s
-        except Exception as exc:
-            rows[name].error = f"{type(exc).__name__}: {exc}"
-            continue
-        if name == "fp32":
-            ref = observed
-        _numerics(rows[name], observed, ref, [n for n, _ in runner.params])
-        if name == "fp16":
-            rows[name].loss_scale = runner.fp16_scale
+    observed_s = _observe_all(runner, names, rows)
     ok = [n for n in names if rows[n].error is None]
     if want_fp8:
         result.fp8 = _fp8_within_budget(runner, observed_s, ok, started, budget_s, fp8_recipe)
@@ -504,6 +484,45 @@ def compare(
     _recommend(result)
     result.spent_s = time.perf_counter() - started
     return result
+
+
+def _split_batch(
+    batch: Any, kwargs: dict[str, Any] | None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The forward's positional and keyword arguments: a dict is keywords, a tuple positions."""
+    args, named = (
+        ((), dict(batch)) if isinstance(batch, dict)
+        else (tuple(batch), {}) if isinstance(batch, (tuple, list)) else ((batch,), {})
+    )  # fmt: skip
+    named.update(kwargs or {})
+    return args, named
+
+
+def _observe_all(
+    runner: _Runner, names: list[str], rows: dict[str, PrecisionResult]
+) -> dict[str, float]:
+    """Numerics: one observed run of each precision (this also warms each up before timing).
+
+    Fills each row's numerics against FP32's (the first), or its error; returns each observed
+    pass's seconds, as a timed run repeats it (without the backwards of FP16's loss-scale
+    backoff).
+    """
+    ref: tuple[float, dict[str, torch.Tensor], list[torch.Tensor], int] | None = None
+    observed_s: dict[str, float] = {}
+    for name in names:
+        try:
+            t0 = time.perf_counter()
+            observed = runner.run(name, observe=True)
+            observed_s[name] = time.perf_counter() - t0 - runner.backoff_s
+        except Exception as exc:
+            rows[name].error = f"{type(exc).__name__}: {exc}"
+            continue
+        if name == "fp32":
+            ref = observed
+        _numerics(rows[name], observed, ref, [n for n, _ in runner.params])
+        if name == "fp16":
+            rows[name].loss_scale = runner.fp16_scale
+    return observed_s
 
 
 def _fp8_within_budget(

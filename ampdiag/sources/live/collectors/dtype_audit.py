@@ -276,41 +276,9 @@ class DtypeAudit:
         outputs = list(tensors_of(out))
         in_f = [t for t in inputs if t.is_floating_point()]
         out_f = [t for t in outputs if t.is_floating_point()]
-        compute = out_f[0].dtype if out_f else (in_f[0].dtype if in_f else None)
-        reason = None
-        cast_origin = None
-        cast_bytes = 0
-        if info.is_cast and in_f and out_f and in_f[-1].dtype != out_f[0].dtype:
-            precision = "cast"
-            src, dst = in_f[-1], out_f[0]
-            cast_bytes = src.numel() * src.element_size() + dst.numel() * dst.element_size()
-            if self.casts.depth > 0 and not backward:
-                cast_origin = "user"
-            elif backward:
-                cast_origin = "autograd"
-            elif active:
-                cast_origin = "autocast"
-            else:
-                cast_origin = "outside"
-            if dst.dtype in FP32:
-                tag = {
-                    "user": "user-cast",
-                    "autocast": "autocast-fp32-policy",
-                    "outside": "outside-autocast",
-                }.get(cast_origin)
-                if tag is None:
-                    tag = self._input_tag(in_f)
-                self._tag(out_f, tag)
-        elif compute is None:
-            precision = "none"
-        elif compute in LOW:
-            precision = "low"
-        elif compute in FP32:
-            precision = "fp32"
-            reason = self._reason(info, device, active, in_f)
-            self._tag(out_f, "outside-autocast" if reason == "outside-autocast" else reason)
-        else:
-            precision = "none"
+        precision, reason, cast_origin, cast_bytes = self._classify(
+            info, in_f, out_f, device, active, backward
+        )
         flops = 0
         if info.flops is not None and precision != "none":
             try:
@@ -328,30 +296,74 @@ class DtypeAudit:
             reason,
             cast_origin,
         )
-        row = self.rows.get(key)
-        if row is None:
-            row = {
-                "phase": phase,
-                "module": module,
-                "op": key[2],
-                "overload": info.overload,
-                "in_dtypes": list(key[3]),
-                "out_dtypes": list(key[4]),
-                "autocast": active,
-                "precision": precision,
-                "reason": reason,
-                "cast_origin": cast_origin,
-                "count": 0,
-                "flops": 0,
-                "time_us": 0.0,
-                "cast_bytes": 0,
-            }
-            if not info.foreign and phase == "forward" and device == "cpu":
-                row["cuda_policy"] = ac.cuda_policy_for(info.name, info.overload)
-            self.rows[key] = row
+        row = self.rows.get(key) or self._new_row(key, info, device)
         row["count"] += 1
         row["flops"] += flops
         row["cast_bytes"] += cast_bytes
+        return row
+
+    def _classify(
+        self,
+        info: _OpInfo,
+        in_f: list[torch.Tensor],
+        out_f: list[torch.Tensor],
+        device: str,
+        active: bool,
+        backward: bool,
+    ) -> tuple[str, str | None, str | None, int]:
+        """(precision, FP32 reason, cast origin, cast bytes) of one op; tags FP32 outputs."""
+        compute = out_f[0].dtype if out_f else (in_f[0].dtype if in_f else None)
+        if info.is_cast and in_f and out_f and in_f[-1].dtype != out_f[0].dtype:
+            src, dst = in_f[-1], out_f[0]
+            cast_bytes = src.numel() * src.element_size() + dst.numel() * dst.element_size()
+            if self.casts.depth > 0 and not backward:
+                cast_origin = "user"
+            elif backward:
+                cast_origin = "autograd"
+            elif active:
+                cast_origin = "autocast"
+            else:
+                cast_origin = "outside"
+            if dst.dtype in FP32:
+                tag = {
+                    "user": "user-cast",
+                    "autocast": "autocast-fp32-policy",
+                    "outside": "outside-autocast",
+                }.get(cast_origin)
+                self._tag(out_f, tag if tag is not None else self._input_tag(in_f))
+            return "cast", None, cast_origin, cast_bytes
+        if compute is None:
+            return "none", None, None, 0
+        if compute in LOW:
+            return "low", None, None, 0
+        if compute in FP32:
+            reason = self._reason(info, device, active, in_f)
+            self._tag(out_f, "outside-autocast" if reason == "outside-autocast" else reason)
+            return "fp32", reason, None, 0
+        return "none", None, None, 0
+
+    def _new_row(self, key: tuple[Any, ...], info: _OpInfo, device: str) -> dict[str, Any]:
+        """The row of ops alike in ``key`` (phase, module, op, dtypes, autocast, precision...)."""
+        phase, module, op, ins, outs, active, precision, reason, cast_origin = key
+        row: dict[str, Any] = {
+            "phase": phase,
+            "module": module,
+            "op": op,
+            "overload": info.overload,
+            "in_dtypes": list(ins),
+            "out_dtypes": list(outs),
+            "autocast": active,
+            "precision": precision,
+            "reason": reason,
+            "cast_origin": cast_origin,
+            "count": 0,
+            "flops": 0,
+            "time_us": 0.0,
+            "cast_bytes": 0,
+        }
+        if not info.foreign and phase == "forward" and device == "cpu":
+            row["cuda_policy"] = ac.cuda_policy_for(info.name, info.overload)
+        self.rows[key] = row
         return row
 
     def _reason(self, info: _OpInfo, device: str, active: bool, in_f: list[torch.Tensor]) -> str:

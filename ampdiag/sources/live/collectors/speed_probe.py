@@ -374,38 +374,9 @@ def probe(
         reached), ``repeats`` (pairs timed), all samples, ``measured`` (what was timed) and
         ``modules`` (per leaf module forward times).
     """
-    params = [p for p in model.parameters() if p.requires_grad]
     cuda_devices = sorted({t.device.index or 0 for t in model.parameters() if t.is_cuda})
-    use_cuda = bool(cuda_devices) or device == "cuda"
-
-    def sync() -> None:
-        if use_cuda and torch.cuda.is_available():
-            torch.cuda.synchronize()
-
-    backward = bool(params)
-
-    def once(amp: bool) -> float:
-        sync()
-        t0 = time.perf_counter()
-        with torch.autocast(device, dtype=dtype, enabled=amp):
-            out = model(*args, **kwargs)
-        if backward:
-            loss = sum(
-                t.float().sum()
-                for t in tensors_in(out)
-                if t.is_floating_point() and t.requires_grad
-            )
-            if isinstance(loss, torch.Tensor):
-                torch.autograd.grad(loss, params, allow_unused=True)
-        del out
-        sync()
-        return time.perf_counter() - t0
-
-    if extra_s is None:
-        extra_s = budget_s
+    once = _Pass(model, args, kwargs, device, dtype, bool(cuda_devices) or device == "cuda")
     saved = [(b, b.detach().clone()) for b in model.buffers()]
-    fp32: list[float] = []
-    amp: list[float] = []
     with (
         torch.random.fork_rng(devices=cuda_devices if torch.cuda.is_available() else []),
         class_forward(model),
@@ -413,19 +384,10 @@ def probe(
         try:
             once(False)
             once(True)
-            began = time.perf_counter()
-            while True:
-                order = (False, True) if len(fp32) % 2 == 0 else (True, False)
-                for autocast_on in order:
-                    (amp if autocast_on else fp32).append(once(autocast_on) * 1000)
-                n, spent = len(fp32), time.perf_counter() - began
-                done = all(timing.tight(timing.estimate(x), tolerance) for x in (fp32, amp))
-                over = spent >= budget_s and n >= timing.MIN_SAMPLES
-                if over or n >= MAX_PAIRS or (n >= repeats and done):
-                    break
-                if n >= repeats and spent >= extra_s:
-                    break
-            modules = _module_times(model, args, kwargs, device, dtype, sync)
+            fp32, amp = _interleaved(
+                once, repeats, budget_s, budget_s if extra_s is None else extra_s, tolerance
+            )
+            modules = _module_times(model, args, kwargs, device, dtype, once.sync)
         finally:
             with torch.no_grad():
                 for buf, value in saved:
@@ -433,7 +395,7 @@ def probe(
     f, a = timing.estimate(fp32), timing.estimate(amp)
     r = timing.quotient(a, f) if f.median > 0 else None
     return {
-        "measured": "forward + backward" if backward else "forward",
+        "measured": "forward + backward" if once.params else "forward",
         "repeats": len(fp32),
         "fp32_ms": round(f.median, 4),
         "fp32_ms_spread": round(f.spread, 4),
@@ -455,6 +417,69 @@ def probe(
         "budget_s": round(budget_s, 3),
         "modules": modules,
     }
+
+
+class _Pass:
+    """One timed forward (+ surrogate backward) of the model, with autocast on or off: seconds.
+
+    The backward is ``torch.autograd.grad`` of the sum of the floating outputs: no ``.grad``
+    changes.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        device: str,
+        dtype: torch.dtype,
+        cuda: bool,
+    ) -> None:
+        self.model, self.args, self.kwargs = model, args, kwargs
+        self.device, self.dtype, self.cuda = device, dtype, cuda
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    def sync(self) -> None:
+        """Waits for the GPU (a timing must hold the device's work, not just its launch)."""
+        if self.cuda and torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    def __call__(self, amp: bool) -> float:
+        self.sync()
+        t0 = time.perf_counter()
+        with torch.autocast(self.device, dtype=self.dtype, enabled=amp):
+            out = self.model(*self.args, **self.kwargs)
+        if self.params:
+            loss = sum(
+                t.float().sum()
+                for t in tensors_in(out)
+                if t.is_floating_point() and t.requires_grad
+            )
+            if isinstance(loss, torch.Tensor):
+                torch.autograd.grad(loss, self.params, allow_unused=True)
+        del out
+        self.sync()
+        return time.perf_counter() - t0
+
+
+def _interleaved(
+    once: _Pass, repeats: int, budget_s: float, extra_s: float, tolerance: float
+) -> tuple[list[float], list[float]]:
+    """FP32 and autocast times (ms), in interleaved ABBA pairs, until `probe`'s stop rule."""
+    fp32: list[float] = []
+    amp: list[float] = []
+    began = time.perf_counter()
+    while True:
+        order = (False, True) if len(fp32) % 2 == 0 else (True, False)
+        for autocast_on in order:
+            (amp if autocast_on else fp32).append(once(autocast_on) * 1000)
+        n, spent = len(fp32), time.perf_counter() - began
+        done = all(timing.tight(timing.estimate(x), tolerance) for x in (fp32, amp))
+        over = spent >= budget_s and n >= timing.MIN_SAMPLES
+        if over or n >= MAX_PAIRS or (n >= repeats and done):
+            return fp32, amp
+        if n >= repeats and spent >= extra_s:
+            return fp32, amp
 
 
 def _module_times(
