@@ -26,6 +26,7 @@ REGISTERED: tuple[str, ...] = (
     "gradients:GradientsCollector",
     "activations:ActivationsCollector",
     "accumulation:AccumulationCollector",
+    "weight_updates:WeightUpdatesCollector",
 )
 
 
