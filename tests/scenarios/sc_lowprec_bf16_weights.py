@@ -58,8 +58,12 @@ def run(out: Path) -> tuple[Session, Truth]:
             )
         ],
         forbid={"fp16-grad-underflow", "grad-scaler-missing"},
-        measured={"unchanged_share_per_step": [round(m.share(i), 4) for i in range(len(m.steps))],
-                  "mean": m.mean_share, "params": params, "numel": numel},  # fmt: skip
+        measured={
+            "unchanged_share_per_step": [round(m.share(i), 4) for i in range(len(m.steps))],
+            "mean": m.mean_share,
+            "params": params,
+            "numel": numel,
+        },
         checks={"low-precision-params-worst-step": worst_step},
     )
 

@@ -36,9 +36,13 @@ TORCH_OPTIMIZERS = frozenset(
 def _measured(session: Session) -> dict[str, Any] | None:
     """The ``weight_updates`` figures where some optimizer updates BF16/FP16 parameters."""
     sec = session.section("weight_updates")
-    optimizers = [o for o in sec.get("optimizers") or [] if o.get("low_precision_params")]
+    optimizers = [
+        o
+        for o in sec.get("optimizers") or []
+        if int(o.get("low_precision_params") or 0) > int(o.get("master_params") or 0)
+    ]
     if not optimizers:
-        return None
+        return None  # none, or every one updated through an FP32 master copy
     dtypes: dict[str, int] = {}
     for o in optimizers:
         for k, v in (o.get("dtypes") or {}).items():
@@ -182,7 +186,8 @@ def low_precision_params(session: Session) -> Iterator[Finding]:
         id="low-precision-params",
         severity=severity,
         title=(
-            f"{ev['low_precision_params']} parameters are stored in {names} and {who} updates "
+            f"{ev['low_precision_params'] - int(ev.get('master_params') or 0)} parameters are "
+            f"stored in {names} and {who} updates "
             f"them in place, with no FP32 master weights: {what}."
         ),
         evidence={**ev, "threshold": THRESHOLDS["unchanged_medium"]},
