@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ampdiag.analysis import fp16range
-from ampdiag.analysis.device import device_type
+from ampdiag.analysis.device import advisable, device_type
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
 
@@ -164,7 +164,16 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
     scale = _scale_in_use(session)
     ev = {k: v for k, v in u.items() if k != "measured"}
     ev |= {"scale_in_use": scale if scale is not None else 1.0, "threshold": 0.05}
-    if u["scale_reaches_target"] is False:
+    bf16 = advisable(session.environment, "bf16")
+    if u["scale_reaches_target"] is False and not bf16:
+        fix = (
+            "No loss scale keeps FP16's underflow under 1% without overflowing other "
+            "gradients: they span more than FP16's range, and this GPU has no BF16. Keep the "
+            "modules whose gradients fall out of range in FP32:\n"
+            f"with torch.autocast('{dev}', enabled=False):\n"
+            "    y = module(x.float())"
+        )
+    elif u["scale_reaches_target"] is False:
         fix = (
             "No loss scale keeps FP16's underflow under 1% without overflowing other "
             "gradients: they span more than FP16's range. Train in bfloat16 (FP32's exponent "
@@ -183,9 +192,13 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
         fix = (
             f"Scale the loss so small gradients stay representable ({needs}):\n"
             f'scaler = torch.amp.GradScaler("{dev}", init_scale={rec_txt})\n'
-            "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()\n"
-            "or train in bfloat16 (same exponent range as float32): "
-            f"torch.autocast('{dev}', dtype=torch.bfloat16)"
+            "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()"
+            + (
+                "\nor train in bfloat16 (same exponent range as float32): "
+                f"torch.autocast('{dev}', dtype=torch.bfloat16)"
+                if bf16
+                else ""
+            )
         )
     yield Finding(
         id="fp16-grad-underflow",
@@ -310,8 +323,13 @@ def loss_scale_collapse(session: Session) -> Iterator[Finding]:
         },
         fix=(
             "A collapsing scale means a real inf/NaN (not a too-large scale). Find its origin "
-            "(see nonfinite-origin), e.g. an overflowing activation or a log/div of 0; or train "
-            f"in bfloat16: torch.autocast('{dev}', dtype=torch.bfloat16) with no GradScaler."
+            "(see nonfinite-origin), e.g. an overflowing activation or a log/div of 0"
+            + (
+                "; or train in bfloat16: "
+                f"torch.autocast('{dev}', dtype=torch.bfloat16) with no GradScaler."
+                if advisable(session.environment, "bf16")
+                else "."
+            )
         ),
         section=SECTION,
         impact=0.8 if sev == "high" else 0.5,
@@ -354,7 +372,8 @@ def skipped_steps(session: Session) -> Iterator[Finding]:
         fix=(
             "A few skips at the start are the scaler finding its scale; start lower to avoid "
             "them: torch.amp.GradScaler(init_scale=2.**12). Skips all along mean a real "
-            "overflow: see activation-overflow / nonfinite-origin, or use bfloat16."
+            "overflow: see activation-overflow / nonfinite-origin"
+            + (", or use bfloat16." if advisable(session.environment, "bf16") else ".")
         ),
         section=SECTION,
         impact=share,
@@ -411,10 +430,11 @@ def activation_overflow(session: Session) -> Iterator[Finding]:
         },
         # A what-if advises nothing: the run's own precision holds the value.
         fix=(
-            "Keep that module's computation in float32 or bfloat16:\n"
+            "Keep that module's computation in float32:\n"
             f"with torch.autocast('{dev}', enabled=False):\n"
             "    y = module(x.float())\n"
-            "or normalize/scale its input (e.g. a LayerNorm before it), or train in bfloat16."
+            "or normalize/scale its input (e.g. a LayerNorm before it)"
+            + (", or train in bfloat16." if advisable(session.environment, "bf16") else ".")
         )
         if fp16
         else "",

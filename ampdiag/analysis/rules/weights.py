@@ -100,20 +100,22 @@ def fix_code(
     """FP32 master weights with autocast in the dtype this device runs, as code.
 
     ``stored`` is the weights' dtype ("bfloat16" or "float16"). Autocast computes in it where
-    the device runs it: BF16 needs compute capability 8.0 on a GPU (`device.runs_bf16`), so a
-    GPU below is given FP16 with a GradScaler instead.
+    the device runs it: BF16 needs compute capability 8.0 on a GPU (`device.advisable`), so a
+    GPU below is given FP16 with a GradScaler instead, and no advice to keep BF16 weights.
     """
     dev = D.device_type(environment)
     dtype = stored
-    if dtype == "bfloat16" and D.runs_bf16(environment) is False:
+    if dtype == "bfloat16" and not D.advisable(environment, "bf16"):
         dtype = "float16"
+    keep = dtype == stored  # the stored dtype is one this device computes in
     lr_txt = f"{lr:g}" if isinstance(lr, (int, float)) else "..."
     name = optimizer or "AdamW"
     make = f"torch.optim.{name}" if name in TORCH_OPTIMIZERS else name
     lines = [
         "Keep FP32 weights for the optimizer and let autocast compute in "
         f"{NAMES.get(dtype, dtype)}:",
-        f"model = model.float()   # FP32 parameters, instead of model.to(torch.{stored})",
+        "model = model.float()   # FP32 parameters, "
+        + (f"instead of model.to(torch.{stored})" if keep else "instead of 16-bit ones"),
         f"optimizer = {make}(model.parameters(), lr={lr_txt})   # made after it",
     ]
     if dtype == "float16":
@@ -132,6 +134,8 @@ def fix_code(
             "loss.backward()",
             "optimizer.step()",
         ]
+    if not keep:
+        return "\n".join(lines)
     lines += [
         f"# Or keep the {NAMES.get(stored, stored)} weights and give the optimizer FP32 master "
         "copies:",
