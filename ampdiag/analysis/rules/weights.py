@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ampdiag.analysis import device as D
+from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
 
@@ -95,25 +96,38 @@ def _fallback(session: Session) -> dict[str, Any] | None:
 
 
 def fix_code(
-    environment: Mapping[str, Any], stored: str, lr: Any = None, optimizer: str | None = None
+    environment: Mapping[str, Any],
+    stored: str,
+    lr: Any = None,
+    optimizer: str | None = None,
+    measured: str | None = None,
 ) -> str:
-    """FP32 master weights with autocast in the dtype this device runs, as code.
+    """FP32 master weights, computing in the precision the run should train in, as code.
 
-    ``stored`` is the weights' dtype ("bfloat16" or "float16"). Autocast computes in it where
-    the device runs it: BF16 needs compute capability 8.0 on a GPU (`device.advisable`), so a
-    GPU below is given FP16 with a GradScaler instead, and no advice to keep BF16 weights.
+    ``stored`` is the weights' dtype ("bfloat16" or "float16"); ``measured`` the precision the
+    precision A/B measured the fastest safe ("fp32", "tf32", "bf16", "fp16"; None when it
+    measured none). The computation is that precision where there is one (one precision
+    advice: the same as ``prefer-*``'s), else autocast in the stored dtype where the device
+    runs it: BF16 needs compute capability 8.0 on a GPU (`device.advisable`), so a GPU below is
+    given FP16 with a GradScaler instead, and no advice to keep BF16 weights.
     """
     dev = D.device_type(environment)
-    dtype = stored
+    dtype = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(
+        measured or "", stored
+    )
     if dtype == "bfloat16" and not D.advisable(environment, "bf16"):
         dtype = "float16"
-    keep = dtype == stored  # the stored dtype is one this device computes in
+    keep = dtype == stored  # the stored dtype is one to compute in on this device
     lr_txt = f"{lr:g}" if isinstance(lr, (int, float)) else "..."
     name = optimizer or "AdamW"
     make = f"torch.optim.{name}" if name in TORCH_OPTIMIZERS else name
     lines = [
-        "Keep FP32 weights for the optimizer and let autocast compute in "
-        f"{NAMES.get(dtype, dtype)}:",
+        "Keep FP32 weights for the optimizer"
+        + (
+            " and train in FP32 (the precision A/B measured it the fastest safe):"
+            if dtype == "float32"
+            else f" and let autocast compute in {NAMES.get(dtype, dtype)}:"
+        ),
         "model = model.float()   # FP32 parameters, "
         + (f"instead of model.to(torch.{stored})" if keep else "instead of 16-bit ones"),
         f"optimizer = {make}(model.parameters(), lr={lr_txt})   # made after it",
@@ -127,13 +141,15 @@ def fix_code(
             "scaler.step(optimizer)",
             "scaler.update()",
         ]
-    else:
+    elif dtype == "bfloat16":
         lines += [
             f"with torch.autocast(device_type={dev!r}, dtype=torch.bfloat16):",
             "    loss = loss_fn(model(x), y)",
             "loss.backward()",
             "optimizer.step()",
         ]
+    else:
+        lines += ["loss = loss_fn(model(x), y)", "loss.backward()", "optimizer.step()"]
     if not keep:
         return "\n".join(lines)
     lines += [
@@ -200,6 +216,7 @@ def low_precision_params(session: Session) -> Iterator[Finding]:
             stored,
             lrs[0] if len(lrs) == 1 else None,
             ev["optimizers"][0] if len(ev["optimizers"]) == 1 else None,
+            choice.precision if (choice := pc.measured(session).choice) is not None else None,
         ),
         section=SECTION,
         impact=0.8 if share is None else max(0.3, min(1.0, float(share))),
