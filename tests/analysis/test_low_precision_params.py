@@ -31,7 +31,18 @@ def weight_updates(share: float | None, masters: int = 0) -> dict[str, Any]:
                 "master_params": masters,
             }
         ],
-        "steps": [] if share is None else [{"step": 0, "unchanged_share": share}],
+        "steps": []
+        if share is None
+        else [
+            {
+                "step": 0,
+                "optimizer": "AdamW",
+                "params": 4,
+                "elements": elements,
+                "unchanged": round(share * elements),
+                "unchanged_share": share,
+            }
+        ],
         "steps_measured": 0 if share is None else 1,
         "elements": 0 if share is None else elements,
         "unchanged": 0 if share is None else round(share * elements),
