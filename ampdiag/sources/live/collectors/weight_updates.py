@@ -18,7 +18,7 @@ What this collector measures, per optimizer, on sampled steps only:
   bit-for-bit unchanged lost its update (every torch optimizer moves an element with a
   nonzero gradient: SGD by ``lr * g``, Adam by ``lr * m / (sqrt(v) + eps)``). A step the
   GradScaler skipped never reaches the hooks, so it is not counted; a group with ``lr == 0``
-  is left out (its update is zero by design).
+  is left out (its update is zero by design) and not counted as updated.
 * **Master copies**: a parameter whose optimizer state holds a same-shape FP32 (or 16-bit
   integer: the low half of an FP32 master) tensor is updated through that master copy -- its
   stored value may stay put while the master moves -- so it is counted apart
@@ -101,6 +101,7 @@ class WeightUpdatesCollector(Collector):
     def __init__(self) -> None:
         self._run: RunContext | None = None
         self._names: dict[int, str] = {}
+        self._named = 0  # models whose parameter names are in _names
         self._optimizers: dict[int, dict[str, Any]] = {}  # id -> inventory row
         self._pending: dict[int, _Pending] = {}
         self._steps: list[dict[str, Any]] = []
@@ -115,11 +116,14 @@ class WeightUpdatesCollector(Collector):
         self._run = run
 
     def _name(self, p: torch.Tensor) -> str:
-        if id(p) not in self._names and self._run is not None:
-            for model in self._run.models:
+        """The parameter's name in the models (their parameters are read once per new model)."""
+        run = self._run
+        if id(p) not in self._names and run is not None and self._named < len(run.models):
+            for model in run.models[self._named :]:
                 for n, q in model.named_parameters():
                     self._names.setdefault(id(q), n)
-        return self._names.get(id(p), f"param{len(self._names)}")
+            self._named = len(run.models)
+        return self._names.get(id(p), f"{tuple(p.shape)} {str(p.dtype).replace('torch.', '')}")
 
     def _low(self, optimizer: torch.optim.Optimizer) -> Iterator[tuple[dict[str, Any], Any]]:
         """The optimizer's low-precision parameters, with their group."""
@@ -162,12 +166,11 @@ class WeightUpdatesCollector(Collector):
         masters = self._masters.get(id(optimizer), set())
         chosen = []
         for group, p in self._low(optimizer):
-            if p.grad is None:
-                continue
-            self._note_updated(optimizer, p)
             lr = group.get("lr")
-            frozen = isinstance(lr, (int, float)) and lr == 0
-            if id(p) not in masters and not frozen and _dense(p.grad) and _dense(p.data):
+            if p.grad is None or (isinstance(lr, (int, float)) and lr == 0):
+                continue  # not updated: no gradient, or a learning rate of 0 by design
+            self._note_updated(optimizer, p)
+            if id(p) not in masters and _dense(p.grad) and _dense(p.data):
                 chosen.append(p)
         if len(chosen) > MAX_PARAMS:  # spread over the model, not its first layers only
             stride = len(chosen) / MAX_PARAMS
