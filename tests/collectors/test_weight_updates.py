@@ -8,6 +8,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -99,16 +100,19 @@ def test_training_is_unchanged_by_watching(tmp_path: Path) -> None:
         assert torch.equal(a, b)
 
 
-def test_frozen_low_precision_weights_beside_fp32_ones_are_not_flagged(tmp_path: Path) -> None:
-    """A frozen BF16 base with an FP32 head (adapter-style): the optimizer updates FP32 only."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_frozen_low_precision_weights_beside_fp32_ones_are_not_flagged(
+    tmp_path: Path, dtype: torch.dtype
+) -> None:
+    """A frozen 16-bit base with an FP32 head (adapter-style): the optimizer updates FP32 only."""
     torch.manual_seed(0)
-    base = nn.Linear(16, 16).to(torch.bfloat16).requires_grad_(False)
+    base = nn.Linear(16, 16).to(dtype).requires_grad_(False)
     head = nn.Linear(16, 4)
     model = nn.Sequential(base, head)
 
     class Mixed(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return head(base(x.to(torch.bfloat16)).float())
+            return head(base(x.to(dtype)).float())
 
     net = Mixed()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)  # given every parameter, frozen too

@@ -177,7 +177,9 @@ def low_precision_params(session: Session) -> Iterator[Finding]:
     where nothing was measured (a session without the ``weight_updates`` section). Parameters
     whose optimizer keeps an FP32 master copy are not counted; none left: no finding.
     """
-    ev = _measured(session) or _fallback(session)
+    # the scaler's and the models' lists only for a session recorded without the section (they
+    # count frozen parameters and master-copied ones alike)
+    ev = _measured(session) if session.section("weight_updates") else _fallback(session)
     if ev is None:
         return
     share = ev.get("unchanged_share")
