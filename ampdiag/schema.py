@@ -157,6 +157,28 @@ class AccumulationSection(TypedDict, total=False):
     errors: list[str]
 
 
+class WeightUpdatesSection(TypedDict, total=False):
+    """Low-precision weights (``weight_updates``): BF16/FP16 parameters an optimizer updates.
+
+    ``optimizers``: per optimizer, its class, parameter count, the BF16/FP16 ones (count,
+    elements, ``dtypes``, ``examples``), its learning rates and ``master_params`` (those whose
+    state holds an FP32 master copy: not measured). On sampled steps, of the sampled values
+    whose gradient was nonzero (``elements``), those the step left bit-for-bit unchanged
+    (``unchanged``: the update rounded away), per step (``steps``), in total and for the
+    parameters losing the largest share (``params``); see
+    `ampdiag.sources.live.collectors.weight_updates`.
+    """
+
+    optimizers: list[dict[str, Any]]
+    steps: list[dict[str, Any]]
+    steps_measured: int
+    elements: int
+    unchanged: int
+    unchanged_share: float | None
+    params: list[dict[str, Any]]
+    max_elements_per_param: int
+
+
 class PrecisionSection(TypedDict, total=False):
     """The dtype audit (``precision``): the dtype every op of one step ran in."""
 
@@ -313,6 +335,7 @@ SECTIONS: dict[str, type] = {
     "timeline": TimelineSection,
     "ranks": RanksSection,
     "accumulation": AccumulationSection,
+    "weight_updates": WeightUpdatesSection,
     "derived": DerivedSection,
 }
 

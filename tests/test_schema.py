@@ -252,7 +252,7 @@ def test_every_registered_collector_section_is_typed_in_one_place() -> None:
     numerics = {type(c).name for c in default_collectors(DiagnoseConfig())} - {
         type(c).name for c in default_collectors(DiagnoseConfig(numerics=False))
     }
-    assert numerics == {"scaler", "gradients", "activations", "accumulation"}
+    assert numerics == {"scaler", "gradients", "activations", "accumulation", "weight_updates"}
 
 
 def test_every_schema_section_is_typed_on_the_session() -> None:

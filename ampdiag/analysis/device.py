@@ -9,6 +9,10 @@ live run reads it from torch, a trace from its ``deviceProperties`` (``computeMa
 - tensor cores (FP16): Volta, 7.0 and later;
 - BF16 and TF32 tensor cores: Ampere, 8.0 and later;
 - FP8 tensor cores: Ada and Hopper, 8.9 and later.
+
+Advice goes by `advisable`: no BF16 or TF32 for a GPU below 8.0 (torch emulates BF16 there,
+slower than FP32, and ``torch.cuda.is_bf16_supported()`` still says True), TF32 only on CUDA,
+FP8 only where it runs natively.
 """
 
 from __future__ import annotations
@@ -67,6 +71,23 @@ def runs_tf32(environment: Mapping[str, Any]) -> bool | None:
 def runs_fp8(environment: Mapping[str, Any]) -> bool | None:
     """Whether the GPU has FP8 tensor cores (compute capability >= 8.9)."""
     return _at_least(environment, FP8)
+
+
+def advisable(environment: Mapping[str, Any], precision: str) -> bool:
+    """Whether advice may tell this run to train in ``precision`` ("bf16", "tf32", "fp8"...).
+
+    BF16: not on a GPU below compute capability 8.0 (nor where the session says BF16 is
+    unsupported and gives no capability); any CPU. TF32: a CUDA setting, not below 8.0. FP8:
+    only on a GPU known to have FP8 tensor cores. FP32 and FP16: everywhere.
+    """
+    if precision == "bf16":
+        known = runs_bf16(environment)
+        return known if known is not None else environment.get("bf16_supported") is not False
+    if precision == "tf32":
+        return device_type(environment) == "cuda" and runs_tf32(environment) is not False
+    if precision == "fp8":
+        return runs_fp8(environment) is True
+    return True
 
 
 def device_type(environment: Mapping[str, Any]) -> str:

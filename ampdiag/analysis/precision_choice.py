@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ampdiag import timing
+from ampdiag.analysis import device as D
 from ampdiag.session import Session
 
 #: The numerical-safety criterion (documented in the module docstring).
@@ -240,7 +241,9 @@ def measured(session: Session) -> Measured:
     probe = session.section("speed_probe")
     run = run_precision(probe.get("autocast") or session.environment.get("autocast"))
     ab = probe.get("precisions")
-    rows = rows_of(ab)
+    # a precision the device cannot run (BF16 or TF32 below compute capability 8.0: emulated)
+    # is never the advice, whatever its row measured
+    rows = {p: r for p, r in rows_of(ab).items() if D.advisable(session.environment, p)}
     why: str | None = None
     if not probe:
         why = "no speed probe ran (a trace, or a session recorded without one)"
@@ -307,6 +310,12 @@ def training_step(precision: str, device: str) -> str:
 
 
 def bf16_runs_natively(environment: Mapping[str, Any], device: str) -> bool:
-    """Whether the device runs BF16 kernels natively (CPU: AVX512_BF16/AMX; CUDA: sm80+)."""
-    key = "bf16_native" if device == "cpu" else "bf16_supported"
-    return environment.get(key) is True
+    """Whether the device runs BF16 kernels natively (CPU: AVX512_BF16/AMX; CUDA: sm80+).
+
+    On a GPU the compute capability decides where the session has it (below 8.0 torch
+    emulates BF16, and its ``bf16_supported`` flag says True all the same).
+    """
+    if device == "cpu":
+        return environment.get("bf16_native") is True
+    known = D.runs_bf16(environment)
+    return known if known is not None else environment.get("bf16_supported") is True

@@ -314,9 +314,10 @@ def test_fp16_parameters_are_flagged(tmp_path: Path) -> None:
             model(torch.randn(4, 8).half()).float().pow(2).mean().backward()
             opt.step()
     assert d.session is not None
-    f = next(f for f in d.session.all_findings() if f.id == "fp16-params")
-    assert f.evidence["fp16_params"] == 4
-    assert f.evidence["fp16_numel"] == sum(p.numel() for p in model.parameters())
+    f = next(f for f in d.session.all_findings() if f.id == "low-precision-params")
+    assert f.evidence["low_precision_params"] == 4
+    assert f.evidence["low_precision_numel"] == sum(p.numel() for p in model.parameters())
+    assert f.evidence["dtypes"] == {"float16": 4}
 
 
 def test_patches_and_hooks_are_removed_on_error(tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ MISUSE_IDS = frozenset(
         "grad-scaler-disabled",
         "clip-before-unscale",
         "scaler-step-bypassed",
-        "fp16-params",
+        "low-precision-params",
         "low-precision-inactive",
         "grad-accumulation-broken",
         "accumulation-loss-not-averaged",

@@ -114,7 +114,14 @@ def run_fp16_params(out: Path) -> tuple[Session, Truth]:
     count, numel = len(params), sum(p.numel() for p in params)
     return session_of(d), Truth(
         expect=[
-            Expect("fp16-params", evidence={"fp16_params": (count, 0), "fp16_numel": (numel, 0)})
+            Expect(
+                "low-precision-params",
+                evidence={
+                    "low_precision_params": (count, 0),
+                    "low_precision_numel": (numel, 0),
+                    "dtypes": ({"float16": count}, 0),
+                },
+            )
         ],
         measured={"fp16_params": count, "fp16_numel": numel},
     )

@@ -9,6 +9,7 @@ RULE_MODULES: tuple[str, ...] = (
     "timeline",
     "precision",
     "numerics",
+    "weights",
     "memory",
     "accumulation",
     "autocast_speed",

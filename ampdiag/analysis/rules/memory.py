@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ampdiag.analysis import memory_estimates as estimates
+from ampdiag.analysis.device import advisable
 from ampdiag.analysis.registry import rule
 from ampdiag.analysis.rules.accumulation import accumulation_broken
 from ampdiag.schema import MemorySection
@@ -110,7 +111,7 @@ def use_grad_accumulation(session: Session) -> Iterator[Finding]:
         return
     plan = estimates.plan_accumulation(mem, int(target), fit, cap)
     if plan is None:
-        yield _no_micro_batch_fits(mem, int(target), fit, cap, source)
+        yield _no_micro_batch_fits(mem, int(target), fit, cap, source, session.environment)
         return
     if plan["fits_without"]:
         return
@@ -165,7 +166,12 @@ def accumulation_fix(steps: int, micro: int | None, autocast: str | None) -> str
 
 
 def _no_micro_batch_fits(
-    mem: MemorySection, target: int, fit: dict[str, Any], cap: int, source: str
+    mem: MemorySection,
+    target: int,
+    fit: dict[str, Any],
+    cap: int,
+    source: str,
+    environment: Mapping[str, Any],
 ) -> Finding:
     """The finding when not even one sample per micro-batch fits.
 
@@ -198,7 +204,13 @@ def _no_micro_batch_fits(
             "Shrink what does not scale with the batch: an optimizer with less state (SGD "
             "with momentum keeps 1 copy of the weights, Adam 2; 8-bit Adam via bitsandbytes), "
             "sharding the model state across devices (torch.distributed.fsdp.fully_shard), "
-            "BF16 parameters where supported, or a smaller model; or raise the budget "
+            + (
+                "BF16 parameters with an optimizer built for them (stochastic rounding or "
+                "Kahan-compensated updates), "
+                if advisable(environment, "bf16")
+                else ""
+            )
+            + "or a smaller model; or raise the budget "
             "(a device with more memory)."
         ),
         section="memory",
@@ -266,9 +278,16 @@ def amp_memory_not_reduced(session: Session) -> Iterator[Finding]:
             "Autocast keeps FP32 master weights, gradients and optimizer state; it only "
             "shrinks activations. What shrinks model state: an optimizer with less state "
             "(SGD with momentum: 1 copy instead of Adam's 2; 8-bit Adam via bitsandbytes), "
-            "sharding it across GPUs (torch.distributed.fsdp.fully_shard / ZeRO), or bf16 "
-            "parameters where bf16 is supported: model.to(torch.bfloat16) with an optimizer "
-            "that keeps FP32 master weights. If activations did not shrink, check that the "
+            "sharding it across GPUs (torch.distributed.fsdp.fully_shard / ZeRO)"
+            + (
+                ", or BF16 parameters (model.to(torch.bfloat16)) with an optimizer built for "
+                "them (stochastic rounding or Kahan-compensated updates): a plain optimizer on "
+                "BF16 weights loses small updates, and FP32 master copies take back the memory "
+                "saved (see low-precision-params)"
+                if advisable(session.environment, "bf16")
+                else ""
+            )
+            + ". If activations did not shrink, check that the "
             "large ops run inside torch.autocast (see the dtype section)."
         ),
         section="memory",

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ampdiag.analysis import fp16range
-from ampdiag.analysis.device import device_type
+from ampdiag.analysis.device import advisable, device_type
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
 
@@ -164,7 +164,16 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
     scale = _scale_in_use(session)
     ev = {k: v for k, v in u.items() if k != "measured"}
     ev |= {"scale_in_use": scale if scale is not None else 1.0, "threshold": 0.05}
-    if u["scale_reaches_target"] is False:
+    bf16 = advisable(session.environment, "bf16")
+    if u["scale_reaches_target"] is False and not bf16:
+        fix = (
+            "No loss scale keeps FP16's underflow under 1% without overflowing other "
+            "gradients: they span more than FP16's range, and this GPU has no BF16. Keep the "
+            "modules whose gradients fall out of range in FP32:\n"
+            f"with torch.autocast('{dev}', enabled=False):\n"
+            "    y = module(x.float())"
+        )
+    elif u["scale_reaches_target"] is False:
         fix = (
             "No loss scale keeps FP16's underflow under 1% without overflowing other "
             "gradients: they span more than FP16's range. Train in bfloat16 (FP32's exponent "
@@ -183,9 +192,13 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
         fix = (
             f"Scale the loss so small gradients stay representable ({needs}):\n"
             f'scaler = torch.amp.GradScaler("{dev}", init_scale={rec_txt})\n'
-            "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()\n"
-            "or train in bfloat16 (same exponent range as float32): "
-            f"torch.autocast('{dev}', dtype=torch.bfloat16)"
+            "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()"
+            + (
+                "\nor train in bfloat16 (same exponent range as float32): "
+                f"torch.autocast('{dev}', dtype=torch.bfloat16)"
+                if bf16
+                else ""
+            )
         )
     yield Finding(
         id="fp16-grad-underflow",
@@ -310,8 +323,13 @@ def loss_scale_collapse(session: Session) -> Iterator[Finding]:
         },
         fix=(
             "A collapsing scale means a real inf/NaN (not a too-large scale). Find its origin "
-            "(see nonfinite-origin), e.g. an overflowing activation or a log/div of 0; or train "
-            f"in bfloat16: torch.autocast('{dev}', dtype=torch.bfloat16) with no GradScaler."
+            "(see nonfinite-origin), e.g. an overflowing activation or a log/div of 0"
+            + (
+                "; or train in bfloat16: "
+                f"torch.autocast('{dev}', dtype=torch.bfloat16) with no GradScaler."
+                if advisable(session.environment, "bf16")
+                else "."
+            )
         ),
         section=SECTION,
         impact=0.8 if sev == "high" else 0.5,
@@ -354,7 +372,8 @@ def skipped_steps(session: Session) -> Iterator[Finding]:
         fix=(
             "A few skips at the start are the scaler finding its scale; start lower to avoid "
             "them: torch.amp.GradScaler(init_scale=2.**12). Skips all along mean a real "
-            "overflow: see activation-overflow / nonfinite-origin, or use bfloat16."
+            "overflow: see activation-overflow / nonfinite-origin"
+            + (", or use bfloat16." if advisable(session.environment, "bf16") else ".")
         ),
         section=SECTION,
         impact=share,
@@ -411,10 +430,11 @@ def activation_overflow(session: Session) -> Iterator[Finding]:
         },
         # A what-if advises nothing: the run's own precision holds the value.
         fix=(
-            "Keep that module's computation in float32 or bfloat16:\n"
+            "Keep that module's computation in float32:\n"
             f"with torch.autocast('{dev}', enabled=False):\n"
             "    y = module(x.float())\n"
-            "or normalize/scale its input (e.g. a LayerNorm before it), or train in bfloat16."
+            "or normalize/scale its input (e.g. a LayerNorm before it)"
+            + (", or train in bfloat16." if advisable(session.environment, "bf16") else ".")
         )
         if fp16
         else "",
@@ -572,43 +592,4 @@ def scaler_step_bypassed(session: Session) -> Iterator[Finding]:
         ),
         section=SECTION,
         impact=0.85,
-    )
-
-
-@rule("fp16-params")
-def fp16_params(session: Session) -> Iterator[Finding]:
-    """The optimizer holds fp16 parameters (model.half()) instead of fp32 weights (high).
-
-    Updates smaller than the weight's fp16 spacing are lost.
-    """
-    dev = device_type(session.environment)
-    found = session.section("scaler").get("fp16_params") or []
-    models = [
-        m
-        for m in session.section("run").get("models") or []
-        if "float16" in (m.get("param_dtypes") or [])
-    ]
-    if not found and not models:
-        return
-    count = sum(int(f["fp16_params"]) for f in found)
-    numel = sum(int(f["fp16_numel"]) for f in found)
-    yield Finding(
-        id="fp16-params",
-        severity="high",
-        title="Parameters are stored in fp16 (model.half()): the optimizer updates fp16 weights.",
-        evidence={
-            "fp16_params": count,
-            "fp16_numel": numel,
-            "examples": [x for f in found for x in f.get("examples", [])][:5],
-            "models_with_fp16": [m.get("class") for m in models],
-        },
-        fix=(
-            "Keep fp32 weights and let autocast compute in fp16:\n"
-            "model = model.float()\n"
-            f"with torch.autocast('{dev}', dtype=torch.float16):\n"
-            "    loss = loss_fn(model(x), y)\n"
-            "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()"
-        ),
-        section=SECTION,
-        impact=0.8,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from ampdiag.analysis import device as D
 from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.precision import REASON_FIXES, summarize
 from ampdiag.analysis.registry import rule
@@ -146,10 +147,11 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
     # MixedPrecisionPolicy(param_dtype=bf16), model.to(bf16)): the speed-up is there.
     if not fp32:
         return
-    device = sec.get("device_type", "cuda")
-    # the run's own low precision when it set one (advice follows the run's dtype)
+    device = sec.get("device_type") or D.device_type(session.environment)
+    # the run's own low precision when it set one (advice follows the run's dtype), never
+    # one this device cannot run (BF16 below compute capability 8.0)
     run = pc.run_precision(session.environment.get("autocast"))
-    if run not in ("bf16", "fp16"):
+    if run not in ("bf16", "fp16") or not D.advisable(session.environment, run):
         run = "bf16" if device == "cpu" else "fp16"
     dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}[run]
     if not amp_attempted(session):

@@ -71,8 +71,15 @@ def _actionable(findings: list[Finding], *ids: str) -> list[Finding]:
 
 
 def bf16_supported(session: Session) -> bool | None:
-    """Whether the run's device runs BF16: True, False, or None when the session cannot say."""
+    """Whether the run's device runs BF16: True, False, or None when the session cannot say.
+
+    A GPU's compute capability decides where the session has it (`device.runs_bf16`: 8.0 and
+    later): below, torch emulates BF16 and ``torch.cuda.is_bf16_supported()`` still says True.
+    """
     env = session.environment
+    known = device.runs_bf16(env)
+    if known is not None:
+        return known
     value = env.get("bf16_supported")
     if isinstance(value, bool):
         return value

@@ -26,6 +26,7 @@ SECTION_MODULES: tuple[str, ...] = (
     "timeline",
     "precision",
     "numerics",
+    "weights",
     "memory",
     "gradscaler",
     "precision_ab",

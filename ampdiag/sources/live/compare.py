@@ -150,7 +150,7 @@ def supported_precisions(device: torch.device) -> list[str]:
         major, _ = torch.cuda.get_device_capability(device)
         if major >= 8:
             out.append("tf32")
-        if torch.cuda.is_bf16_supported():
+        if major >= 8:  # below, torch emulates BF16 (is_bf16_supported() says True there)
             out.append("bf16")
         out.append("fp16")
     else:

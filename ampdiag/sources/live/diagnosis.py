@@ -249,6 +249,7 @@ class Diagnosis:
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         self._optimizer_steps += 1
+        self._each("after_optimizer_step", optimizer)
         # With a GradScaler, scaler.update() ends the step: scaler.step() skips
         # optimizer.step() on inf/NaN, and a skipped step is still a step.
         if self._manual_steps or self._scaler_in_use:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ampdiag.analysis.device import BF16
 from ampdiag.compat.frameworks import accelerate_mixed_precision, accelerate_prepared
 from ampdiag.schema import Environment
 from ampdiag.sources.live.discovery import dominant_autocast
@@ -84,7 +85,9 @@ def describe_environment(run: RunContext | None = None) -> Environment:
         env["device_name"] = props.name
         env["device_memory_bytes"] = int(props.total_memory)
         env["device_capability"] = f"{props.major}.{props.minor}"
-        env["bf16_supported"] = bool(torch.cuda.is_bf16_supported())
+        # BF16 tensor cores from 8.0 (`runs_bf16`): torch.cuda.is_bf16_supported() also says
+        # True on older GPUs, where it emulates BF16 (slower than FP32)
+        env["bf16_supported"] = (props.major, props.minor) >= BF16
     else:
         env["device_name"] = env["cpu"]
         flags = env["cpu_flags"]

@@ -27,6 +27,7 @@ REGISTERED: tuple[str, ...] = (
     "activations:ActivationsCollector",
     "accumulation:AccumulationCollector",
     "fp8_amax:Fp8AmaxCollector",
+    "weight_updates:WeightUpdatesCollector",
 )
 
 

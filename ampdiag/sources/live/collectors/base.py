@@ -11,6 +11,8 @@ A collector watches one thing in a live run. `diagnose()` calls its callbacks in
     on_loss(run, loss, from_scaler)  a loss about to be backpropagated (live; from_scaler: the
                                      unscaled loss given to GradScaler.scale)
     before_optimizer_step(run, opt)  before every optimizer.step() (grads final, maybe unscaled)
+    after_optimizer_step(run, opt)   after every optimizer.step() that ran (not one a GradScaler
+                                     skipped), before the step boundary it may make
     on_step_end(run, step)           at each step boundary (after optimizer.step() or d.step())
     stop(run)                        once, on exit, error or not; must remove all its hooks
     after_stop(run)                  once, after every collector stopped (no hook of ours left)
@@ -157,6 +159,9 @@ class Collector:
 
     def before_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
         """Called before every optimizer step."""
+
+    def after_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
+        """Called after every optimizer step that ran (``run.step`` is still its step)."""
 
     def on_step_end(self, run: RunContext, step: int) -> None:
         """Called at each step boundary with the index of the step that ended."""

@@ -1,0 +1,35 @@
+"""The control of `sc_lowprec_bf16_weights`: FP32 weights under BF16 autocast lose no update.
+
+The same GPT, data, AdamW and learning rate, the weights kept in FP32 and the forward under
+BF16 autocast: the loop counts, itself, around every optimizer step, the elements whose
+gradient was nonzero and whose value the step left unchanged -- under one in 10^4. No
+``low-precision-params`` and no numerics or misuse finding may appear.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ampdiag.session import Session
+from tests.scenarios import lowprec
+from tests.scenarios.harness import HEALTHY_FORBID, Scenario, Truth, session_of
+
+
+def run(out: Path) -> tuple[Session, Truth]:
+    d, m = lowprec.run(out, bf16_weights=False)
+    # the control is healthy: FP32 weights, and at most one update in 10^4 lost on any step
+    # (an element whose Adam step is below half of FP32's spacing at its value)
+    assert m.param_dtypes == {"torch.float32"}, m.param_dtypes
+    assert max(m.share(i) for i in range(len(m.steps))) < 1e-4, m.steps
+    return session_of(d), Truth(
+        forbid={"low-precision-params"},
+        measured={"unchanged_per_step": [u for _, u in m.steps]},
+    )
+
+
+SCENARIO = Scenario(
+    "lowprec-fp32-master",
+    "FP32 weights under BF16 autocast, AdamW lr 1e-4: the updates land (control).",
+    run,
+    forbid=HEALTHY_FORBID,
+)
