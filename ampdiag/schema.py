@@ -272,13 +272,15 @@ class DerivedSection(TypedDict, total=False):
 
     ``precision``: the audited step's summary (shares, top FP32 ops, casts, per module, and
     ``reason_fixes``); ``memory``: the what-if estimates (``rows``, model state, capacity, plan);
-    ``numerics``: ``fp16_in_use``, ``underflow`` and ``fp16_limits_log2``; ``errors``: part ->
+    ``numerics``: ``fp16_in_use``, ``underflow`` and ``fp16_limits_log2``; ``figures``: the
+    headline figures every surface states (`ampdiag.analysis.figures`); ``errors``: part ->
     why it could not be derived.
     """
 
     precision: dict[str, Any]
     memory: dict[str, Any]
     numerics: dict[str, Any]
+    figures: dict[str, Any]  # ampdiag.analysis.figures.compute: the headline figures
     errors: dict[str, str]
 
 

@@ -6,10 +6,10 @@ The report adds the top recommendations and the table of every finding below it 
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any
 
 from ampdiag import units as humanize
+from ampdiag.analysis import figures as headline
 from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
@@ -145,13 +145,12 @@ def build(session: Session) -> ReportSection:
     """The overview section (always present)."""
     text = verdict(session)
     uris = {name: svg.inline(chart) for name, chart in figures(session).items()}
-    walls = [s.get("wall_s") for s in session.steps[1:] or session.steps]
-    values = [float(w) * 1000 for w in walls if isinstance(w, (int, float))]
+    step = headline.stored(session).get("step_time")  # the run's one step-time figure
     html = render_template(
         "overview.html.j2",
         session=session,
         verdict=text,
-        median_ms=statistics.median(values) if values else None,
+        median_ms=float(step["median_s"]) * 1000 if isinstance(step, dict) else None,
         counts=counts(session),
         figures=uris,
         facts=run_facts(session),
