@@ -188,6 +188,8 @@ def by_key(key: str, value: Any) -> str:
     k = key.lower()
     if k.endswith("bytes") or k.endswith("_b"):
         return nbytes(value)
+    if k.endswith(("fraction", "share")):  # "fp32_flops_share" is a share, not FLOPs
+        return percent(value)
     if "flop" in k:
         return flops(value)
     if k.endswith("_us"):

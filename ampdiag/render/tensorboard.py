@@ -1,7 +1,8 @@
 """TensorBoard event files under out/tensorboard/<run>/: per-step scalars, the rest as text.
 
-The run is named after the output folder (``reports/demo`` -> run "demo"), so that
-``tensorboard --logdir reports`` lists each diagnosed run under its own name. Per-step
+The run is named after the output folder: ``tensorboard --logdir reports/demo/tensorboard``
+shows the run "demo" (not "tensorboard" or "."), and a diff's folder holds both runs, each
+under its own label. Per-step
 quantities are scalars (step wall time, loss, loss scale and skipped steps, gradient norm and
 underflow per sampled step); a figure measured once (the step's time shares, underflow, peak
 memory, speed against FP32, per-module underflow, per-rank shares) is a row of a Markdown table

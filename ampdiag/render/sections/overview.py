@@ -122,9 +122,18 @@ def figures(session: Session) -> dict[str, charts.Chart]:
     if skipped:
         notes.append(f"dashed: {len(skipped)} step{'s' if len(skipped) != 1 else ''} skipped")
     bands = []
+    # the first inf/NaN anywhere (module output, gradient or loss) is the finding's step, the
+    # one every surface states; the loss may turn non-finite a step later
+    origin = next(
+        (f.evidence.get("step") for f in session.all_findings() if f.id == "nonfinite-origin"),
+        None,
+    )
+    if isinstance(origin, int):
+        bands.append((float(origin), float(origin), f"first inf/NaN (step {origin})"))
     if nonfinite:
         first = min(nonfinite)
-        bands.append((float(first), float(first), "first inf/NaN"))
+        if first != origin:
+            bands.append((float(first), float(first), "first non-finite loss"))
         notes.append(f"loss not finite from step {first} (not drawn)")
     return {
         "loss": charts.line(
