@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 from ampdiag import units as humanize
-from ampdiag.analysis import figures as headline
+from ampdiag.render import stated
 from ampdiag.render.templating import merged_fixes
 from ampdiag.session import Finding, Session
 
@@ -111,7 +111,7 @@ def summary(session: Session, report: Path | None = None, top: int = TOP) -> str
             f"{humanize.nbytes(cuda_peak.get('reserved_bytes'))} reserved"
             + (f"; largest site {sites[0].get('site')}" if sites and sites[0].get("site") else "")
         )
-    speed = headline.stored(session).get("speed_vs_fp32")
+    speed = stated.figures(session).get("speed_vs_fp32")
     if isinstance(speed, dict):
         autocast = session.section("speed_probe").get("autocast") or session.environment.get(
             "autocast"

@@ -33,8 +33,7 @@ from typing import Any
 
 from ampdiag import units as humanize
 from ampdiag._layout import TENSORBOARD_DIR
-from ampdiag.analysis import figures as headline
-from ampdiag.render import png
+from ampdiag.render import png, stated
 from ampdiag.render.charts import Chart
 from ampdiag.render.sections import gradscaler, ranks
 from ampdiag.render.sections import time as time_section
@@ -98,6 +97,13 @@ def finding_markdown(finding: Any) -> str:
     ]
     if rows:
         parts.append("\n".join(["| evidence | value |", "|---|---|", *rows]))
+    merged = [m for m in finding.evidence.get("merged") or [] if isinstance(m, dict)]
+    if merged:
+        parts.append(
+            "Explains:\n\n"
+            + "\n".join(f"- **{m.get('severity')}** `{m.get('id')}`: {_md(str(m.get('title')))}"
+                        for m in merged)
+        )  # fmt: skip
     if finding.fix:
         parts.append("Fix:\n\n    " + finding.fix.replace("\n", "\n    "))
     for mid, fix in merged_fixes(finding):
@@ -221,7 +227,7 @@ def summary_rows(session: Session) -> list[tuple[str, str]]:
 
     Read from the headline figures (`ampdiag.analysis.figures`) and the sections' totals.
     """
-    fig = headline.stored(session)
+    fig = stated.figures(session)
     rows: list[tuple[str, str]] = []
     step = fig.get("step_time")
     if isinstance(step, dict):

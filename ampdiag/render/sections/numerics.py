@@ -10,8 +10,7 @@ from __future__ import annotations
 from markupsafe import Markup
 
 from ampdiag import units as humanize
-from ampdiag.analysis import figures as headline
-from ampdiag.render import charts, svg
+from ampdiag.render import charts, stated, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
@@ -83,7 +82,7 @@ def build(session: Session) -> ReportSection | None:
     ranged = [m for m in acts.get("modules", []) if "max_abs" in m]
     ranged.sort(key=lambda m: -float(m["max_abs"]) if m["max_abs"] == m["max_abs"] else 0.0)
     u = derived.get("underflow") or {}
-    skipped = headline.stored(session).get("skipped_steps")
+    skipped = stated.figures(session).get("skipped_steps")
     html = render_template(
         "numerics.html.j2",
         grads=grads,

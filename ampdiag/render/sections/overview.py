@@ -9,8 +9,7 @@ import math
 from typing import Any
 
 from ampdiag import units as humanize
-from ampdiag.analysis import figures as headline
-from ampdiag.render import charts, svg
+from ampdiag.render import charts, stated, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import SEVERITIES, Finding, Session
@@ -154,7 +153,7 @@ def build(session: Session) -> ReportSection:
     """The overview section (always present)."""
     text = verdict(session)
     uris = {name: svg.inline(chart) for name, chart in figures(session).items()}
-    step = headline.stored(session).get("step_time")  # the run's one step-time figure
+    step = stated.figures(session).get("step_time")  # the run's one step-time figure
     html = render_template(
         "overview.html.j2",
         session=session,

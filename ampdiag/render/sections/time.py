@@ -10,8 +10,7 @@ import statistics
 from typing import Any
 
 from ampdiag import units as humanize
-from ampdiag.analysis import figures as headline
-from ampdiag.render import charts, svg
+from ampdiag.render import charts, stated, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
@@ -94,7 +93,7 @@ def figures(session: Session) -> dict[str, charts.Chart]:
             ymax=ymax,
             note=note,
         )
-    speed = headline.stored(session).get("speed_vs_fp32")
+    speed = stated.figures(session).get("speed_vs_fp32")
     if isinstance(speed, dict):
         by = "precision A/B" if speed.get("source") == "precision A/B" else "speed probe"
         out["speed-probe"] = charts.bars(
@@ -125,7 +124,7 @@ def build(session: Session) -> ReportSection | None:
         "time.html.j2",
         prof=prof,
         probe=probe,
-        speed=headline.stored(session).get("speed_vs_fp32"),
+        speed=stated.figures(session).get("speed_vs_fp32"),
         autocast=probe.get("autocast") or session.environment.get("autocast") or "autocast",
         steps=steps,
         figures=uris,
