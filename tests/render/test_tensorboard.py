@@ -122,8 +122,12 @@ def test_each_scalar_is_a_per_step_curve_with_a_description(served: tuple) -> No
     base, _ = served
     tags = get_json(base, "/data/plugin/scalars/tags")[RUN]
     # figures measured once are text, not one-point curves; the scale and skips once each
-    assert not [t for t in tags if t.split("/")[0] in ("summary", "speed_probe", "time_share",
-                                                       "memory", "precision", "timeline")]
+    assert not [
+        t
+        for t in tags
+        if t.split("/")[0]
+        in ("summary", "speed_probe", "time_share", "memory", "precision", "timeline")
+    ]
     assert [t for t in tags if t.endswith("loss_scale")] == ["scaler/loss_scale"]
     for tag, info in tags.items():
         assert info["description"].strip(), tag  # TensorBoard shows it beside the chart
