@@ -326,3 +326,20 @@ def test_the_diff_judges_each_figure_by_its_direction(tmp_path: Path) -> None:
     assert re.search(r"Steps per second [\d.]+ steps/s [\d.]+ steps/s \+\d+% better", page), page
     # the page links both reports and charts both runs' step times
     assert "<svg" in diff_html(d, tmp_path)
+
+
+def test_memory_peak_is_one_number(
+    surfaces: dict, runs: dict[str, Session], tmp_path: Path
+) -> None:
+    seen = 0
+    for name, s in pairs(surfaces):
+        peak = ((s["doc"].get("memory") or {}).get("peak") or {}).get("bytes")
+        if not isinstance(peak, int):
+            continue
+        seen += 1
+        want = units.nbytes(peak)
+        assert f"Peak: {want} " in s["html"], name  # the memory section
+        assert f"| Memory peak | {want} |" in s["tb_text"]["summary/figures"], name
+        d = diff_sessions(runs[name], runs[name], labels=(name, name))
+        assert f"Memory peak {want} {want}" in text_of(diff_html(d, tmp_path)), name
+    assert seen >= 3
