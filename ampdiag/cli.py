@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  ampdiag report reports/my-run                     # report.html in that folder\n"
         "  ampdiag report trace.json.gz --format console     # the summary on stdout\n"
         "  ampdiag report reports/my-run --format json | jq '.findings[].id'\n"
-        "  ampdiag report traces/ --format tensorboard --out tb/   # tensorboard --logdir tb\n"
+        "  ampdiag report traces/ --format tensorboard --out tb/\n"
+        "                                  # then: tensorboard --logdir tb/tensorboard (run 'tb')\n"
         "  ampdiag report reports/my-run --fail-on high      # CI: exit 3 on a high finding",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

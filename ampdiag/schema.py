@@ -308,6 +308,7 @@ class DerivedSection(TypedDict, total=False):
     ``reason_fixes``); ``memory``: the what-if estimates (``rows``, model state, capacity, plan);
     ``numerics``: ``fp16_in_use``, ``underflow`` and ``fp16_limits_log2``; ``fp8``: the FP8
     readiness with each layer's amax movement and the final verdicts (`analysis.fp8`);
+    ``figures``: the headline figures every surface states (`ampdiag.analysis.figures`);
     ``errors``: part -> why it could not be derived.
     """
 
@@ -315,6 +316,7 @@ class DerivedSection(TypedDict, total=False):
     memory: dict[str, Any]
     numerics: dict[str, Any]
     fp8: dict[str, Any]
+    figures: dict[str, Any]  # ampdiag.analysis.figures.compute: the headline figures
     errors: dict[str, str]
 
 

@@ -137,12 +137,25 @@ _UNIT_SUFFIXES = ("_bytes", "_us", "_ms", "_s", "_seconds", "_fraction")
 _TIME_WORDS = ("time", "times", "wait", "duration", "spread", "budget", "spent")
 
 
-def label(key: str) -> str:
+#: Keys whose words alone would mislead beside a value of this kind: a precision advice's
+#: ``measured: false`` says the precision A/B did not decide it, not that nothing was measured
+#: (its title may well cite the speed probe's measured figure).
+_KEY_LABELS: dict[tuple[str, type], str] = {
+    ("measured", bool): "Decided by the precision A/B",
+    ("not_measured", str): "Why the A/B did not decide",
+}
+
+
+def label(key: str, value: Any = None) -> str:
     """An evidence key in words, for a person: ``data_share_spread`` -> "Data share spread".
 
     A unit suffix is dropped where the formatted value states the unit: ``peak_bytes`` ->
-    "Peak memory" ("3.0 MiB"), ``step_ms`` -> "Step time" ("3.83 s").
+    "Peak memory" ("3.0 MiB"), ``step_ms`` -> "Step time" ("3.83 s"). ``value``, where given,
+    picks the label of a key whose meaning depends on it (`_KEY_LABELS`).
     """
+    special = _KEY_LABELS.get((str(key), type(value)))
+    if special is not None:
+        return special
     k = str(key)
     noun = ""
     for suffix in _UNIT_SUFFIXES:
@@ -175,6 +188,8 @@ def by_key(key: str, value: Any) -> str:
     k = key.lower()
     if k.endswith("bytes") or k.endswith("_b"):
         return nbytes(value)
+    if k.endswith(("fraction", "share")):  # "fp32_flops_share" is a share, not FLOPs
+        return percent(value)
     if "flop" in k:
         return flops(value)
     if k.endswith("_us"):

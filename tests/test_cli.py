@@ -118,7 +118,8 @@ def test_tensorboard_format(tmp_path, capsys) -> None:
     folder = saved(tmp_path, 0.2)
     code, _, _ = run(["report", str(folder), "--format", "tensorboard"], capsys)
     assert code == 0
-    assert list((folder / "tensorboard").glob("events.out.tfevents.*"))
+    # one run, named after the output folder (tensorboard --logdir reports lists it so)
+    assert list((folder / "tensorboard" / folder.name).glob("events.out.tfevents.*"))
 
 
 @pytest.mark.parametrize(

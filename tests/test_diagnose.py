@@ -71,7 +71,7 @@ def test_end_to_end(
     assert (run["scaler"] is not None) == use_scaler
     # Files: session, report, tensorboard events, gzipped trace in the plugin's layout.
     assert (out / "session.json").is_file() and (out / "report.html").is_file()
-    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((out / "tensorboard" / out.name).glob("events.out.tfevents.*"))
     traces = list((out / "trace").glob("*.pt.trace.json.gz"))
     assert len(traces) == 1
     trace = json.loads(gzip.decompress(traces[0].read_bytes()))
@@ -217,4 +217,4 @@ def test_a_second_run_into_the_same_folder_lists_only_its_own_trace(tmp_path: Pa
     s = ampdiag.load(tmp_path)
     assert len(list((tmp_path / "trace").glob("*.pt.trace.json.gz"))) == 2
     assert len(s.section("profiler")["trace_files"]) == 1
-    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    assert len(list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))) == 1

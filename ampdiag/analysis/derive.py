@@ -3,8 +3,9 @@
 Runs in `ampdiag.analysis.analyze` and stores its results on the Session as the ``derived``
 section, so renderers only format what is there (and a saved session re-renders without any
 analysis code): the precision summary of the audited step (with the fix for each FP32 reason
-seen), the memory what-if estimates, and the FP16 underflow figures. A part whose input is
-missing is left out; a renderer says "not measured" for it.
+seen), the memory what-if estimates, the FP16 underflow figures, and last the headline figures
+every surface states (`ampdiag.analysis.figures`: step time, loss, peak, skipped steps, speed
+against FP32). A part whose input is missing is left out; a renderer says "not measured" for it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ampdiag.analysis import fp8, fp16range, memory_estimates, precision
+from ampdiag.analysis import figures, fp8, fp16range, memory_estimates, precision
 from ampdiag.analysis.rules import numerics
 from ampdiag.schema import DerivedSection
 from ampdiag.session import Session
@@ -24,6 +25,8 @@ def derive(session: Session) -> DerivedSection:
     """Computes the derived figures, stores them as the ``derived`` section, and returns them."""
     out: DerivedSection = {}
     errors: dict[str, str] = {}
+    # stored first: a later part reads the earlier ones (the headline figures read numerics')
+    session.sections[SECTION] = out
     for name, part in PARTS.items():
         try:
             value = part(session)
@@ -34,7 +37,6 @@ def derive(session: Session) -> DerivedSection:
             out[name] = value  # type: ignore[literal-required]
     if errors:
         out["errors"] = errors
-    session.sections[SECTION] = out
     return out
 
 
@@ -83,4 +85,5 @@ PARTS: dict[str, Callable[[Session], dict[str, Any] | None]] = {
     "memory": _memory,
     "numerics": _numerics,
     "fp8": _fp8,
+    "figures": figures.compute,  # last: it reads the parts above
 }

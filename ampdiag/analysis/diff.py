@@ -18,111 +18,88 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ampdiag.analysis.precision import summarize
+from ampdiag.analysis import figures
 from ampdiag.session import SEVERITIES, Finding, Session, load
 
-Unit = Literal["s", "bytes", "fraction", "count", "value"]
+Unit = Literal["s", "per_s", "bytes", "fraction", "count", "value"]
+#: Which way a figure improves: "none" for a figure that is a description, not a goal (the
+#: share of op time in low precision drops when low precision gets faster).
+Direction = Literal["lower", "higher", "none"]
+Verdict = Literal["better", "worse", "same", "changed", "not measured"]
 
 
-def _step_times(session: Session) -> list[float]:
-    """Steps' wall times, leaving out step 0 (lazy initialization) when 3 or more ran."""
-    times = [
-        float(s["wall_s"])
-        for s in session.steps
-        if isinstance(s.get("wall_s"), (int, float)) and not isinstance(s.get("wall_s"), bool)
-    ]
-    return times[1:] if len(times) >= 3 else times
+def _figure(session: Session, key: str) -> Any:
+    return figures.stored(session).get(key)
 
 
 def step_time_s(session: Session) -> float | None:
     """Median wall time of a step (step 0 left out when 3 or more ran)."""
-    times = _step_times(session)
-    return statistics.median(times) if times else None
+    found = _figure(session, "step_time")
+    return float(found["median_s"]) if isinstance(found, dict) else None
 
 
 def step_time_spread_s(session: Session) -> float | None:
     """How much step times vary: their median absolute deviation from the median."""
-    times = _step_times(session)
-    if len(times) < 2:
-        return None
-    mid = statistics.median(times)
-    return statistics.median(abs(t - mid) for t in times)
+    found = _figure(session, "step_time")
+    spread = found.get("spread_s") if isinstance(found, dict) else None
+    return float(spread) if isinstance(spread, (int, float)) else None
+
+
+def throughput(session: Session) -> float | None:
+    """Steps per second: the inverse of the median step time."""
+    step = step_time_s(session)
+    return 1.0 / step if step else None
+
+
+def throughput_spread(session: Session) -> float | None:
+    """The step-time spread carried to steps per second (spread / median², to first order)."""
+    step, spread = step_time_s(session), step_time_spread_s(session)
+    return spread / step**2 if step and spread is not None else None
 
 
 def final_loss(session: Session) -> float | None:
     """The last step's loss, where the run recorded one (may be NaN for a diverged run)."""
-    for step in reversed(session.steps):
-        loss = step.get("loss")
-        if isinstance(loss, (int, float)) and not isinstance(loss, bool):
-            return float(loss)
-        if loss in ("nan", "inf", "-inf"):
-            return float(loss)
-    return None
+    value = _figure(session, "final_loss")
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def memory_peak_bytes(session: Session) -> float | None:
     """The memory peak over the profiled steps (the memory section's ``peak.bytes``)."""
-    peak = session.section("memory").get("peak")
-    value = peak.get("bytes") if isinstance(peak, dict) else None
+    value = _figure(session, "memory_peak_bytes")
     return float(value) if isinstance(value, (int, float)) else None
 
 
 def underflow_fraction(session: Session) -> float | None:
     """The share of gradient values lost to FP16's range: flushed to zero or subnormal.
 
-    Reads the gradients section's totals: ``underflow_fraction`` where the session has it,
-    else the flushed plus subnormal fractions it is made of. Only for runs that computed in
-    FP16: for a BF16 or FP32 run those totals are a what-if, not something the run lost.
+    The figure ``fp16-grad-underflow`` states (`ampdiag.analysis.figures.underflow_fraction`).
+    Only for runs that computed in FP16: for a BF16 or FP32 run it is a what-if, not
+    something the run lost.
     """
-    if not str(session.environment.get("autocast") or "").endswith(":float16"):
-        return None
-    totals = session.section("gradients").get("totals")
-    if not isinstance(totals, dict):
-        return None
-    direct = totals.get("underflow_fraction")
-    if isinstance(direct, (int, float)):
-        return float(direct)
-    parts = [totals.get("flush_fraction"), totals.get("subnormal_fraction")]
-    if not all(isinstance(p, (int, float)) for p in parts):
-        return None
-    return float(sum(parts))  # type: ignore[arg-type]
+    value = _figure(session, "underflow_fraction")
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def skipped_steps(session: Session) -> float | None:
     """Steps the GradScaler skipped (inf/NaN gradients); ``None`` when no scaler was seen."""
-    scaler = session.section("scaler")
-    if not scaler.get("present"):
-        return None
-    total = scaler.get("skipped_total")  # over every step; the list is capped on long runs
-    if isinstance(total, int):
-        return float(total)
-    skipped = scaler.get("skipped_steps")
-    return float(len(skipped)) if isinstance(skipped, list) else None
-
-
-def _low_precision_share(session: Session, measure: str) -> float | None:
-    """The low-precision share of the audited step's ``measure`` ("flops" or "time_us")."""
-    section = session.section("precision")
-    if not section.get("audited"):
-        return None
-    totals = summarize(section)[measure]
-    work = totals["low"] + totals["fp32"]
-    return totals["low"] / work if work > 0 else None
+    found = _figure(session, "skipped_steps")
+    return float(found["skipped"]) if isinstance(found, dict) else None
 
 
 def low_precision_flops_share(session: Session) -> float | None:
     """The share of the audited step's FLOPs that ran in a low-precision dtype."""
-    return _low_precision_share(session, "flops")
+    value = _figure(session, "low_precision_flops_share")
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def low_precision_time_share(session: Session) -> float | None:
     """The share of the audited step's op time (casts excluded) spent in low precision."""
-    return _low_precision_share(session, "time_us")
+    value = _figure(session, "low_precision_time_share")
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 @dataclass(frozen=True)
@@ -132,20 +109,21 @@ class Metric:
     key: str
     label: str
     unit: Unit
-    better: Literal["lower", "higher"]
+    better: Direction
     read: Callable[[Session], float | None]
     spread: Callable[[Session], float | None] | None = None
 
 
 METRICS: tuple[Metric, ...] = (
     Metric("step_time_s", "Step time (median)", "s", "lower", step_time_s, step_time_spread_s),
+    Metric("throughput", "Steps per second", "per_s", "higher", throughput, throughput_spread),
     Metric("memory_peak_bytes", "Memory peak", "bytes", "lower", memory_peak_bytes),
     Metric("underflow_fraction", "Gradient underflow (FP16 runs)", "fraction", "lower",
            underflow_fraction),
     Metric("skipped_steps", "Steps skipped by the GradScaler", "count", "lower", skipped_steps),
     Metric("low_precision_flops_share", "FLOPs in low precision", "fraction", "higher",
            low_precision_flops_share),
-    Metric("low_precision_time_share", "Op time in low precision", "fraction", "higher",
+    Metric("low_precision_time_share", "Op time in low precision", "fraction", "none",
            low_precision_time_share),
     Metric("final_loss", "Final loss", "value", "lower", final_loss),
 )  # fmt: skip
@@ -158,7 +136,7 @@ class MetricChange:
     key: str
     label: str
     unit: Unit
-    better: Literal["lower", "higher"]
+    better: Direction
     before: float | None
     after: float | None
     spread: float = 0.0
@@ -171,21 +149,26 @@ class MetricChange:
         return self.after - self.before
 
     @property
-    def verdict(self) -> Literal["better", "worse", "same", "not measured"]:
-        """Whether B improved on A for this figure.
+    def verdict(self) -> Verdict:
+        """Whether B improved on A for this figure, judged by the figure's direction.
 
         "same" when the two differ by at most 1%, or, for a timing, by no more than twice the
         larger run's spread (median absolute deviation of its steps): a timing difference
-        inside the noise of the runs is not a change.
+        inside the noise of the runs is not a change. A figure with no direction ("none")
+        that moved is "changed": neither better nor worse.
         """
         if self.before is None or self.after is None:
             return "not measured"
         before_nan, after_nan = math.isnan(self.before), math.isnan(self.after)
         if before_nan or after_nan:  # a run that diverged (NaN loss) is the worse one
-            return "same" if before_nan and after_nan else ("worse" if after_nan else "better")
+            if before_nan and after_nan:
+                return "same"
+            return "changed" if self.better == "none" else ("worse" if after_nan else "better")
         scale = max(abs(self.before), abs(self.after))
         if scale == 0 or abs(self.after - self.before) <= max(0.01 * scale, 2 * self.spread):
             return "same"
+        if self.better == "none":
+            return "changed"
         lower = self.after < self.before
         return "better" if lower == (self.better == "lower") else "worse"
 
@@ -214,6 +197,13 @@ class SessionDiff:
     resolved: list[Finding] = field(default_factory=list)
     new: list[Finding] = field(default_factory=list)
     unchanged: list[Finding] = field(default_factory=list)
+    #: Per-step curves of both runs, by name ("step_time_ms", "loss"): (before, after), each a
+    #: list of (step, value) -- the diff page's charts.
+    curves: dict[str, tuple[list[tuple[int, float]], list[tuple[int, float]]]] = field(
+        default_factory=dict
+    )
+    #: The two sessions' folders (their report.html is there), where they have one.
+    folders: tuple[str | None, str | None] = (None, None)
 
     def metric(self, key: str) -> MetricChange:
         """The change of one figure, by its key (see `METRICS`)."""
@@ -238,6 +228,7 @@ class SessionDiff:
         return {
             "before": self.before_label,
             "after": self.after_label,
+            "folders": {"before": self.folders[0], "after": self.folders[1]},
             "metrics": [m.to_dict() for m in self.metrics],
             "findings": {
                 "resolved": [brief(f) for f in self.resolved],
@@ -282,7 +273,32 @@ def diff_sessions(
         resolved=[f for i, f in a.items() if i not in b],
         new=[f for i, f in b.items() if i not in a],
         unchanged=[b[i] for i in a if i in b],
+        curves={
+            name: (read(before), read(after))
+            for name, read in (("step_time_ms", _step_ms), ("loss", _losses))
+        },
+        folders=(_folder(before), _folder(after)),
     )
+
+
+def _step_ms(session: Session) -> list[tuple[int, float]]:
+    return [
+        (int(s["index"]), float(s["wall_s"]) * 1000)
+        for s in session.steps
+        if isinstance(s.get("index"), int) and figures.is_finite(s.get("wall_s"))
+    ]
+
+
+def _losses(session: Session) -> list[tuple[int, float]]:
+    return [
+        (int(s["index"]), float(s["loss"]))  # type: ignore[arg-type]
+        for s in session.steps
+        if isinstance(s.get("index"), int) and figures.is_finite(s.get("loss"))
+    ]
+
+
+def _folder(session: Session) -> str | None:
+    return str(session.path) if session.path is not None else None
 
 
 def diff(

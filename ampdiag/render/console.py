@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 from ampdiag import units as humanize
+from ampdiag.render import stated
 from ampdiag.render.templating import merged_fixes
 from ampdiag.session import Finding, Session
 
@@ -110,19 +111,17 @@ def summary(session: Session, report: Path | None = None, top: int = TOP) -> str
             f"{humanize.nbytes(cuda_peak.get('reserved_bytes'))} reserved"
             + (f"; largest site {sites[0].get('site')}" if sites and sites[0].get("site") else "")
         )
-    probe = session.section("speed_probe")
-    if isinstance(probe.get("fp32_ms"), (int, float)):
+    speed = stated.figures(session).get("speed_vs_fp32")
+    if isinstance(speed, dict):
+        autocast = session.section("speed_probe").get("autocast") or session.environment.get(
+            "autocast"
+        )
+        tied = {"faster": "faster", "slower": "slower", "tied": "tied within the spread"}
         lines.append(
-            f"  speed probe: FP32 {humanize.by_key('fp32_ms', probe['fp32_ms'])}, "
-            f"{probe.get('autocast')} {humanize.by_key('autocast_ms', probe.get('autocast_ms'))} "
-            "per forward + backward"
-            + (
-                f" (ratio {probe['ratio_low']:.2f}-{probe['ratio_high']:.2f}x over "
-                f"{probe.get('repeats')} pairs)"
-                if isinstance(probe.get("ratio_low"), (int, float))
-                and isinstance(probe.get("ratio_high"), (int, float))
-                else ""
-            )
+            f"  {speed['source']}: FP32 {humanize.micros(speed['fp32_ms'] * 1e3)}, "
+            f"{autocast} {humanize.micros(speed['run_ms'] * 1e3)} per forward + backward "
+            f"({speed['time_ratio']:.2f}x the time, {speed['low']:.2f}-{speed['high']:.2f}x: "
+            f"{tied.get(str(speed.get('verdict')), speed.get('verdict'))})"
         )
     shown = [f for f in session.findings if f.severity != "info"][:top]
     if shown:

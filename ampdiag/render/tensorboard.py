@@ -1,34 +1,39 @@
-"""TensorBoard event files under out/tensorboard/: scalars, the findings as text, the figures.
+"""TensorBoard event files under out/tensorboard/<run>/: per-step scalars, the rest as text.
 
-Written here: step wall time and loss per step, the host time shares, the summary numbers of
-the findings that carry them (underflow fraction, skipped steps, loss scale, memory peak), the
-findings as a Markdown table and one text entry per finding (tags ``ampdiag/findings`` and
-``findings/<id>``, stored as ``T/text_summary`` as torch's SummaryWriter does), and each
-section's scalars, histograms and figures (the functions in `SECTION_WRITERS`): TensorBoard
-output is this module's alone, the section modules draw HTML only.
+The run is named after the output folder: ``tensorboard --logdir reports/demo/tensorboard``
+shows the run "demo" (not "tensorboard" or "."), and a diff's folder holds both runs, each
+under its own label. Per-step
+quantities are scalars (step wall time, loss, loss scale and skipped steps, gradient norm and
+underflow per sampled step); a figure measured once (the step's time shares, underflow, peak
+memory, speed against FP32, per-module underflow, per-rank shares) is a row of a Markdown table
+in the text dashboard (``summary/figures``, ``numerics/modules``, ``timeline/ranks``), not a
+one-point curve. Each tag is written by one function and carries its description (`TAGS`),
+shown in TensorBoard beside the chart. The figures are read from the session's headline
+figures (`ampdiag.analysis.figures`), the same values the HTML report and the console state.
+The findings are a Markdown table and one text entry per finding (tags ``ampdiag/findings``
+and ``findings/<id>``, stored as ``T/text_summary`` as torch's SummaryWriter does), and each
+section's charts are images.
 
 The events are written with TensorBoard's own writer and protobufs
 (``tensorboard.summary.writer``, ``tensorboard.compat.proto``), not torch's SummaryWriter, so
 ``ampdiag report --format tensorboard`` imports no torch; a figure goes in as the PNG
 `ampdiag.render.png` draws, with no decoding.
 
-The profiler trace under out/trace/ is already in the layout of TensorBoard's profiler plugin
-(``torch-tb-profiler``: ``<run>/<worker>.<time>.pt.trace.json.gz``), so ``tensorboard --logdir
-OUT`` lists the run "tensorboard" (these event files) and, with the plugin installed, the run
-"trace" in its PyTorch Profiler tab.
+The profiler trace under out/trace/ is in the layout of TensorBoard's (deprecated) profiler
+plugin (``<run>/<worker>.<time>.pt.trace.json.gz``); Perfetto reads it directly.
 """
 
 from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ampdiag import units as humanize
 from ampdiag._layout import TENSORBOARD_DIR
-from ampdiag.render import png
+from ampdiag.render import png, stated
 from ampdiag.render.charts import Chart
 from ampdiag.render.sections import gradscaler, ranks
 from ampdiag.render.sections import time as time_section
@@ -37,16 +42,31 @@ from ampdiag.session import Session
 
 MiB = 1024**2
 
-#: (finding id, evidence key) -> scalar tag, written once (step 0) when the evidence exists.
-SUMMARY_SCALARS: dict[tuple[str, str], str] = {
-    ("fp16-grad-underflow", "underflow_fraction"): "summary/underflow_fraction",
-    ("fp16-grad-underflow", "recommended_init_scale"): "summary/recommended_init_scale",
-    ("skipped-steps", "skipped"): "summary/skipped_steps",
-    ("loss-scale-collapse", "scale_min"): "summary/loss_scale_min",
-    ("memory-near-capacity", "peak_bytes"): "summary/memory_peak_bytes",
-    ("gpu-idle", "idle_share"): "summary/gpu_idle_share",
-    ("dataloader-bound", "data_share"): "summary/data_share",
-    ("autocast-slower", "slowdown"): "summary/autocast_slowdown",
+#: Every tag this module writes (a findings/<id> text and a figure image aside), with the
+#: description TensorBoard shows beside it.
+TAGS: dict[str, str] = {
+    "step/wall_time_ms": "Wall time of each step, ms (from one optimizer step to the next).",
+    "step/loss": "The step's loss (the sum over its micro-batches).",
+    "scaler/loss_scale": "The GradScaler's loss scale at each recorded step.",
+    "scaler/skipped": "1 on a step the GradScaler skipped (inf/NaN gradients), else 0.",
+    "numerics/grad_norm": "Gradient norm at each sampled step.",
+    "numerics/grad_subnormal_fraction": (
+        "Share of nonzero parameter-gradient values that are subnormal in FP16, per sampled step."
+    ),
+    "numerics/grad_flush_fraction": (
+        "Share of nonzero parameter-gradient values below FP16's 2^-24 (flushed to zero)."
+    ),
+    "numerics/grad_zero_fraction": "Share of parameter-gradient values that are zero.",
+    "numerics/log2_grad_held": "log2 |gradient| of the parameter gradients as FP16 held them.",
+    "numerics/log2_grad_true": "log2 |gradient| of the parameter gradients from the FP32 replay.",
+    "numerics/log2_activation_grad": "log2 |gradient| entering the modules (unscaled).",
+    "numerics/modules": "Per-module share of the gradient entering it that FP16 loses.",
+    "summary/figures": (
+        "The run's figures measured once (step time, loss, memory, underflow, speed against "
+        "FP32, time shares): the values the HTML report and the console state."
+    ),
+    "timeline/ranks": "Per-rank GPU idle, compute and non-compute shares of the traced window.",
+    "ampdiag/findings": "Every finding of the run: severity, id and title.",
 }
 
 
@@ -71,35 +91,24 @@ def finding_markdown(finding: Any) -> str:
     """
     parts = [f"**{finding.severity}** `{finding.id}`: {_md(finding.title)}"]
     rows = [
-        f"| {_md(humanize.label(str(k)))} | {_md(humanize.by_key(str(k), v))} |"
+        f"| {_md(humanize.label(str(k), v))} | {_md(humanize.by_key(str(k), v))} |"
         for k, v in finding.evidence.items()
         if k != "merged"
     ]
     if rows:
         parts.append("\n".join(["| evidence | value |", "|---|---|", *rows]))
+    merged = [m for m in finding.evidence.get("merged") or [] if isinstance(m, dict)]
+    if merged:
+        parts.append(
+            "Explains:\n\n"
+            + "\n".join(f"- **{m.get('severity')}** `{m.get('id')}`: {_md(str(m.get('title')))}"
+                        for m in merged)
+        )  # fmt: skip
     if finding.fix:
         parts.append("Fix:\n\n    " + finding.fix.replace("\n", "\n    "))
     for mid, fix in merged_fixes(finding):
         parts.append(f"Also, for `{mid}`:\n\n    " + fix.replace("\n", "\n    "))
     return "\n\n".join(parts)
-
-
-def _evidence_numbers(session: Session) -> dict[str, float]:
-    out: dict[str, float] = {}
-
-    def take(fid: str, evidence: dict[str, Any]) -> None:
-        for (want, key), tag in SUMMARY_SCALARS.items():
-            value = evidence.get(key)
-            number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if want == fid and tag not in out and number:
-                out[tag] = float(value)  # type: ignore[arg-type]
-
-    for f in session.findings:
-        take(f.id, f.evidence)
-        for m in f.evidence.get("merged", []) if isinstance(f.evidence, dict) else []:
-            if isinstance(m, dict) and isinstance(m.get("evidence"), dict):
-                take(str(m.get("id")), m["evidence"])
-    return out
 
 
 def _clean(value: Any) -> Any:
@@ -122,6 +131,19 @@ class EventWriter:
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self._file = EventFileWriter(str(folder))
+        self._described: set[str] = set()
+
+    def _metadata(self, tag: str, plugin: str) -> Any:
+        """The tag's description (`TAGS`), on its first event only (as TensorBoard reads it)."""
+        from tensorboard.compat.proto import summary_pb2
+
+        data = summary_pb2.SummaryMetadata.PluginData(plugin_name=plugin)
+        if tag in self._described:
+            return summary_pb2.SummaryMetadata(plugin_data=data)
+        self._described.add(tag)
+        return summary_pb2.SummaryMetadata(
+            plugin_data=data, display_name=tag, summary_description=TAGS.get(tag, "")
+        )
 
     def _add(self, value: Any, step: int) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -133,7 +155,10 @@ class EventWriter:
         """One point of a scalar curve."""
         from tensorboard.compat.proto import summary_pb2
 
-        self._add(summary_pb2.Summary.Value(tag=_clean(tag), simple_value=float(value)), step)
+        value_pb = summary_pb2.Summary.Value(
+            tag=_clean(tag), simple_value=float(value), metadata=self._metadata(tag, "scalars")
+        )
+        self._add(value_pb, step)
 
     def add_text(self, tag: str, text: str, step: int = 0) -> None:
         """Markdown for the text dashboard."""
@@ -146,11 +171,8 @@ class EventWriter:
                 dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=1)]
             ),
         )
-        plugin = summary_pb2.SummaryMetadata.PluginData(plugin_name="text")
         value = summary_pb2.Summary.Value(
-            tag=_clean(tag) + "/text_summary",
-            metadata=summary_pb2.SummaryMetadata(plugin_data=plugin),
-            tensor=tensor,
+            tag=_clean(tag) + "/text_summary", metadata=self._metadata(tag, "text"), tensor=tensor
         )
         self._add(value, step)
 
@@ -168,7 +190,8 @@ class EventWriter:
             bucket_limit=[float(x + 1) for x in xs],
             bucket=[float(counts[x]) for x in xs],
         )
-        self._add(summary_pb2.Summary.Value(tag=_clean(tag), histo=histo), step)
+        meta = self._metadata(tag, "histograms")
+        self._add(summary_pb2.Summary.Value(tag=_clean(tag), histo=histo, metadata=meta), step)
 
     def add_png(self, tag: str, data: bytes, step: int = 0) -> None:
         """A PNG as it is (its size and colour type read from its IHDR header)."""
@@ -197,11 +220,80 @@ def _steps(session: Session, writer: EventWriter) -> None:
             writer.add_scalar("step/wall_time_ms", step["wall_s"] * 1000, step["index"])
         if isinstance(step.get("loss"), (int, float)):
             writer.add_scalar("step/loss", step["loss"], step["index"])  # type: ignore[arg-type]
+
+
+def summary_rows(session: Session) -> list[tuple[str, str]]:
+    """The figures measured once, as (figure, value) rows, formatted as the report formats them.
+
+    Read from the headline figures (`ampdiag.analysis.figures`) and the sections' totals.
+    """
+    fig = stated.figures(session)
+    rows: list[tuple[str, str]] = []
+    step = fig.get("step_time")
+    if isinstance(step, dict):
+        spread = step.get("spread_s")
+        text = humanize.micros(step["median_s"] * 1e6)
+        if isinstance(spread, (int, float)):
+            text += f" ± {humanize.micros(spread * 1e6)}"
+        text += f" over {step['steps']} steps"
+        rows.append(
+            (
+                "Step time (median)",
+                text + (", the first left out" if step.get("first_left_out") else ""),
+            )
+        )
+    if fig.get("final_loss") is not None:
+        rows.append(("Final loss", humanize.scalar(fig["final_loss"])))
+    if fig.get("memory_peak_bytes") is not None:
+        rows.append(("Memory peak", humanize.nbytes(fig["memory_peak_bytes"])))
+    if fig.get("underflow_fraction") is not None:
+        rows.append(("Gradient underflow (FP16)", humanize.percent(fig["underflow_fraction"])))
+    skipped = fig.get("skipped_steps")
+    if isinstance(skipped, dict):
+        rows.append(
+            ("Steps skipped by the GradScaler", f"{skipped['skipped']} of {skipped['steps']}")
+        )
+    scale = fig.get("loss_scale")
+    if isinstance(scale, dict):
+        rows.append((
+            "Loss scale",
+            f"{humanize.scalar(scale['first'])} to {humanize.scalar(scale['last'])} "
+            f"(smallest {humanize.scalar(scale['min'])})",
+        ))  # fmt: skip
+    speed = fig.get("speed_vs_fp32")
+    if isinstance(speed, dict):
+        rows.append((
+            f"Time against FP32 ({speed['source']})",
+            f"{speed['time_ratio']:.2f}x ({speed['low']:.2f}-{speed['high']:.2f}x, "
+            f"{speed['verdict']}): FP32 {humanize.micros(speed['fp32_ms'] * 1e3)}, "
+            f"{speed.get('precision') or 'autocast'} {humanize.micros(speed['run_ms'] * 1e3)}",
+        ))  # fmt: skip
+    for key, name in (("low_precision_flops_share", "FLOPs in low precision"),
+                      ("low_precision_time_share", "Op time in low precision")):  # fmt: skip
+        if fig.get(key) is not None:
+            rows.append((name, humanize.percent(fig[key])))
     share = session.section("profiler").get("breakdown", {}).get("share", {})
-    for name, value in share.items():
-        writer.add_scalar(f"time_share/{name}", value, 0)
-    for tag, value in _evidence_numbers(session).items():
-        writer.add_scalar(tag, value, 0)
+    if share:
+        rows.append(("Step time by phase", ", ".join(
+            f"{k} {humanize.percent(v)}" for k, v in share.items())))  # fmt: skip
+    mem = session.section("memory")
+    for key in ("parameters", "gradients", "optimizer_state"):
+        value = (mem.get("model_state") or {}).get(key)
+        if isinstance(value, (int, float)):
+            rows.append((f"Model state: {humanize.label(key).lower()}", humanize.nbytes(value)))
+    return rows
+
+
+def _table(head: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(_md(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _summary(session: Session, writer: EventWriter) -> None:
+    rows = summary_rows(session)
+    if rows:
+        writer.add_text("summary/figures", _table(("figure", "value"), rows), 0)
 
 
 def _findings(session: Session, writer: EventWriter) -> None:
@@ -213,11 +305,7 @@ def _findings(session: Session, writer: EventWriter) -> None:
 
 
 def _time(session: Session, writer: EventWriter) -> None:
-    """The speed probe's two times and the time section's figures."""
-    probe = session.section("speed_probe")
-    for key in ("fp32_ms", "autocast_ms"):
-        if isinstance(probe.get(key), (int, float)):
-            writer.add_scalar(f"speed_probe/{key}", float(probe[key]), 0)
+    """The time section's charts (its figures are in the summary table)."""
     for name, chart in time_section.figures(session).items():
         add_chart(writer, f"figures/time/{name}", chart)
 
@@ -229,31 +317,19 @@ def _ranks(session: Session, writer: EventWriter) -> None:
 
 
 def _timeline(session: Session, writer: EventWriter) -> None:
-    """Per-rank idle / compute / non-compute shares as scalars (step = rank)."""
-    for r in session.section("timeline").get("ranks", []):
-        if isinstance(r, dict) and r.get("activities_in_window"):
-            for key in ("idle", "compute", "non_compute"):
-                writer.add_scalar(f"timeline/{key}_share", r[f"{key}_share"], int(r["rank"]))
-
-
-def _precision(session: Session, writer: EventWriter) -> None:
-    """Scalars: FP32 share of FLOPs and time, cast count and bytes of the audited step."""
-    sec = session.section("precision")
-    s = session.section("derived").get("precision")
-    if not sec.get("audited") or not isinstance(s, dict):
-        return
-    step = int(sec.get("step") or 0)
-    writer.add_scalar("precision/fp32_flops_share", s["fp32_flops_share"], step)
-    writer.add_scalar("precision/fp32_time_share", s["fp32_time_share"], step)
-    writer.add_scalar("precision/casts", s["casts"]["total"]["count"], step)
-    writer.add_scalar("precision/cast_bytes", s["casts"]["total"]["bytes"], step)
+    """Per-rank idle / compute / non-compute shares, one table row per rank."""
+    kinds = ("idle", "compute", "non_compute")
+    rows = [
+        (str(r["rank"]), *(humanize.percent(r.get(f"{k}_share")) for k in kinds))
+        for r in session.section("timeline").get("ranks", [])
+        if isinstance(r, dict) and r.get("activities_in_window")
+    ]
+    if rows:
+        writer.add_text("timeline/ranks", _table(("rank", "idle", "compute", "non-compute"), rows))
 
 
 def _numerics(session: Session, writer: EventWriter) -> None:
-    """Scalars (loss scale, skips, gradient norm and underflow) and log2|g| histograms."""
-    for h in session.section("scaler").get("history") or []:
-        writer.add_scalar("numerics/loss_scale", h["scale"], h["step"])
-        writer.add_scalar("numerics/skipped", 1.0 if h["skipped"] else 0.0, h["step"])
+    """Per sampled step: gradient norm and underflow; log2|g| histograms; per-module table."""
     grads = session.section("gradients")
     for rec in grads.get("steps", []):
         nz = rec["n"] - rec["zero"] - rec["nonfinite"]
@@ -274,22 +350,19 @@ def _numerics(session: Session, writer: EventWriter) -> None:
     ):
         if hist:
             writer.add_histogram(tag, {int(k): int(v) for k, v in hist.items()}, 0)
-    for m in session.section("activations").get("modules", []):
-        if "subnormal_fraction" in m:
-            writer.add_scalar(
-                f"numerics/activation_grad_subnormal/{m['module']}", m["subnormal_fraction"], 0
-            )
-
-
-def _memory(session: Session, writer: EventWriter) -> None:
-    """The peak split by category and the model state as scalars."""
-    mem = session.section("memory")
-    for cat, value in ((mem.get("peak") or {}).get("by_category") or {}).items():
-        writer.add_scalar(f"memory/peak_{cat}_MiB", value / MiB, 0)
-    for key in ("parameters", "gradients", "optimizer_state"):
-        value = (mem.get("model_state") or {}).get(key)
-        if isinstance(value, (int, float)):
-            writer.add_scalar(f"memory/model_state_{key}_MiB", value / MiB, 0)
+    modules = [
+        m for m in session.section("activations").get("modules", []) if "subnormal_fraction" in m
+    ]
+    modules.sort(key=lambda m: -float(m.get("lost_fraction", m["subnormal_fraction"])))
+    if modules:
+        pct = humanize.percent
+        rows = [
+            (str(m["module"]), pct(m.get("lost_fraction")), pct(m["subnormal_fraction"]))
+            for m in modules
+        ]
+        writer.add_text(
+            "numerics/modules", _table(("module", "lost against FP32", "subnormal in FP16"), rows)
+        )
 
 
 def _gradscaler(session: Session, writer: EventWriter) -> None:
@@ -302,28 +375,35 @@ def _gradscaler(session: Session, writer: EventWriter) -> None:
 #: What goes to TensorBoard, in order: one function per part of the session.
 SECTION_WRITERS: tuple[Callable[[Session, EventWriter], None], ...] = (
     _steps,
+    _summary,
     _findings,
     _ranks,
     _time,
     _timeline,
-    _precision,
     _numerics,
     _gradscaler,
-    _memory,
 )
 
 
-def write_tensorboard(session: Session, out: Path, run: str | None = None) -> Path:
-    """Writes the event files into ``out/tensorboard/`` (or ``out/tensorboard/<run>/``).
+def run_name(out: Path) -> str:
+    """The TensorBoard run of a session written to ``out``: the output folder's name."""
+    return Path(out).resolve().name or "run"
 
-    ``run`` names the run, so that several sessions (a before/after diff) show as separate
-    runs in one TensorBoard logdir.
+
+def write_tensorboard(session: Session, out: Path, run: str | None = None) -> Path:
+    """Writes the event files into ``out/tensorboard/<run>/`` and returns that folder.
+
+    ``run`` names the run (default: the output folder's name, `run_name`), so that several
+    sessions (a before/after diff, every run under ``reports/``) show as separate runs.
     """
-    folder = out / TENSORBOARD_DIR if run is None else out / TENSORBOARD_DIR / run
+    root = out / TENSORBOARD_DIR
+    folder = root / (run or run_name(out))
     # One session, one event file: an earlier render of this folder would show every point
-    # twice in TensorBoard, so ampdiag's own previous event files go first.
-    for old in folder.glob("events.out.tfevents.*") if folder.is_dir() else []:
-        old.unlink()
+    # twice in TensorBoard, so ampdiag's own previous event files go first (those of the
+    # older layout, directly in tensorboard/, too).
+    for place in (folder, root):
+        for old in place.glob("events.out.tfevents.*") if place.is_dir() else []:
+            old.unlink()
     writer = EventWriter(folder)
     try:
         for write in SECTION_WRITERS:

@@ -251,3 +251,40 @@ def test_the_demo_reports_are_short(browser: Any, tmp_path: Path, scenario: str)
             assert p.locator(f"section#{sid}").count() == 1
     finally:
         page.close()
+
+
+def test_the_diff_page_links_both_reports_and_charts_both_runs(
+    browser: Any, tmp_path: Path
+) -> None:
+    """The diff page in Chromium: no error, no request out, a link to each run's report that
+    opens it, and a step-time chart whose points hover each run's own loss."""
+    from ampdiag.cli import main
+    from tests.render.test_step_charts import loop
+
+    (a, losses_a), (b, losses_b) = loop(tmp_path / "before", 6), loop(tmp_path / "after", 6)
+    for d in (a, b):
+        from ampdiag.render.html import write_html
+
+        write_html(d.session, d.out)
+    out = tmp_path / "cmp"
+    assert main(["diff", str(a.out), str(b.out), "--out", str(out)]) == 0
+    page = open_report(browser, out / "diff.html")
+    try:
+        p = page.page
+        assert page.errors == [] and page.outside() == [] and page.dialogs == []
+        hrefs = p.locator("a").evaluate_all("els => els.map(e => e.href)")
+        assert [Path(h.removeprefix("file://")).resolve() for h in hrefs] == [
+            (a.out / "report.html").resolve(),
+            (b.out / "report.html").resolve(),
+        ]
+        tips = p.locator('figure[aria-label="loss"] g.points circle title').all_text_contents()
+        for name, losses in (("before", losses_a), ("after", losses_b)):
+            mine = [t for t in tips if t.startswith(f"{name} — ")]
+            assert len(mine) == len(losses)
+            got = [float(t.split(": ")[1].split()[0]) for t in mine]
+            assert got == pytest.approx(losses, rel=1e-3)
+        p.locator("a").first.click()
+        p.wait_for_load_state("load")
+        assert p.url.endswith("/before/report.html") and page.outside() == []
+    finally:
+        page.close()

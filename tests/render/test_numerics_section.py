@@ -44,11 +44,17 @@ def test_section_figures_tables_and_tensorboard(tmp_path: Path) -> None:
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc = EventAccumulator(str(tmp_path / "tensorboard" / tmp_path.name))
     acc.Reload()
-    scales = [e.value for e in acc.Scalars("numerics/loss_scale")]
+    scales = [e.value for e in acc.Scalars("scaler/loss_scale")]
     assert scales == [256.0, 256.0, 128.0]
-    assert [e.value for e in acc.Scalars("numerics/skipped")] == [0.0, 1.0, 0.0]
+    assert [e.value for e in acc.Scalars("scaler/skipped")] == [0.0, 1.0, 0.0]
+    # each quantity under one tag: the loss scale and the skips are not repeated elsewhere
+    assert not [
+        t
+        for t in acc.Tags()["scalars"]
+        if t.endswith(("loss_scale", "/skipped")) and not t.startswith("scaler/")
+    ]
     assert "numerics/log2_grad_held" in acc.Tags()["histograms"]
 
 

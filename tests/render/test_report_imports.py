@@ -38,7 +38,7 @@ def test_tensorboard_report_imports_no_torch(evil_run: Session, tmp_path: Path) 
     assert evil_run.path is not None
     out = tmp_path / "tb"
     names = imported("report", str(evil_run.path), "--format", "tensorboard", "--out", str(out))
-    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((out / "tensorboard" / "tb").glob("events.out.tfevents.*"))
     assert "tensorboard" in names and "torch" not in names
 
 

@@ -168,7 +168,7 @@ def test_any_module_name_renders_in_a_live_run(tmp_path: Path) -> None:
     assert d.session is not None
     html = (tmp_path / "report.html").read_text(encoding="utf-8")
     assert "bad?name" in html and "$\\frac{$" in html
-    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((tmp_path / "tensorboard" / tmp_path.name).glob("events.out.tfevents.*"))
 
 
 def long_session(steps: int) -> Session:

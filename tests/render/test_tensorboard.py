@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -16,10 +17,11 @@ from typing import Any
 
 import pytest
 
+from ampdiag import units
 from ampdiag.render.tensorboard import write_tensorboard
 from ampdiag.session import Finding, Session
 
-RUN = "tensorboard"  # the run name: out/tensorboard/ under --logdir out
+RUN = "run"  # the run is named after the output folder (out/tensorboard/run/)
 DEADLINE_S = 90.0
 
 
@@ -61,7 +63,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, evil_run: Session) -> Itera
             "-m",
             "tensorboard.main",
             "--logdir",
-            str(out),
+            str(out / "tensorboard"),
             "--host",
             "127.0.0.1",
             "--port",
@@ -111,12 +113,41 @@ def test_scalars_read_back_equal_the_session(served: tuple) -> None:
     assert [s for s, _ in walls] == [s["index"] for s in session.steps]
     for (_, got), step in zip(walls, session.steps, strict=True):
         assert got == pytest.approx(step["wall_s"] * 1000, rel=1e-6)
-    assert scalars(base, "summary/underflow_fraction") == [(0, pytest.approx(0.31))]
     scale = scalars(base, "scaler/loss_scale")
     assert [v for _, v in scale] == [65536.0, 32768.0, 16384.0, 8192.0]
     assert [v for _, v in scalars(base, "scaler/skipped")] == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_each_scalar_is_a_per_step_curve_with_a_description(served: tuple) -> None:
+    base, _ = served
+    tags = get_json(base, "/data/plugin/scalars/tags")[RUN]
+    # figures measured once are text, not one-point curves; the scale and skips once each
+    assert not [
+        t
+        for t in tags
+        if t.split("/")[0]
+        in ("summary", "speed_probe", "time_share", "memory", "precision", "timeline")
+    ]
+    assert [t for t in tags if t.endswith("loss_scale")] == ["scaler/loss_scale"]
+    for tag, info in tags.items():
+        assert info["description"].strip(), tag  # TensorBoard shows it beside the chart
+        assert len(scalars(base, tag)) >= 2, tag
+
+
+def test_one_off_figures_are_a_text_table_of_the_sessions_values(served: tuple) -> None:
+    base, session = served
+    rows = get_json(base, "/data/plugin/text/text", run=RUN, tag="summary/figures/text_summary")
+    text = rows[0]["text"]
+    walls = [s["wall_s"] for s in session.steps][1:]  # 3 steps: the first left out
+    median_ms = statistics.median(walls) * 1000
+
+    assert units.micros(median_ms * 1000) in text  # the step time the report states
+    # FP32's time: the precision A/B's where it timed FP32 and the run's BF16, else the probe's
     probe = session.section("speed_probe")
-    assert scalars(base, "speed_probe/fp32_ms") == [(0, pytest.approx(probe["fp32_ms"]))]
+    rows_ab = {r["precision"]: r for r in (probe.get("precisions") or {}).get("results") or []}
+    timed = all((rows_ab.get(p) or {}).get("samples", 0) >= 2 for p in ("fp32", "bf16"))
+    fp32_ms = rows_ab["fp32"]["time_ms"] if timed else probe["fp32_ms"]
+    assert f"FP32 {units.micros(fp32_ms * 1000)}" in text
 
 
 def test_findings_text_and_figures_read_back(served: tuple) -> None:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterator
 from typing import Any
 
 from ampdiag import timing, units
+from ampdiag.analysis import figures
 from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
@@ -19,35 +19,27 @@ THRESHOLDS = {
 
 
 def step_ms(session: Session) -> timing.Estimate | None:
-    """The wall time of the run's steps after the first (warm-up), in ms: median ± MAD."""
-    walls = [s.get("wall_s") for s in session.steps[1:] or session.steps]
-    values = [float(w) * 1000 for w in walls if isinstance(w, (int, float))]
+    """The run's step wall time in ms, median ± MAD, as its step-time figure counts it.
+
+    The steps of `ampdiag.analysis.figures.step_walls_s`: the first left out when 3 or more ran.
+    """
+    values = [w * 1000 for w in figures.step_walls_s(session)]
     return timing.estimate(values) if values else None
 
 
 def probe_ratio(probe: dict[str, Any]) -> timing.Estimate | None:
-    """Autocast / FP32 time of the probe: the quotient of the two medians, with its interval.
-
-    A session that kept only the two headline times (older sessions) gives one sample: no
-    interval, so it can only be "uncertain".
-    """
-    f_all, a_all = probe.get("fp32_ms_all"), probe.get("autocast_ms_all")
-    f = _samples(f_all if isinstance(f_all, list) else [probe.get("fp32_ms")])
-    a = _samples(a_all if isinstance(a_all, list) else [probe.get("autocast_ms")])
-    if not f or not a or statistics.median(f) <= 0:
-        return None
-    return timing.quotient(timing.estimate(a), timing.estimate(f))
-
-
-def _samples(values: list[Any]) -> list[float]:
-    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    """Autocast / FP32 time of the probe (`ampdiag.analysis.figures.probe_ratio`)."""
+    return figures.probe_ratio(probe)
 
 
 @rule("autocast-slower")
 def autocast_slower(session: Session) -> Iterator[Finding]:
-    """The probe's step under autocast takes >= 1.10x (medium), >= 1.50x (high) its FP32 time.
+    """The step under autocast takes >= 1.10x (medium), >= 1.50x (high) its FP32 time.
 
-    The ratio is the quotient of the medians of interleaved passes, with the interval their
+    The ratio is the run's one figure of its precision against FP32
+    (`ampdiag.analysis.figures.speed_vs_fp32`): the precision A/B's where it timed both, else
+    the speed probe's, so this finding, the time section and "Which precision" state one
+    number. It is the quotient of the medians of interleaved passes, with the interval their
     spreads allow (`ampdiag.timing`); the thresholds are compared with that interval, so the
     severity is that of its lower end. An interval that straddles 1.10x (or a single pair)
     is reported as uncertain (info, with the interval): a loaded machine says it cannot tell
@@ -64,10 +56,12 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
     info. Without an A/B the fix says the advice was not measured.
     """
     probe = session.section("speed_probe")
-    fp32, amp = probe.get("fp32_ms"), probe.get("autocast_ms")
-    est = probe_ratio(dict(probe))
-    if not isinstance(fp32, (int, float)) or not isinstance(amp, (int, float)) or est is None:
+    speed = figures.stored(session).get("speed_vs_fp32")
+    if not isinstance(speed, dict):
         return
+    fp32, amp = float(speed["fp32_ms"]), float(speed["run_ms"])
+    est = figures.speed_estimate(speed)
+    by_ab = speed.get("source") == "precision A/B"
     side = est.versus(THRESHOLDS["slowdown_medium"])
     if side == "below":
         return
@@ -81,8 +75,13 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
         "pairs": est.samples,
         "threshold": THRESHOLDS["slowdown_medium"],
     }
+    measured = f"{probe.get('measured', 'forward + backward')}, " + (
+        f"the precision A/B's medians (each over at least {est.samples} interleaved rounds)"
+        if by_ab
+        else f"median of {est.samples} interleaved pairs each (speed probe)"
+    )
     if side == "uncertain":
-        yield _uncertain(autocast, est, interval)
+        yield _uncertain(autocast, est, {**interval, "measured": measured})
         return
     ratio = est.median
     severity: Severity = "high" if est.low >= THRESHOLDS["slowdown_high"] else "medium"
@@ -91,12 +90,12 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
         "fp32_ms": fp32,
         "autocast_ms": amp,
         **interval,
-        "measured": f"{probe.get('measured', 'forward + backward')}, median of "
-        f"{est.samples} interleaved pairs each",
+        "measured": measured,
     }
     step = step_ms(session)
     if step is not None:
-        evidence["step_ms"] = round(step.median, 3)
+        # unrounded: the run's step-time figure, which every surface rounds once for display
+        evidence["step_ms"] = step.median
         evidence["step_ms_spread"] = round(step.spread, 3)
         evidence["estimated_fp32_step_ms"] = round(step.median / ratio, 3)
     if device == "cpu":

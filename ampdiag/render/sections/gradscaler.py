@@ -11,7 +11,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from ampdiag.render import charts, svg
+from ampdiag.render import charts, stated, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
@@ -55,13 +55,18 @@ def build(session: Session) -> ReportSection | None:
                 logy=True,
             )
         )
-    skipped = sum(1 for r in history if r.get("skipped"))
+    told = stated.figures(session)
+    counted = told.get("skipped_steps") or {}
+    # totals over every step (the history is thinned on long runs), as every surface states them
+    skipped = int(counted.get("skipped", sum(1 for r in history if r.get("skipped"))))
     html = render_template(
         "gradscaler.html.j2",
         scaler=scaler,
         autocast=autocast,
         history=history,
         skipped=skipped,
+        steps=int(counted.get("steps") or len(history)),
+        scale=told.get("loss_scale") or {},
         figures=figures,
     )
     state = {True: "enabled", False: "disabled"}

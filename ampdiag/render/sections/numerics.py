@@ -10,7 +10,7 @@ from __future__ import annotations
 from markupsafe import Markup
 
 from ampdiag import units as humanize
-from ampdiag.render import charts, svg
+from ampdiag.render import charts, stated, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
@@ -34,6 +34,19 @@ def _hist_items(hist: dict[str, int]) -> tuple[list[int], list[int]]:
 
 def _exponents(hist: dict[str, int]) -> dict[int, float]:
     return {int(k): float(v) for k, v in hist.items()}
+
+
+def first_nonfinite(session: Session) -> dict[str, object] | None:
+    """Where inf/NaN first appeared, as the ``nonfinite-origin`` finding states it (or None).
+
+    The finding's origin is the analysis' one answer (the every-step sentinel's, else the
+    sampled collector's): the table states the same step and module, never the collector's
+    own sampled origin beside a different one in the finding.
+    """
+    for f in session.all_findings():
+        if f.id == "nonfinite-origin" and isinstance(f.evidence.get("step"), int):
+            return dict(f.evidence)
+    return None
 
 
 def build(session: Session) -> ReportSection | None:
@@ -69,12 +82,15 @@ def build(session: Session) -> ReportSection | None:
     ranged = [m for m in acts.get("modules", []) if "max_abs" in m]
     ranged.sort(key=lambda m: -float(m["max_abs"]) if m["max_abs"] == m["max_abs"] else 0.0)
     u = derived.get("underflow") or {}
+    skipped = stated.figures(session).get("skipped_steps")
     html = render_template(
         "numerics.html.j2",
         grads=grads,
         acts=acts,
         sc=sc,
         u=u,
+        skipped=skipped,
+        origin=first_nonfinite(session),
         fp16=derived.get("fp16_in_use"),
         modules=modules[:TABLE_ROWS],
         ranged=ranged[:TABLE_ROWS],
@@ -85,11 +101,11 @@ def build(session: Session) -> ReportSection | None:
     underflow = f"underflow {humanize.percent(u.get('underflow_fraction'))}"
     # Outside FP16 the figure is what FP16 would do, never this run's problem.
     parts = [underflow if derived.get("fp16_in_use") is not False else f"if FP16: {underflow}"]
-    if history:
-        parts.append(f"{len(sc.get('skipped_steps') or [])}/{len(history)} steps skipped")
-    origin = acts.get("nonfinite_origin")
+    if history and skipped:
+        parts.append(f"{skipped['skipped']}/{skipped['steps']} steps skipped")
+    origin = first_nonfinite(session)
     if origin:
-        parts.append(f"NaN/inf from {origin['module']}")
+        parts.append(f"NaN/inf from {origin['module']} at step {origin['step']}")
     return ReportSection(
         id="numerics",
         title=TITLE,

@@ -6,11 +6,10 @@ The report adds the top recommendations and the table of every finding below it 
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any
 
 from ampdiag import units as humanize
-from ampdiag.render import charts, svg
+from ampdiag.render import charts, stated, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import SEVERITIES, Finding, Session
@@ -122,9 +121,18 @@ def figures(session: Session) -> dict[str, charts.Chart]:
     if skipped:
         notes.append(f"dashed: {len(skipped)} step{'s' if len(skipped) != 1 else ''} skipped")
     bands = []
+    # the first inf/NaN anywhere (module output, gradient or loss) is the finding's step, the
+    # one every surface states; the loss may turn non-finite a step later
+    origin = next(
+        (f.evidence.get("step") for f in session.all_findings() if f.id == "nonfinite-origin"),
+        None,
+    )
+    if isinstance(origin, int):
+        bands.append((float(origin), float(origin), f"first inf/NaN (step {origin})"))
     if nonfinite:
         first = min(nonfinite)
-        bands.append((float(first), float(first), "first inf/NaN"))
+        if first != origin:
+            bands.append((float(first), float(first), "first non-finite loss"))
         notes.append(f"loss not finite from step {first} (not drawn)")
     return {
         "loss": charts.line(
@@ -145,13 +153,12 @@ def build(session: Session) -> ReportSection:
     """The overview section (always present)."""
     text = verdict(session)
     uris = {name: svg.inline(chart) for name, chart in figures(session).items()}
-    walls = [s.get("wall_s") for s in session.steps[1:] or session.steps]
-    values = [float(w) * 1000 for w in walls if isinstance(w, (int, float))]
+    step = stated.figures(session).get("step_time")  # the run's one step-time figure
     html = render_template(
         "overview.html.j2",
         session=session,
         verdict=text,
-        median_ms=statistics.median(values) if values else None,
+        median_ms=float(step["median_s"]) * 1000 if isinstance(step, dict) else None,
         counts=counts(session),
         figures=uris,
         facts=run_facts(session),

@@ -10,7 +10,7 @@ import statistics
 from typing import Any
 
 from ampdiag import units as humanize
-from ampdiag.render import charts, svg
+from ampdiag.render import charts, stated, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
@@ -93,12 +93,17 @@ def figures(session: Session) -> dict[str, charts.Chart]:
             ymax=ymax,
             note=note,
         )
-    if isinstance(probe.get("fp32_ms"), (int, float)):
+    speed = stated.figures(session).get("speed_vs_fp32")
+    if isinstance(speed, dict):
+        by = "precision A/B" if speed.get("source") == "precision A/B" else "speed probe"
         out["speed-probe"] = charts.bars(
-            ["FP32", str(probe.get("autocast") or "autocast")],
-            {"ms": [float(probe["fp32_ms"]), float(probe.get("autocast_ms") or 0.0)]},
+            [
+                "FP32",
+                str(probe.get("autocast") or session.environment.get("autocast") or "autocast"),
+            ],
+            {"ms": [float(speed["fp32_ms"]), float(speed["run_ms"])]},
             "ms per forward + backward (median of the samples)",
-            "Speed probe: the same step in FP32 and under autocast",
+            f"The same step in FP32 and under autocast ({by})",
             horizontal=True,
         )
     return out
@@ -119,6 +124,8 @@ def build(session: Session) -> ReportSection | None:
         "time.html.j2",
         prof=prof,
         probe=probe,
+        speed=stated.figures(session).get("speed_vs_fp32"),
+        autocast=probe.get("autocast") or session.environment.get("autocast") or "autocast",
         steps=steps,
         figures=uris,
         categories=categories(breakdown),

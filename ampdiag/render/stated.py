@@ -1,0 +1,21 @@
+"""The headline figures as the session holds them: what every surface states, read, not computed.
+
+`ampdiag.analysis.figures` computes each figure once (step time, loss, memory peak, FP16
+underflow, skipped steps, loss scale, speed against FP32) and the derive step stores them as
+``derived.figures``; the HTML report, the console and TensorBoard read them here, so no two
+surfaces state two values of one quantity. A session that was never analysed has none: the
+surfaces then state no such figure rather than compute their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ampdiag.session import Session
+
+
+def figures(session: Session) -> Mapping[str, Any]:
+    """The session's ``derived.figures`` (empty when it was not analysed)."""
+    found = session.section("derived").get("figures")
+    return found if isinstance(found, Mapping) else {}
