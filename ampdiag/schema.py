@@ -277,13 +277,15 @@ class DerivedSection(TypedDict, total=False):
 
     ``precision``: the audited step's summary (shares, top FP32 ops, casts, per module, and
     ``reason_fixes``); ``memory``: the what-if estimates (``rows``, model state, capacity, plan);
-    ``numerics``: ``fp16_in_use``, ``underflow`` and ``fp16_limits_log2``; ``errors``: part ->
+    ``numerics``: ``fp16_in_use``, ``underflow`` and ``fp16_limits_log2``; ``divergence``: diverged,
+    stalled or healthy, the first non-finite step and its measured cause; ``errors``: part ->
     why it could not be derived.
     """
 
     precision: dict[str, Any]
     memory: dict[str, Any]
     numerics: dict[str, Any]
+    divergence: dict[str, Any]  # ampdiag.analysis.divergence.assess: verdict, first, cause
     errors: dict[str, str]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ampdiag.analysis import fp16range, memory_estimates, precision
+from ampdiag.analysis import divergence, fp16range, memory_estimates, precision
 from ampdiag.analysis.rules import numerics
 from ampdiag.schema import DerivedSection
 from ampdiag.session import Session
@@ -74,4 +74,5 @@ PARTS: dict[str, Callable[[Session], dict[str, Any] | None]] = {
     "precision": _precision,
     "memory": _memory,
     "numerics": _numerics,
+    "divergence": divergence.assess,
 }

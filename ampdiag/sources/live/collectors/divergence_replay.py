@@ -358,9 +358,9 @@ def _backward(
     """The replay's backward: max |g| per module output and input, and the first non-finite."""
     unique: dict[int, torch.Tensor] = {}
     for _, t, x in rows:
-        for v in (t, x):
-            if v is not None and v.requires_grad:
-                unique.setdefault(id(v), v)
+        for held in (t, x):
+            if held is not None and held.requires_grad:
+                unique.setdefault(id(held), held)
     params = [p for p in model.parameters() if p.requires_grad]
     wrt = [*unique.values(), *params]
     found = torch.autograd.grad(out, wrt, grad_outputs=grad_output.to(out.dtype), allow_unused=True)
@@ -391,9 +391,9 @@ def _backward(
         origin_at = {"module": where, "phase": "backward", "kind": "input gradient"}
     if origin_at is None:
         owners = {id(p): n for n, p in model.named_parameters()}
-        for p, v in zip(params, pvals, strict=True):
-            if not math.isfinite(v):
-                name = owners.get(id(p), "?").rpartition(".")[0] or "?"
+        for param, pv in zip(params, pvals, strict=True):
+            if not math.isfinite(pv):
+                name = owners.get(id(param), "?").rpartition(".")[0] or "?"
                 origin_at = {"module": name, "phase": "backward", "kind": "parameter gradient"}
                 break
     if best[0] >= 0:
@@ -403,7 +403,7 @@ def _backward(
 
 def _max_abs(tensors: list[torch.Tensor | None]) -> list[float]:
     """The largest |t| of each tensor (0.0: None or empty; inf or NaN: not finite), one read."""
-    parts = []
+    parts: list[torch.Tensor | None] = []
     for t in tensors:
         if t is None or t.numel() == 0:
             parts.append(None)
