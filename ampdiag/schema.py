@@ -286,6 +286,7 @@ class DerivedSection(TypedDict, total=False):
     memory: dict[str, Any]
     numerics: dict[str, Any]
     divergence: dict[str, Any]  # ampdiag.analysis.divergence.assess: verdict, first, cause
+    verdict: str  # ampdiag.analysis.verdict.category: healthy, slow, diverged, stalled, ...
     errors: dict[str, str]
 
 

@@ -5,7 +5,8 @@ result (`ampdiag.analysis.divergence.assess`) and, for a run that diverged or st
 one high finding that names the first non-finite step, what held it and the measured cause,
 with the fix that fits the cause. Where precision did not cause it (or the cause is unknown)
 it merges the findings that are this one event's symptoms (``nonfinite-origin``,
-``skipped-steps``, ``loss-scale-collapse``, ``activation-overflow``): the precision advice
+``skipped-steps``, ``loss-scale-collapse``, ``activation-overflow``, ``fp16-grad-underflow``
+measured at the scale the scaler backed off to): the precision advice
 then has nothing to answer, and a run that diverges in FP32 too gets no precision advice.
 Where precision caused it, the symptoms stay for the precision advice, which is the fix.
 
@@ -21,7 +22,15 @@ from ampdiag.analysis import device, divergence
 from ampdiag.analysis.advisors import Advice, advisor, find
 from ampdiag.session import Finding, Session
 
-SYMPTOMS = ("nonfinite-origin", "skipped-steps", "loss-scale-collapse", "activation-overflow")
+#: One event's symptoms: the weights blowing up overflow FP16, the scaler backs off to a scale
+#: at which the rest underflows.
+SYMPTOMS = (
+    "nonfinite-origin",
+    "skipped-steps",
+    "loss-scale-collapse",
+    "activation-overflow",
+    "fp16-grad-underflow",
+)
 
 
 @advisor("diverged", "stalled")

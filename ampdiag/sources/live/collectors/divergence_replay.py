@@ -8,7 +8,8 @@ the same weights and batch, computed in FP32 -- and in BF16 where the run was FP
 `ReplayKeeper` (driven by the sentinel) keeps, cheaply, only what such a replay needs and only
 until the step ends: references to the model's forward inputs (the user's batch tensors, which
 the step holds anyway) and to the gradient arriving at the model's output, with the loss scale
-it carries. Each step it reduces the loss, that gradient and the parameter gradients' max |g|
+it carries. Each step it reduces the model's output, the loss, that gradient and the parameter
+gradients' max |g|
 to a few scalars and reads them once (one host read per step: before the optimizer step, when
 one runs, else at the step's end; a GradScaler reads its own found-inf there already). At the
 FIRST non-finite step, before the weights change (before the optimizer step; when the
@@ -57,7 +58,8 @@ class _Call:
     kwargs: dict[str, Any]
     grad: torch.Tensor | None = None
     scale: torch.Tensor | None = None
-    losses: list[torch.Tensor] = field(default_factory=list)  # 0-dim, finite iff finite
+    # `Token`s of its output and 0-dim losses: each finite exactly when what it stands for is
+    losses: list[torch.Tensor] = field(default_factory=list)
     grads: list[torch.Tensor] = field(default_factory=list)  # `Token`s of its output gradient
 
 
@@ -118,8 +120,15 @@ class ReplayKeeper:
         if self.done or not self._calls:
             return
         t = next(tensors_in(output), None)
-        if t is not None and t.requires_grad and t.is_floating_point():
-            call = self._calls[-1]
+        if t is None or not t.is_floating_point():
+            return
+        call = self._calls[-1]
+        try:
+            with internal_work():
+                call.losses.append(self._token(t.detach()))  # an output the loss may not see
+        except Exception:  # observing must never break the user's forward
+            return
+        if t.requires_grad:
             t.register_hook(lambda g: self._grad(call, g))  # type: ignore[no-untyped-call]
 
     def _grad(self, call: _Call, grad: torch.Tensor) -> None:
