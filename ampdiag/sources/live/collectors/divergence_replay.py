@@ -50,7 +50,7 @@ MAX_OUTPUT_VALUES = 1 << 26
 Token = Callable[[torch.Tensor], torch.Tensor]
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity (its fields hold tensors)
 class _Call:
     """One forward of the root model in the step (a micro-batch)."""
 
@@ -167,11 +167,14 @@ class ReplayKeeper:
 
     def _check(self, run: RunContext, step: int, when: str) -> None:
         try:
-            with internal_work():
-                bad = self._nonfinite()
-        except Exception as exc:  # a broken check costs the replay, never the step
+            self._check_step(run, step, when)
+        except Exception as exc:  # a broken check costs the replay, never the sentinel's step
             self._records["forward"] = {"step": step, "error": f"the check failed: {exc!r}"[:300]}
-            return
+            self._calls = []
+
+    def _check_step(self, run: RunContext, step: int, when: str) -> None:
+        with internal_work():
+            bad = self._nonfinite()
         if bad is None:
             self._skips_in_row = 0
             return
@@ -219,7 +222,7 @@ class ReplayKeeper:
             "when": when,
             "trigger": trigger,
             "run_precision": precision,
-            "micro_batch": self._calls.index(call),
+            "micro_batch": next(i for i, c in enumerate(self._calls) if c is call),
             "results": {},
         }
         model = run.model
