@@ -222,17 +222,30 @@ def cause(
     if precision == "fp32":
         return out | {"cause": "not-precision", "why": "the run computes in FP32"}
     if trend_.get("exploding"):
+        held = ""
+        if fp32.get("finite") and replay and replay.get("step") == first["step"]:
+            held = (
+                f"; FP32 still holds step {first['step']} (|x| up to {fp32.get('max_abs', 0):.3g}"
+                f" in {fp32.get('max_abs_module')}), but the weights are diverging"
+            )
+        elif fp32.get("finite") is False:
+            held = f"; step {replay.get('step') if replay else '?'} is non-finite in FP32 too"
         return out | {
             "cause": "not-precision",
             "why": (
                 f"the finite loss grew {trend_['growth']:.3g}x over its start in the "
-                f"{trend_['steps']} steps before step {first['step']}"
+                f"{trend_['steps']} steps before step {first['step']}{held}"
             ),
         }
     if not replay or "error" in replay or "finite" not in fp32:
         why = (replay or {}).get("error") or fp32.get("error") or "the step was not replayed"
         return out | {"cause": "unknown", "why": f"no FP32 replay: {why}"}
-    if replay.get("step") != first["step"]:
+    in_stall = (
+        result.get("verdict") == "stalled"
+        and replay.get("trigger") == "backward"
+        and int(replay.get("step", -1)) >= int(result.get("skipped_to_end_from", 1 << 62))
+    )  # every step of a skipped stretch starts from the same weights
+    if replay.get("step") != first["step"] and not in_stall:
         return out | {
             "cause": "unknown",
             "why": f"the replayed step {replay.get('step')} is not step {first['step']}",

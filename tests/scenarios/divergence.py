@@ -239,3 +239,84 @@ def run_fp16_overflow(out: Path) -> tuple[Session, Truth]:
         measured=measured,
         checks={"divergence-cause": cause_is("precision")},
     )
+
+
+class _Boost(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 1e8
+
+
+class GradBoost(nn.Module):
+    """Identity forward; its backward multiplies the gradient by 1e8 (FP16 overflows)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Boost.apply(x)  # type: ignore[no-untyped-call,no-any-return]
+
+
+def run_stall(out: Path, steps: int = 14) -> tuple[Session, Truth]:
+    """FP16 + GradScaler; one module's backward overflows FP16 at every scale the scaler
+    reaches in ``steps`` steps (65536 down to 4): every step skipped, the loss finite."""
+    with seeded(0):
+        setup = models.make("mlp")
+        mlp = setup.model
+        assert isinstance(mlp, models.MLP)
+        boost = GradBoost()
+        mlp.body.insert(2, boost)
+        name = next(n for n, m in mlp.named_modules() if m is boost)
+        data = models.batches(setup, steps)
+        # Truth, without ampdiag: step 0's gradients in FP32 are finite (times every scale
+        # the scaler reaches, they stay within FP32), in FP16 autocast at scale 4 they are not.
+        probe = copy_model(mlp)
+        x, y = data[0]
+        models.loss_of(probe(x), y).backward()
+        fp32_finite = all(bool(torch.isfinite(p.grad).all()) for p in probe.parameters())
+        probe.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            o = probe(x)
+        (models.loss_of(o.float(), y) * 4.0).backward()
+        fp16_finite = all(bool(torch.isfinite(p.grad).all()) for p in probe.parameters())
+        scaler = torch.amp.GradScaler("cpu")
+        scales: list[float] = []
+        finite_losses: list[bool] = []
+
+        def watch(step: int, o: torch.Tensor, loss: torch.Tensor, batch: models.Batch) -> None:
+            scales.append(float(scaler.get_scale()))
+            finite_losses.append(bool(torch.isfinite(loss)))
+
+        with diagnose(out) as d:
+            models.train(mlp, data, dtype=torch.float16, scaler=scaler, before_backward=watch)
+    after = [*scales[1:], scaler.get_scale()]
+    skipped = sum(1 for a, b in zip(scales, after, strict=True) if b < a)
+    measured = {
+        "fp32_grads_finite": fp32_finite,
+        "fp16_grads_finite_at_scale_4": fp16_finite,
+        "skipped": skipped,
+        "scale_final": scaler.get_scale(),
+        "losses_finite": all(finite_losses),
+    }
+    assert fp32_finite and not fp16_finite and skipped == steps and all(finite_losses), measured
+    return session_of(d), Truth(
+        expect=[
+            Expect(
+                "stalled",
+                module=name,
+                step=0,
+                evidence={"cause": ("precision", 0.0), "skipped_steps": (steps, 0)},
+            )
+        ],
+        forbid={"diverged"},
+        measured=measured,
+        checks={"divergence-cause": cause_is("precision")},
+    )
+
+
+def copy_model(model: nn.Module) -> nn.Module:
+    """A deep copy for the scenario's own truth runs (the run's model stays untouched)."""
+    import copy
+
+    return copy.deepcopy(model)

@@ -99,20 +99,18 @@ def _fix(session: Session, result: dict[str, Any], dev: str) -> str:
     first, why = result["first"], result["cause"]
     step = first["step"]
     if why["cause"] == "precision":
+        # The local fix only: which precision to train in is the precision advice's (one
+        # recommendation, measured by the A/B where it ran), never a second opinion here.
         module = why.get("module") or first.get("module") or "that module"
-        bf16 = why.get("bf16_finite") and device.runs_bf16(session.environment)
         lines = [
-            f"Step {step} is finite in FP32: {why.get('why')}.",
-            f"Keep {module} in float32:",
+            f"FP16 cannot hold step {step}: {why.get('text', why.get('why'))}.",
+            f"Keep {module} in float32 (its forward and backward):",
             f"with torch.autocast('{dev}', enabled=False):",
             "    y = module(x.float())",
         ]
-        if why.get("kind") == "gradient-overflow":
-            lines.append("or start the GradScaler lower so the scaled gradient fits:")
-            lines.append(f'scaler = torch.amp.GradScaler("{dev}", init_scale=2.**10)')
-        if bf16:
-            lines.append("or train in bfloat16 (the BF16 replay of this step is finite):")
-            lines.append(f"with torch.autocast('{dev}', dtype=torch.bfloat16): ...")
+        if why.get("bf16_finite"):
+            lines.append("# The BF16 replay of this step is finite: BF16's range holds it.")
+        lines.append("# Or change the run's precision: see the precision recommendation.")
         return "\n".join(lines)
     exploding = bool((result.get("trend") or {}).get("exploding"))
     fp32 = (why.get("replay") or {}).get("fp32") or {}
