@@ -272,7 +272,15 @@ def cause(
     bf16 = ((replay.get("results") or {}).get("bf16") or {}).get("finite")
     return out | {
         "cause": "precision",
-        "why": f"step {first['step']} is finite in the FP32 replay; {detail['text']}",
+        "why": (
+            f"step {replay.get('step')} is finite in the FP32 replay"
+            + (
+                f" (step {first['step']}'s weights: every step since was skipped)"
+                if replay.get("step") != first["step"]
+                else ""
+            )
+            + f"; {detail['text']}"
+        ),
         "bf16_finite": bf16,
         **detail,
     }
@@ -301,7 +309,7 @@ def _precision_detail(fp32: dict[str, Any], precision: str, scale: Any) -> dict[
             "module": fp32.get("grad_max_abs_module"),
             "grad_max_abs": g,
             "text": (
-                f"the gradient at {fp32.get('grad_max_abs_module')} reaches |g| = {g:.4g}, "
+                f"the gradient reaches |g| = {g:.4g} (at {fp32.get('grad_max_abs_module')}), "
                 f"{g * s:.4g} at the loss scale {s:g}: beyond FP16's max {fp16range.FP16_MAX:g}"
             ),
         }

@@ -101,7 +101,8 @@ def _fix(session: Session, result: dict[str, Any], dev: str) -> str:
     if why["cause"] == "precision":
         # The local fix only: which precision to train in is the precision advice's (one
         # recommendation, measured by the A/B where it ran), never a second opinion here.
-        module = why.get("module") or first.get("module") or "that module"
+        # where the run's first inf/NaN appeared (the sentinel), else the replay's largest value
+        module = first.get("module") or why.get("module") or "that module"
         lines = [
             f"FP16 cannot hold step {step}: {why.get('text', why.get('why'))}.",
             f"Keep {module} in float32 (its forward and backward):",
