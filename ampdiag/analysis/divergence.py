@@ -30,6 +30,7 @@ import math
 import statistics
 from typing import Any
 
+from ampdiag import units
 from ampdiag.analysis import fp16range
 from ampdiag.analysis.rules.numerics import fp16_in_use
 from ampdiag.session import Session
@@ -48,6 +49,7 @@ THRESHOLDS: dict[str, float] = {
 }
 
 VERDICTS = ("diverged", "stalled", "healthy")
+FP16_MAX = units.count(fp16range.FP16_MAX)
 #: What the result cites of each replay (`divergence_replay.replay_step`).
 REPLAY_KEYS = (
     "finite",
@@ -225,15 +227,16 @@ def cause(
         held = ""
         if fp32.get("finite") and replay and replay.get("step") == first["step"]:
             held = (
-                f"; FP32 still holds step {first['step']} (|x| up to {fp32.get('max_abs', 0):.3g}"
-                f" in {fp32.get('max_abs_module')}), but the weights are diverging"
+                f"; FP32 still holds step {first['step']} (|x| up to "
+                f"{units.count(fp32.get('max_abs', 0))} in {fp32.get('max_abs_module')}), but "
+                "the weights are diverging"
             )
         elif fp32.get("finite") is False:
             held = f"; step {replay.get('step') if replay else '?'} is non-finite in FP32 too"
         return out | {
             "cause": "not-precision",
             "why": (
-                f"the finite loss grew {trend_['growth']:.3g}x over its start in the "
+                f"the finite loss grew {_times(trend_['growth'])} over its start in the "
                 f"{trend_['steps']} steps before step {first['step']}{held}"
             ),
         }
@@ -286,6 +289,11 @@ def cause(
     }
 
 
+def _times(growth: float) -> str:
+    """A growth factor in words, without scientific notation ("61.1x", "over 1,000,000x")."""
+    return "over 1,000,000x" if growth > 1e6 else f"{units.count(round(growth, 1))}x"
+
+
 def _precision_detail(fp32: dict[str, Any], precision: str, scale: Any) -> dict[str, Any]:
     """Which range the run's precision left: a forward value, or a (scaled) gradient."""
     if precision != "fp16":
@@ -297,8 +305,8 @@ def _precision_detail(fp32: dict[str, Any], precision: str, scale: Any) -> dict[
             "module": fp32.get("max_abs_module"),
             "max_abs": peak,
             "text": (
-                f"the output of {fp32.get('max_abs_module')} reaches |x| = {peak:.4g} in FP32, "
-                f"beyond FP16's max {fp16range.FP16_MAX:g}"
+                f"the output of {fp32.get('max_abs_module')} reaches |x| = {units.count(peak)} "
+                f"in FP32, beyond FP16's max {FP16_MAX}"
             ),
         }
     g = fp32.get("grad_max_abs")
@@ -309,8 +317,9 @@ def _precision_detail(fp32: dict[str, Any], precision: str, scale: Any) -> dict[
             "module": fp32.get("grad_max_abs_module"),
             "grad_max_abs": g,
             "text": (
-                f"the gradient reaches |g| = {g:.4g} (at {fp32.get('grad_max_abs_module')}), "
-                f"{g * s:.4g} at the loss scale {s:g}: beyond FP16's max {fp16range.FP16_MAX:g}"
+                f"the gradient reaches |g| = {units.count(g)} (at "
+                f"{fp32.get('grad_max_abs_module')}), {units.count(g * s)} at the loss scale "
+                f"{units.count(s)}: beyond FP16's max {FP16_MAX}"
             ),
         }
     return {"kind": "fp16-range", "text": "FP16's range or rounding made it"}
