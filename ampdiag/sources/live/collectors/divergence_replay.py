@@ -35,7 +35,7 @@ import torch
 
 from ampdiag.compat import scaler as compat_scaler
 from ampdiag.compat.autocast import AutocastHeldOff
-from ampdiag.compat.dtensor import local_tensor
+from ampdiag.compat.dtensor import is_dtensor, local_tensor
 from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors.base import RunContext, internal_work, tensors_in
 from ampdiag.sources.live.collectors.fp32_replay import replaying
@@ -226,9 +226,11 @@ class ReplayKeeper:
             "results": {},
         }
         model = run.model
-        if model is None:
-            record["error"] = "no model"
+        why_not = "no model" if model is None else _gathers_across_ranks(model)
+        if model is None or why_not:
+            record["error"] = why_not
             self._records[trigger] = record
+            self._calls = []
             return
         grad = call.grad
         if grad is not None and call.scale is not None:
@@ -264,6 +266,26 @@ class ReplayKeeper:
         None: no step was non-finite (or only the scaler's search for its scale).
         """
         return self._records.get("forward") or self._records.get("backward")
+
+
+def _gathers_across_ranks(model: torch.nn.Module) -> str | None:
+    """Why the model's forward may not be replayed on one rank alone, or None.
+
+    The first non-finite step is this rank's: a replayed forward that gathers parameters
+    (FSDP, DTensor parameters) or statistics (SyncBatchNorm) across ranks would wait for
+    ranks that run no replay.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    for m in model.modules():
+        name = type(m).__name__
+        if "FullyShard" in name or "FSDP" in name or isinstance(m, torch.nn.SyncBatchNorm):
+            return f"a {name} module gathers across ranks: this rank cannot replay it alone"
+    if any(is_dtensor(p) for p in model.parameters()):
+        return "sharded (DTensor) parameters: this rank cannot replay the forward alone"
+    return None
 
 
 def _scaler_enabled(run: RunContext) -> bool:

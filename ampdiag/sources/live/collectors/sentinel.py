@@ -19,6 +19,9 @@ one transfer (`_host.Deferred`, read at a later step on CUDA). The first non-fin
 that order is the origin: the module whose output (forward) or input gradient (backward) first
 held inf/NaN, or the loss. Hooks never change a tensor (they return None), and every hook is
 removed on exit.
+
+The first non-finite step is also replayed in FP32 (and BF16), before its weights change, by
+`divergence_replay.ReplayKeeper` (the section's ``replay``): whether precision caused it.
 """
 
 from __future__ import annotations
