@@ -9,8 +9,9 @@ as ``derived.divergence``):
   steps the run recovered from: ``recovered_steps``).
 * ``first``: the first non-finite step that matters -- the loss or a module output, or a
   gradient where no enabled GradScaler skipped it (a skip while the scaler searches its scale
-  is not a fault) -- and what held it (``loss``, ``activation``, ``gradient``), with the
-  module the sentinel named.
+  is not a fault) -- and what held it (``loss``, ``activation``, ``gradient``, and
+  ``parameter`` when the replay measured a non-finite weight after that step's update), with
+  the module the sentinel named.
 * ``cause``: from the sentinel's replay of that step (`divergence_replay`) and the loss trend
   before it, each with the numbers it rests on:
 
@@ -181,6 +182,9 @@ def assess(session: Session) -> dict[str, Any] | None:
         return result
     step, held, module = min(candidates, key=lambda c: c[0])
     holders = sorted({h for s, h, _ in candidates if s == step})
+    replay = sentinel.get("replay") or {}
+    if replay.get("step") == step and replay.get("parameters_finite_after") is False:
+        holders.append("parameter")  # measured after the step's update
     result["first"] = {"step": step, "held": holders, "module": module}
     result["loss_nonfinite_steps"] = len(loss_bad)
     result["skipped_steps"] = int(sc.get("skipped_total", len(skipped))) if enabled else 0

@@ -34,9 +34,16 @@ def fresh(norm: bool = True) -> nn.Module:
     )
 
 
-def loop(model: nn.Module, dtype: torch.dtype | None, lr: float, at_nonfinite: Any = None):
+def loop(
+    model: nn.Module,
+    dtype: torch.dtype | None,
+    lr: float,
+    at_nonfinite: Any = None,
+    weights: list[bool] | None = None,
+):
     """SGD at ``lr``; FP16 with a GradScaler. ``at_nonfinite(step, x)`` runs once, at the first
-    step whose loss is non-finite, before the optimizer step. Returns the losses."""
+    step whose loss is non-finite, before the optimizer step; ``weights`` gets, per step,
+    whether every weight is finite after its update. Returns the losses."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     scaler = torch.amp.GradScaler("cpu") if dtype == torch.float16 else None
     g = torch.Generator().manual_seed(1)
@@ -58,6 +65,8 @@ def loop(model: nn.Module, dtype: torch.dtype | None, lr: float, at_nonfinite: A
         else:
             opt.step()
         losses.append(float(loss.detach()))
+        if weights is not None:
+            weights.append(all(bool(torch.isfinite(p).all()) for p in model.parameters()))
     return losses
 
 
@@ -117,7 +126,9 @@ def test_the_fp32_replay_names_what_a_plain_fp32_forward_finds(tmp_path: Path) -
 
     plain = fresh(norm=False)
     torch.manual_seed(5)
-    loop(plain, None, lr=30.0, at_nonfinite=lambda s, x: measure(s, x, plain))
+    finite_weights: list[bool] = []
+    loop(plain, None, lr=30.0, at_nonfinite=lambda s, x: measure(s, x, plain),
+         weights=finite_weights)  # fmt: skip
     watched = fresh(norm=False)
     torch.manual_seed(5)
     with ampdiag.diagnose(watched, out=tmp_path, collectors=[Sentinel()], **QUIET) as d:
@@ -131,3 +142,4 @@ def test_the_fp32_replay_names_what_a_plain_fp32_forward_finds(tmp_path: Path) -
     assert fp32["finite"] is False
     assert fp32["origin"]["module"] == truth["module"] and fp32["origin"]["phase"] == "forward"
     assert math.isclose(fp32["max_abs"], truth["max_abs"], rel_tol=1e-6)
+    assert replay["parameters_finite_after"] == finite_weights[truth["step"]]

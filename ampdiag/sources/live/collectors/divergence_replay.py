@@ -162,8 +162,20 @@ class ReplayKeeper:
             self._check(run, step, "at the step's end (no optimizer step ran)")
         self._calls = []
         self._checked = False
+        record = self._records.get("forward")
+        if record is not None and record.get("step") == step and "error" not in record:
+            record["parameters_finite_after"] = self._parameters_finite()
         if self.done and self._handles:
             self.stop()
+
+    def _parameters_finite(self) -> bool | None:
+        """Whether every weight is finite after the replayed step's update (one read, once)."""
+        try:
+            with internal_work(), torch.no_grad():
+                weights = [local_tensor(p.detach()) for p in self._params]
+                return bool(torch.isfinite(torch.nn.utils.get_total_norm(weights, math.inf)))
+        except Exception:  # a refinement: unmeasured, never the user's problem
+            return None
 
     def _check(self, run: RunContext, step: int, when: str) -> None:
         try:
