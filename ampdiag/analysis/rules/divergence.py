@@ -9,6 +9,8 @@ it merges the findings that are this one event's symptoms (``nonfinite-origin``,
 measured at the scale the scaler backed off to): the precision advice
 then has nothing to answer, and a run that diverges in FP32 too gets no precision advice.
 Where precision caused it, the symptoms stay for the precision advice, which is the fix.
+A non-finite step the run recovered from (precision not the cause): ``nonfinite-origin``
+explains the GradScaler's skips of those steps (`_recovered`).
 
 Thresholds: `ampdiag.analysis.divergence.THRESHOLDS`.
 """
@@ -33,7 +35,7 @@ SYMPTOMS = (
 )
 
 
-@advisor("diverged", "stalled")
+@advisor("diverged", "stalled", "nonfinite-origin")
 def divergence_advice(session: Session, findings: list[Finding]) -> Iterator[Advice]:
     """The run's divergence verdict as one finding: ``diverged`` or ``stalled`` (high).
 
@@ -44,7 +46,10 @@ def divergence_advice(session: Session, findings: list[Finding]) -> Iterator[Adv
     figures and the loss trend before the step.
     """
     result = divergence.assess(session)
-    if not result or result["verdict"] not in ("diverged", "stalled"):
+    if not result:
+        return
+    if result["verdict"] not in ("diverged", "stalled"):
+        yield from _recovered(result, findings)
         return
     first, why = result["first"], result["cause"]
     dev = device.device_type(session.environment)
@@ -92,6 +97,21 @@ def divergence_advice(session: Session, findings: list[Finding]) -> Iterator[Adv
     )
     symptoms = find(findings, *SYMPTOMS) if why["cause"] != "precision" else []
     yield Advice(rec, symptoms)
+
+
+def _recovered(result: dict[str, Any], findings: list[Finding]) -> Iterator[Advice]:
+    """A non-finite step the run recovered from, not caused by precision: its skips are its.
+
+    The GradScaler skipped the steps whose loss was non-finite (no more skips than those):
+    ``nonfinite-origin`` explains ``skipped-steps``, whose scaler fix would answer a NaN that
+    no loss scale makes.
+    """
+    if (result.get("cause") or {}).get("cause") != "not-precision":
+        return
+    origin, skips = find(findings, "nonfinite-origin"), find(findings, "skipped-steps")
+    bad = int(result.get("loss_nonfinite_steps") or 0)
+    if origin and skips and int(result.get("skipped_steps") or 0) <= max(bad, 1):
+        yield Advice(origin[0], skips)
 
 
 def _fix(session: Session, result: dict[str, Any], dev: str) -> str:
