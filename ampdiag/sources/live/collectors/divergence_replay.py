@@ -117,6 +117,8 @@ class ReplayKeeper:
         self._calls.append(_Call(tuple(args), dict(kwargs or {})))
 
     def _output(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        # global_hooks calls a module's MODULE_INPUTS callbacks before its MODULE_POST ones:
+        # this forward's `_Call` is the last one.
         if self.done or not self._calls:
             return
         t = next(tensors_in(output), None)
