@@ -277,6 +277,12 @@ class SentinelSection(TypedDict, total=False):
     loss_nonfinite_steps: list[int]
     zero_grad_steps: list[int]
     errors: list[str]
+    # the first non-finite step replayed (`divergence_replay`): step, when, run_precision,
+    # micro_batch, loss_scale, backward_not_replayed, parameters_finite_after (the weights
+    # after that step's update), results {fp32, bf16: {finite, origin,
+    # forward_finite, backward_replayed, max_abs, max_abs_module, grad_max_abs, ...} or
+    # {error}}, error (why not replayed); None: no step was non-finite
+    replay: dict[str, Any] | None
 
 
 class TimelineSection(TypedDict, total=False):
@@ -306,17 +312,20 @@ class DerivedSection(TypedDict, total=False):
 
     ``precision``: the audited step's summary (shares, top FP32 ops, casts, per module, and
     ``reason_fixes``); ``memory``: the what-if estimates (``rows``, model state, capacity, plan);
-    ``numerics``: ``fp16_in_use``, ``underflow`` and ``fp16_limits_log2``; ``fp8``: the FP8
-    readiness with each layer's amax movement and the final verdicts (`analysis.fp8`);
+    ``numerics``: ``fp16_in_use``, ``underflow`` and ``fp16_limits_log2``; ``divergence``:
+    diverged, stalled or healthy, the first non-finite step and its measured cause; ``fp8``:
+    the FP8 readiness with each layer's amax movement and the final verdicts (`analysis.fp8`);
     ``figures``: the headline figures every surface states (`ampdiag.analysis.figures`);
-    ``errors``: part -> why it could not be derived.
+    ``verdict``: the run's one-word category; ``errors``: part -> why it could not be derived.
     """
 
     precision: dict[str, Any]
     memory: dict[str, Any]
     numerics: dict[str, Any]
+    divergence: dict[str, Any]  # ampdiag.analysis.divergence.assess: verdict, first, cause
     fp8: dict[str, Any]
     figures: dict[str, Any]  # ampdiag.analysis.figures.compute: the headline figures
+    verdict: str  # ampdiag.analysis.verdict.category: healthy, slow, diverged, stalled, ...
     errors: dict[str, str]
 
 

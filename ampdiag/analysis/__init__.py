@@ -13,11 +13,13 @@ def analyze(session: Session) -> list[Finding]:
     ``derived`` section, for the renderers, which only format.
 
     The advisors (`ampdiag.analysis.advisors`) run after all rules: they weigh every finding and
-    merge the ones that one recommendation explains.
+    merge the ones that one recommendation explains. Last, the verdict's category
+    (`ampdiag.analysis.verdict`) is stored as ``derived.verdict``.
     """
     from ampdiag.analysis.advisors import advise
     from ampdiag.analysis.derive import derive
     from ampdiag.analysis.ranks import merge_findings, rank_findings
+    from ampdiag.analysis.verdict import category
 
     derive(session)
     per_rank = rank_findings(session, analyze)
@@ -27,8 +29,11 @@ def analyze(session: Session) -> list[Finding]:
             environment=session.environment,
             sections={k: v for k, v in session.sections.items() if k == "timeline"},
         )
-        return merge_findings(per_rank, advise(together, run_rules(together)))
-    return advise(session, run_rules(session))
+        found = merge_findings(per_rank, advise(together, run_rules(together)))
+    else:
+        found = advise(session, run_rules(session))
+    session.sections["derived"]["verdict"] = category(session, found)
+    return found
 
 
 __all__ = ["Rule", "analyze", "rule", "rules", "run_rules"]

@@ -28,7 +28,7 @@ from ampdiag.session import SEVERITIES, Finding, Session
 log = logging.getLogger("ampdiag")
 
 #: Modules (under ampdiag/analysis/rules/) whose advisors run, in this order.
-ADVISOR_MODULES: tuple[str, ...] = ("recommendations",)
+ADVISOR_MODULES: tuple[str, ...] = ("divergence", "recommendations")
 
 
 @dataclass

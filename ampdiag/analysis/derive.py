@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ampdiag.analysis import figures, fp8, fp16range, memory_estimates, precision
+from ampdiag.analysis import divergence, figures, fp8, fp16range, memory_estimates, precision
 from ampdiag.analysis.rules import numerics
 from ampdiag.schema import DerivedSection
 from ampdiag.session import Session
@@ -84,6 +84,7 @@ PARTS: dict[str, Callable[[Session], dict[str, Any] | None]] = {
     "precision": _precision,
     "memory": _memory,
     "numerics": _numerics,
+    "divergence": divergence.assess,
     "fp8": _fp8,
     "figures": figures.compute,  # last: it reads the parts above
 }

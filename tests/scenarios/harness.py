@@ -45,6 +45,8 @@ NUMERICS_IDS = frozenset(
         "skipped-steps",
         "activation-overflow",
         "nonfinite-origin",
+        "diverged",
+        "stalled",
     }
 )
 #: Findings about misuse of the AMP API: silent on a correct run.

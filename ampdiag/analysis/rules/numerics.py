@@ -484,12 +484,15 @@ def nonfinite_origin(session: Session) -> Iterator[Finding]:
 
     In the backward: the first module whose input gradient held it (medium).
     Backward-only inf/NaN is not reported when an enabled GradScaler skipped every such step.
+    Where the sentinel replayed the step in FP32 (``fp32_replay_finite``) and it is non-finite
+    there too, the fix says it is not the precision.
     """
     dev = device_type(session.environment)
     found = _nonfinite_origin(session)
     if found is None:
         return
     origin, count = found
+    fp32 = _replayed_fp32(session, int(origin["step"]))
     sev: Severity = "medium" if origin["phase"] == "backward" else "high"
     where = (
         "the loss"
@@ -507,10 +510,16 @@ def nonfinite_origin(session: Session) -> Iterator[Finding]:
             "kind": origin["kind"],
             "steps_with_nonfinite": count,
             "dtype": _compute_dtype(session),
+            **({"fp32_replay_finite": fp32["finite"]} if fp32 else {}),
         },
         fix=(
             f"Inspect {origin['module']} at step {origin['step']}: a division by ~0, log of 0, "
-            "sqrt of 0 in the backward, exp/softmax of large values"
+            "sqrt of 0 in the backward, exp/softmax of large values, or a non-finite input. "
+            "The FP32 replay of the step is non-finite too: not the precision. Guard the op:\n"
+            "y = x / d.clamp_min(1e-6); y = torch.log(x.clamp_min(1e-6))"
+            if fp32 and fp32["finite"] is False
+            else f"Inspect {origin['module']} at step {origin['step']}: a division by ~0, log of "
+            "0, sqrt of 0 in the backward, exp/softmax of large values"
             + (", or an FP16 overflow" if fp16_in_use(session) else "")
             + ". Compute it in float32:\n"
             f"with torch.autocast('{dev}', enabled=False):\n"
@@ -520,6 +529,13 @@ def nonfinite_origin(session: Session) -> Iterator[Finding]:
         section=SECTION,
         impact=0.95 if sev == "high" else 0.6,
     )
+
+
+def _replayed_fp32(session: Session, step: int) -> dict[str, Any] | None:
+    """The sentinel's FP32 replay of ``step`` (`divergence_replay`), where it ran."""
+    replay = session.section("sentinel").get("replay") or {}
+    fp32 = (replay.get("results") or {}).get("fp32") or {}
+    return fp32 if replay.get("step") == step and isinstance(fp32.get("finite"), bool) else None
 
 
 def _compute_dtype(session: Session) -> str:

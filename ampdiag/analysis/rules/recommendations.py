@@ -27,7 +27,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from ampdiag.analysis import device
+from ampdiag.analysis import device, divergence
 from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.advisors import Advice, advisor, find, number, worst_severity
 from ampdiag.analysis.rules.accumulation import accumulation_broken
@@ -155,6 +155,11 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
     - An FP16 run with FP16 trouble, where the A/B measured FP16 (with a GradScaler's loss
       scale) alone the fastest safe: ``tune-grad-scaler``.
 
+    **Not precision** (`ampdiag.analysis.divergence`: the first non-finite step is
+    non-finite in the FP32 replay too, or the loss was already exploding, or the run is
+    FP32): a run that diverged or stalled gets no precision advice at all; one that recovered
+    loses that step's ``nonfinite-origin`` (and the skips of those steps) from its evidence.
+
     **Not measured** (no A/B: a trace, a skipped probe, each precision timed once): the rules
     of before, which say so (``measured`` False, ``not_measured`` why):
 
@@ -176,6 +181,11 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
     scaler_ids = (FP16_UNDERFLOW, *SCALER_MISUSE, *SCALE_TROUBLE)
     fp16_run = computes_fp16(session)
     trouble = _actionable(findings, *scaler_ids, *RANGE_TROUBLE) if fp16_run else []
+    div = divergence.assess(session) or {}
+    if (div.get("cause") or {}).get("cause") == "not-precision":
+        if div.get("verdict") in ("diverged", "stalled"):
+            return  # no precision fixes it, and the A/B ran on weights the run lost
+        trouble = _not_that_event(trouble, div)
     ab = pc.measured(session)
     if ab.choice is not None and ab.run is not None:
         yield from _measured_advice(session, findings, ab, trouble)
@@ -227,6 +237,18 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
     rec.evidence.update(not_measured)
     rec.fix += note
     yield Advice(rec, merged)
+
+
+def _not_that_event(trouble: list[Finding], div: dict[str, Any]) -> list[Finding]:
+    """The FP16 trouble less what a non-finite step precision did not cause explains.
+
+    Its ``nonfinite-origin``, and the GradScaler's skips when they are no more than the steps
+    whose loss was non-finite (the scaler skipped exactly those).
+    """
+    bad = int(div.get("loss_nonfinite_steps") or 0)
+    skips = int(div.get("skipped_steps") or 0)
+    drop = {"nonfinite-origin", *(["skipped-steps"] if skips <= max(bad, 1) else [])}
+    return [f for f in trouble if f.id not in drop]
 
 
 def _unmeasured_switch(session: Session, ab: pc.Measured, slower: Finding) -> Finding:

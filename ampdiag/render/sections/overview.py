@@ -1,4 +1,4 @@
-"""The overview: the verdict in a sentence.
+"""The overview: the verdict in a sentence (a diverged or stalled run's divergence first).
 
 The report adds the top recommendations and the table of every finding below it (html.py).
 """
@@ -28,6 +28,9 @@ def verdict(session: Session) -> str:
     actionable = [f for f in session.findings if f.severity in ("high", "medium")]
     if not actionable:
         return head + "No problem above the documented thresholds was found."
+    # A diverged or stalled run: that verdict first, whatever else ranks high.
+    broken = [f for f in actionable if f.id == session.section("derived").get("verdict")]
+    actionable = broken + [f for f in actionable if f not in broken]
     top: Finding = actionable[0]
     explains = top.evidence.get("explains") if isinstance(top.evidence, dict) else None
     because = (
@@ -69,7 +72,12 @@ def run_facts(session: Session) -> list[str]:
     else:
         n = len(session.steps)
         out.append(f"{n} step{'s' if n != 1 else ''}")
-    out.append(f"status {session.status}")
+    # The verdict, never a bare "ok" beside a diverged run; the status where it is not ok.
+    category = session.section("derived").get("verdict")
+    if isinstance(category, str):
+        out.append(f"verdict {category}")
+    if session.status != "ok" or not isinstance(category, str):
+        out.append(f"status {session.status}")
     if env.get("device_type") == "cuda" and env.get("device_name"):
         out.append(humanize.gpu(env))  # "NVIDIA H800 (sm_90)"
     else:

@@ -24,6 +24,8 @@ forked (dropout draws nothing the training would see).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -46,6 +48,33 @@ class ReplayError(Exception):
     """The FP32 replay did not give true FP32 gradients; the message says why."""
 
 
+@contextmanager
+def replaying(
+    model: torch.nn.Module, device: torch.device
+) -> Iterator[tuple[torch.nn.Module, dict[int, torch.nn.Module]]]:
+    """The hook-free replica of ``model`` (`without_hooks`) and its origin map, for a replay.
+
+    Inside: grad mode on and the RNG forked (the replay's dropout draws nothing the training
+    sees; ``device``: the CUDA device whose generator to fork). On exit every buffer is
+    copied back (BatchNorm's running statistics count the replayed batch otherwise). Shared
+    by every replay of a step (this module's, `divergence_replay`'s).
+    """
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        # DDP's own forward readies its reducer for a backward of the parameters that the
+        # replay never runs: the next real step would fail. The wrapped module computes alike.
+        model = model.module
+    replica, origin = without_hooks(model)
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    devices = [device.index or 0] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+            yield replica, origin
+    finally:
+        with torch.no_grad():
+            for buf, value in saved:
+                buf.copy_(value)
+
+
 def reference_gradients(
     model: torch.nn.Module,
     args: tuple[Any, ...],
@@ -60,26 +89,19 @@ def reference_gradients(
     Raises:
         ReplayError: the replay is not FP32, or its output is not the step's.
     """
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        # DDP's own forward readies its reducer for a backward of the parameters that the
-        # replay never runs: the next real step would fail. The wrapped module computes alike.
-        model = model.module
-    replica, origin = without_hooks(model)
     outputs: list[torch.Tensor] = []
     owners: list[torch.nn.Module] = []
-
-    def keep(module: torch.nn.Module, inputs: Any, output: Any) -> None:
-        t = next(tensors_in(output), None)
-        if t is not None and t.requires_grad and t.is_floating_point():
-            outputs.append(t)
-            owners.append(origin[id(module)])
-
-    handles = [m.register_forward_hook(keep) for m in replica.modules()]
-    saved = [(b, b.detach().clone()) for b in model.buffers()]
-    devices = [grad_output.device.index or 0] if grad_output.is_cuda else []
     held_off = AutocastHeldOff()
-    try:
-        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+    with replaying(model, grad_output.device) as (replica, origin):
+
+        def keep(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+            t = next(tensors_in(output), None)
+            if t is not None and t.requires_grad and t.is_floating_point():
+                outputs.append(t)
+                owners.append(origin[id(module)])
+
+        handles = [m.register_forward_hook(keep) for m in replica.modules()]
+        try:
             try:
                 with held_off:
                     out = next(tensors_in(replica(*args)), None)
@@ -113,12 +135,9 @@ def reference_gradients(
                 allow_unused=True,
                 retain_graph=False,
             )
-    finally:
-        for h in handles:
-            h.remove()
-        with torch.no_grad():
-            for buf, value in saved:
-                buf.copy_(value)
+        finally:
+            for h in handles:
+                h.remove()
     return [
         (m, sample_view(g.detach().float(), limit), g.numel())
         for m, g in zip(owners, found, strict=True)

@@ -19,6 +19,9 @@ one transfer (`_host.Deferred`, read at a later step on CUDA). The first non-fin
 that order is the origin: the module whose output (forward) or input gradient (backward) first
 held inf/NaN, or the loss. Hooks never change a tensor (they return None), and every hook is
 removed on exit.
+
+The first non-finite step is also replayed in FP32 (and BF16), before its weights change, by
+`divergence_replay.ReplayKeeper` (the section's ``replay``): whether precision caused it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from ampdiag.schema import SentinelSection
 from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
+from ampdiag.sources.live.collectors.divergence_replay import ReplayKeeper
 
 #: The pseudo-module named when the loss (forward) or its backward holds the first inf/NaN.
 LOSS = "(loss)"
@@ -88,6 +92,7 @@ class Sentinel(Collector):
         self._loss_bad: list[int] = []
         self._zero_grads: list[int] = []
         self._errors: list[str] = []
+        self._replay = ReplayKeeper(finite_token)  # the first non-finite step, replayed
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -108,12 +113,14 @@ class Sentinel(Collector):
             if p.requires_grad and id(p) not in known:
                 self._params.append((prefix + name, p))
                 known.add(id(p))
+        self._replay.on_model(run, model)
 
     def stop(self, run: RunContext) -> None:
         """Removes every hook; reads what is still on its way to the host."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._replay.stop()
         self._resolve(wait=True)
 
     # --- hooks ------------------------------------------------------------------------------
@@ -161,11 +168,17 @@ class Sentinel(Collector):
         self._last_out = None  # the forward is over: hold no activation until the step ends
         if loss.is_floating_point():
             self._loss.append(loss.detach().reshape(()).float())
+        self._replay.on_loss(loss)
+
+    def before_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
+        """Replays the step in FP32 when it is the first non-finite one (weights unchanged)."""
+        self._replay.before_optimizer_step(run)
 
     # --- steps ------------------------------------------------------------------------------
 
     def on_step_end(self, run: RunContext, step: int) -> None:
         """Stacks the step's values with the gradients' max |g| and sends them to the host."""
+        self._replay.on_step_end(run, step)
         with internal_work():
             # DTensor gradients (FSDP2): this rank's shard is what this rank can see
             grads = [local_tensor(p.grad) for _, p in self._params if p.grad is not None]
@@ -253,4 +266,5 @@ class Sentinel(Collector):
             "loss_nonfinite_steps": self._loss_bad[:MAX_LISTED],
             "zero_grad_steps": self._zero_grads[:MAX_LISTED],
             "errors": self._errors,
+            "replay": self._replay.section(),
         }

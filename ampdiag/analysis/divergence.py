@@ -1,0 +1,329 @@
+"""Whether the run diverged or stalled, from which step, and whether precision caused it.
+
+The one result every surface leads with on a broken run (`assess`, stored by the derive step
+as ``derived.divergence``):
+
+* ``verdict``: ``diverged`` (the run ends with a non-finite loss: the weights are lost),
+  ``stalled`` (the loss stays finite but an enabled GradScaler skips every step to the end,
+  or its scale collapsed: the weights no longer change), or ``healthy`` (no inf/NaN, or only
+  steps the run recovered from: ``recovered_steps``).
+* ``first``: the first non-finite step that matters -- the loss or a module output, or a
+  gradient where no enabled GradScaler skipped it (a skip while the scaler searches its scale
+  is not a fault) -- and what held it (``loss``, ``activation``, ``gradient``, and
+  ``parameter`` when the replay measured a non-finite weight after that step's update), with
+  the module the sentinel named.
+* ``cause``: from the sentinel's replay of that step (`divergence_replay`) and the loss trend
+  before it, each with the numbers it rests on:
+
+  - ``not-precision``: the run computed in FP32; or the finite loss was already exploding
+    (it grew ``loss_growth`` times over its start in the steps before: a too-high learning
+    rate in FP16 overflows FP16 at weights FP32 still holds -- the trend, not the replay,
+    is the evidence); or the step is non-finite in the FP32 replay too.
+  - ``precision``: the step is finite in FP32 where the run's was not (and the loss was not
+    already blowing up): ``detail`` says which overflow, where.
+  - ``unknown``: no replay (or a failed one), or only the loss was non-finite while the
+    model's output was finite (the replay runs the model, not the loss function).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from ampdiag import units
+from ampdiag.analysis import fp16range
+from ampdiag.analysis.rules.numerics import fp16_in_use
+from ampdiag.session import Session
+
+THRESHOLDS: dict[str, float] = {
+    # The finite loss is "exploding" before the first non-finite step when its last values
+    # reach this many times its first ones (median of the first three).
+    "loss_growth": 10.0,
+    # Finite losses needed before the first non-finite step to judge a trend.
+    "trend_min_steps": 3,
+    # Skipped steps in a row, to the run's end, that make a stall (fewer: the scaler searching
+    # its scale), unless every step of a shorter run was skipped.
+    "stall_skips": 8,
+    # A loss scale below this has collapsed (numerics' loss-scale-collapse agrees).
+    "scale_collapse_abs": 1.0,
+}
+
+VERDICTS = ("diverged", "stalled", "healthy")
+FP16_MAX = units.count(fp16range.FP16_MAX)
+#: What the result cites of each replay (`divergence_replay.replay_step`).
+REPLAY_KEYS = (
+    "finite",
+    "origin",
+    "max_abs",
+    "max_abs_module",
+    "grad_max_abs",
+    "grad_max_abs_module",
+    "backward_replayed",
+    "error",
+)
+CAUSES = ("precision", "not-precision", "unknown")
+
+
+def _loss_value(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and value in ("nan", "inf", "-inf"):
+        return float(value)
+    return None
+
+
+def _ints(values: Any) -> list[int]:
+    return [int(v) for v in values if isinstance(v, int)] if isinstance(values, list) else []
+
+
+def losses(session: Session) -> list[tuple[int, float]]:
+    """(step, loss) of every step that recorded one, in order (non-finite ones as nan/inf)."""
+    out = []
+    for s in session.steps:
+        value = _loss_value(s.get("loss"))
+        if isinstance(s.get("index"), int) and value is not None:
+            out.append((int(s["index"]), value))
+    return out
+
+
+def trend(points: list[tuple[int, float]], before: int) -> dict[str, Any]:
+    """The finite loss before step ``before``: its start, its last values, how much it grew."""
+    finite = [(i, v) for i, v in points if i < before and math.isfinite(v)]
+    out: dict[str, Any] = {"steps": len(finite)}
+    if not finite:
+        return out
+    start = statistics.median(abs(v) for _, v in finite[:3])
+    last = max(abs(v) for _, v in finite[-2:])
+    out |= {
+        "first_loss": finite[0][1],
+        "last_finite_loss": finite[-1][1],
+        "last_finite_step": finite[-1][0],
+        "start_median_abs": start,
+    }
+    if start > 0:
+        out["growth"] = last / start
+    out["exploding"] = bool(
+        len(finite) >= THRESHOLDS["trend_min_steps"]
+        and out.get("growth", 0.0) >= THRESHOLDS["loss_growth"]
+    )
+    return out
+
+
+def run_precision(session: Session) -> str:
+    """What the run computed in: "fp16", "bf16" or "fp32" (autocast seen, parameters)."""
+    if fp16_in_use(session):
+        return "fp16"
+    seen = session.section("run").get("autocast_seen") or {}
+    models = session.section("run").get("models") or []
+    if any(str(k).endswith(":bfloat16") for k in seen) or any(
+        "bfloat16" in (m.get("param_dtypes") or []) for m in models
+    ):
+        return "bf16"
+    return "fp32"
+
+
+def assess(session: Session) -> dict[str, Any] | None:
+    """The divergence result (see the module doc), or None when no step was watched."""
+    sentinel = session.section("sentinel")
+    points = losses(session)
+    if not sentinel and not points:
+        return None
+    sc = session.section("scaler")
+    enabled = bool((sc.get("scaler") or {}).get("enabled"))
+    skipped = set(_ints(sc.get("skipped_steps")))
+    n_steps = max(len(session.steps), int(sentinel.get("steps_watched") or 0))
+    last_step = max([i for i, _ in points] + [n_steps - 1]) if n_steps or points else -1
+    loss_bad = sorted(
+        set(_ints(sentinel.get("loss_nonfinite_steps")))
+        | {i for i, v in points if not math.isfinite(v)}
+    )
+    fwd = sentinel.get("forward_origin") or None
+    bwd = sentinel.get("backward_origin") or None
+    backward_only = _ints(sentinel.get("backward_only_steps"))
+    # The first non-finite step that matters, and what held it.
+    candidates: list[tuple[int, str, str | None]] = []
+    if fwd:
+        held = "loss" if fwd.get("phase") == "loss" else "activation"
+        candidates.append((int(fwd["step"]), held, fwd.get("module")))
+    if loss_bad:
+        candidates.append((loss_bad[0], "loss", "(loss)"))
+    excused = enabled and all(s in skipped for s in backward_only)
+    if bwd and not excused:
+        candidates.append((int(bwd["step"]), "gradient", bwd.get("module")))
+    result: dict[str, Any] = {"steps": n_steps}
+    # Stall: skipped to the end (or the scale collapsed) with the loss finite.
+    tail = 0
+    for i in range(last_step, -1, -1):
+        if i not in skipped:
+            break
+        tail += 1
+    scale_min = sc.get("scale_min")
+    history = sc.get("history") or []
+    if not isinstance(scale_min, (int, float)) and history:
+        scale_min = min(float(h.get("scale_after", h["scale"])) for h in history)
+    collapsed = (
+        enabled
+        and isinstance(scale_min, (int, float))
+        and scale_min < THRESHOLDS["scale_collapse_abs"]
+    )
+    stall_from = last_step - tail + 1 if tail else None
+    stalled = enabled and (
+        (tail >= THRESHOLDS["stall_skips"] or (tail and tail == n_steps and n_steps >= 2))
+        or collapsed
+    )
+    ends_bad = bool(loss_bad) and loss_bad[-1] == last_step
+    if stalled and not candidates and stall_from is not None:
+        candidates.append((stall_from, "gradient", bwd.get("module") if bwd else None))
+    if not candidates:
+        result["verdict"] = "healthy"
+        return result
+    step, held, module = min(candidates, key=lambda c: c[0])
+    holders = sorted({h for s, h, _ in candidates if s == step})
+    replay = sentinel.get("replay") or {}
+    if replay.get("step") == step and replay.get("parameters_finite_after") is False:
+        holders.append("parameter")  # measured after the step's update
+    result["first"] = {"step": step, "held": holders, "module": module}
+    result["loss_nonfinite_steps"] = len(loss_bad)
+    result["skipped_steps"] = int(sc.get("skipped_total", len(skipped))) if enabled else 0
+    if enabled and isinstance(scale_min, (int, float)):
+        result["scale_min"] = float(scale_min)
+        result["scale_collapsed"] = bool(collapsed)
+    if enabled and tail:
+        result["skipped_to_end_from"] = stall_from
+    if ends_bad:
+        result["verdict"] = "diverged"
+    elif stalled:
+        result["verdict"] = "stalled"
+    else:
+        result["verdict"] = "healthy"
+        result["recovered_steps"] = sorted({s for s, _, _ in candidates} | set(loss_bad))[:20]
+    result["trend"] = trend(points, step)
+    result["cause"] = cause(session, result, sentinel.get("replay"))
+    return result
+
+
+def cause(
+    session: Session, result: dict[str, Any], replay: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Whether precision caused the first non-finite step, and the numbers that say so."""
+    first = result["first"]
+    precision = (replay or {}).get("run_precision") or run_precision(session)
+    out: dict[str, Any] = {"run_precision": precision}
+    if replay:
+        out["replay_step"] = replay.get("step")
+        out["micro_batch"] = replay.get("micro_batch")
+        out["replay"] = {
+            name: {k: r.get(k) for k in REPLAY_KEYS if k in r}
+            for name, r in (replay.get("results") or {}).items()
+        }
+        if replay.get("backward_not_replayed"):
+            out["backward_not_replayed"] = replay["backward_not_replayed"]
+        if replay.get("loss_scale") is not None:
+            out["loss_scale"] = replay["loss_scale"]
+    fp32 = ((replay or {}).get("results") or {}).get("fp32") or {}
+    trend_ = result.get("trend") or {}
+    if precision == "fp32":
+        return out | {"cause": "not-precision", "why": "the run computes in FP32"}
+    if trend_.get("exploding"):
+        held = ""
+        if fp32.get("finite") and replay and replay.get("step") == first["step"]:
+            held = (
+                f"; FP32 still holds step {first['step']} (|x| up to "
+                f"{units.count(fp32.get('max_abs', 0))} in {fp32.get('max_abs_module')}), but "
+                "the weights are diverging"
+            )
+        elif fp32.get("finite") is False:
+            held = f"; step {replay.get('step') if replay else '?'} is non-finite in FP32 too"
+        return out | {
+            "cause": "not-precision",
+            "why": (
+                f"the finite loss grew {_times(trend_['growth'])} over its start in the "
+                f"{trend_['steps']} steps before step {first['step']}{held}"
+            ),
+        }
+    if not replay or "error" in replay or "finite" not in fp32:
+        why = (replay or {}).get("error") or fp32.get("error") or "the step was not replayed"
+        return out | {"cause": "unknown", "why": f"no FP32 replay: {why}"}
+    in_stall = (
+        result.get("verdict") == "stalled"
+        and replay.get("trigger") == "backward"
+        and int(replay.get("step", -1)) >= int(result.get("skipped_to_end_from", 1 << 62))
+    )  # every step of a skipped stretch starts from the same weights
+    if replay.get("step") != first["step"] and not in_stall:
+        return out | {
+            "cause": "unknown",
+            "why": f"the replayed step {replay.get('step')} is not step {first['step']}",
+        }
+    if fp32["finite"] is False:
+        where = fp32.get("origin") or {}
+        return out | {
+            "cause": "not-precision",
+            "why": (
+                f"step {first['step']} is non-finite in FP32 too (the {where.get('kind')} of "
+                f"{where.get('module')}, {where.get('phase')})"
+            ),
+            "module": where.get("module"),
+        }
+    if first["held"] == ["loss"]:
+        return out | {
+            "cause": "unknown",
+            "why": (
+                "only the loss was non-finite and the model's output finite: the replay runs "
+                "the model, not the loss function"
+            ),
+        }
+    detail = _precision_detail(fp32, precision, out.get("loss_scale"))
+    bf16 = ((replay.get("results") or {}).get("bf16") or {}).get("finite")
+    return out | {
+        "cause": "precision",
+        "why": (
+            f"step {replay.get('step')} is finite in the FP32 replay"
+            + (
+                f" (step {first['step']}'s weights: every step since was skipped)"
+                if replay.get("step") != first["step"]
+                else ""
+            )
+            + f"; {detail['text']}"
+        ),
+        "bf16_finite": bf16,
+        **detail,
+    }
+
+
+def _times(growth: float) -> str:
+    """A growth factor in words, without scientific notation ("61.1x", "over 1,000,000x")."""
+    return "over 1,000,000x" if growth > 1e6 else f"{units.count(round(growth, 1))}x"
+
+
+def _precision_detail(fp32: dict[str, Any], precision: str, scale: Any) -> dict[str, Any]:
+    """Which range the run's precision left: a forward value, or a (scaled) gradient."""
+    if precision != "fp16":
+        return {"kind": "rounding", "text": f"{precision} rounding made it"}
+    peak = fp32.get("max_abs")
+    if isinstance(peak, (int, float)) and peak >= fp16range.FP16_MAX:
+        return {
+            "kind": "forward-overflow",
+            "module": fp32.get("max_abs_module"),
+            "max_abs": peak,
+            "text": (
+                f"the output of {fp32.get('max_abs_module')} reaches |x| = {units.count(peak)} "
+                f"in FP32, beyond FP16's max {FP16_MAX}"
+            ),
+        }
+    g = fp32.get("grad_max_abs")
+    s = float(scale) if isinstance(scale, (int, float)) else 1.0
+    if isinstance(g, (int, float)) and g * s >= fp16range.FP16_MAX:
+        return {
+            "kind": "gradient-overflow",
+            "module": fp32.get("grad_max_abs_module"),
+            "grad_max_abs": g,
+            "text": (
+                f"the gradient reaches |g| = {units.count(g)} (at "
+                f"{fp32.get('grad_max_abs_module')}), {units.count(g * s)} at the loss scale "
+                f"{units.count(s)}: beyond FP16's max {FP16_MAX}"
+            ),
+        }
+    return {"kind": "fp16-range", "text": "FP16's range or rounding made it"}

@@ -1,0 +1,167 @@
+"""The ``diverged`` / ``stalled`` finding: the run's verdict, its first step, and its cause.
+
+An advisor (it runs before the precision advice, `ADVISOR_MODULES`): it reads the divergence
+result (`ampdiag.analysis.divergence.assess`) and, for a run that diverged or stalled, emits
+one high finding that names the first non-finite step, what held it and the measured cause,
+with the fix that fits the cause. Where precision did not cause it (or the cause is unknown)
+it merges the findings that are this one event's symptoms (``nonfinite-origin``,
+``skipped-steps``, ``loss-scale-collapse``, ``activation-overflow``, ``fp16-grad-underflow``
+measured at the scale the scaler backed off to): the precision advice
+then has nothing to answer, and a run that diverges in FP32 too gets no precision advice.
+Where precision caused it, the symptoms stay for the precision advice, which is the fix.
+A non-finite step the run recovered from (precision not the cause): ``nonfinite-origin``
+explains the GradScaler's skips of those steps (`_recovered`).
+
+Thresholds: `ampdiag.analysis.divergence.THRESHOLDS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ampdiag.analysis import device, divergence
+from ampdiag.analysis.advisors import Advice, advisor, find
+from ampdiag.session import Finding, Session
+
+#: One event's symptoms: the weights blowing up overflow FP16, the scaler backs off to a scale
+#: at which the rest underflows.
+SYMPTOMS = (
+    "nonfinite-origin",
+    "skipped-steps",
+    "loss-scale-collapse",
+    "activation-overflow",
+    "fp16-grad-underflow",
+)
+
+
+@advisor("diverged", "stalled", "nonfinite-origin")
+def divergence_advice(session: Session, findings: list[Finding]) -> Iterator[Advice]:
+    """The run's divergence verdict as one finding: ``diverged`` or ``stalled`` (high).
+
+    diverged: the run ends with a non-finite loss; stalled: an enabled GradScaler skips
+    every step to the end (``stall_skips`` in a row) or its scale fell below 1, with the
+    loss finite. Evidence: the first non-finite step, what held it, the
+    cause (``precision`` / ``not-precision`` / ``unknown``) with why, the FP32/BF16 replay's
+    figures and the loss trend before the step.
+    """
+    result = divergence.assess(session)
+    if not result:
+        return
+    if result["verdict"] not in ("diverged", "stalled"):
+        yield from _recovered(result, findings)
+        return
+    first, why = result["first"], result["cause"]
+    dev = device.device_type(session.environment)
+    verdict = result["verdict"]
+    evidence: dict[str, Any] = {
+        "verdict": verdict,
+        "step": first["step"],
+        "held": first["held"],
+        "module": first.get("module"),
+        "cause": why["cause"],
+        "why": why.get("why"),
+        "run_precision": why.get("run_precision"),
+        "loss_nonfinite_steps": result.get("loss_nonfinite_steps"),
+        "steps": result.get("steps"),
+        "skipped_steps": result.get("skipped_steps"),
+        "loss_trend": result.get("trend"),
+    }
+    for key in ("scale_min", "scale_collapsed", "skipped_to_end_from"):
+        if key in result:
+            evidence[key] = result[key]
+    for key in ("replay", "replay_step", "loss_scale", "backward_not_replayed", "kind"):
+        if key in why:
+            evidence[key] = why[key]
+    what = "diverged" if verdict == "diverged" else "stalled"
+    held = " and ".join(first["held"])
+    where = f" ({first['module']})" if first.get("module") else ""
+    because = {
+        "precision": f"caused by {why.get('run_precision', 'the precision').upper()}",
+        "not-precision": "not caused by the precision",
+        "unknown": "cause not measured",
+    }[why["cause"]]
+    title = (
+        f"The run {what} at step {first['step']}: the {held}{where} became non-finite"
+        if verdict == "diverged"
+        else f"The run stalled from step {first['step']}: every step to the end is skipped"
+    ) + f" -- {because} ({why.get('why')})."
+    rec = Finding(
+        id=verdict,
+        severity="high",
+        title=title,
+        evidence=evidence,
+        fix=_fix(session, result, dev),
+        section="numerics",
+        impact=1.0,
+    )
+    symptoms = find(findings, *SYMPTOMS) if why["cause"] != "precision" else []
+    yield Advice(rec, symptoms)
+
+
+def _recovered(result: dict[str, Any], findings: list[Finding]) -> Iterator[Advice]:
+    """A non-finite step the run recovered from, not caused by precision: its skips are its.
+
+    The GradScaler skipped the steps whose loss was non-finite (no more skips than those):
+    ``nonfinite-origin`` explains ``skipped-steps``, whose scaler fix would answer a NaN that
+    no loss scale makes.
+    """
+    if (result.get("cause") or {}).get("cause") != "not-precision":
+        return
+    origin, skips = find(findings, "nonfinite-origin"), find(findings, "skipped-steps")
+    bad = int(result.get("loss_nonfinite_steps") or 0)
+    if origin and skips and int(result.get("skipped_steps") or 0) <= max(bad, 1):
+        yield Advice(origin[0], skips)
+
+
+def _fix(session: Session, result: dict[str, Any], dev: str) -> str:
+    """The fix that fits the cause, with code for the run's device."""
+    first, why = result["first"], result["cause"]
+    step = first["step"]
+    if why["cause"] == "precision":
+        # The local fix only: which precision to train in is the precision advice's (one
+        # recommendation, measured by the A/B where it ran), never a second opinion here.
+        # where the run's first inf/NaN appeared (the sentinel), else the replay's largest value
+        module = first.get("module") or why.get("module") or "that module"
+        lines = [
+            f"FP16 cannot hold step {step}: {why.get('text', why.get('why'))}.",
+            f"Keep {module} in float32 (its forward and backward):",
+            f"with torch.autocast('{dev}', enabled=False):",
+            "    y = module(x.float())",
+        ]
+        if why.get("bf16_finite"):
+            lines.append("# The BF16 replay of this step is finite: BF16's range holds it.")
+        lines.append("# Or change the run's precision: see the precision recommendation.")
+        return "\n".join(lines)
+    exploding = bool((result.get("trend") or {}).get("exploding"))
+    fp32 = (why.get("replay") or {}).get("fp32") or {}
+    if exploding:
+        scaled = bool(result.get("skipped_steps"))
+        return "\n".join(
+            [
+                "The updates are too large (the loss blows up whatever the precision): lower the "
+                "learning rate (say 10x), warm it up, and clip the gradients:",
+                "for group in optimizer.param_groups:",
+                "    group['lr'] /= 10",
+                "warmup = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.01, "
+                "total_iters=500)",
+                *(["scaler.unscale_(optimizer)"] if scaled else []),
+                "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)",
+                ("scaler.step(optimizer); scaler.update()" if scaled else "optimizer.step()")
+                + "; warmup.step()",
+                "# No precision change fixes this.",
+            ]
+        )
+    module = why.get("module") or (fp32.get("origin") or {}).get("module") or first.get("module")
+    return "\n".join(
+        [
+            f"Step {step}'s batch makes {module or 'the model'} non-finite in FP32 too: a 0/0, "
+            "log 0, sqrt of 0 in the backward, or an inf/NaN in the data -- not the precision.",
+            f"Find the batch (micro-batch {why.get('micro_batch', 0)} of step {step}) and guard "
+            f"the op in {module or 'that module'}:",
+            "assert torch.isfinite(x).all(), 'non-finite input'",
+            "y = x / d.clamp_min(1e-6)          # not x / d",
+            "y = torch.log(x.clamp_min(1e-6))   # not torch.log(x)",
+            f"# on {dev}: skip a bad batch with `if not torch.isfinite(loss): continue`",
+        ]
+    )

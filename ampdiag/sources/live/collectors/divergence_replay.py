@@ -1,0 +1,466 @@
+"""The first non-finite step, replayed in FP32 (and BF16): is the divergence precision's fault?
+
+A run whose loss becomes NaN in FP16 may be FP16's fault (an activation beyond 65504, a scaled
+gradient that overflows) or not (a learning rate too high diverges in FP32 too; a 0/0 in one
+batch is a 0/0 in every precision). Only a measurement tells them apart: the same step, from
+the same weights and batch, computed in FP32 -- and in BF16 where the run was FP16.
+
+`ReplayKeeper` (driven by the sentinel) keeps, cheaply, only what such a replay needs and only
+until the step ends: references to the model's forward inputs (the user's batch tensors, which
+the step holds anyway) and to the gradient arriving at the model's output, with the loss scale
+it carries. Each step it reduces the model's output, the loss, that gradient and the parameter
+gradients' max |g|
+to a few scalars and reads them once (one host read per step: before the optimizer step, when
+one runs, else at the step's end; a GradScaler reads its own found-inf there already). At the
+FIRST non-finite step, before the weights change (before the optimizer step; when the
+GradScaler skipped the step, at its end: the weights did not change), `replay_step` runs that
+step's forward (and its backward, from the captured output gradient divided by the loss scale,
+where that is finite) on a hook-free replica (`fp32_replay.replaying`: RNG forked, buffers
+restored; ``torch.autograd.grad`` leaves every ``.grad`` alone). Then it stops: no hook, no
+reference, no read is left for the rest of the run.
+
+A backward-only inf/NaN under an enabled GradScaler is the scaler finding its scale (it skips
+the step and halves the scale): it triggers the replay only when it persists
+(`PERSISTENT_SKIPS` steps in a row).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ampdiag.compat import scaler as compat_scaler
+from ampdiag.compat.autocast import AutocastHeldOff
+from ampdiag.compat.dtensor import is_dtensor, local_tensor
+from ampdiag.sources.live import global_hooks
+from ampdiag.sources.live.collectors.base import RunContext, internal_work, tensors_in
+from ampdiag.sources.live.collectors.fp32_replay import replaying
+
+#: Backward-only non-finite steps in a row (an enabled GradScaler skipping them) from which the
+#: skips are not the scaler searching its scale (from torch's 65536 it halves to 256 in 8
+#: skips): the replay runs on the last of them.
+PERSISTENT_SKIPS = 8
+#: The largest output gradient a replay's backward starts from (values): bounded memory.
+MAX_OUTPUT_VALUES = 1 << 26
+
+Token = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(eq=False)  # compared by identity (its fields hold tensors)
+class _Call:
+    """One forward of the root model in the step (a micro-batch)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    grad: torch.Tensor | None = None
+    scale: torch.Tensor | None = None
+    # `Token`s of its output and 0-dim losses: each finite exactly when what it stands for is
+    losses: list[torch.Tensor] = field(default_factory=list)
+    grads: list[torch.Tensor] = field(default_factory=list)  # `Token`s of its output gradient
+
+
+class ReplayKeeper:
+    """Holds a step's replay inputs until it ends; replays the first non-finite step."""
+
+    def __init__(self, token: Token) -> None:
+        self._token = token
+        self._names: dict[int, str] = {}
+        self._root: torch.nn.Module | None = None
+        self._handles: list[Any] = []
+        self._params: list[torch.nn.Parameter] = []
+        self._calls: list[_Call] = []
+        self._checked = False
+        self._skips_in_row = 0
+        # "forward" (the loss or the forward non-finite), "backward" (only the backward)
+        self._records: dict[str, dict[str, Any]] = {}
+        self._run: RunContext | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether the replay of a non-finite forward ran or was given up (nothing is kept).
+
+        A replay of persistent backward-only skips does not end the watch: the run may go on
+        to a non-finite loss, whose replay is the one the divergence rests on.
+        """
+        return "forward" in self._records
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def on_model(self, run: RunContext, model: torch.nn.Module) -> None:
+        """Watches the first model's forwards (its inputs and output gradient)."""
+        if self._root is not None or self.done:
+            return
+        self._root = model
+        for name, m in model.named_modules():
+            self._names.setdefault(id(m), name or f"({type(m).__name__})")
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._handles = [
+            global_hooks.on_module(model, global_hooks.MODULE_INPUTS, self._inputs),
+            global_hooks.on_module(model, global_hooks.MODULE_POST, self._output),
+        ]
+        self._run = run
+
+    def stop(self) -> None:
+        """Removes the hooks and drops every reference."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._calls = []
+
+    def _inputs(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        if self.done or self._run is None or not self._run.on_block_thread():
+            return
+        self._calls.append(_Call(tuple(args), dict(kwargs or {})))
+
+    def _output(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        # global_hooks calls a module's MODULE_INPUTS callbacks before its MODULE_POST ones:
+        # this forward's `_Call` is the last one.
+        if self.done or not self._calls:
+            return
+        t = next(tensors_in(output), None)
+        if t is None or not t.is_floating_point():
+            return
+        call = self._calls[-1]
+        try:
+            with internal_work():
+                call.losses.append(self._token(t.detach()))  # an output the loss may not see
+        except Exception:  # observing must never break the user's forward
+            return
+        if t.requires_grad:
+            t.register_hook(lambda g: self._grad(call, g))  # type: ignore[no-untyped-call]
+
+    def _grad(self, call: _Call, grad: torch.Tensor) -> None:
+        try:
+            with internal_work():
+                if call.grad is None:
+                    call.grad = grad.detach()  # a reference: no copy (nothing writes into it)
+                    live = compat_scaler.scale_tensor(self._run.scaler if self._run else None)
+                    call.scale = live.detach().clone() if live is not None else None
+                call.grads.append(self._token(grad.detach()))
+        except Exception:  # observing must never break the user's backward
+            return
+
+    def on_loss(self, loss: torch.Tensor) -> None:
+        """Counts the loss into the step's check (its latest forward's)."""
+        if self.done or not self._calls or not loss.is_floating_point():
+            return
+        self._calls[-1].losses.append(loss.detach().reshape(()).float())
+
+    # --- the check --------------------------------------------------------------------------
+
+    def before_optimizer_step(self, run: RunContext) -> None:
+        """Checks the step before its weights change; replays it when non-finite."""
+        if not self._checked and not self.done and self._calls:
+            self._checked = True
+            self._check(run, run.step, "before the optimizer step")
+
+    def on_step_end(self, run: RunContext, step: int) -> None:
+        """Checks a step that ran no optimizer step (a GradScaler skip); drops the inputs."""
+        if not self._checked and not self.done and self._calls:
+            self._check(run, step, "at the step's end (no optimizer step ran)")
+        self._calls = []
+        self._checked = False
+        record = self._records.get("forward")
+        if record is not None and record.get("step") == step and "error" not in record:
+            record["parameters_finite_after"] = self._parameters_finite()
+        if self.done and self._handles:
+            self.stop()
+
+    def _parameters_finite(self) -> bool | None:
+        """Whether every weight is finite after the replayed step's update (one read, once)."""
+        try:
+            with internal_work(), torch.no_grad():
+                weights = [local_tensor(p.detach()) for p in self._params]
+                return bool(torch.isfinite(torch.nn.utils.get_total_norm(weights, math.inf)))
+        except Exception:  # a refinement: unmeasured, never the user's problem
+            return None
+
+    def _check(self, run: RunContext, step: int, when: str) -> None:
+        try:
+            self._check_step(run, step, when)
+        except Exception as exc:  # a broken check costs the replay, never the sentinel's step
+            self._records["forward"] = {"step": step, "error": f"the check failed: {exc!r}"[:300]}
+            self._calls = []
+
+    def _check_step(self, run: RunContext, step: int, when: str) -> None:
+        with internal_work():
+            bad = self._nonfinite()
+        if bad is None:
+            self._skips_in_row = 0
+            return
+        call, backward_only = bad
+        if not backward_only:
+            self._replay(run, step, call, when, "forward")
+            return
+        if "backward" in self._records:
+            return
+        self._skips_in_row += 1
+        if not _scaler_enabled(run) or self._skips_in_row >= PERSISTENT_SKIPS:
+            self._replay(run, step, call, when, "backward")
+        # else: the scaler searching its scale
+
+    def _nonfinite(self) -> tuple[_Call, bool] | None:
+        """The micro-batch to replay and whether only the backward was non-finite, or None."""
+        per_call = [[*c.losses, *c.grads] for c in self._calls]
+        tokens = [t for ts in per_call for t in ts]
+        grads = [local_tensor(p.grad) for p in self._params if p.grad is not None]
+        if grads:
+            tokens.append(torch.nn.utils.get_total_norm(grads, math.inf).float())
+        if not tokens:
+            return None
+        device = tokens[0].device
+        values = torch.stack([t.to(device) for t in tokens]).cpu().tolist()
+        if all(math.isfinite(v) for v in values):
+            return None
+        losses_finite = True
+        chosen: _Call | None = None
+        i = 0
+        for call, ts in zip(self._calls, per_call, strict=True):
+            mine = values[i : i + len(ts)]
+            i += len(ts)
+            losses_finite &= all(math.isfinite(v) for v in mine[: len(call.losses)])
+            if chosen is None and not all(math.isfinite(v) for v in mine):
+                chosen = call
+        return chosen or self._calls[0], losses_finite
+
+    # --- the replay -------------------------------------------------------------------------
+
+    def _replay(self, run: RunContext, step: int, call: _Call, when: str, trigger: str) -> None:
+        precision = run_precision(run)
+        record: dict[str, Any] = {
+            "step": step,
+            "when": when,
+            "trigger": trigger,
+            "run_precision": precision,
+            "micro_batch": next(i for i, c in enumerate(self._calls) if c is call),
+            "results": {},
+        }
+        model = run.model
+        why_not = "no model" if model is None else _gathers_across_ranks(model)
+        if model is None or why_not:
+            record["error"] = why_not
+            self._records[trigger] = record
+            self._calls = []
+            return
+        grad = call.grad
+        if grad is not None and call.scale is not None:
+            grad = grad.float() / call.scale.to(grad.device)
+        record["loss_scale"] = float(call.scale) if call.scale is not None else None
+        why_no_backward = None
+        if grad is None:
+            why_no_backward = "no gradient reached the model's output"
+        elif grad.numel() > MAX_OUTPUT_VALUES:
+            why_no_backward = f"the output gradient holds over {MAX_OUTPUT_VALUES} values"
+        elif not bool(torch.isfinite(grad).all()):
+            why_no_backward = "the gradient at the model's output was already non-finite"
+        if why_no_backward is not None:
+            record["backward_not_replayed"] = why_no_backward
+            grad = None
+        device_type = "cuda" if any(p.is_cuda for p in self._params[:1]) else "cpu"
+        for target in ("fp32", "bf16") if precision == "fp16" else ("fp32",):
+            try:
+                with internal_work():
+                    record["results"][target] = replay_step(
+                        model, call.args, call.kwargs, grad, target, device_type, self._names
+                    )
+            except Exception as exc:  # never the user's problem: the record says why
+                record["results"][target] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        if all("error" in r for r in record["results"].values()):
+            record["error"] = record["results"]["fp32"]["error"]
+        self._records[trigger] = record
+        self._calls = []
+
+    def section(self) -> dict[str, Any] | None:
+        """The replay of the first non-finite forward or loss, else of persistent skips.
+
+        None: no step was non-finite (or only the scaler's search for its scale).
+        """
+        return self._records.get("forward") or self._records.get("backward")
+
+
+def _gathers_across_ranks(model: torch.nn.Module) -> str | None:
+    """Why the model's forward may not be replayed on one rank alone, or None.
+
+    The first non-finite step is this rank's: a replayed forward that gathers parameters
+    (FSDP, DTensor parameters) or statistics (SyncBatchNorm) across ranks would wait for
+    ranks that run no replay.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    for m in model.modules():
+        name = type(m).__name__
+        if "FullyShard" in name or "FSDP" in name or isinstance(m, torch.nn.SyncBatchNorm):
+            return f"a {name} module gathers across ranks: this rank cannot replay it alone"
+    if any(is_dtensor(p) for p in model.parameters()):
+        return "sharded (DTensor) parameters: this rank cannot replay the forward alone"
+    return None
+
+
+def _scaler_enabled(run: RunContext) -> bool:
+    return compat_scaler.scale_tensor(run.scaler) is not None
+
+
+def run_precision(run: RunContext) -> str:
+    """What the run computed in: "fp16", "bf16" or "fp32" (autocast seen, or parameters)."""
+    seen = " ".join(run.autocast)
+    dtypes = {p.dtype for m in run.models for p in m.parameters()}
+    if ":float16" in seen or torch.float16 in dtypes:
+        return "fp16"
+    if ":bfloat16" in seen or torch.bfloat16 in dtypes:
+        return "bf16"
+    return "fp32"
+
+
+def replay_step(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    grad_output: torch.Tensor | None,
+    precision: str,
+    device_type: str,
+    names: dict[int, str],
+) -> dict[str, Any]:
+    """The step's forward (and backward from ``grad_output``) in ``precision``: what it holds.
+
+    ``precision`` "fp32": autocast held off everywhere (`AutocastHeldOff`); "bf16": under
+    ``torch.autocast(device_type, torch.bfloat16)``. Returns ``finite`` (every module output,
+    and where replayed every gradient, finite), ``origin`` ({module, phase, kind} of the first
+    non-finite value: forward, the deepest-first module output in execution order; backward,
+    the first module in backward order whose output gradient is finite and input gradient is
+    not, else a parameter gradient's owner), ``max_abs``/``max_abs_module`` (the largest
+    finite |output|), ``grad_max_abs``/``grad_max_abs_module`` (gradients, unscaled).
+
+    Raises:
+        ValueError: the replay did not compute in ``precision`` (an explicit cast, FP16
+            parameters, the model's own autocast) or returned no tensor.
+    """
+    rows: list[tuple[torch.nn.Module, torch.Tensor, torch.Tensor | None]] = []
+    device = grad_output.device if grad_output is not None else torch.device(device_type)
+    with replaying(model, device) as (replica, origin):
+
+        def keep(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+            t = next(tensors_in(output), None)
+            if t is None or not t.is_floating_point():
+                return
+            x = next((a for a in tensors_in(inputs, max_depth=2) if a.requires_grad), None)
+            rows.append((origin[id(module)], t, x))
+
+        handles = [m.register_forward_hook(keep) for m in replica.modules()]
+        try:
+            if precision == "fp32":
+                held_off = AutocastHeldOff()
+                with held_off:
+                    out = next(tensors_in(replica(*args, **kwargs)), None)
+                if held_off.low is not None:
+                    raise ValueError(f"the FP32 replay is not FP32: {held_off.low}")
+            else:
+                with torch.autocast(device_type, dtype=torch.bfloat16):
+                    out = next(tensors_in(replica(*args, **kwargs)), None)
+                if any(t.dtype == torch.float16 for _, t, _ in rows):
+                    raise ValueError("the BF16 replay computed in FP16 (the model's own autocast)")
+        finally:
+            for h in handles:
+                h.remove()
+        if out is None:
+            raise ValueError("the replayed forward returned no tensor")
+        fwd = _max_abs([t.detach() for _, t, _ in rows])
+        result: dict[str, Any] = {"precision": precision, "forward_finite": True}
+        origin_at: dict[str, Any] | None = None
+        finite_vals = [(v, m) for v, (m, _, _) in zip(fwd, rows, strict=True) if math.isfinite(v)]
+        for v, (m, _, _) in zip(fwd, rows, strict=True):
+            if not math.isfinite(v):
+                origin_at = {"module": names.get(id(m), "?"), "phase": "forward", "kind": "output"}
+                result["forward_finite"] = False
+                break
+        if finite_vals:
+            v, m = max(finite_vals, key=lambda x: x[0])
+            result["max_abs"], result["max_abs_module"] = v, names.get(id(m), "?")
+        backward = result["forward_finite"] and grad_output is not None and out.requires_grad
+        if backward and grad_output is not None:
+            if out.shape != grad_output.shape:
+                raise ValueError(
+                    f"the replayed output {tuple(out.shape)} is not the step's "
+                    f"{tuple(grad_output.shape)}"
+                )
+            origin_at = _backward(rows, out, grad_output, model, names, result)
+        result["backward_replayed"] = bool(backward)
+    result["origin"] = origin_at
+    result["finite"] = origin_at is None
+    return result
+
+
+def _backward(
+    rows: list[tuple[torch.nn.Module, torch.Tensor, torch.Tensor | None]],
+    out: torch.Tensor,
+    grad_output: torch.Tensor,
+    model: torch.nn.Module,
+    names: dict[int, str],
+    result: dict[str, Any],
+) -> dict[str, Any] | None:
+    """The replay's backward: max |g| per module output and input, and the first non-finite."""
+    unique: dict[int, torch.Tensor] = {}
+    for _, t, x in rows:
+        for held in (t, x):
+            if held is not None and held.requires_grad:
+                unique.setdefault(id(held), held)
+    params = [p for p in model.parameters() if p.requires_grad]
+    wrt = [*unique.values(), *params]
+    found = torch.autograd.grad(out, wrt, grad_outputs=grad_output.to(out.dtype), allow_unused=True)
+    grads = dict(zip(unique, found[: len(unique)], strict=True))
+    keys = list(unique)
+    values = dict(zip(keys, _max_abs([grads[k] for k in keys]), strict=True))
+    pvals = _max_abs(list(found[len(unique) :]))
+    del found, grads
+    best: tuple[float, str] = (-1.0, "")
+
+    def seen(v: torch.Tensor | None) -> float:
+        return values.get(id(v), 0.0) if v is not None else 0.0
+
+    origin_at = None
+    # The module whose backward made it: its output gradient finite, its input gradient not.
+    # A parent shares its first child's input and its last child's output, so every ancestor
+    # of that module is such a module too: the deepest one is the origin.
+    made = []
+    for m, t, x in rows:
+        g_out, g_in = seen(t), seen(x)
+        for g in (g_out, g_in):
+            if math.isfinite(g) and g > best[0]:
+                best = (g, names.get(id(m), "?"))
+        if math.isfinite(g_out) and not math.isfinite(g_in):
+            made.append(names.get(id(m), "?"))
+    if made:
+        where = max(made, key=lambda n: -1 if n.startswith("(") else n.count(".") + 1)
+        origin_at = {"module": where, "phase": "backward", "kind": "input gradient"}
+    if origin_at is None:
+        owners = {id(p): n for n, p in model.named_parameters()}
+        for param, pv in zip(params, pvals, strict=True):
+            if not math.isfinite(pv):
+                name = owners.get(id(param), "?").rpartition(".")[0] or "?"
+                origin_at = {"module": name, "phase": "backward", "kind": "parameter gradient"}
+                break
+    if best[0] >= 0:
+        result["grad_max_abs"], result["grad_max_abs_module"] = best
+    return origin_at
+
+
+def _max_abs(tensors: list[torch.Tensor | None]) -> list[float]:
+    """The largest |t| of each tensor (0.0: None or empty; inf or NaN: not finite), one read."""
+    parts: list[torch.Tensor | None] = []
+    for t in tensors:
+        if t is None or t.numel() == 0:
+            parts.append(None)
+            continue
+        lo, hi = torch.aminmax(t.detach())
+        parts.append(torch.maximum(-lo, hi).float().reshape(()))  # NaN propagates
+    real = [p for p in parts if p is not None]
+    if not real:
+        return [0.0] * len(parts)
+    device = real[0].device
+    read = iter(torch.stack([p.to(device) for p in real]).cpu().tolist())
+    return [next(read) if p is not None else 0.0 for p in parts]
