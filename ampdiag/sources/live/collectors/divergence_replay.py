@@ -11,7 +11,10 @@ the step holds anyway) and to the gradient arriving at the model's output, with 
 it carries. Each step it reduces the model's output, the loss, that gradient and the parameter
 gradients' max |g|
 to a few scalars and reads them once (one host read per step: before the optimizer step, when
-one runs, else at the step's end; a GradScaler reads its own found-inf there already). At the
+one runs, else at the step's end; a GradScaler reads its own found-inf there already). On a
+GPU without an enabled GradScaler that read would make the host wait for the device on every
+step, so there the keeper keeps and reads nothing and says why (the divergence's cause then
+rests on the loss trend, or is unknown). At the
 FIRST non-finite step, before the weights change (before the optimizer step; when the
 GradScaler skipped the step, at its end: the weights did not change), `replay_step` runs that
 step's forward (and its backward, from the captured output gradient divided by the loss scale,
@@ -38,14 +41,17 @@ from ampdiag.compat.autocast import AutocastHeldOff
 from ampdiag.compat.dtensor import is_dtensor, local_tensor
 from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors.base import RunContext, internal_work, tensors_in
-from ampdiag.sources.live.collectors.fp32_replay import replaying
+from ampdiag.sources.live.collectors.fp32_replay import MAX_OUTPUT_VALUES, replaying
 
 #: Backward-only non-finite steps in a row (an enabled GradScaler skipping them) from which the
 #: skips are not the scaler searching its scale (from torch's 65536 it halves to 256 in 8
 #: skips): the replay runs on the last of them.
 PERSISTENT_SKIPS = 8
-#: The largest output gradient a replay's backward starts from (values): bounded memory.
-MAX_OUTPUT_VALUES = 1 << 26
+#: Why a GPU run without an enabled GradScaler is not checked (`ReplayKeeper`).
+NOT_CHECKED_ON_GPU = (
+    "not checked: on a GPU without an enabled GradScaler the per-step check would make the "
+    "host wait for the device on every step"
+)
 
 Token = Callable[[torch.Tensor], torch.Tensor]
 
@@ -78,6 +84,7 @@ class ReplayKeeper:
         # "forward" (the loss or the forward non-finite), "backward" (only the backward)
         self._records: dict[str, dict[str, Any]] = {}
         self._run: RunContext | None = None
+        self._not_checked: str | None = None  # why this run is not watched (a GPU, no scaler)
 
     @property
     def done(self) -> bool:
@@ -114,6 +121,8 @@ class ReplayKeeper:
     def _inputs(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         if self.done or self._run is None or not self._run.on_block_thread():
             return
+        if self._not_checked is not None:
+            return
         self._calls.append(_Call(tuple(args), dict(kwargs or {})))
 
     def _output(self, module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -136,7 +145,8 @@ class ReplayKeeper:
     def _grad(self, call: _Call, grad: torch.Tensor) -> None:
         try:
             with internal_work():
-                if call.grad is None:
+                # the largest output gradient kept (fp32_replay's bound): bounded memory
+                if call.grad is None and grad.numel() <= MAX_OUTPUT_VALUES:
                     call.grad = grad.detach()  # a reference: no copy (nothing writes into it)
                     live = compat_scaler.scale_tensor(self._run.scaler if self._run else None)
                     call.scale = live.detach().clone() if live is not None else None
@@ -180,6 +190,10 @@ class ReplayKeeper:
             return None
 
     def _check(self, run: RunContext, step: int, when: str) -> None:
+        if any(p.is_cuda for p in self._params[:1]) and not _scaler_enabled(run):
+            self._not_checked = NOT_CHECKED_ON_GPU
+            self._calls = []
+            return
         try:
             self._check_step(run, step, when)
         except Exception as exc:  # a broken check costs the replay, never the sentinel's step
@@ -251,10 +265,10 @@ class ReplayKeeper:
             grad = grad.float() / call.scale.to(grad.device)
         record["loss_scale"] = float(call.scale) if call.scale is not None else None
         why_no_backward = None
-        if grad is None:
-            why_no_backward = "no gradient reached the model's output"
-        elif grad.numel() > MAX_OUTPUT_VALUES:
+        if call.grads and call.grad is None:
             why_no_backward = f"the output gradient holds over {MAX_OUTPUT_VALUES} values"
+        elif grad is None:
+            why_no_backward = "no gradient reached the model's output"
         elif not bool(torch.isfinite(grad).all()):
             why_no_backward = "the gradient at the model's output was already non-finite"
         if why_no_backward is not None:
@@ -279,7 +293,10 @@ class ReplayKeeper:
 
         None: no step was non-finite (or only the scaler's search for its scale).
         """
-        return self._records.get("forward") or self._records.get("backward")
+        found = self._records.get("forward") or self._records.get("backward")
+        if found is None and self._not_checked is not None:
+            return {"error": self._not_checked}
+        return found
 
 
 def _gathers_across_ranks(model: torch.nn.Module) -> str | None:
