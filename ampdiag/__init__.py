@@ -8,7 +8,7 @@ Wrap training in ``with ampdiag.diagnose():`` and open the report it writes::
             ...
     print(d.out / "report.html")
 
-Importing ampdiag is light: torch, matplotlib, pandas and HTA load only when used.
+Importing ampdiag is light: torch, pandas and HTA load only when used (matplotlib never).
 """
 
 from __future__ import annotations

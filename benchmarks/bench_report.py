@@ -41,30 +41,21 @@ def timed(cmd: list[str], **kwargs: object) -> float:
     return time.perf_counter() - started
 
 
-def render_costs(trace: Path, repeat: int) -> tuple[float, float, int]:
-    """Median seconds of rendering the HTML (SVG figures) and of drawing its figures as PNG."""
+def render_costs(trace: Path, repeat: int) -> tuple[float, int]:
+    """Median seconds of rendering the HTML (its figures as inline SVG), and its size."""
     from ampdiag.analysis import analyze
-    from ampdiag.render import charts, png
     from ampdiag.render.html import render_html
-    from ampdiag.render.sections import time as time_section
     from ampdiag.sources.traces import session_from_traces
 
     session = session_from_traces(trace)
     session.findings = analyze(session)
-    html_s, png_s = [], []
+    html_s = []
     size = 0
     for _ in range(repeat):
         t = time.perf_counter()
         size = len(render_html(session).encode())
         html_s.append(time.perf_counter() - t)
-        figures = list(time_section.figures(session).values())
-        t = time.perf_counter()
-        png.draw.cache_clear()
-        for chart in figures:
-            png.draw(chart)
-        png_s.append(time.perf_counter() - t)
-    assert isinstance(figures[0], charts.Chart)
-    return statistics.median(html_s), statistics.median(png_s), size
+    return statistics.median(html_s), size
 
 
 def main() -> None:
@@ -101,9 +92,8 @@ def main() -> None:
         print(f"  {label:36s} {med[kind]:6.2f} s   [{runs}]")
     print(f"  HTA / ampdiag HTML: {med['hta'] / med['html']:.1f}x")
     print(f"  HTA / ampdiag JSON: {med['hta'] / med['json']:.1f}x")
-    html_s, png_s, size = render_costs(args.trace, args.repeat)
+    html_s, size = render_costs(args.trace, args.repeat)
     print(f"rendering the HTML alone (SVG figures): {html_s * 1000:.0f} ms, {size / 1024:.0f} KiB")
-    print(f"the time section's figures as PNG (matplotlib, TensorBoard): {png_s * 1000:.0f} ms")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Charts as data: what a figure shows, apart from how it is drawn.
 
 A section describes each figure as a `Chart`; the HTML report draws it as inline SVG
-(`ampdiag.render.svg`, plain string formatting, no matplotlib: a trace's report must not pay
-a second for a plotting library) and TensorBoard as a PNG (`ampdiag.render.png`, matplotlib's
-object-oriented API). Long series are aggregated here, before either draws them, so a run of
-100k steps gives a chart of a few hundred points in bounded time and size.
+(`ampdiag.render.svg`, plain string formatting, no plotting library: neither a report nor the
+user's exit pays a second to import one; TensorBoard draws its own charts from the scalars).
+Long series are aggregated here, before they are drawn, so a run of 100k steps gives a chart
+of a few hundred points in bounded time and size.
 """
 
 from __future__ import annotations

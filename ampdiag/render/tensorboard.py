@@ -11,13 +11,14 @@ one-point curve. Each tag is written by one function and carries its description
 shown in TensorBoard beside the chart. The figures are read from the session's headline
 figures (`ampdiag.analysis.figures`), the same values the HTML report and the console state.
 The findings are a Markdown table and one text entry per finding (tags ``ampdiag/findings``
-and ``findings/<id>``, stored as ``T/text_summary`` as torch's SummaryWriter does), and each
-section's charts are images.
+and ``findings/<id>``, stored as ``T/text_summary`` as torch's SummaryWriter does). There are
+no images: what the HTML report draws per step (step time, the profiled steps' host time by
+category) TensorBoard draws itself from the scalars, and a per-rank step time is a table row;
+drawing PNGs would cost the user's exit a plotting library's import.
 
 The events are written with TensorBoard's own writer and protobufs
 (``tensorboard.summary.writer``, ``tensorboard.compat.proto``), not torch's SummaryWriter, so
-``ampdiag report --format tensorboard`` imports no torch; a figure goes in as the PNG
-`ampdiag.render.png` draws, with no decoding.
+``ampdiag report --format tensorboard`` imports no torch.
 
 The profiler trace under out/trace/ is in the layout of TensorBoard's (deprecated) profiler
 plugin (``<run>/<worker>.<time>.pt.trace.json.gz``); Perfetto reads it directly.
@@ -25,7 +26,6 @@ plugin (``<run>/<worker>.<time>.pt.trace.json.gz``); Perfetto reads it directly.
 
 from __future__ import annotations
 
-import struct
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,17 +33,16 @@ from typing import Any
 
 from ampdiag import units as humanize
 from ampdiag._layout import TENSORBOARD_DIR
-from ampdiag.render import png, stated
-from ampdiag.render.charts import Chart
-from ampdiag.render.sections import gradscaler, ranks
-from ampdiag.render.sections import time as time_section
+from ampdiag.render import stated
+from ampdiag.render.sections import gradscaler
+from ampdiag.render.sections.time import categories
 from ampdiag.render.templating import merged_fixes
 from ampdiag.session import Session
 
 MiB = 1024**2
 
-#: Every tag this module writes (a findings/<id> text and a figure image aside), with the
-#: description TensorBoard shows beside it.
+#: Every tag this module writes (a findings/<id> text and a time/<category>_ms scalar aside),
+#: with the description TensorBoard shows beside it.
 TAGS: dict[str, str] = {
     "step/wall_time_ms": "Wall time of each step, ms (from one optimizer step to the next).",
     "step/loss": "The step's loss (the sum over its micro-batches).",
@@ -66,8 +65,17 @@ TAGS: dict[str, str] = {
         "FP32, time shares): the values the HTML report and the console state."
     ),
     "timeline/ranks": "Per-rank GPU idle, compute and non-compute shares of the traced window.",
+    "ranks/step_times": "Per-rank wall time per step (median, slowest), ms.",
     "ampdiag/findings": "Every finding of the run: severity, id and title.",
 }
+
+
+def describe(tag: str) -> str:
+    """The description TensorBoard shows beside a tag (`TAGS`; the per-category host times)."""
+    if tag.startswith("time/") and tag.endswith("_ms"):
+        cat = tag.removeprefix("time/").removesuffix("_ms")
+        return f"Host time in {cat} per profiled step, ms (the trace's step breakdown)."
+    return TAGS.get(tag, "")
 
 
 def _md(text: str) -> str:
@@ -142,7 +150,7 @@ class EventWriter:
             return summary_pb2.SummaryMetadata(plugin_data=data)
         self._described.add(tag)
         return summary_pb2.SummaryMetadata(
-            plugin_data=data, display_name=tag, summary_description=TAGS.get(tag, "")
+            plugin_data=data, display_name=tag, summary_description=describe(tag)
         )
 
     def _add(self, value: Any, step: int) -> None:
@@ -193,25 +201,9 @@ class EventWriter:
         meta = self._metadata(tag, "histograms")
         self._add(summary_pb2.Summary.Value(tag=_clean(tag), histo=histo, metadata=meta), step)
 
-    def add_png(self, tag: str, data: bytes, step: int = 0) -> None:
-        """A PNG as it is (its size and colour type read from its IHDR header)."""
-        from tensorboard.compat.proto import summary_pb2
-
-        width, height = struct.unpack(">II", data[16:24])
-        channels = {0: 1, 2: 3, 4: 2, 6: 4}.get(data[25], 4)
-        image = summary_pb2.Summary.Image(
-            height=height, width=width, colorspace=channels, encoded_image_string=data
-        )
-        self._add(summary_pb2.Summary.Value(tag=_clean(tag), image=image), step)
-
     def close(self) -> None:
         """Flushes and closes the event file."""
         self._file.close()
-
-
-def add_chart(writer: EventWriter, tag: str, chart: Chart, step: int = 0) -> None:
-    """Draws a chart as PNG and adds it to TensorBoard's image dashboard."""
-    writer.add_png(tag, png.draw(chart), step)
 
 
 def _steps(session: Session, writer: EventWriter) -> None:
@@ -305,15 +297,29 @@ def _findings(session: Session, writer: EventWriter) -> None:
 
 
 def _time(session: Session, writer: EventWriter) -> None:
-    """The time section's charts (its figures are in the summary table)."""
-    for name, chart in time_section.figures(session).items():
-        add_chart(writer, f"figures/time/{name}", chart)
+    """The profiled steps' host time by category, ms, as scalars (step = the profiled step).
+
+    Only from two profiled steps: one is a figure measured once (the summary's time shares).
+    """
+    breakdown = session.section("profiler").get("breakdown", {})
+    rows = breakdown.get("steps", [])
+    for row in rows if len(rows) >= 2 else []:
+        for cat in categories(breakdown):
+            value = row.get(f"{cat}_us")
+            if isinstance(value, (int, float)):
+                writer.add_scalar(f"time/{cat}_ms", float(value) / 1000, int(row["step"]))
 
 
 def _ranks(session: Session, writer: EventWriter) -> None:
-    """The per-rank step-time chart."""
-    for name, chart in ranks.figures(session).items():
-        add_chart(writer, f"figures/ranks/{name}", chart)
+    """Each rank's step time (median, slowest), one table row per rank."""
+    rows = []
+    for r in session.section("ranks").get("rows", []):
+        times = [float(t) for t in r.get("step_times_ms") or [] if isinstance(t, (int, float))]
+        if times:
+            times.sort()
+            rows.append((str(r["rank"]), f"{times[len(times) // 2]:.4g}", f"{times[-1]:.4g}"))
+    if rows:
+        writer.add_text("ranks/step_times", _table(("rank", "median ms", "slowest ms"), rows), 0)
 
 
 def _timeline(session: Session, writer: EventWriter) -> None:

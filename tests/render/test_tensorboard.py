@@ -161,8 +161,8 @@ def test_findings_text_and_figures_read_back(served: tuple) -> None:
         base, "/data/plugin/text/text", run=RUN, tag="findings/fp16-grad-underflow/text_summary"
     )
     assert "init_scale=2.0**20" in one[0]["text"] and "31.0%" in one[0]["text"]
-    images = get_json(base, "/data/plugin/images/tags")[RUN]
-    assert {"figures/time/step-times", "figures/time/speed-probe"} <= set(images)
+    # no images: TensorBoard draws the per-step figures from the scalars
+    assert get_json(base, "/data/plugin/images/tags").get(RUN, {}) == {}
 
 
 def test_tensorboard_output_without_optional_data(tmp_path: Path) -> None:
@@ -170,23 +170,30 @@ def test_tensorboard_output_without_optional_data(tmp_path: Path) -> None:
     assert list(folder.glob("events.out.tfevents.*"))
 
 
-def test_histograms_and_images_read_back_by_tensorboards_reader(tmp_path: Path) -> None:
+def test_histograms_and_step_breakdown_read_back_by_tensorboards_reader(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing import event_accumulator
-
-    from ampdiag.render import png
-    from ampdiag.render.sections.time import figures
 
     steps = [{"index": i, "wall_s": 0.01 * (i + 1)} for i in range(4)]
     session = Session(steps=steps)  # type: ignore[arg-type]
     session.sections["gradients"] = {"hist_held": {"-3": 5, "0": 2}}
+    breakdown = {
+        "share": {"forward": 0.6, "backward": 0.4},
+        "steps": [
+            {"step": 2, "forward_us": 3000.0, "backward_us": 2000.0},
+            {"step": 3, "forward_us": 3500.0, "backward_us": 1500.0},
+        ],
+    }
+    session.sections["profiler"] = {"breakdown": breakdown}
     folder = write_tensorboard(session, tmp_path)
     acc = event_accumulator.EventAccumulator(str(folder), size_guidance={"images": 0})
     acc.Reload()
+    assert acc.Tags()["images"] == []
+    # each profiled step's host time per category, in ms, at that step
+    fwd = [(e.step, e.value) for e in acc.Scalars("time/forward_ms")]
+    bwd = [(e.step, e.value) for e in acc.Scalars("time/backward_ms")]
+    assert fwd == [(2, 3.0), (3, 3.5)] and bwd == [(2, 2.0), (3, 1.5)]
     (h,) = acc.Histograms("numerics/log2_grad_held")
     # counted by hand: 5 values in [-3, -2), 2 in [0, 1)
     assert h.histogram_value.num == 7 and h.histogram_value.sum == -15.0
     assert list(h.histogram_value.bucket_limit) == [-2.0, 1.0]
     assert list(h.histogram_value.bucket) == [5.0, 2.0]
-    (img,) = acc.Images("figures/time/step-times")
-    expected = png.draw(figures(session)["step-times"])
-    assert img.encoded_image_string == expected and img.width > 100 and img.height > 50
