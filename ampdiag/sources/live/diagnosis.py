@@ -15,7 +15,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, fields, replace
 from functools import partial
 from pathlib import Path
@@ -519,6 +519,20 @@ def diagnose(
         ...     for x, y in loader:
         ...         train_step(x, y)
     """
+    settings = make_config(config, overrides)
+    return Diagnosis(model, optimizer, scaler, out, settings, collectors)
+
+
+def make_config(config: DiagnoseConfig | None, overrides: Mapping[str, Any]) -> DiagnoseConfig:
+    """``config`` (default: `DiagnoseConfig()`) with ``overrides`` on top, checked.
+
+    What ``diagnose()`` and the framework callbacks (`ampdiag.integrations`) accept alike.
+
+    Raises:
+        TypeError: An unknown setting, or ``config`` is not a `DiagnoseConfig`.
+        ValueError: ``steps`` is not a window of steps, or ``trigger`` is unknown.
+    """
+    overrides = dict(overrides)
     names = {f.name for f in fields(DiagnoseConfig)}
     if "steps" in overrides:  # a range is the same window as its (start, stop)
         overrides["steps"] = window_steps(overrides["steps"])
@@ -528,8 +542,8 @@ def diagnose(
     if config is not None and not isinstance(config, DiagnoseConfig):
         kind = type(config).__name__
         raise TypeError(f"diagnose(config=...) takes a DiagnoseConfig, not {kind}")
-    settings = replace(config or DiagnoseConfig(), **overrides)  # type: ignore[arg-type]
+    settings = replace(config or DiagnoseConfig(), **overrides)
     settings.steps = window_steps(settings.steps)
     if settings.trigger is not None and settings.trigger not in TRIGGERS:
-        raise ValueError(f"diagnose(trigger={settings.trigger!r}): known triggers {TRIGGERS}")
-    return Diagnosis(model, optimizer, scaler, out, settings, collectors)
+        raise ValueError(f"trigger={settings.trigger!r}: the known triggers are {TRIGGERS}")
+    return settings

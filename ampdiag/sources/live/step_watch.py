@@ -45,6 +45,7 @@ class StepWatch:
     ) -> None:
         self.step = first_step
         self.paused = False  # a window's block counts the steps itself meanwhile
+        self.last_loss: float | None = None  # the loss of the step that ended last
         self._on_boundary = on_boundary
         self._thread = threading.get_ident()
         self._primary: int | None = None
@@ -81,6 +82,7 @@ class StepWatch:
 
     def _boundary(self) -> None:
         loss = self._take_loss()
+        self.last_loss = loss
         step = self.step
         self.step = step + 1
         self._on_boundary(step, loss)
@@ -110,11 +112,7 @@ class StepWatch:
                 if watch._mine():
                     if watch._scaler is None:
                         watch._scaler = scaler
-                    if (
-                        watch._losses
-                        and isinstance(outputs, torch.Tensor)
-                        and outputs.numel() == 1
-                    ):
+                    if watch._losses and isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
                         watch._add_loss(outputs, True)
                 return original(scaler, outputs)
 

@@ -37,11 +37,14 @@ class Block(Protocol):
         tb: TracebackType | None,
     ) -> None: ...
 
-    def stop(self, raised: bool) -> None: ...
+    def stop(self, raised: bool) -> None:
+        """Removes every hook (the first half of the exit)."""
 
-    def finish(self, exc: BaseException | None, tb: TracebackType | None) -> None: ...
+    def finish(self, exc: BaseException | None, tb: TracebackType | None) -> None:
+        """Writes the session and report (the second half)."""
 
-    def step(self) -> None: ...
+    def step(self) -> None:
+        """Marks a step boundary by hand."""
 
 
 class StepWindow:

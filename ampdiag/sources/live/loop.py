@@ -1,0 +1,98 @@
+"""A framework's training loop driving a window of steps: the core of every integration.
+
+A framework (Hugging Face Trainer, Lightning) has its own step counter and calls back at each
+step's start and end, between two steps: the safe place to open a diagnosis (every collector
+attached before the step's first forward) and to close it and write the session and report
+(no optimizer step in progress). `LoopWindow` is what its callbacks call, framework-free; the
+adapters in `ampdiag.integrations` only translate the framework's events into these calls,
+with the framework's step index (``trainer.state.global_step``, ``trainer.global_step``: the
+optimizer updates done so far, so the one about to run is that number).
+
+Outside the window nothing of ampdiag's is installed, except for a trigger, which needs each
+step's loss: a `StepWatch` then sums the losses passed to ``backward`` (one patch) until the
+window opens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ampdiag.config import DiagnoseConfig
+from ampdiag.session import Session
+from ampdiag.sources.live.diagnosis import Diagnosis, default_out
+from ampdiag.sources.live.step_watch import StepWatch
+from ampdiag.sources.live.window import WindowDriver
+
+
+class LoopWindow:
+    """One training run's window, driven by a framework's callbacks.
+
+    Args:
+        config: The settings (``steps`` or ``trigger``; neither: every step from the start).
+        out: The output folder (default: a new ``reports/run-<time>/``), checked at `begin`.
+    """
+
+    def __init__(self, config: DiagnoseConfig, out: str | Path | None = None) -> None:
+        self.config = config
+        self.out = Path(out) if out is not None else default_out()
+        self._driver: WindowDriver | None = None
+        self._watch: StepWatch | None = None
+        self.session: Session | None = None
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the window's block observes now."""
+        return self._driver is not None and self._driver.is_open
+
+    def begin(self, step: int) -> None:
+        """The run begins at step ``step`` (a resumed run: past 0)."""
+        self.end()  # a previous run that ended without telling (an exception in the Trainer)
+        config = self.config
+        if config.steps is None and config.trigger is None:
+            config = self.config = _every_step(config)
+        self._driver = WindowDriver(Diagnosis, self.out, config)
+        if self._driver.window.watches_losses:
+            self._watch = StepWatch(_ignore, first_step=step, losses=True)
+
+    def step_begin(self, step: int) -> None:
+        """Step ``step`` begins: the window may open."""
+        driver = self._driver
+        if driver is None or driver.diagnosis is not None:
+            return
+        driver.step_begin(step)
+        if driver.diagnosis is not None:
+            self._drop_watch()  # the window's block reads the losses now
+
+    def step_end(self, step: int) -> None:
+        """Step ``step`` ended: the window may close (its session and report are written)."""
+        driver = self._driver
+        if driver is None:
+            return
+        loss = self._watch.last_loss if self._watch is not None else None
+        driver.step_end(step, loss)
+        if driver.diagnosis is not None and not driver.is_open:
+            self.session = driver.diagnosis.session
+
+    def end(self, exc: BaseException | None = None) -> Session | None:
+        """The run ended (``exc``: the exception that ended it): everything is removed."""
+        driver, self._driver = self._driver, None
+        self._drop_watch()
+        if driver is not None:
+            self.session = driver.end(exc).session
+        return self.session
+
+    def _drop_watch(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.close()
+
+
+def _every_step(config: DiagnoseConfig) -> DiagnoseConfig:
+    """No window named: the whole run is the window (from its first step on)."""
+    from dataclasses import replace
+
+    return replace(config, steps=(0, 2**62))
+
+
+def _ignore(step: int, loss: float | None) -> None:
+    """The framework counts the steps: the watch's own boundaries are not needed."""
