@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ampdiag._layout import REPORT_FILE
 from ampdiag._version import __version__
@@ -137,7 +137,13 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
                 help=text,
             )
             continue
-        convert = {"int": int, "float": float, "str": str, "tuple[int, int]": _window}.get(kind)
+        converters: dict[str, Callable[[str], Any]] = {
+            "int": int,
+            "float": float,
+            "str": str,
+            "tuple[int, int]": _window,
+        }
+        convert = converters.get(kind)
         if convert is None:
             raise TypeError(f"DiagnoseConfig.{f.name}: no flag for a setting of type {f.type}")
         metavar = {"int": "N", "float": "X", "str": "TEXT", "tuple[int, int]": "A:B"}[kind]

@@ -68,8 +68,7 @@ class LoopWindow:
         driver = self._driver
         if driver is None:
             return
-        loss = self._watch.last_loss if self._watch is not None else None
-        driver.step_end(step, loss)
+        driver.step_end(step, self._watch.ready_losses() if self._watch is not None else [])
         if driver.diagnosis is not None and not driver.is_open:
             self.session = driver.diagnosis.session
 
@@ -94,5 +93,5 @@ def _every_step(config: DiagnoseConfig) -> DiagnoseConfig:
     return replace(config, steps=(0, 2**62))
 
 
-def _ignore(step: int, loss: float | None) -> None:
+def _ignore(step: int) -> None:
     """The framework counts the steps: the watch's own boundaries are not needed."""

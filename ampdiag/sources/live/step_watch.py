@@ -7,12 +7,14 @@ a GradScaler after its ``update()``, since ``scaler.step`` may skip ``optimizer.
 ``d.step()`` once called), so that the window opens at the step it names. That is one global
 optimizer post-hook callback and one observe-only patch of ``GradScaler.update``: a Python
 call per step. For the trigger, the losses passed to ``backward`` and ``GradScaler.scale`` are
-summed per step too (a patch of ``Tensor.backward``) and read on the host once per step.
-Everything is removed by `StepWatch.close`.
+summed per step too (a patch of ``Tensor.backward``) and copied to the host without waiting
+(`_host.Deferred`: on the CPU at once, on CUDA read at a later boundary once the copy is done,
+so the loop never waits for the device). Everything is removed by `StepWatch.close`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 
 from ampdiag.sources.live import global_hooks
+from ampdiag.sources.live.collectors._host import Deferred
 from ampdiag.sources.live.collectors.base import is_internal_work
 from ampdiag.sources.live.patching import Patches
 
@@ -28,8 +31,7 @@ class StepWatch:
     """Counts step boundaries and, optionally, reads each step's loss.
 
     Args:
-        on_boundary: Called with the index of the step that ended and its loss (None when
-            losses are not watched or the step had none).
+        on_boundary: Called with the index of the step that ended.
         first_step: The index of the step in progress when the watch starts.
         losses: Also sum each step's losses (for a trigger).
         scaler: A GradScaler known from the start (its ``update()`` ends the steps).
@@ -37,7 +39,7 @@ class StepWatch:
 
     def __init__(
         self,
-        on_boundary: Callable[[int, float | None], None],
+        on_boundary: Callable[[int], None],
         *,
         first_step: int = 0,
         losses: bool = False,
@@ -45,7 +47,7 @@ class StepWatch:
     ) -> None:
         self.step = first_step
         self.paused = False  # a window's block counts the steps itself meanwhile
-        self.last_loss: float | None = None  # the loss of the step that ended last
+        self._inflight: list[tuple[int, Deferred]] = []  # step losses on their way
         self._on_boundary = on_boundary
         self._thread = threading.get_ident()
         self._primary: int | None = None
@@ -81,21 +83,25 @@ class StepWatch:
         self._boundary()
 
     def _boundary(self) -> None:
-        loss = self._take_loss()
-        self.last_loss = loss
         step = self.step
-        self.step = step + 1
-        self._on_boundary(step, loss)
-
-    def _take_loss(self) -> float | None:
         current = self._scaled if self._scaled is not None else self._plain
         self._scaled = self._plain = None
-        if current is None:
-            return None
-        try:
-            return float(current)  # one host read per step (the trigger needs the value now)
-        except Exception:  # a loss that cannot be read (a meta tensor): none
-            return None
+        if current is not None:
+            # a loss that cannot be read (a meta tensor): none
+            with contextlib.suppress(Exception):
+                self._inflight.append((step, Deferred(current, copy=False)))
+        self.step = step + 1
+        self._on_boundary(step)
+
+    def ready_losses(self) -> list[tuple[int, float]]:
+        """(step, loss) of the steps whose loss reached the host, oldest first (no wait)."""
+        out: list[tuple[int, float]] = []
+        while self._inflight and self._inflight[0][1].ready():
+            step, deferred = self._inflight.pop(0)
+            values = deferred.values()
+            if values:
+                out.append((step, values[0]))
+        return out
 
     def _add_loss(self, loss: torch.Tensor, from_scaler: bool) -> None:
         value = loss.detach().reshape(()).float()
@@ -151,3 +157,4 @@ class StepWatch:
             handle.remove()
         self._patches.restore()
         self._scaled = self._plain = None
+        self._inflight.clear()

@@ -13,7 +13,7 @@ step watch (`sources/live/windowed.py`), or a framework's loop through its callb
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
@@ -73,10 +73,9 @@ class StepWindow:
         """Whether the step losses are still needed (a trigger that has not fired)."""
         return self._detector is not None and self.spike is None
 
-    def saw_step(self, step: int, loss: float | None) -> None:
-        """Step ``step`` ended with ``loss`` (None when it had none): the trigger may fire."""
-        self.last_step = step
-        if self._detector is None or self.spike is not None or loss is None:
+    def saw_loss(self, step: int, loss: float) -> None:
+        """Step ``step``'s loss (read maybe a step or two later): the trigger may fire."""
+        if self._detector is None or self.spike is not None:
             return
         spike = self._detector.add(step, loss)
         if spike is None:
@@ -90,7 +89,15 @@ class StepWindow:
         """Whether the window opens as step ``step`` begins."""
         if self.opened_at is not None or self._first is None or self._end is None:
             return False
+        if self.spike is not None:
+            return step >= self._first  # a loss read late: the window starts late, whole
         return self._first <= step < self._end
+
+    def open_at(self, step: int) -> None:
+        """The window opened as step ``step`` began."""
+        self.opened_at = step
+        if self.spike is not None:
+            self._first, self._end = step, step + self.trigger_steps
 
     def closes_after(self, step: int) -> bool:
         """Whether the window closes as step ``step`` ends."""
@@ -157,7 +164,7 @@ class WindowDriver:
         """Step ``step`` begins: opens the window's block there when it is the window's."""
         if self.diagnosis is not None or not self.window.opens(step):
             return
-        self.window.opened_at = step
+        self.window.open_at(step)
         d = self._make(
             model,
             optimizer,
@@ -179,15 +186,16 @@ class WindowDriver:
         if not self._closing and self.window.closes_after(step):
             self.close()
 
-    def step_end(self, step: int, loss: float | None = None) -> None:
-        """Step ``step`` ended (as its counter sees it) with ``loss`` (for the trigger)."""
+    def step_end(self, step: int, losses: Sequence[tuple[int, float]] = ()) -> None:
+        """Step ``step`` ended (as its counter sees it); ``losses``: (step, loss) read since."""
+        self.window.last_step = step
         if self.is_open:
-            self.window.last_step = step
             if self.window.closes_after(step):
                 self.close()
             return
         if self.diagnosis is None:
-            self.window.saw_step(step, loss)
+            for at, loss in losses:
+                self.window.saw_loss(at, loss)
 
     def close(self, exc: BaseException | None = None) -> None:
         """Closes the window's block (``exc``: the user's exception that ended it)."""

@@ -64,10 +64,11 @@ class Windowed:
         if self.driver.diagnosis is not None and self._watch is not None:
             self._watch.paused = True  # the window's block counts its own steps
 
-    def _boundary(self, step: int, loss: float | None) -> None:
+    def _boundary(self, step: int) -> None:
         if self.driver.diagnosis is not None:
             return  # opened already: one window per block
-        self.driver.step_end(step, loss)
+        watch = self._watch
+        self.driver.step_end(step, watch.ready_losses() if watch is not None else [])
         self._open_if_due(step + 1)
 
     def exit(self, exc: BaseException | None) -> Block:
