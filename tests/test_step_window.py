@@ -9,6 +9,7 @@ while the window is closed).
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,14 +21,10 @@ from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
 import ampdiag
-from ampdiag.sources.live.loss_spike import (
-    FLOOR,
-    HISTORY,
-    MAD_TO_SIGMA,
-    MIN_HISTORY,
-    K,
-    SpikeDetector,
-)
+from ampdiag.sources.live.loss_spike import SpikeDetector
+
+# The bound as DiagnoseConfig.trigger documents it (not read from the product's constants).
+K, MAD_TO_SIGMA, FLOOR, HISTORY, MIN_HISTORY = 6.0, 1.4826, 0.05, 32, 8
 
 QUIET: dict[str, Any] = {
     "report": False,
@@ -209,6 +206,14 @@ def test_the_spike_bound_is_the_documented_one() -> None:
     assert fed(flat).add(40, 2.0 * (1 + K * FLOOR) - 1e-6) is None
     assert fed(flat).add(40, 2.0 * (1 + K * FLOOR) + 1e-6) is not None
     assert fed(flat).add(40, math.nan) is not None
+    # The bound rests on the last 32 losses, older ones forgotten (computed here by hand).
+    mixed = [100.0] * 50 + noisy[:16] + [3.0] * 16
+    recent = mixed[-HISTORY:]
+    m = statistics.median(recent)
+    mad = statistics.median(abs(v - m) for v in recent)
+    expected = m + K * max(MAD_TO_SIGMA * mad, FLOOR * m)
+    assert fed(mixed).add(99, expected - 1e-6) is None
+    assert fed(mixed).add(99, expected + 1e-6) is not None
     # Too short a history: only a non-finite loss is a spike.
     assert fed(flat[: MIN_HISTORY - 1]).add(9, 1e9) is None
     assert fed(flat[: MIN_HISTORY - 1]).add(9, math.inf) is not None
