@@ -250,3 +250,49 @@ def test_a_healthy_noisy_loss_never_triggers(tmp_path: Path) -> None:
     assert d.session is not None and d.session.steps == []
     assert d.session.sections["run"]["window"]["spike"] is None
     assert "never fired" in d.session.sections["run"]["warnings"][0]
+
+
+@pytest.mark.parametrize("fail_at", [12, 20], ids=["inside", "after"])
+def test_an_error_inside_the_window_is_the_sessions_after_it_is_not(
+    tmp_path: Path, fail_at: int
+) -> None:
+    before = installed()
+    loop = Loop(steps=24)
+
+    def fail(step: int) -> None:
+        if step == fail_at:
+            raise ValueError("boom")
+
+    with (
+        pytest.raises(ValueError, match="boom"),
+        ampdiag.diagnose(out=tmp_path, steps=(10, 15), **QUIET),
+    ):
+        loop.run(on_step=fail)
+    assert installed() == before
+    session = ampdiag.load(tmp_path)
+    if fail_at < 15:  # the window was open: its steps so far, and the user's error
+        assert session.status == "error" and "boom" in str(session.error)
+        assert [s["index"] for s in session.steps] == list(range(10, fail_at + 1))
+    else:  # the window had closed whole before the error
+        assert session.status == "ok"
+        assert [s["index"] for s in session.steps] == list(range(10, 15))
+
+
+def test_trigger_within_steps_opens_only_for_a_spike_inside_them(tmp_path: Path) -> None:
+    # The loop's own losses (run without ampdiag): the injected spike at 20, and from step
+    # 40 on losses within 10x of those before it.
+    spiked = plain(steps=50, spike_at=20).losses
+    assert spiked[20] > 100 * max(spiked[10:20]) and max(spiked[40:]) < 10 * max(spiked[10:20])
+    loop = Loop(steps=50, spike_at=20)
+    with ampdiag.diagnose(
+        out=tmp_path, steps=(40, 50), trigger="loss-spike", trigger_steps=3, **QUIET
+    ) as d:
+        loop.run()
+    assert d.session is not None and d.session.steps == []  # the spike at 20 is outside
+    loop = Loop(steps=50, spike_at=44)
+    with ampdiag.diagnose(
+        out=tmp_path / "b", steps=(40, 50), trigger="loss-spike", trigger_steps=3, **QUIET
+    ) as d:
+        loop.run()
+    assert d.session is not None
+    assert [s["index"] for s in d.session.steps] == [45, 46, 47]

@@ -204,7 +204,7 @@ class Diagnosis:
     ) -> None:
         if self._windowed is not None:
             block = self._windowed.exit(exc)
-            self.session = block.session
+            self.session, self.run = block.session, block.run
             return
         # First take everything out of the user's process, then describe what happened,
         # defensively, and write what was collected.

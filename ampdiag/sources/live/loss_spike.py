@@ -11,8 +11,10 @@ spike when
 
 or when it is not finite. The floor keeps a flat loss (MAD near 0) from calling every tiny
 wobble a spike: a spike is then at least ``K x FLOOR`` = 30% above the median. Nothing is
-called a spike before `MIN_HISTORY` finite losses were seen, and a spike does not enter the
-history (the bound stays that of the steps before it). No torch here: values are floats.
+called a spike before `MIN_HISTORY` finite losses were seen. A spike enters the history like
+any finite loss (the median and the MAD hardly move for one outlier), so a lasting change of
+level becomes the new normal within half the history instead of being a spike forever. No
+torch here: values are floats.
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ class SpikeDetector:
             if limits is None:
                 return Spike(step, loss, math.nan, math.nan, math.nan, len(self._history))
             return Spike(step, loss, *limits, len(self._history))
-        if limits is not None and loss > limits[0]:
-            return Spike(step, loss, *limits, len(self._history))
+        seen = len(self._history)
         self._history.append(loss)
+        if limits is not None and loss > limits[0]:
+            return Spike(step, loss, *limits, seen)
         return None
