@@ -116,3 +116,16 @@ def test_an_exception_inside_the_window_closes_it_with_the_error(tmp_path: Path)
     session = ampdiag.load(tmp_path / "diag")
     assert session.status == "error" and "boom" in str(session.error)
     assert [s["index"] for s in session.steps] == [WINDOW[0]]
+
+
+def test_a_callback_with_no_window_diagnoses_every_step(tmp_path: Path) -> None:
+    from ampdiag.integrations.lightning import DiagnoseCallback
+
+    callback = DiagnoseCallback(out=tmp_path / "diag", **SETTINGS)
+    module = fit(tmp_path / "run", [callback])
+    session = callback.session
+    assert session is not None and session.status == "ok"
+    assert [s["index"] for s in session.steps] == list(range(STEPS))
+    expected = [sum(module.losses[i]) / ACCUM for i in range(STEPS)]
+    assert [s["loss"] for s in session.steps] == pytest.approx(expected, rel=1e-5)
+    assert session.sections["run"]["window"]["planned"] == [0, None]

@@ -47,10 +47,7 @@ class LoopWindow:
     def begin(self, step: int) -> None:
         """The run begins at step ``step`` (a resumed run: past 0)."""
         self.end()  # a previous run that ended without telling (an exception in the Trainer)
-        config = self.config
-        if config.steps is None and config.trigger is None:
-            config = self.config = _every_step(config)
-        self._driver = WindowDriver(Diagnosis, self.out, config)
+        self._driver = WindowDriver(Diagnosis, self.out, self.config)
         if self._driver.window.watches_losses:
             self._watch = StepWatch(_ignore, first_step=step, losses=True)
 
@@ -84,13 +81,6 @@ class LoopWindow:
         watch, self._watch = self._watch, None
         if watch is not None:
             watch.close()
-
-
-def _every_step(config: DiagnoseConfig) -> DiagnoseConfig:
-    """No window named: the whole run is the window (from its first step on)."""
-    from dataclasses import replace
-
-    return replace(config, steps=(0, 2**62))
 
 
 def _ignore(step: int) -> None:

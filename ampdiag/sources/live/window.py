@@ -47,11 +47,16 @@ class Block(Protocol):
         """Marks a step boundary by hand."""
 
 
+#: The end of a window that is the whole run (no step index reaches it).
+WHOLE_RUN = 2**62
+
+
 class StepWindow:
     """Which steps are diagnosed: ``config.steps``, or those after a loss spike (one window).
 
     Args:
-        config: ``steps``, ``trigger`` and ``trigger_steps`` are read.
+        config: ``steps``, ``trigger`` and ``trigger_steps`` are read; neither ``steps`` nor
+            ``trigger`` (a framework callback given no window): every step from the first.
     """
 
     def __init__(self, config: DiagnoseConfig) -> None:
@@ -62,8 +67,8 @@ class StepWindow:
         self.spike: Spike | None = None
         self._first: int | None = None
         self._end: int | None = None
-        if self._detector is None and self.steps is not None:
-            self._first, self._end = self.steps
+        if self._detector is None:
+            self._first, self._end = self.steps or (0, WHOLE_RUN)
         self.opened_at: int | None = None
         self.closed_after: int | None = None
         self.last_step: int | None = None  # the last step seen ending
@@ -109,7 +114,11 @@ class StepWindow:
             "steps": list(self.steps) if self.steps is not None else None,
             "trigger": self.trigger,
             "trigger_steps": self.trigger_steps if self.trigger else None,
-            "planned": [self._first, self._end] if self._first is not None else None,
+            "planned": (
+                [self._first, self._end if self._end != WHOLE_RUN else None]
+                if self._first is not None
+                else None
+            ),
             "opened_at": self.opened_at,
             "closed_after": self.closed_after,
             "last_step_seen": self.last_step,
