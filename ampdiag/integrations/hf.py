@@ -11,7 +11,8 @@ diagnosis opens at ``on_step_begin`` of its first step and closes at ``on_step_e
 last, where the session and report are written; the model, optimizer and GradScaler are the
 ones the Trainer runs (Accelerate's wrappers included), found as they run. The Trainer has no
 callback for an exception: a run that raises inside the window keeps its diagnosis open until
-the next ``train()`` with this callback begins, or the callback is closed (`close`).
+the next ``train()`` with this callback begins, the callback is closed (`close`), or the
+interpreter exits (then with the uncaught error: ``status: error``).
 """
 
 from __future__ import annotations

@@ -156,3 +156,46 @@ def test_loss_spike_trigger_opens_the_window_after_the_injected_spike(tmp_path: 
     assert spike["step"] == spike_at
     assert spike["loss"] == pytest.approx(sum(trainer.losses[spike_at]), rel=1e-3)
     assert [s["index"] for s in session.steps] == [spike_at + 1, spike_at + 2, spike_at + 3]
+
+
+SCRIPT = """
+import sys, torch, transformers
+from ampdiag.integrations.hf import DiagnoseCallback
+from tests.frameworks.test_window_hf import Tokens, VOCAB, SEQ
+
+class Failing(transformers.Trainer):
+    def compute_loss(self, *args, **kwargs):
+        if self.state.global_step == 5:
+            raise RuntimeError("boom at step 5")
+        return super().compute_loss(*args, **kwargs)
+
+torch.manual_seed(0)
+cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=16, n_layer=1, n_head=2)
+args = transformers.TrainingArguments(
+    output_dir=sys.argv[1] + "/hf", use_cpu=True, max_steps=8, per_device_train_batch_size=4,
+    save_strategy="no", report_to=[], disable_tqdm=True, logging_steps=1000,
+)
+callback = DiagnoseCallback(steps=(3, 7), out=sys.argv[1] + "/diag", report=False,
+                            tensorboard=False, console=False, speed_probe=False)
+Failing(model=transformers.GPT2LMHeadModel(cfg), args=args, train_dataset=Tokens(64),
+        callbacks=[callback]).train()
+"""
+
+
+def test_a_script_that_dies_inside_the_window_still_leaves_its_session(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1 and "boom at step 5" in proc.stderr
+    session = ampdiag.load(tmp_path / "diag")
+    assert session.status == "error" and "boom at step 5" in str(session.error)
+    assert [s["index"] for s in session.steps] == [3, 4]

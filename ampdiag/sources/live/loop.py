@@ -11,10 +11,17 @@ optimizer updates done so far, so the one about to run is that number).
 Outside the window nothing of ampdiag's is installed, except for a trigger, which needs each
 step's loss: a `StepWatch` then sums the losses passed to ``backward`` (one patch) until the
 window opens.
+
+A framework with no callback for an exception (the HF Trainer) cannot say that its run raised
+inside the window: the next `begin` closes what was left open, and so does the interpreter's
+exit (``atexit``), with the uncaught exception Python kept (``sys.last_value``), so a script
+that dies inside the window still leaves its session and report.
 """
 
 from __future__ import annotations
 
+import atexit
+import sys
 from pathlib import Path
 
 from ampdiag.config import DiagnoseConfig
@@ -48,6 +55,7 @@ class LoopWindow:
         """The run begins at step ``step`` (a resumed run: past 0)."""
         self.end()  # a previous run that ended without telling (an exception in the Trainer)
         self._driver = WindowDriver(Diagnosis, self.out, self.config)
+        atexit.register(self._at_exit)
         if self._driver.window.watches_losses:
             self._watch = StepWatch(_ignore, first_step=step, losses=True)
 
@@ -74,8 +82,14 @@ class LoopWindow:
         driver, self._driver = self._driver, None
         self._drop_watch()
         if driver is not None:
+            atexit.unregister(self._at_exit)
             self.session = driver.end(exc).session
         return self.session
+
+    def _at_exit(self) -> None:
+        """The interpreter exits with the run unfinished: what the window saw is written."""
+        last = getattr(sys, "last_value", None)
+        self.end(last if isinstance(last, BaseException) else None)
 
     def _drop_watch(self) -> None:
         watch, self._watch = self._watch, None
