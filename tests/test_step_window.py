@@ -296,3 +296,28 @@ def test_trigger_within_steps_opens_only_for_a_spike_inside_them(tmp_path: Path)
         loop.run()
     assert d.session is not None
     assert [s["index"] for s in d.session.steps] == [45, 46, 47]
+
+
+def test_the_last_optimizer_hook_removed_inside_its_own_call_waits() -> None:
+    # A window closing at its last step's boundary removes ampdiag's callbacks from inside
+    # torch's loop over its optimizer hooks: removing torch's hook right then would make the
+    # user's optimizer.step() raise ("dictionary changed size during iteration").
+    from ampdiag.sources.live import global_hooks
+
+    before = len(optim_module._global_optimizer_post_hooks)
+    handles: list[global_hooks.Handle] = []
+    handles.append(global_hooks.add(global_hooks.OPTIMIZER_POST, lambda o: handles[0].remove()))
+    calls: list[int] = []  # the user's own global hook, after ampdiag's in torch's dict
+    theirs = optim_module.register_optimizer_step_post_hook(lambda o, a, k: calls.append(1))
+    try:
+        model = nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.ones(1, 2)).sum().backward()
+        opt.step()  # no error, and the user's hook after ours still ran
+        assert calls == [1]
+        assert len(optim_module._global_optimizer_post_hooks) == before + 2  # removal waited
+        global_hooks.block_started()  # the next safe point removes it
+        global_hooks.block_ended()
+        assert len(optim_module._global_optimizer_post_hooks) == before + 1
+    finally:
+        theirs.remove()
