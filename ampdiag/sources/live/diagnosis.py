@@ -98,6 +98,7 @@ class Diagnosis:
         # Before the collectors are made: their imports (sympy, numpy) may add warning filters.
         self._filters = ImportFilters()
         self.out = Path(out) if out is not None else default_out()
+        self._root = self.out  # before the rank's folder: a window's block adds its own
         ranks = distributed_info()
         if ranks["world_size"] > 1:
             # One session per rank, side by side, so a report can merge them.
@@ -157,7 +158,9 @@ class Diagnosis:
 
     def __enter__(self) -> Diagnosis:
         if self._outer_window:
-            self._windowed = Windowed(type(self), self.out, self.config, self._chosen, self._given)
+            self._windowed = Windowed(
+                type(self), self._root, self.config, self._chosen, self._given
+            )
             self._windowed.enter()
             return self
         check_writable(self.out)
