@@ -321,3 +321,15 @@ def test_the_last_optimizer_hook_removed_inside_its_own_call_waits() -> None:
         assert len(optim_module._global_optimizer_post_hooks) == before + 1
     finally:
         theirs.remove()
+
+
+def test_a_window_on_one_rank_writes_into_its_rank_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ampdiag.sources.live import diagnosis
+
+    monkeypatch.setattr(diagnosis, "distributed_info", lambda: {"world_size": 2, "rank": 1})
+    with ampdiag.diagnose(out=tmp_path, steps=(2, 4), **QUIET) as d:
+        Loop(steps=6).run()
+    assert d.out == tmp_path / "rank-1" and not (tmp_path / "rank-1" / "rank-1").exists()
+    assert [s["index"] for s in ampdiag.load(tmp_path / "rank-1" / "session.json").steps] == [2, 3]
