@@ -19,7 +19,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.callbacks import Callback
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # the package's older name (its Trainer takes only its own Callback)
+    from pytorch_lightning.callbacks import Callback  # type: ignore[assignment, import-not-found, unused-ignore]
 
 from ampdiag.config import DiagnoseConfig
 from ampdiag.session import Session
