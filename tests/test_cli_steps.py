@@ -12,8 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = ["--no-report", "--no-tensorboard", "--no-console", "--no-speed-probe"]
 
