@@ -333,3 +333,27 @@ def test_a_window_on_one_rank_writes_into_its_rank_folder(
         Loop(steps=6).run()
     assert d.out == tmp_path / "rank-1" and not (tmp_path / "rank-1" / "rank-1").exists()
     assert [s["index"] for s in ampdiag.load(tmp_path / "rank-1" / "session.json").steps] == [2, 3]
+
+
+def test_a_window_opening_mid_run_under_torch_compile_adds_no_graph_break(
+    tmp_path: Path,
+) -> None:
+    # dynamo's own counters, the plain compiled loop against the same loop with a window.
+    import contextlib
+
+    from torch._dynamo.utils import counters
+
+    from tests.compat_suite.test_compile import compiled_loop
+
+    torch.manual_seed(0)
+    plain_run = compiled_loop(contextlib.nullcontext(), "aot_eager", True, steps=10)
+    plain_stats = dict(counters["stats"])
+    torch.manual_seed(0)
+    block = ampdiag.diagnose(out=tmp_path, steps=(4, 7), **QUIET)
+    windowed = compiled_loop(block, "aot_eager", True, steps=10)
+    assert windowed["graph_breaks"] == plain_run["graph_breaks"] == 0
+    assert dict(counters["stats"]) == plain_stats  # no recompilation either
+    assert same_bits(plain_run["losses"], windowed["losses"])
+    params = [list(r["model"].parameters()) for r in (plain_run, windowed)]
+    assert same_bits([p.detach() for p in params[0]], [p.detach() for p in params[1]])
+    assert [s["index"] for s in ampdiag.load(tmp_path).steps] == [4, 5, 6]
