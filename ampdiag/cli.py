@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ampdiag._layout import REPORT_FILE
 from ampdiag._version import __version__
@@ -138,22 +138,40 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
                 help=text,
             )
             continue
-        convert = {"int": int, "float": float, "str": str}.get(kind)
+        converters: dict[str, Callable[[str], Any]] = {
+            "int": int,
+            "float": float,
+            "str": str,
+            "tuple[int, int]": _window,
+        }
+        convert = converters.get(kind)
         if convert is None:
             raise TypeError(f"DiagnoseConfig.{f.name}: no flag for a setting of type {f.type}")
-        metavar = {"int": "N", "float": "X", "str": "TEXT"}[kind]
+        metavar = {"int": "N", "float": "X", "str": "TEXT", "tuple[int, int]": "A:B"}[kind]
         group.add_argument(
             flag, dest=f.name, type=convert, default=argparse.SUPPRESS, metavar=metavar, help=text
         )
 
 
+def _window(text: str) -> tuple[int, int] | None:
+    """``--steps A:B``: steps A up to B (B excluded), as `DiagnoseConfig.steps` keeps them."""
+    from ampdiag.config import window_steps
+
+    try:
+        return window_steps(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    from ampdiag.config import DiagnoseConfig
+    from ampdiag.config import TRIGGERS, DiagnoseConfig
     from ampdiag.sources.live.script import exit_code, printed, run
 
     settings = {
         f.name: getattr(args, f.name) for f in fields(DiagnoseConfig) if hasattr(args, f.name)
     }
+    if settings.get("trigger") not in (None, *TRIGGERS):
+        raise InputError(f"--trigger {settings['trigger']}: the known triggers are {TRIGGERS}")
     script = Path(args.script)
     if not script.is_file():
         raise InputError(f"no such script: {args.script!r}")

@@ -78,6 +78,20 @@ class DiagnoseConfig:
             can train in FP8, with the torchao filter; see sources/live/fp8.py), inside its
             budget. ``None`` (default): only on a GPU with FP8 (compute capability >= 8.9).
         fp8_recipe: Its scaling recipe: ``tensorwise``, ``rowwise`` or ``delayed``.
+        steps: Diagnose only a window of a long run: ``(A, B)`` watches steps ``A`` up to
+            ``B`` (``B`` excluded; steps counted from 0 as the block's step boundaries
+            come, ``A:B`` on the command line). Before and after the window only the step
+            boundaries are counted (one callback per step, no module hook, no profiler), and
+            the session holds the window's steps under their run-wide numbers; every other
+            step setting (``profile_skip``, ``precision_step``, ``sample_every``) counts
+            from ``A``. ``diagnose(steps=range(A, B))`` is the same. ``None``: every step.
+        trigger: Open the window when something happens instead of at fixed steps:
+            ``loss-spike`` watches each step's loss (one host read per step) and, when it
+            is not finite or exceeds median + 6 x max(1.4826 x MAD, 5% of the median) of
+            the last 32 finite losses (8 at least; see sources/live/loss_spike.py),
+            diagnoses the next ``trigger_steps`` steps (one window per block). With
+            ``steps`` too, only a spike inside ``steps`` opens it.
+        trigger_steps: Steps the trigger's window lasts.
     """
 
     profile: bool = True
@@ -111,6 +125,9 @@ class DiagnoseConfig:
     precision_ab_budget_s: float = 20.0
     fp8: bool | None = None
     fp8_recipe: str = "tensorwise"
+    steps: tuple[int, int] | None = None
+    trigger: str | None = None
+    trigger_steps: int = 10
 
 
 class Settings(TypedDict, total=False):
@@ -147,6 +164,9 @@ class Settings(TypedDict, total=False):
     precision_ab_budget_s: float
     fp8: bool | None
     fp8_recipe: str
+    steps: tuple[int, int] | range | None
+    trigger: str | None
+    trigger_steps: int
 
 
 def is_profiled_step(config: DiagnoseConfig, step: int) -> bool:
@@ -188,3 +208,40 @@ def field_docs() -> dict[str, str]:
         elif name and line.strip():
             docs[name] += " " + line.strip()
     return {k: " ".join(v.split()) for k, v in docs.items()}
+
+
+TRIGGERS = ("loss-spike",)
+
+
+def window_steps(value: object) -> tuple[int, int] | None:
+    """``steps`` as `DiagnoseConfig` keeps it: ``(A, B)`` with ``0 <= A < B``, or None.
+
+    Accepts ``(A, B)``, ``[A, B]``, ``range(A, B)`` (step 1) and the command line's ``"A:B"``.
+
+    Raises:
+        ValueError: Not a window of at least one step.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        first, sep, last = value.partition(":")
+        if not sep:
+            raise ValueError(f"steps {value!r}: expected A:B (steps A up to B, B excluded)")
+        try:
+            value = (int(first), int(last))
+        except ValueError:
+            raise ValueError(f"steps {value!r}: A and B must be integers") from None
+    if isinstance(value, range):
+        if value.step != 1:
+            raise ValueError(f"steps {value!r}: a window is a range with step 1")
+        value = (value.start, value.stop)
+    if (
+        not isinstance(value, (tuple, list))
+        or len(value) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        raise ValueError(f"steps {value!r}: expected (A, B), range(A, B) or 'A:B'")
+    start, stop = int(value[0]), int(value[1])
+    if not 0 <= start < stop:
+        raise ValueError(f"steps {value!r}: need 0 <= A < B (steps A up to B, B excluded)")
+    return start, stop

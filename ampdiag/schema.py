@@ -77,6 +77,7 @@ class RunSection(TypedDict, total=False):
     backward_calls: int
     optimizer_steps: int
     step_boundaries: int
+    window: dict[str, Any]  # a window of steps: planned, opened/closed, the trigger's spike
 
 
 class ProfilerSection(TypedDict, total=False):

@@ -46,3 +46,17 @@ def test_the_public_surface_is_exported_and_import_stays_light() -> None:
 
     assert ampdiag.Collector.__name__ == "Collector" and ampdiag.RunContext.__name__ == "RunContext"
     assert set(ampdiag.__all__) >= {"Collector", "DiagnoseConfig", "analyze", "InputError"}
+
+
+def test_integrations_import_their_framework_only_when_imported() -> None:
+    code = (
+        "import sys, ampdiag, ampdiag.integrations\n"
+        "d = ampdiag.diagnose(out='unused', steps=(2, 4))\n"
+        "print([m for m in ('transformers', 'lightning') if m in sys.modules])\n"
+        "import ampdiag.integrations.lightning\n"
+        "print('lightning' in sys.modules)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True
+    )
+    assert r.stdout.split("\n")[:2] == ["[]", "True"]

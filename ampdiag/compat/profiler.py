@@ -30,6 +30,17 @@ import torch
 PROFILER_STEP = "ProfilerStep"
 
 
+def number_steps_from(prof: Any, first: int) -> None:
+    """Numbers a ``torch.profiler.profile``'s steps from ``first`` (before it starts).
+
+    Its ``ProfilerStep#N`` labels are ``step_num``, which ``step()`` increments and passes to
+    the schedule (`profiler.make_schedule` shifts by the same ``first``): a window of a long
+    run keeps its steps' run-wide numbers in the trace.
+    """
+    if first:
+        prof.step_num = first
+
+
 def running(ignore: Any = None) -> str | None:
     """Which other profiler is on now (recording, or warming up), or None.
 

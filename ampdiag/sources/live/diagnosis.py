@@ -15,7 +15,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, fields, replace
 from functools import partial
 from pathlib import Path
@@ -28,7 +28,7 @@ from ampdiag._layout import REPORT_FILE, check_writable
 from ampdiag._version import __version__
 from ampdiag.compat import scaler as compat_scaler
 from ampdiag.compat.dtensor import fsdp_mixed_precision
-from ampdiag.config import Settings
+from ampdiag.config import TRIGGERS, Settings, window_steps
 from ampdiag.session import Session
 from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors import (
@@ -42,6 +42,8 @@ from ampdiag.sources.live.discovery import Discovery
 from ampdiag.sources.live.environment import describe_environment, distributed_info
 from ampdiag.sources.live.shielding import ImportFilters, describe_exception, sigint_deferred
 from ampdiag.sources.live.steps import StepLog
+from ampdiag.sources.live.window import StepWindow
+from ampdiag.sources.live.windowed import Windowed
 
 if TYPE_CHECKING:
     from typing import Unpack  # Python 3.11; annotations are not evaluated at run time
@@ -88,18 +90,34 @@ class Diagnosis:
         out: str | Path | None,
         config: DiagnoseConfig,
         collectors: list[Collector] | None,
+        *,
+        first_step: int = 0,
+        window: StepWindow | None = None,
+        after_step: Callable[[int], None] | None = None,
     ) -> None:
         # Before the collectors are made: their imports (sympy, numpy) may add warning filters.
         self._filters = ImportFilters()
         self.out = Path(out) if out is not None else default_out()
+        self._root = self.out  # before the rank's folder: a window's block adds its own
         ranks = distributed_info()
         if ranks["world_size"] > 1:
             # One session per rank, side by side, so a report can merge them.
             self.out = self.out / f"rank-{ranks['rank']}"
         self.config = config
         self.session: Session | None = None
-        self.run = RunContext(out=self.out, config=config)
+        self.run = RunContext(out=self.out, config=config, step=first_step, first_step=first_step)
+        self._window = window
+        self._after_step = after_step
         self._given = (model, optimizer, scaler)
+        # A window of steps (config.steps or trigger): this handle only counts steps, and a
+        # block of its own (a Diagnosis given the window) observes the window's steps.
+        self._windowed: Windowed | None = None
+        self._outer_window = window is None and (
+            config.steps is not None or config.trigger is not None
+        )
+        self._chosen = collectors
+        if self._outer_window:
+            collectors = []
         chosen = collectors if collectors is not None else default_collectors(config)
         # stable: the profiler's step() (which opens the next profiled step) comes last
         self._collectors = sorted(chosen, key=lambda c: c.step_end_last)
@@ -114,7 +132,7 @@ class Diagnosis:
         self._manual_steps = False
         self._primary_optimizer: int | None = None
         self._scaler_in_use = False
-        self._started = 0.0
+        self._started = time.time()
         self._closed = False
         self._lock = threading.Lock()
 
@@ -125,6 +143,9 @@ class Diagnosis:
 
         Once called, optimizer steps no longer end steps by themselves.
         """
+        if self._windowed is not None:
+            self._windowed.step()
+            return
         self._manual_steps = True
         self._end_step()
 
@@ -136,6 +157,12 @@ class Diagnosis:
     # --- context manager ------------------------------------------------------------------------
 
     def __enter__(self) -> Diagnosis:
+        if self._outer_window:
+            self._windowed = Windowed(
+                type(self), self._root, self.config, self._chosen, self._given
+            )
+            self._windowed.enter()
+            return self
         check_writable(self.out)
         self._started = time.time()
         model, optimizer, scaler = self._given
@@ -178,14 +205,35 @@ class Diagnosis:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        # First take everything out of the user's process, with Ctrl-C deferred: nothing the
-        # user's objects do and no second interrupt may leave a hook or patch behind.
+        if self._windowed is not None:
+            block = self._windowed.exit(exc)
+            self.session, self.run = block.session, block.run
+            return
+        # First take everything out of the user's process, then describe what happened,
+        # defensively, and write what was collected.
+        self.stop(exc is not None)
+        self.finish(exc, tb)
+        # Returning None lets the user's exception propagate unchanged (the same object).
+
+    def stop(self, raised: bool) -> None:
+        """Removes every hook and patch, with Ctrl-C deferred (the first half of the exit).
+
+        Nothing the user's objects do and no second interrupt may leave a hook or patch
+        behind; an interrupt that came meanwhile is raised once everything is removed.
+        """
         with sigint_deferred() as deferred:
-            broke = self._close(exc is not None)
+            broke = self._close(raised)
         deferred.deliver()  # a Ctrl-C during the removal: raised now, everything removed
         if broke is not None:
             raise broke
-        # Then describe what happened, defensively, and write what was collected.
+
+    def finish(self, exc: BaseException | None, tb: TracebackType | None) -> None:
+        """Writes the session and report of what was collected (the second half of the exit).
+
+        Args:
+            exc: The exception that ended the block, if any (its status and description).
+            tb: Its traceback.
+        """
         status = "ok"
         error = None
         if exc is not None:
@@ -201,7 +249,6 @@ class Diagnosis:
             )
         finally:
             self._filters.remove_added()  # the renderers' imports too
-        # Returning None lets the user's exception propagate unchanged (the same object).
 
     def _close(self, raised: bool) -> BaseException | None:
         """Ends a partial step and removes every hook and patch; returns an interrupt to re-raise.
@@ -294,12 +341,17 @@ class Diagnosis:
             self.run.is_sampled(step),
             micro_batches=self._backward_passes if self.run.models else None,
         )
-        if step == 0 and self._discovery is not None:
+        if step == self.run.first_step and self._discovery is not None:
             self._discovery.stop_searching_models()
         self._each("on_step_end", step)
         self.run.step = step + 1
         self._backward_passes = 0
         self._step_start = time.perf_counter()
+        if self._after_step is not None:
+            try:
+                self._after_step(step)
+            except Exception as exc:  # closing a window must never break the user's step
+                self._warn(f"the step window failed after step {step}: {exc!r}")
 
     # --- collectors -------------------------------------------------------------------------------
 
@@ -374,6 +426,8 @@ class Diagnosis:
             "optimizer_steps": self._optimizer_steps,
             "step_boundaries": self._boundaries,
         }
+        if self._window is not None:
+            sections["run"]["window"] = self._window.describe()
         session = Session(
             status=status,  # type: ignore[arg-type]
             error=error,
@@ -450,7 +504,9 @@ def diagnose(
         collectors: Replace the default collectors (advanced).
         **overrides: Any field of `DiagnoseConfig`, applied over ``config``, e.g.
             ``profile_active=5``, ``sample_every=10``, ``report=False`` (typed: mypy checks
-            names and types).
+            names and types); ``steps=(5000, 5020)`` or ``range(5000, 5020)`` diagnoses
+            only those steps of a long loop, ``trigger="loss-spike"`` the steps after the
+            loss first jumps.
 
     Returns:
         A `Diagnosis` handle: ``d.step()`` marks a step by hand; after the block ``d.session``
@@ -459,6 +515,7 @@ def diagnose(
 
     Raises:
         TypeError: An unknown setting.
+        ValueError: ``steps`` is not a window of steps, or ``trigger`` is unknown.
         OutputError: ``out`` cannot be written (raised on entering the block).
 
     Example:
@@ -466,7 +523,23 @@ def diagnose(
         ...     for x, y in loader:
         ...         train_step(x, y)
     """
+    settings = make_config(config, overrides)
+    return Diagnosis(model, optimizer, scaler, out, settings, collectors)
+
+
+def make_config(config: DiagnoseConfig | None, overrides: Mapping[str, Any]) -> DiagnoseConfig:
+    """``config`` (default: `DiagnoseConfig()`) with ``overrides`` on top, checked.
+
+    What ``diagnose()`` and the framework callbacks (`ampdiag.integrations`) accept alike.
+
+    Raises:
+        TypeError: An unknown setting, or ``config`` is not a `DiagnoseConfig`.
+        ValueError: ``steps`` is not a window of steps, or ``trigger`` is unknown.
+    """
+    overrides = dict(overrides)
     names = {f.name for f in fields(DiagnoseConfig)}
+    if "steps" in overrides:  # a range is the same window as its (start, stop)
+        overrides["steps"] = window_steps(overrides["steps"])
     unknown = sorted(set(overrides) - names)
     if unknown:
         raise TypeError(f"diagnose() got unknown settings {unknown}; known: {sorted(names)}")
@@ -474,4 +547,7 @@ def diagnose(
         kind = type(config).__name__
         raise TypeError(f"diagnose(config=...) takes a DiagnoseConfig, not {kind}")
     settings = replace(config or DiagnoseConfig(), **overrides)
-    return Diagnosis(model, optimizer, scaler, out, settings, collectors)
+    settings.steps = window_steps(settings.steps)
+    if settings.trigger is not None and settings.trigger not in TRIGGERS:
+        raise ValueError(f"trigger={settings.trigger!r}: the known triggers are {TRIGGERS}")
+    return settings

@@ -79,10 +79,20 @@ class _Shared:
         self.by_module: dict[int, tuple[Callable[..., Any], ...]] = {}
         self.inputs: dict[int, tuple[Callable[..., Any], ...]] = {}  # MODULE_POST only
         self.handle: Any = None
+        # Optimizer hooks in progress: torch iterates its hooks' dict around the call, and a
+        # callback may end a block (a window of steps closing at its last step): removing
+        # torch's hook then breaks the user's optimizer.step ("dictionary changed size during
+        # iteration"), so the removal waits (`pending`) until the next add or block end.
+        self.calling = 0
+        self.pending = False
 
     def call(self, *args: Any) -> None:
-        for callback in self.callbacks:
-            callback(*args)
+        self.calling += 1
+        try:
+            for callback in self.callbacks:
+                callback(*args)
+        finally:
+            self.calling -= 1
 
     def call_pre(self, module: Any, args: Any) -> None:
         if not training_forward():
@@ -114,10 +124,14 @@ class _Shared:
     def call_step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         """Optimizer pre-hooks may hand ``step`` other arguments (a wrapped closure): chained."""
         changed = None
-        for callback in self.callbacks:
-            result = callback(optimizer, args, kwargs)
-            if result is not None:
-                args, kwargs = changed = result
+        self.calling += 1
+        try:
+            for callback in self.callbacks:
+                result = callback(optimizer, args, kwargs)
+                if result is not None:
+                    args, kwargs = changed = result
+        finally:
+            self.calling -= 1
         return changed
 
     def install(self) -> None:
@@ -138,8 +152,20 @@ class _Shared:
 
     def uninstall(self) -> None:
         if self.handle is not None and self.empty():
+            if self.calling:
+                self.pending = True
+                return
+            self.pending = False
             self.handle.remove()
             self.handle = None
+
+
+def _release_pending() -> None:
+    """Removes torch's hooks whose removal waited for their call to end (see `_Shared`)."""
+    if _blocks <= 1:
+        for shared in _SHARED.values():
+            if shared.pending:
+                shared.uninstall()
 
 
 _SHARED = {kind: _Shared(kind) for kind in (MODULE_PRE, MODULE_POST, OPTIMIZER_PRE, OPTIMIZER_POST)}
@@ -184,6 +210,7 @@ def add(kind: str, callback: Callable[..., Any]) -> Handle:
     kwargs) and may return new (args, kwargs); post-hooks get (optimizer).
     """
     with _LOCK:
+        _release_pending()
         shared = _SHARED[kind]
         shared.callbacks = (*shared.callbacks, callback)
         shared.install()
@@ -218,6 +245,7 @@ def block_started() -> None:
     """Counts a diagnose() block in (call before it adds callbacks)."""
     global _blocks
     with _LOCK:
+        _release_pending()
         _blocks += 1
 
 

@@ -126,7 +126,7 @@ class ActivationsCollector(Collector):
     @staticmethod
     def _wants(run: RunContext, step: int) -> bool:
         every = int(getattr(run.config, "activation_every", 0))
-        return step % every == 0 if every > 0 else run.is_sampled(step)
+        return run.window_step(step) % every == 0 if every > 0 else run.is_sampled(step)
 
     def on_model(self, run: RunContext, model: torch.nn.Module) -> None:
         """Learns every module of the model; hooks them when the step is sampled."""

@@ -56,7 +56,10 @@ class RunContext:
         models: Models given or found, root modules first.
         optimizers: Optimizers given or found.
         scaler: The GradScaler given or found, if any.
-        step: Index of the step in progress (from 0).
+        step: Index of the step in progress (from 0; from ``first_step`` in a window).
+        first_step: The run-wide index of the block's first step: 0, or where a window of
+            steps began (``DiagnoseConfig.steps``). The step settings (``profile_skip``,
+            ``precision_step``, the sampling schedule) count from it: `window_step`.
         autocast: Autocast states seen at the model's forward: "device:dtype" -> count.
         device_type: "cuda" when CUDA work was seen, else "cpu".
         profile: The torch.profiler profile of the recorded window, once its trace is ready
@@ -79,6 +82,7 @@ class RunContext:
     optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
     scaler: Any = None
     step: int = 0
+    first_step: int = 0
     autocast: dict[str, int] = field(default_factory=dict)
     device_type: str = "cpu"
     profile: torch.profiler.profile | None = None
@@ -107,13 +111,21 @@ class RunContext:
         if user:
             warnings.warn(f"ampdiag: {message}", RuntimeWarning, stacklevel=2)
 
+    def window_step(self, step: int | None = None) -> int:
+        """A step's index counted from the block's first step (default: the step in progress).
+
+        What the step settings are compared with: ``profile_skip=1`` skips the window's first
+        step, whatever its run-wide number.
+        """
+        return (self.step if step is None else step) - self.first_step
+
     def is_sampled(self, step: int | None = None) -> bool:
         """Whether the sampled collectors run on this step (default: the step in progress)."""
-        return is_sampled_step(self.config, self.step if step is None else step)
+        return is_sampled_step(self.config, self.window_step(step))
 
     def is_profiled(self, step: int | None = None) -> bool:
         """Whether the profiler records this step (default: the step in progress)."""
-        return is_profiled_step(self.config, self.step if step is None else step)
+        return is_profiled_step(self.config, self.window_step(step))
 
     @property
     def model(self) -> torch.nn.Module | None:

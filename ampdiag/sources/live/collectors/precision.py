@@ -72,7 +72,7 @@ class PrecisionCollector(Collector):
             if training:
                 self._audit.new_forward()
             return
-        if self._done or run.step != run.config.precision_step or not training:
+        if self._done or run.window_step() != run.config.precision_step or not training:
             return
         if not exclusive.claim(exclusive.DISPATCH_MODE, self):
             self._done = True
@@ -147,7 +147,7 @@ class PrecisionCollector(Collector):
             return base
         if self._result is None:
             base["not_audited_reason"] = (
-                f"the run ended before step {run.config.precision_step} "
+                f"the run ended before step {run.first_step + run.config.precision_step} "
                 "(set diagnose(precision_step=0) to audit the first step)"
             )
             return base

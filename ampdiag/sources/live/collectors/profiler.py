@@ -42,9 +42,17 @@ def profiler_activities() -> list[ProfilerActivity]:
     return activities
 
 
-def make_schedule(skip: int, warmup: int, active: int) -> Any:
-    """The profiler schedule: skip the first steps, warm up, record ``active`` steps once."""
-    return schedule(skip_first=skip, wait=0, warmup=warmup, active=active, repeat=1)
+def make_schedule(skip: int, warmup: int, active: int, first: int = 0) -> Any:
+    """The profiler schedule: skip the first steps, warm up, record ``active`` steps once.
+
+    ``first``: the run-wide number of the block's first step (a window of a long run): the
+    profiler numbers its steps from there (``ProfilerStep#first`` ...), and the schedule
+    still counts from the block's first step.
+    """
+    base = schedule(skip_first=skip, wait=0, warmup=warmup, active=active, repeat=1)
+    if not first:
+        return base
+    return lambda step: base(max(0, step - first))
 
 
 class ProfilerCollector(Collector):
@@ -100,12 +108,15 @@ class ProfilerCollector(Collector):
 
         self._prof = profile(
             activities=profiler_activities(),
-            schedule=make_schedule(cfg.profile_skip, cfg.profile_warmup, cfg.profile_active),
+            schedule=make_schedule(
+                cfg.profile_skip, cfg.profile_warmup, cfg.profile_active, run.first_step
+            ),
             on_trace_ready=on_trace_ready,
             record_shapes=cfg.record_shapes,
             profile_memory=cfg.profile_memory,
             with_stack=cfg.with_stack,
         )
+        compat_profiler.number_steps_from(self._prof, run.first_step)
         # A profiler the user's code starts inside the block: ours steps aside first.
         for owner, method in compat_profiler.start_points():
             self._patches.wrap(owner, method, self._watch)
@@ -169,10 +180,11 @@ class ProfilerCollector(Collector):
 
     def on_step_end(self, run: RunContext, step: int) -> None:
         """Advances the profiler's schedule (or stops it when another profiler records)."""
-        self._steps_seen = step + 1
+        local = run.window_step(step)  # the schedule counts from the block's first step
+        self._steps_seen = local + 1
         if self._prof is None:
             return
-        busy = compat_profiler.running(ignore=self._prof) if self._may_check(step) else None
+        busy = compat_profiler.running(ignore=self._prof) if self._may_check(local) else None
         if busy is not None or self._yield_at_step:
             self._stop_profiler()
             why = busy or "another torch profiler started in another thread"
@@ -182,19 +194,19 @@ class ProfilerCollector(Collector):
         if run.is_profiled(step):
             self._recorded_steps.append(step)
         cfg = run.config
-        if step + 1 >= cfg.profile_skip:
+        if local + 1 >= cfg.profile_skip:
             self._hold_native_log()  # the warm-up begins with this step()
         primer = native_log.prime_allocator_warning()
         with native_log.captured(self._native_log):
             self._prof.step()
             del primer
-        if step + 1 >= cfg.profile_skip + cfg.profile_warmup + cfg.profile_active:
+        if local + 1 >= cfg.profile_skip + cfg.profile_warmup + cfg.profile_active:
             # the window is over and its trace written: stopping now costs nothing later,
             # where stepping an idle profiler cost every step a captured fd 2 and a temp file
             self._stop_profiler()
 
     def _may_check(self, step: int) -> bool:
-        """Whether to look for another profiler as ``step`` ends.
+        """Whether to look for another profiler as ``step`` (counted in the block) ends.
 
         Only when ours is about to warm up or record (then another one would collide), and
         not while ours records (then torch's flag is ours).

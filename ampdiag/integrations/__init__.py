@@ -1,0 +1,11 @@
+"""Framework integrations: a diagnosis opened and closed inside the framework's own loop.
+
+One adapter per framework, each a thin translation of its callback events into
+`ampdiag.sources.live.loop.LoopWindow` (framework-free), and each importing its framework
+only when it is itself imported::
+
+    from ampdiag.integrations.hf import DiagnoseCallback          # transformers.Trainer
+    from ampdiag.integrations.lightning import DiagnoseCallback   # lightning.Trainer
+
+``import ampdiag`` (and this package) imports neither framework.
+"""
