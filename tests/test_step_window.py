@@ -169,6 +169,9 @@ def test_a_window_never_reached_says_so(tmp_path: Path) -> None:
     assert session.steps == [] and d.session is not None
     (warning,) = session.sections["run"]["warnings"]
     assert "100 was never reached" in warning and "after step 5" in warning
+    # the verdict names the window, not "no model ran": the loop ran its 6 steps
+    (found,) = [f for f in d.session.findings if f.id == "nothing-measured"]
+    assert found.severity == "high" and "100:120 never opened (6 steps ran)" in found.title
 
 
 def test_d_step_marks_the_steps_of_a_window(tmp_path: Path) -> None:
@@ -250,6 +253,10 @@ def test_a_healthy_noisy_loss_never_triggers(tmp_path: Path) -> None:
     assert d.session is not None and d.session.steps == []
     assert d.session.sections["run"]["window"]["spike"] is None
     assert "never fired" in d.session.sections["run"]["warnings"][0]
+    # a trigger that never fired is the healthy case: no gate may fail on it
+    (found,) = [f for f in d.session.findings if f.id == "nothing-measured"]
+    assert found.severity == "info" and "(120 steps ran)" in found.title
+    assert not [f for f in d.session.findings if f.severity != "info"]
 
 
 @pytest.mark.parametrize("fail_at", [12, 20], ids=["inside", "after"])

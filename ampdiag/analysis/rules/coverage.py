@@ -54,6 +54,10 @@ def nothing_measured(session: Session) -> Iterator[Finding]:
     if _live(session):
         run = session.sections.get("run")
         run = run if isinstance(run, dict) else {}
+        window = run.get("window")
+        if isinstance(window, dict) and window.get("opened_at") is None:
+            yield _window_never_opened(window)
+            return
         models, optimizers = _count(run, "models"), _count(run, "optimizers")
         backward = run.get("backward_calls")
         if not models and not backward:
@@ -97,6 +101,45 @@ def nothing_measured(session: Session) -> Iterator[Finding]:
         fix=(
             "Open the session.json that diagnose() wrote for a run that trained (its folder "
             "holds report.html beside it), or a Kineto trace."
+        ),
+        impact=1.0,
+    )
+
+
+def _window_never_opened(window: dict[str, Any]) -> Finding:
+    """A window of steps that never opened: a trigger that never fired is the healthy case.
+
+    A loss-spike trigger that never fired is information (info: the loss stayed within its
+    bound); a planned window the run never reached is nothing measured (high).
+    """
+    seen = window.get("last_step_seen")
+    ran = f"{int(seen) + 1} steps ran" if isinstance(seen, int) else "no step was seen"
+    if window.get("trigger") and not window.get("steps"):
+        return Finding(
+            id="nothing-measured",
+            severity="info",
+            title=(
+                f"The {window['trigger']} trigger never fired ({ran}): the loss stayed within "
+                "its bound, so no step was diagnosed."
+            ),
+            evidence={"steps": 0, "trigger": window["trigger"], "last_step_seen": seen},
+            fix="",
+            impact=0.0,
+        )
+    planned = window.get("planned") or window.get("steps") or [None, None]
+    first, end = [*list(planned), None, None][:2]
+    span = f"{first}:{end}" if end is not None else f"{first}:"
+    return Finding(
+        id="nothing-measured",
+        severity="high",
+        title=(
+            f"The window of steps {span} never opened ({ran}): nothing in this report "
+            "describes training."
+        ),
+        evidence={"steps": 0, "window": span, "last_step_seen": seen},
+        fix=(
+            "Name steps the run reaches: diagnose(steps=(A, B)) or ampdiag run --steps A:B "
+            "with A below the run's last step (steps count from 0)."
         ),
         impact=1.0,
     )
