@@ -242,8 +242,13 @@ def test_loss_spike_trigger_diagnoses_the_steps_after_the_injected_spike(tmp_pat
     assert all(h[4] is True for h in loop.hooks[: spike_at + 1])  # the loss watch's patch only
     assert all(h[0] == loop.hooks[0][0] for h in loop.hooks[: spike_at + 1])
     # ... and found where the NaN injected at step 43 came from, with its run-wide step.
-    origin = next(f for f in session.findings if f.id == "nonfinite-origin")
+    origin = next(f for f in session.all_findings() if f.id == "nonfinite-origin")
     assert origin.evidence["step"] == nan_at and origin.evidence["module"] == "head"
+    # the header says which steps of the run these are, and why
+    from ampdiag.render.sections.overview import run_facts
+
+    first = f"6 steps (steps {spike_at + 1}–{spike_at + 6} of {steps}"
+    assert run_facts(session)[0] == f"{first}, after a loss spike at step {spike_at})"
 
 
 def test_a_healthy_noisy_loss_never_triggers(tmp_path: Path) -> None:

@@ -44,6 +44,22 @@ def verdict(session: Session) -> str:
     return f"{head}{title}{because}.{tail}"
 
 
+def _window(session: Session) -> str:
+    """Where a window's steps lie, as " (steps 41–50 of 60, after a loss spike at step 40)"."""
+    run = session.sections.get("run")
+    window = run.get("window") if isinstance(run, dict) else None
+    if not isinstance(window, dict) or window.get("opened_at") is None:
+        return ""
+    first, last = window["opened_at"], window.get("closed_after")
+    seen = window.get("last_step_seen")
+    text = f" (steps {first}–{last if last is not None else seen}"
+    text += f" of {int(seen) + 1}" if isinstance(seen, int) else ""
+    spike = window.get("spike")
+    if isinstance(spike, dict) and isinstance(spike.get("step"), int):
+        text += f", after a loss spike at step {spike['step']}"
+    return text + ")"
+
+
 def run_facts(session: Session) -> list[str]:
     """The header's facts, one phrase each: steps, device, precision (every surface's header).
 
@@ -71,7 +87,7 @@ def run_facts(session: Session) -> list[str]:
         pass  # a snapshot, or a trace without the facts: no step count to state
     else:
         n = len(session.steps)
-        out.append(f"{n} step{'s' if n != 1 else ''}")
+        out.append(f"{n} step{'s' if n != 1 else ''}" + _window(session))
     # The verdict, never a bare "ok" beside a diverged run; the status where it is not ok.
     category = session.section("derived").get("verdict")
     if isinstance(category, str):
