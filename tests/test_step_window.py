@@ -247,7 +247,7 @@ def test_loss_spike_trigger_diagnoses_the_steps_after_the_injected_spike(tmp_pat
     # the header says which steps of the run these are, and why
     from ampdiag.render.sections.overview import run_facts
 
-    first = f"6 steps (steps {spike_at + 1}–{spike_at + 6} of {steps}"
+    first = f"6 steps (steps {spike_at + 1}–{spike_at + 6}"
     assert run_facts(session)[0] == f"{first}, after a loss spike at step {spike_at})"
 
 

@@ -45,7 +45,7 @@ def verdict(session: Session) -> str:
 
 
 def _window(session: Session) -> str:
-    """Where a window's steps lie, as " (steps 41–50 of 60, after a loss spike at step 40)"."""
+    """Where a window's steps lie, as " (steps 41–50, after a loss spike at step 40)"."""
     run = session.sections.get("run")
     window = run.get("window") if isinstance(run, dict) else None
     if not isinstance(window, dict) or window.get("opened_at") is None:
@@ -53,7 +53,6 @@ def _window(session: Session) -> str:
     first, last = window["opened_at"], window.get("closed_after")
     seen = window.get("last_step_seen")
     text = f" (steps {first}–{last if last is not None else seen}"
-    text += f" of {int(seen) + 1}" if isinstance(seen, int) else ""
     spike = window.get("spike")
     if isinstance(spike, dict) and isinstance(spike.get("step"), int):
         text += f", after a loss spike at step {spike['step']}"
