@@ -166,10 +166,11 @@ class Sentinel(Collector):
     def _role(self, t: torch.Tensor, role: int) -> None:
         """Adds a role to ``t``'s gradient hook (registered with its first role)."""
         entry = self._entry(t)
-        if entry[3] is None:
-            entry[3] = []
-            t.register_hook(partial(self._grad, entry[3]))  # type: ignore[no-untyped-call]
-        entry[3].append(role)
+        roles: list[int] | None = entry[3]
+        if roles is None:
+            roles = entry[3] = []
+            t.register_hook(partial(self._grad, roles))  # type: ignore[no-untyped-call]
+        roles.append(role)
 
     def _close(self, idx: int) -> int:
         """The call of module ``idx`` that ends now (popped from the running calls)."""
