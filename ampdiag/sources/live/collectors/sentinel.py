@@ -70,6 +70,15 @@ def finite_token(t: torch.Tensor) -> torch.Tensor:
     return t.sum().float()
 
 
+def _first_tensor(value: Any, max_depth: int = 2) -> torch.Tensor | None:
+    """The first tensor of a module's inputs or outputs (a bare tensor or ``args[0]``: fast)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if type(value) is tuple and value and isinstance(value[0], torch.Tensor):
+        return value[0]
+    return next(tensors_in(value, max_depth=max_depth), None)
+
+
 class Sentinel(Collector):
     """First inf/NaN per step: module outputs, the loss, input gradients, parameter grads."""
 
@@ -136,13 +145,13 @@ class Sentinel(Collector):
 
     def _pre(self, idx: int, module: torch.nn.Module, args: Any) -> None:
         try:
-            call = len(self._calls)
-            self._calls.append([idx, self._stack[-1] if self._stack else -1, -1, -1])
-            self._stack.append(call)
-            a = next(tensors_in(args, max_depth=2), None)
+            call, stack = len(self._calls), self._stack
+            record = [idx, stack[-1] if stack else -1, -1, -1]
+            self._calls.append(record)
+            stack.append(call)
+            a = _first_tensor(args)
             if a is not None and a.is_floating_point():
-                with internal_work():
-                    self._calls[call][2] = self._token(a, call * 2 + origin.INPUT)
+                record[2] = self._token(a, call * 2 + origin.INPUT)
         except Exception as exc:  # observing must never break the user's step
             self._error(exc)
 
@@ -158,8 +167,10 @@ class Sentinel(Collector):
         """The position of ``t``'s finiteness token, reduced now unless it already was."""
         entry = self._entry(t)
         if entry[2] < 0:
+            with internal_work():
+                token = finite_token(t.detach())
             entry[2] = len(self._fwd)
-            self._fwd.append(finite_token(t.detach()))
+            self._fwd.append(token)
             self._fwd_idx.append(role)
         return int(entry[2])
 
@@ -196,19 +207,18 @@ class Sentinel(Collector):
 
     def _watch_forward(self, idx: int, module: torch.nn.Module, args: Any, output: Any) -> None:
         call = self._close(idx)
-        t = next(tensors_in(output), None)
+        t = _first_tensor(output, 4)
         floating = t is not None and t.is_floating_point()
-        with internal_work():
-            if t is not None and floating:
-                self._calls[call][3] = self._token(t, call * 2 + origin.OUTPUT)
-            if not torch.is_grad_enabled():
-                return
-            for a in tensors_in(args, max_depth=2):
-                # Not leaves: a parameter or input kept across steps would collect a hook per step.
-                if a.requires_grad and a.grad_fn is not None and a.is_floating_point():
-                    self._role(a, call * 2 + origin.INPUT)
-            if t is not None and floating and t.requires_grad and t.grad_fn is not None:
-                self._role(t, call * 2 + origin.OUTPUT)
+        if t is not None and floating:
+            self._calls[call][3] = self._token(t, call * 2 + origin.OUTPUT)
+        if not torch.is_grad_enabled():
+            return
+        for a in tensors_in(args, max_depth=2):
+            # Not leaves: a parameter or input kept across steps would collect a hook per step.
+            if a.requires_grad and a.grad_fn is not None and a.is_floating_point():
+                self._role(a, call * 2 + origin.INPUT)
+        if t is not None and floating and t.requires_grad and t.grad_fn is not None:
+            self._role(t, call * 2 + origin.OUTPUT)
 
     def _grad(self, roles: list[int], grad: torch.Tensor) -> None:
         if grad is None:
