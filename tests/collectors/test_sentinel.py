@@ -82,3 +82,65 @@ def test_a_default_run_watches_every_step_profiled_ones_included(tmp_path: Path)
     s = ampdiag.load(out)
     assert s.section("sentinel")["steps_watched"] == 6
     assert any(st["profiled"] for st in s.steps)
+
+
+class _InPlace(nn.Module):
+    """Two children; at step ``at`` the parent's own code turns the first one's output inf in
+    place (``h.mul_``: same tensor, new values) before handing it to the second."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.at, self.now = at, -1
+        self.made: list[tuple[bool, bool]] = []  # (finite before, finite after) the mul_
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        if self.now == self.at:
+            before = bool(torch.isfinite(h).all())
+            h.mul_(float("inf"))
+            self.made.append((before, bool(torch.isfinite(h).all())))
+        return self.b(h)
+
+
+def test_a_value_changed_in_place_by_the_parent_is_the_parents(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), _InPlace(at=2))
+    inner = model[1]
+    assert isinstance(inner, _InPlace)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ampdiag.diagnose(model, opt, out=tmp_path, collectors=[Sentinel()], **QUIET) as d:
+        for step in range(4):
+            inner.now = step
+            opt.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+    # the parent's own code made the inf: finite output of child a, inf where child b began
+    assert inner.made == [(True, False)]
+    assert d.session is not None
+    origin = d.session.section("sentinel")["forward_origin"]
+    assert origin is not None
+    assert (origin["step"], origin["module"], origin["parent_code"]) == (2, "1", True)
+    assert origin["between"] == ["1.a", "1.b"]
+
+
+def test_no_activation_is_kept_alive_by_the_sentinel(tmp_path: Path) -> None:
+    import weakref
+
+    seen: list[weakref.ref[torch.Tensor]] = []
+
+    class Keep(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.a(x)  # a module output that nothing saves for the backward (add)
+            seen.append(weakref.ref(h))
+            return h + 1.0
+
+    model = Keep()
+    with ampdiag.diagnose(model, out=tmp_path, collectors=[Sentinel()], **QUIET):
+        out = model(torch.randn(3, 4))
+        assert seen[0]() is None  # freed as soon as the user's code dropped it
+        out.sum().backward()
