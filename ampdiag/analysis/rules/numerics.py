@@ -498,8 +498,8 @@ def _nonfinite_origin(session: Session) -> tuple[dict[str, Any], int] | None:
 def origin_where(origin: dict[str, Any]) -> str:
     """Where an origin lies, in words: "the output of X", "the code of X between A and B"..."""
     module = origin["module"]
-    if module == "(loss)" and origin["phase"] == "loss":
-        return "the loss"
+    if module == "(loss)":
+        return "the loss" if origin["phase"] == "loss" else "the gradient from the loss"
     if not origin.get("parent_code"):
         return f"the {origin['kind']} of {module}"
     before, after = [*(origin.get("between") or []), None, None][:2]
