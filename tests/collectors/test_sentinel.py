@@ -7,6 +7,7 @@ the mechanics: the finiteness token, the hooks' lifetime, and bit-identical trai
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -144,3 +145,55 @@ def test_no_activation_is_kept_alive_by_the_sentinel(tmp_path: Path) -> None:
         out = model(torch.randn(3, 4))
         assert seen[0]() is None  # freed as soon as the user's code dropped it
         out.sum().backward()
+
+
+class _NaNBackward(torch.autograd.Function):
+    """Identity; its backward turns the gradient NaN when ``owner.now == owner.at`` and
+    records (received finite, returned finite)."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, owner: _Between) -> torch.Tensor:
+        ctx.owner = owner
+        return h.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        owner = ctx.owner
+        if owner.now != owner.at:
+            return grad, None
+        out = grad * float("nan")
+        owner.made.append((bool(torch.isfinite(grad).all()), bool(torch.isfinite(out).all())))
+        return out, None
+
+
+class _Between(nn.Module):
+    """``b(op(a(x)))``: the op between two children makes NaN in the backward at step ``at``."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.at, self.now = at, -1
+        self.made: list[tuple[bool, bool]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(_NaNBackward.apply(self.a(x), self))  # type: ignore[no-untyped-call]
+
+
+def test_a_backward_op_between_two_children_is_the_parents(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), _Between(at=1))
+    inner = model[1]
+    assert isinstance(inner, _Between)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ampdiag.diagnose(model, opt, out=tmp_path, collectors=[Sentinel()], **QUIET) as d:
+        for step in range(3):
+            inner.now = step
+            opt.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+    assert inner.made == [(True, False)]  # finite gradient in, NaN out, at step 1
+    assert d.session is not None
+    origin = d.session.section("sentinel")["backward_origin"]
+    assert origin is not None
+    assert (origin["step"], origin["module"], origin["parent_code"]) == (1, "1", True)
+    assert origin["between"] == ["1.a", "1.b"]
