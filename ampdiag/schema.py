@@ -267,7 +267,23 @@ class Fp8AmaxSection(TypedDict, total=False):
 
 
 class SentinelSection(TypedDict, total=False):
-    """The divergence sentinel (``sentinel``): the first inf/NaN by phase, on every step."""
+    """The divergence sentinel (``sentinel``): the first inf/NaN by phase, on every step.
+
+    ``forward_origin`` / ``backward_origin``: ``{step, phase ("forward", "loss",
+    "backward"), module, kind, parent_code, between}``. ``module`` is the deepest module
+    whose input was finite and whose output is not (forward; ``kind`` "output", or "input"
+    for a model input already non-finite), whose output gradient was finite and input
+    gradient is not (backward; "input gradient"), ``"(loss)"`` (the loss, or the gradient
+    from it), or the module of the first non-finite parameter gradient ("parameter
+    gradient"). ``parent_code`` True (``kind`` "own code"): the value was made in that
+    module's own code, not in a child: ``between`` is ``[child before, child after]``
+    (module names, None at either end) -- forward, the last child that returned finite
+    values and the first that received a non-finite input; backward, the child whose output
+    gradient was the first non-finite one (the code lies after it in the forward) and the
+    child whose backward ran just before (after the code), or ``[None, child]`` when the
+    module's input gradient is the first non-finite one though its children's came back
+    finite. ``between`` is present only when ``parent_code`` is True.
+    """
 
     steps_watched: int
     forward_origin: dict[str, Any] | None

@@ -13,6 +13,8 @@
   number the next node will get) at each module boundary therefore tells, for any backward op,
   which module's forward made the node it belongs to: no hook on the graph, nothing changed.
   Fallbacks: None (the caller attributes the op some other way).
+- Whether a tensor was changed in place since it was last seen: its version counter
+  (``tensor._version``), which every in-place op bumps.
 """
 
 from __future__ import annotations
@@ -97,3 +99,8 @@ def node_sequence_nr(node: Any) -> int | None:
 def available() -> bool:
     """Whether backward ops can be attributed through sequence numbers here."""
     return _PEEK is not None and _CURRENT is not None
+
+
+def version(t: torch.Tensor) -> int:
+    """The tensor's version counter: it grows with every in-place change of its values."""
+    return int(t._version)

@@ -7,6 +7,7 @@ the mechanics: the finiteness token, the hooks' lifetime, and bit-identical trai
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -82,3 +83,117 @@ def test_a_default_run_watches_every_step_profiled_ones_included(tmp_path: Path)
     s = ampdiag.load(out)
     assert s.section("sentinel")["steps_watched"] == 6
     assert any(st["profiled"] for st in s.steps)
+
+
+class _InPlace(nn.Module):
+    """Two children; at step ``at`` the parent's own code turns the first one's output inf in
+    place (``h.mul_``: same tensor, new values) before handing it to the second."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.at, self.now = at, -1
+        self.made: list[tuple[bool, bool]] = []  # (finite before, finite after) the mul_
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        if self.now == self.at:
+            before = bool(torch.isfinite(h).all())
+            h.mul_(float("inf"))
+            self.made.append((before, bool(torch.isfinite(h).all())))
+        return self.b(h)
+
+
+def test_a_value_changed_in_place_by_the_parent_is_the_parents(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), _InPlace(at=2))
+    inner = model[1]
+    assert isinstance(inner, _InPlace)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ampdiag.diagnose(model, opt, out=tmp_path, collectors=[Sentinel()], **QUIET) as d:
+        for step in range(4):
+            inner.now = step
+            opt.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+    # the parent's own code made the inf: finite output of child a, inf where child b began
+    assert inner.made == [(True, False)]
+    assert d.session is not None
+    origin = d.session.section("sentinel")["forward_origin"]
+    assert origin is not None
+    assert (origin["step"], origin["module"], origin["parent_code"]) == (2, "1", True)
+    assert origin["between"] == ["1.a", "1.b"]
+
+
+def test_no_activation_is_kept_alive_by_the_sentinel(tmp_path: Path) -> None:
+    import weakref
+
+    seen: list[weakref.ref[torch.Tensor]] = []
+
+    class Keep(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.a(x)  # a module output that nothing saves for the backward (add)
+            seen.append(weakref.ref(h))
+            return h + 1.0
+
+    model = Keep()
+    with ampdiag.diagnose(model, out=tmp_path, collectors=[Sentinel()], **QUIET):
+        out = model(torch.randn(3, 4))
+        assert seen[0]() is None  # freed as soon as the user's code dropped it
+        out.sum().backward()
+
+
+class _NaNBackward(torch.autograd.Function):
+    """Identity; its backward turns the gradient NaN when ``owner.now == owner.at`` and
+    records (received finite, returned finite)."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, owner: _Between) -> torch.Tensor:
+        ctx.owner = owner
+        return h.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        owner = ctx.owner
+        if owner.now != owner.at:
+            return grad, None
+        out = grad * float("nan")
+        owner.made.append((bool(torch.isfinite(grad).all()), bool(torch.isfinite(out).all())))
+        return out, None
+
+
+class _Between(nn.Module):
+    """``b(op(a(x)))``: the op between two children makes NaN in the backward at step ``at``."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.at, self.now = at, -1
+        self.made: list[tuple[bool, bool]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(_NaNBackward.apply(self.a(x), self))  # type: ignore[no-untyped-call]
+
+
+def test_a_backward_op_between_two_children_is_the_parents(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), _Between(at=1))
+    inner = model[1]
+    assert isinstance(inner, _Between)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ampdiag.diagnose(model, opt, out=tmp_path, collectors=[Sentinel()], **QUIET) as d:
+        for step in range(3):
+            inner.now = step
+            opt.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+    assert inner.made == [(True, False)]  # finite gradient in, NaN out, at step 1
+    assert d.session is not None
+    origin = d.session.section("sentinel")["backward_origin"]
+    assert origin is not None
+    assert (origin["step"], origin["module"], origin["parent_code"]) == (1, "1", True)
+    assert origin["between"] == ["1.a", "1.b"]

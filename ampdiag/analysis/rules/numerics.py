@@ -6,7 +6,7 @@ misuses the GradScaler. Thresholds are in ``THRESHOLDS``; every rule states its 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ampdiag.analysis import fp16range
@@ -24,6 +24,9 @@ THRESHOLDS: dict[str, float] = {
     # Share of steps the GradScaler skipped (any skip is at least "low").
     "skipped_medium": 0.05,
     "skipped_high": 0.25,
+    # Skips persist (more than the scaler's search for its scale, see `skips_persist`): the
+    # scale collapsed, or at least this many skips and skipped_high of the steps.
+    "skips_persist_min": 10,
     # Forward output magnitude against FP16's max (65504): overflow, and within 4x of it.
     "activation_overflow": fp16range.FP16_MAX,
     "activation_near": fp16range.FP16_MAX / 4,
@@ -286,14 +289,11 @@ def grad_scaler_disabled(session: Session) -> Iterator[Finding]:
     )
 
 
-@rule("loss-scale-collapse")
-def loss_scale_collapse(session: Session) -> Iterator[Finding]:
-    """The loss scale fell below 1 (high) or to <= 2^-10 of its initial value (medium)."""
-    dev = device_type(session.environment)
-    sc = session.section("scaler")
+def _scale_collapse(sc: Mapping[str, Any]) -> tuple[Severity, float, float] | None:
+    """(severity, initial scale, smallest scale) when the loss scale collapsed, else None."""
     history = sc.get("history") or []
     if not history:
-        return
+        return None
     initial = float(history[0]["scale"])
     scales = [float(h["scale"]) for h in history] + [float(h["scale_after"]) for h in history]
     smin = min(scales)
@@ -301,11 +301,46 @@ def loss_scale_collapse(session: Session) -> Iterator[Finding]:
     if isinstance(every_step_min, (int, float)):
         smin = min(smin, float(every_step_min))
     if smin < THRESHOLDS["scale_collapse_abs"]:
-        sev: Severity = "high"
-    elif smin <= initial * THRESHOLDS["scale_collapse_ratio"]:
-        sev = "medium"
-    else:
+        return "high", initial, smin
+    if smin <= initial * THRESHOLDS["scale_collapse_ratio"]:
+        return "medium", initial, smin
+    return None
+
+
+def skips_persist(session: Session) -> bool:
+    """Whether the GradScaler's skips are more than its search for a working scale.
+
+    A scaler halves its scale on each skipped step until the gradients fit: a few skips at the
+    start (from torch's default 2^16), or when the gradients grow, then none. Skips persist
+    when the scale collapsed (`loss-scale-collapse`'s thresholds: below 1, or at most 2^-10
+    of the initial scale -- ten halvings more than it grew) or, for a scaler that backs off
+    more gently, when it skipped at least ``skips_persist_min`` (10) steps and at least
+    ``skipped_high`` (25%) of them: a gradient that overflows whatever the scale, whose
+    origin is then reported.
+    """
+    sc = session.section("scaler")
+    if _scale_collapse(sc) is not None:
+        return True
+    history = sc.get("history") or []
+    if not history:
+        return False
+    skipped = int(sc.get("skipped_total", len(sc.get("skipped_steps") or [])))
+    steps = int(sc.get("steps_total", len(history))) or len(history)
+    return (
+        skipped >= THRESHOLDS["skips_persist_min"] and skipped / steps >= THRESHOLDS["skipped_high"]
+    )
+
+
+@rule("loss-scale-collapse")
+def loss_scale_collapse(session: Session) -> Iterator[Finding]:
+    """The loss scale fell below 1 (high) or to <= 2^-10 of its initial value (medium)."""
+    dev = device_type(session.environment)
+    sc = session.section("scaler")
+    history = sc.get("history") or []
+    collapse = _scale_collapse(sc)
+    if collapse is None:
         return
+    sev, initial, smin = collapse
     backoffs = sc.get("backoff_total", len(sc.get("backoff_steps", [])))
     yield Finding(
         id="loss-scale-collapse",
@@ -449,10 +484,12 @@ def _nonfinite_origin(session: Session) -> tuple[dict[str, Any], int] | None:
     The sentinel (every step) is exact; the activations collector's sampled origin is the
     fallback for sessions without it. A forward or loss origin always counts; a backward-only
     origin not when an enabled GradScaler skipped every such step (that is the scaler finding
-    its scale, not a fault). Of the two, the earlier step is the origin.
+    its scale, not a fault) -- unless the skips persist (`skips_persist`: the gradient
+    overflows whatever the scale, and its origin is the cause). Of the two, the earlier step
+    is the origin.
     """
     sc = session.section("scaler")
-    enabled = bool((sc.get("scaler") or {}).get("enabled"))
+    enabled = bool((sc.get("scaler") or {}).get("enabled")) and not skips_persist(session)
     skipped = set(sc.get("skipped_steps") or [])
     sentinel = session.section("sentinel")
     if sentinel:
@@ -478,12 +515,35 @@ def _nonfinite_origin(session: Session) -> tuple[dict[str, Any], int] | None:
     return dict(origin), len(bad_steps)
 
 
+def origin_where(origin: dict[str, Any]) -> str:
+    """Where an origin lies, in words: "the output of X", "the code of X between A and B"..."""
+    module = origin["module"]
+    if module == "(loss)":
+        return "the loss" if origin["phase"] == "loss" else "the gradient from the loss"
+    if not origin.get("parent_code"):
+        return f"the {origin['kind']} of {module}"
+    before, after = [*(origin.get("between") or []), None, None][:2]
+    backward = " (backward)" if origin["phase"] == "backward" else ""
+    if before and after:
+        return f"the code of {module}{backward} between {before} and {after}"
+    if before:
+        return f"the code of {module}{backward} after {before}"
+    if after:
+        return f"the code of {module}{backward} before {after}"
+    return f"the code of {module}{backward}"
+
+
 @rule("nonfinite-origin")
 def nonfinite_origin(session: Session) -> Iterator[Finding]:
     """Where inf/NaN first appeared: a module's output or the loss (high), or the backward.
 
-    In the backward: the first module whose input gradient held it (medium).
-    Backward-only inf/NaN is not reported when an enabled GradScaler skipped every such step.
+    Forward: the deepest module whose input was finite and whose output is not, or -- when
+    the value was already non-finite where a child began -- the parent's own code between
+    two children (``parent_code``, ``between``: the child before, the child after; names or
+    None). In the backward (medium): the module whose output gradient was finite and input
+    gradient is not, or likewise a parent's code. Backward-only inf/NaN is not reported when
+    an enabled GradScaler skipped every such step, unless the skips persist
+    (`skips_persist`: then the overflowing gradient's origin is the skips' cause).
     Where the sentinel replayed the step in FP32 (``fp32_replay_finite``) and it is non-finite
     there too, the fix says it is not the precision.
     """
@@ -494,24 +554,30 @@ def nonfinite_origin(session: Session) -> Iterator[Finding]:
     origin, count = found
     fp32 = _replayed_fp32(session, int(origin["step"]))
     sev: Severity = "medium" if origin["phase"] == "backward" else "high"
-    where = (
-        "the loss"
-        if origin["module"] == "(loss)" and origin["phase"] == "loss"
-        else f"the {origin['kind']} of {origin['module']}"
-    )
+    where = origin_where(origin)
+    parent_code = bool(origin.get("parent_code"))
+    evidence = {
+        "step": origin["step"],
+        "module": origin["module"],
+        "phase": origin["phase"],
+        "kind": origin["kind"],
+        "parent_code": parent_code,
+        "where": where,
+        "steps_with_nonfinite": count,
+        "dtype": _compute_dtype(session),
+    }
+    if parent_code:
+        evidence["between"] = list(origin.get("between") or [None, None])
+    if fp32:
+        evidence["fp32_replay_finite"] = fp32["finite"]
+    if origin["phase"] == "backward" and skips_persist(session):
+        sc = session.section("scaler")
+        evidence["skipped"] = int(sc.get("skipped_total", len(sc.get("skipped_steps") or [])))
     yield Finding(
         id="nonfinite-origin",
         severity=sev,
         title=f"inf/NaN first appears at step {origin['step']} in {where}.",
-        evidence={
-            "step": origin["step"],
-            "module": origin["module"],
-            "phase": origin["phase"],
-            "kind": origin["kind"],
-            "steps_with_nonfinite": count,
-            "dtype": _compute_dtype(session),
-            **({"fp32_replay_finite": fp32["finite"]} if fp32 else {}),
-        },
+        evidence=evidence,
         fix=(
             f"Inspect {origin['module']} at step {origin['step']}: a division by ~0, log of 0, "
             "sqrt of 0 in the backward, exp/softmax of large values, or a non-finite input. "

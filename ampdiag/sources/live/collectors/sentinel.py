@@ -4,21 +4,27 @@ Sampled statistics can miss the step a run diverges on (a NaN at step 33 of 50 f
 sampled steps, and the profiler's window is never sampled). The sentinel watches every step,
 cheaply enough to leave on:
 
-* forward: a forward hook on every module reduces its first floating output to one sum
-  (`finite_token`: inf/NaN propagate into it), in execution order;
+* forward: a pre-hook on every module reduces its first floating input to one sum
+  (`finite_token`: inf/NaN propagate into it) before the module runs, and a forward hook its
+  first floating output after, in execution order, with the call running when it started (its
+  parent). One token per distinct tensor: a tensor already reduced (the previous module's
+  output is the next one's input) is looked up by identity (a weak reference, so nothing is
+  kept alive) and its version counter (changed in place since: reduced again);
 * loss: every loss given to backward (or to ``GradScaler.scale``), as a 0-dim tensor;
-* backward: the same forward hook puts a tensor hook on the module's floating inputs that
-  require grad; in the backward it reduces the gradient with respect to that input -- what
-  the module's backward produced -- to one sum, in backward order. A hook on the root
-  module's output sees the gradient arriving from the loss;
+* backward: the forward hook puts one tensor hook on each distinct floating tensor that is a
+  module's input or output and requires grad, with the roles it played (input or output of
+  which calls); in the backward it reduces the gradient with respect to that tensor to one
+  sum, in backward order. A root module's output gradient is the one arriving from the loss;
 * gradients: at the step's end, the largest |g| over all parameter gradients
   (``torch.nn.utils.get_total_norm(grads, inf)``): non-finite, or zero (all gradients zero).
 
 The values stay on the device; at the step's end they are stacked and copied to the host in
 one transfer (`_host.Deferred`, read at a later step on CUDA). The first non-finite entry in
-that order is the origin: the module whose output (forward) or input gradient (backward) first
-held inf/NaN, or the loss. Hooks never change a tensor (they return None), and every hook is
-removed on exit.
+that order is the origin (`origin.py`): the deepest module whose input was finite and whose
+output is not (forward), or whose output gradient was finite and input gradient is not
+(backward); a parent's own code between two children when the value was already non-finite
+where a child began (or its gradient where a child's backward began); or the loss. Hooks
+never change a tensor (they return None), and every hook is removed on exit.
 
 The first non-finite step is also replayed in FP32 (and BF16), before its weights change, by
 `divergence_replay.ReplayKeeper` (the section's ``replay``): whether precision caused it.
@@ -27,20 +33,23 @@ The first non-finite step is also replayed in FP32 (and BF16), before its weight
 from __future__ import annotations
 
 import math
+import weakref
 from functools import partial
 from typing import Any
 
 import torch
 
+from ampdiag.compat.autograd import version
 from ampdiag.compat.dtensor import local_tensor
 from ampdiag.schema import SentinelSection
 from ampdiag.sources.live import global_hooks
+from ampdiag.sources.live.collectors import origin
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
 from ampdiag.sources.live.collectors.divergence_replay import ReplayKeeper
 
 #: The pseudo-module named when the loss (forward) or its backward holds the first inf/NaN.
-LOSS = "(loss)"
+LOSS = origin.LOSS
 #: Steps listed in full in the section.
 MAX_LISTED = 100
 
@@ -65,6 +74,15 @@ def finite_token(t: torch.Tensor) -> torch.Tensor:
     return t.sum().float()
 
 
+def _first_tensor(value: Any, max_depth: int = 2) -> torch.Tensor | None:
+    """The first tensor of a module's inputs or outputs (a bare tensor or ``args[0]``: fast)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if type(value) is tuple and value and isinstance(value[0], torch.Tensor):
+        return value[0]
+    return next(tensors_in(value, max_depth=max_depth), None)
+
+
 class Sentinel(Collector):
     """First inf/NaN per step: module outputs, the loss, input gradients, parameter grads."""
 
@@ -74,16 +92,22 @@ class Sentinel(Collector):
     def __init__(self) -> None:
         self._names: list[str] = []
         self._index: dict[int, int] = {}
-        self._roots: set[int] = set()
         self._handles: list[Any] = []
         self._params: list[tuple[str, torch.nn.Parameter]] = []
+        # This step's calls ([module, parent call, input token, output token]), the role that
+        # computed each forward token, the calls running now, and the tensors seen by id:
+        # [weak reference, version, token or -1, roles of its gradient hook or None].
+        self._calls: list[list[int]] = []
         self._fwd_idx: list[int] = []
+        self._stack: list[int] = []
+        self._seen: dict[int, list[Any]] = {}
         self._fwd: list[torch.Tensor] = []
-        self._bwd_idx: list[int] = []
+        self._bwd_idx: list[list[int]] = []
         self._bwd: list[torch.Tensor] = []
         self._loss: list[torch.Tensor] = []
-        self._last_out: torch.Tensor | None = None
-        self._pending: list[tuple[int, list[int], list[int], int, bool, Deferred]] = []
+        self._pending: list[
+            tuple[int, tuple[list[list[int]], list[int]], list[list[int]], int, bool, Deferred]
+        ] = []
         self._steps = 0
         self._forward_origin: dict[str, Any] | None = None
         self._backward_origin: dict[str, Any] | None = None
@@ -99,13 +123,14 @@ class Sentinel(Collector):
     def on_model(self, run: RunContext, model: torch.nn.Module) -> None:
         """Hooks every module of the model, for the whole run."""
         prefix = "" if len(run.models) <= 1 else f"model{len(run.models) - 1}."
-        self._roots.add(id(model))
         for name, module in model.named_modules():
             if id(module) in self._index:
                 continue
             idx = len(self._names)
             self._index[id(module)] = idx
             self._names.append(prefix + name if name else prefix + f"({type(module).__name__})")
+            pre = partial(self._pre, idx)
+            self._handles.append(global_hooks.on_module(module, global_hooks.MODULE_PRE, pre))
             hook = partial(self._forward, idx)
             self._handles.append(global_hooks.on_module(module, global_hooks.MODULE_POST, hook))
         known = {id(p) for _, p in self._params}
@@ -125,6 +150,58 @@ class Sentinel(Collector):
 
     # --- hooks ------------------------------------------------------------------------------
 
+    def _pre(self, idx: int, module: torch.nn.Module, args: Any) -> None:
+        try:
+            call, stack = len(self._calls), self._stack
+            record = [idx, stack[-1] if stack else -1, -1, -1]
+            self._calls.append(record)
+            stack.append(call)
+            a = _first_tensor(args)
+            if a is not None and a.is_floating_point():
+                record[2] = self._token(a, call * 2 + origin.INPUT)
+        except Exception as exc:  # observing must never break the user's step
+            self._error(exc)
+
+    def _entry(self, t: torch.Tensor) -> list[Any]:
+        """What is known of ``t`` this step (a new entry when it is new or changed in place)."""
+        entry = self._seen.get(id(t))
+        v = version(t)
+        if entry is None or entry[0]() is not t or entry[1] != v:
+            entry = self._seen[id(t)] = [weakref.ref(t), v, -1, None]
+        return entry
+
+    def _token(self, t: torch.Tensor, role: int) -> int:
+        """The position of ``t``'s finiteness token, reduced now unless it already was."""
+        entry = self._entry(t)
+        if entry[2] < 0:
+            with internal_work():
+                token = finite_token(t.detach())
+            entry[2] = len(self._fwd)
+            self._fwd.append(token)
+            self._fwd_idx.append(role)
+        return int(entry[2])
+
+    def _role(self, t: torch.Tensor, role: int) -> None:
+        """Adds a role to ``t``'s gradient hook (registered with its first role)."""
+        entry = self._entry(t)
+        roles: list[int] | None = entry[3]
+        if roles is None:
+            roles = entry[3] = []
+            t.register_hook(partial(self._grad, roles))  # type: ignore[no-untyped-call]
+        roles.append(role)
+
+    def _close(self, idx: int) -> int:
+        """The call of module ``idx`` that ends now (popped from the running calls)."""
+        stack = self._stack
+        for i in range(len(stack) - 1, -1, -1):
+            if self._calls[stack[i]][0] == idx:
+                call = stack[i]
+                del stack[i:]
+                return call
+        # no pre-hook seen (hooked while it ran): a call with no input token
+        self._calls.append([idx, stack[-1] if stack else -1, -1, -1])
+        return len(self._calls) - 1
+
     def _forward(self, idx: int, module: torch.nn.Module, args: Any, output: Any) -> None:
         try:
             self._watch_forward(idx, module, args, output)
@@ -136,22 +213,21 @@ class Sentinel(Collector):
             self._errors.append(repr(exc))
 
     def _watch_forward(self, idx: int, module: torch.nn.Module, args: Any, output: Any) -> None:
-        t = next(tensors_in(output), None)
-        with internal_work():
-            if t is not None and t.is_floating_point() and t is not self._last_out:
-                self._last_out = t
-                self._fwd.append(finite_token(t.detach()))
-                self._fwd_idx.append(idx)
-            if not torch.is_grad_enabled():
-                return
-            for a in tensors_in(args, max_depth=2):
-                # Not leaves: a parameter or input kept across steps would collect a hook per step.
-                if a.requires_grad and a.grad_fn is not None and a.is_floating_point():
-                    a.register_hook(partial(self._grad, idx))  # type: ignore[no-untyped-call]
-            if id(module) in self._roots and t is not None and t.requires_grad:
-                t.register_hook(partial(self._grad, -1))  # type: ignore[no-untyped-call]
+        call = self._close(idx)
+        t = _first_tensor(output, 4)
+        floating = t is not None and t.is_floating_point()
+        if t is not None and floating:
+            self._calls[call][3] = self._token(t, call * 2 + origin.OUTPUT)
+        if not torch.is_grad_enabled():
+            return
+        for a in tensors_in(args, max_depth=2):
+            # Not leaves: a parameter or input kept across steps would collect a hook per step.
+            if a.requires_grad and a.grad_fn is not None and a.is_floating_point():
+                self._role(a, call * 2 + origin.INPUT)
+        if t is not None and floating and t.requires_grad and t.grad_fn is not None:
+            self._role(t, call * 2 + origin.OUTPUT)
 
-    def _grad(self, idx: int, grad: torch.Tensor) -> None:
+    def _grad(self, roles: list[int], grad: torch.Tensor) -> None:
         if grad is None:
             return
         try:
@@ -161,11 +237,11 @@ class Sentinel(Collector):
             self._error(exc)
             return
         self._bwd.append(token)
-        self._bwd_idx.append(idx)
+        self._bwd_idx.append(roles)
 
     def on_loss(self, run: RunContext, loss: torch.Tensor, from_scaler: bool) -> None:
         """Keeps the loss (one value) for the step's check."""
-        self._last_out = None  # the forward is over: hold no activation until the step ends
+        self._seen = {}  # the forward is over: what it saw is not looked up again
         if loss.is_floating_point():
             self._loss.append(loss.detach().reshape(()).float())
         self._replay.on_loss(loss)
@@ -190,12 +266,13 @@ class Sentinel(Collector):
                 if any(p.device != device for p in parts):
                     parts = [p.to(device) for p in parts]
                 deferred = Deferred(torch.stack(parts), copy=False)
+                fwd = (self._calls, self._fwd_idx)
                 self._pending.append(
-                    (step, self._fwd_idx, self._bwd_idx, len(self._loss), bool(grads), deferred)
+                    (step, fwd, self._bwd_idx, len(self._loss), bool(grads), deferred)
                 )
         self._steps += 1
         self._fwd, self._fwd_idx, self._bwd, self._bwd_idx, self._loss = [], [], [], [], []
-        self._last_out = None
+        self._calls, self._stack, self._seen = [], [], {}
         if self._pending:
             self._resolve(wait=False)
 
@@ -203,13 +280,20 @@ class Sentinel(Collector):
         self._pending = absorb_ready(self._pending, self._absorb, wait)
 
     def _absorb(
-        self, step: int, fwd: list[int], bwd: list[int], nloss: int, grads: bool, d: Deferred
+        self,
+        step: int,
+        fwd: tuple[list[list[int]], list[int]],
+        bwd: list[list[int]],
+        nloss: int,
+        grads: bool,
+        d: Deferred,
     ) -> None:
         import numpy as np
 
         values = d.arrays()[0].astype(np.float64)
         finite = np.isfinite(values)
-        k, n = len(fwd), len(fwd) + nloss
+        calls, owners = fwd
+        k, n = len(owners), len(owners) + nloss
         bad_fwd = np.flatnonzero(~finite[:k])
         bad_loss = not finite[k:n].all()
         bad_bwd = np.flatnonzero(~finite[n : n + len(bwd)])
@@ -223,26 +307,26 @@ class Sentinel(Collector):
         self._nonfinite.append(step)
         if len(bad_fwd) or bad_loss:
             if self._forward_origin is None:
+                found = None
                 if len(bad_fwd):
-                    where, phase, kind = self._names[fwd[bad_fwd[0]]], "forward", "output"
-                else:
-                    where, phase, kind = LOSS, "loss", "value"
-                self._forward_origin = {"step": step, "phase": phase, "module": where, "kind": kind}
+                    found = origin.forward(calls, owners, finite[:k].tolist(), self._names)
+                if found is None:
+                    found = {"phase": "loss", "module": LOSS, "kind": "value", "parent_code": False}
+                self._forward_origin = {"step": step, **found}
             return
         self._backward_only.append(step)
         if self._backward_origin is None:
+            found = None
             if len(bad_bwd):
-                i = bwd[bad_bwd[0]]
-                where = LOSS if i < 0 else self._names[i]
-                kind = "gradient from the loss" if i < 0 else "input gradient"
-            else:
-                where, kind = self._grad_owner(), "parameter gradient"
-            self._backward_origin = {
-                "step": step,
-                "phase": "backward",
-                "module": where,
-                "kind": kind,
-            }
+                found = origin.backward(calls, bwd, finite[n : n + len(bwd)].tolist(), self._names)
+            if found is None:
+                found = {
+                    "phase": "backward",
+                    "module": self._grad_owner(),
+                    "kind": "parameter gradient",
+                    "parent_code": False,
+                }
+            self._backward_origin = {"step": step, **found}
 
     def _grad_owner(self) -> str:
         """The module of the first parameter whose gradient is non-finite now (or "?")."""
