@@ -52,7 +52,7 @@ class Net(nn.Module):
         super().__init__()
         self.body = nn.Sequential(nn.Linear(8, 32), nn.ReLU())
         self.head = nn.Linear(32, 1)
-        self.poison = 1.0  # set to inf for one step: the NaN's origin is `head`
+        self.poison = 1.0  # inf for one step: the NaN is made in Net's own code, before `head`
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(x) * self.poison)
@@ -243,7 +243,8 @@ def test_loss_spike_trigger_diagnoses_the_steps_after_the_injected_spike(tmp_pat
     assert all(h[0] == loop.hooks[0][0] for h in loop.hooks[: spike_at + 1])
     # ... and found where the NaN injected at step 43 came from, with its run-wide step.
     origin = next(f for f in session.all_findings() if f.id == "nonfinite-origin")
-    assert origin.evidence["step"] == nan_at and origin.evidence["module"] == "head"
+    assert origin.evidence["step"] == nan_at and origin.evidence["module"] == "(Net)"
+    assert origin.evidence["between"] == ["body", "head"]  # where Net's code multiplies
     # the header says which steps of the run these are, and why
     from ampdiag.render.sections.overview import run_facts
 

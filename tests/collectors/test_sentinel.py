@@ -117,7 +117,8 @@ def test_a_value_changed_in_place_by_the_parent_is_the_parents(tmp_path: Path) -
             model(torch.randn(3, 4)).sum().backward()
             opt.step()
     # the parent's own code made the inf: finite output of child a, inf where child b began
-    assert inner.made == [(True, False)]
+    # (at step 2 only; the divergence replay runs that step's forward again)
+    assert set(inner.made) == {(True, False)}
     assert d.session is not None
     origin = d.session.section("sentinel")["forward_origin"]
     assert origin is not None
@@ -191,7 +192,8 @@ def test_a_backward_op_between_two_children_is_the_parents(tmp_path: Path) -> No
             opt.zero_grad()
             model(torch.randn(3, 4)).sum().backward()
             opt.step()
-    assert inner.made == [(True, False)]  # finite gradient in, NaN out, at step 1
+    # finite gradient in, NaN out, at step 1 (the divergence replay runs it once more)
+    assert set(inner.made) == {(True, False)}
     assert d.session is not None
     origin = d.session.section("sentinel")["backward_origin"]
     assert origin is not None

@@ -80,7 +80,8 @@ def run(out: Path) -> tuple[Session, Truth]:
 
         with diagnose(out) as d:
             models.train(model, data, dtype=None, step_hook=step_hook)
-    assert block.fired == [AT], block.fired
+    # the divergence replay runs the step's backward again: the same step, once more
+    assert set(block.fired) == {AT}, block.fired
     between = [names[block.mlp], None]
     measured = {"first_step": block.fired[0], "module": names[block], "between": between}
     expect = Expect(
