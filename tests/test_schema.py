@@ -22,7 +22,7 @@ from torch import nn
 
 import ampdiag
 from ampdiag import schema
-from ampdiag.analysis.rules.recommendations import batch_size
+from ampdiag.analysis.advisors.recommendations import batch_size
 from ampdiag.errors import InputError
 from ampdiag.session import Session, load
 

@@ -13,8 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ampdiag.analysis import divergence, figures, fp8, fp16range, memory_estimates, precision
-from ampdiag.analysis.rules import numerics
+from ampdiag.analysis import (
+    divergence,
+    figures,
+    fp8,
+    fp16range,
+    memory_estimates,
+    numerics,
+    precision,
+)
 from ampdiag.schema import DerivedSection
 from ampdiag.session import Session
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from ampdiag import units
 from ampdiag.analysis import fp16range
-from ampdiag.analysis.rules.numerics import fp16_in_use
+from ampdiag.analysis.numerics import fp16_in_use
 from ampdiag.session import Session
 
 THRESHOLDS: dict[str, float] = {

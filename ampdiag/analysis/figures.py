@@ -82,7 +82,7 @@ def fp16_in_use(session: Session) -> bool:
     derived = session.section("derived").get("numerics")
     if isinstance(derived, Mapping) and isinstance(derived.get("fp16_in_use"), bool):
         return bool(derived["fp16_in_use"])
-    from ampdiag.analysis.rules import numerics
+    from ampdiag.analysis import numerics
 
     return numerics.fp16_in_use(session)
 
@@ -90,7 +90,7 @@ def fp16_in_use(session: Session) -> bool:
 def underflow_fraction(session: Session) -> float | None:
     """The share of nonzero gradient values FP16 lost (zero or subnormal), for FP16 runs.
 
-    The numerics analysis' figure (`ampdiag.analysis.rules.numerics.underflow_summary`, the one
+    The numerics analysis' figure (`ampdiag.analysis.numerics.underflow_summary`, the one
     ``fp16-grad-underflow`` states). For a run that did not compute in FP16 it is what FP16
     would do, not something the run lost: None here (the numerics section shows the what-if).
     """
@@ -99,7 +99,7 @@ def underflow_fraction(session: Session) -> float | None:
     if not isinstance(summary, Mapping):
         if not (session.section("gradients") or session.section("activations")):
             return None
-        from ampdiag.analysis.rules import numerics
+        from ampdiag.analysis import numerics
 
         summary = numerics.underflow_summary(session)
     if not summary.get("measured", True) or not fp16_in_use(session):

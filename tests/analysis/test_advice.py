@@ -9,7 +9,7 @@ import pytest
 from ampdiag.analysis import advisors as advice_mod
 from ampdiag.analysis import analyze
 from ampdiag.analysis.advisors import Advisor, advise
-from ampdiag.analysis.rules.recommendations import THRESHOLDS
+from ampdiag.analysis.advisors.recommendations import THRESHOLDS
 from ampdiag.session import Finding, Session
 from tests.advice_scan import advised
 

@@ -10,8 +10,9 @@ leave the list and are cited inside the recommendation's evidence (``explains``:
 of what it merged, and the list is ranked again. So a user reads one fix, not four symptoms,
 and a CI gate (``--fail-on``) still sees the severity of the worst symptom.
 
-Advisors live in ``ampdiag/analysis/rules/`` like rules, listed in `ADVISOR_MODULES`, and are
-registered with `advisor`. They run in that order, each on what the previous ones left.
+Advisors live here, beside the rules (``ampdiag/analysis/rules/``), not among them: a module
+of this package, listed in `ADVISOR_MODULES`, registered with `advisor`. They run in that
+order, each on what the previous ones left.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ampdiag.session import SEVERITIES, Finding, Session
 
 log = logging.getLogger("ampdiag")
 
-#: Modules (under ampdiag/analysis/rules/) whose advisors run, in this order.
+#: Modules of this package whose advisors run, in this order.
 ADVISOR_MODULES: tuple[str, ...] = ("divergence", "recommendations")
 
 
@@ -81,7 +82,7 @@ def advisor(*ids: str) -> Callable[[AdvisorFunc], AdvisorFunc]:
 def advisors() -> list[Advisor]:
     """Every registered advisor, in `ADVISOR_MODULES` order (importing them on first use)."""
     for name in ADVISOR_MODULES:
-        importlib.import_module(f"ampdiag.analysis.rules.{name}")
+        importlib.import_module(f"{__name__}.{name}")
     return list(_ADVISORS)
 
 

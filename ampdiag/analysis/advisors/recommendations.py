@@ -1,4 +1,4 @@
-"""Advisors: recommendations computed from several findings at once (see analysis/advisors.py).
+"""Recommendations computed from several findings at once (`ampdiag.analysis.advisors`).
 
 Each advisor reads the findings the rules produced (by their stable ids and documented evidence
 keys) and the session's environment, and returns one recommendation with the numbers it rests
@@ -30,9 +30,9 @@ from typing import Any
 from ampdiag.analysis import device, divergence
 from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.advisors import Advice, advisor, find, number, worst_severity
+from ampdiag.analysis.numerics import fp16_in_use
 from ampdiag.analysis.rules.accumulation import accumulation_broken
 from ampdiag.analysis.rules.memory import accumulation_fix, low_precision
-from ampdiag.analysis.rules.numerics import fp16_in_use
 from ampdiag.session import Finding, Session
 
 THRESHOLDS: dict[str, float] = {
