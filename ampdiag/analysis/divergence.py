@@ -42,6 +42,9 @@ THRESHOLDS: dict[str, float] = {
     "loss_growth": 10.0,
     # Finite losses needed before the first non-finite step to judge a trend.
     "trend_min_steps": 3,
+    # ... or one jump: the last finite loss this many times its start, from two finite losses
+    # (the first non-finite step's own loss counts where finite: its gradients went first).
+    "loss_jump": 100.0,
     # Skipped steps in a row, to the run's end, that make a stall (fewer: the scaler searching
     # its scale), unless every step of a shorter run was skipped.
     "stall_skips": 8,
@@ -90,12 +93,17 @@ def losses(session: Session) -> list[tuple[int, float]]:
 
 
 def trend(points: list[tuple[int, float]], before: int) -> dict[str, Any]:
-    """The finite loss before step ``before``: its start, its last values, how much it grew."""
-    finite = [(i, v) for i, v in points if i < before and math.isfinite(v)]
+    """The finite loss up to step ``before``: its start, its last values, how much it grew.
+
+    Step ``before``'s own loss counts where it is finite (its gradients or weights went
+    non-finite first, its forward did not).
+    """
+    finite = [(i, v) for i, v in points if i <= before and math.isfinite(v)]
     out: dict[str, Any] = {"steps": len(finite)}
     if not finite:
         return out
-    start = statistics.median(abs(v) for _, v in finite[:3])
+    # the start: the first three losses, never the last one (a jump is measured against it)
+    start = statistics.median(abs(v) for _, v in finite[: max(1, min(3, len(finite) - 1))])
     last = max(abs(v) for _, v in finite[-2:])
     out |= {
         "first_loss": finite[0][1],
@@ -105,11 +113,23 @@ def trend(points: list[tuple[int, float]], before: int) -> dict[str, Any]:
     }
     if start > 0:
         out["growth"] = last / start
+    growth = out.get("growth", 0.0)
     out["exploding"] = bool(
-        len(finite) >= THRESHOLDS["trend_min_steps"]
-        and out.get("growth", 0.0) >= THRESHOLDS["loss_growth"]
+        (len(finite) >= THRESHOLDS["trend_min_steps"] and growth >= THRESHOLDS["loss_growth"])
+        or (len(finite) >= 2 and growth >= THRESHOLDS["loss_jump"])
     )
     return out
+
+
+def unfixed_by_precision(session: Session) -> bool:
+    """Whether the run diverged or stalled for a reason no precision fixes (derived first).
+
+    A precision recommendation (autocast, a faster dtype) is then not the run's problem now:
+    the rules that make one lower it below high, so the divergence's own fix leads.
+    """
+    div = session.section("derived").get("divergence") or {}
+    cause = (div.get("cause") or {}).get("cause")
+    return div.get("verdict") in ("diverged", "stalled") and cause == "not-precision"
 
 
 def run_precision(session: Session) -> str:
@@ -226,7 +246,12 @@ def cause(
     fp32 = ((replay or {}).get("results") or {}).get("fp32") or {}
     trend_ = result.get("trend") or {}
     if precision == "fp32":
-        return out | {"cause": "not-precision", "why": "the run computes in FP32"}
+        grew = (
+            f"; the finite loss grew {_times(trend_['growth'])} over its start first"
+            if trend_.get("exploding")
+            else ""
+        )
+        return out | {"cause": "not-precision", "why": f"the run computes in FP32{grew}"}
     if trend_.get("exploding"):
         held = ""
         if fp32.get("finite") and replay and replay.get("step") == first["step"]:

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from ampdiag.analysis import device as D
 from ampdiag.analysis import precision_choice as pc
+from ampdiag.analysis.divergence import unfixed_by_precision
 from ampdiag.analysis.precision import REASON_FIXES, summarize
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
@@ -129,7 +130,8 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
 
     Either way the step does not get the low-precision speed-up: ``low-precision-inactive``
     (high) when the run tried mixed precision (autocast or a GradScaler seen), ``amp-off``
-    (info) for a deliberate FP32 run, where neither was ever seen.
+    (info) for a deliberate FP32 run, where neither was ever seen. Low, not high, when the run
+    diverged or stalled for a reason no precision fixes (`divergence.unfixed_by_precision`).
 
     Matmuls that ran in low precision without autocast (parameters in bf16, as FSDP2's
     MixedPrecisionPolicy casts them) get the speed-up and do not count.
@@ -188,9 +190,13 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
         )
     else:
         title = f"{mm['fp32_share']:.0%} of the matmul FLOPs ran in FP32 despite autocast."
+    # a run that diverges whatever its precision: its divergence is the fix to make first
+    later = unfixed_by_precision(session)
+    if later:
+        title = title.rstrip(".") + " (after the divergence, which no precision fixes)."
     yield Finding(
         id="low-precision-inactive",
-        severity="high",
+        severity="low" if later else "high",
         title=title,
         evidence={
             "matmul_autocast_share": round(mm["autocast_share"], 4),
