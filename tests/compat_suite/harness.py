@@ -36,6 +36,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "activation_every": 0,
         "speed_probe_budget_s": 0.2,
         "precision_ab_budget_s": 0.2,
+        "fp8": True,  # the FP8 amax collector too (on by default only on an FP8 GPU)
     },
     "profiler-off": {"profile": False},
 }
