@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -257,3 +258,43 @@ def block_ended() -> None:
         if _blocks == 0:
             for shared in _SHARED.values():
                 shared.uninstall()
+
+
+class SampledHooks:
+    """One post-forward callback on each of a growing list of modules, armed on some steps.
+
+    A sampled collector hooks its modules only for the steps it samples (other steps run
+    without them): ``add`` learns a module (hooked at once while armed), ``arm(True/False)``
+    hooks or unhooks them all. The callback is ``callback(index, module, args, output)``.
+    """
+
+    def __init__(self, callback: Callable[..., Any]) -> None:
+        self._callback = callback
+        self.modules: list[torch.nn.Module] = []
+        self._handles: list[Handle] = []
+
+    @property
+    def armed(self) -> bool:
+        """Whether the modules are hooked now."""
+        return bool(self._handles)
+
+    def add(self, module: torch.nn.Module, hook_now: bool) -> int:
+        """Learns ``module`` (hooked now when ``hook_now``); returns its index."""
+        self.modules.append(module)
+        if hook_now:
+            self._hook(len(self.modules) - 1)
+        return len(self.modules) - 1
+
+    def arm(self, on: bool) -> None:
+        """Hooks every module (``on``) or removes every hook."""
+        if on and not self._handles:
+            for idx in range(len(self.modules)):
+                self._hook(idx)
+        elif not on:
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
+
+    def _hook(self, idx: int) -> None:
+        hook = partial(self._callback, idx)
+        self._handles.append(on_module(self.modules[idx], MODULE_POST, hook))

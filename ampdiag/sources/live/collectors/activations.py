@@ -76,9 +76,8 @@ class ActivationsCollector(Collector):
     def __init__(self) -> None:
         self._run: RunContext | None = None
         self._names: list[str] = []
-        self._modules: list[torch.nn.Module] = []
         self._index: dict[int, int] = {}
-        self._handles: list[Any] = []
+        self._hooks = global_hooks.SampledHooks(self._forward)
         self._active = False
         self._limit = 0
         self._cache: dict[tuple[object, ...], torch.Tensor] = {}
@@ -131,7 +130,6 @@ class ActivationsCollector(Collector):
     def on_model(self, run: RunContext, model: torch.nn.Module) -> None:
         """Learns every module of the model; hooks them when the step is sampled."""
         prefix = "" if len(run.models) <= 1 else f"model{len(run.models) - 1}."
-        added = []
         for name, module in model.named_modules():
             if id(module) in self._index:
                 continue
@@ -139,24 +137,9 @@ class ActivationsCollector(Collector):
             self._index[id(module)] = idx
             label = prefix + name if name else prefix + f"({type(module).__name__})"
             self._names.append(label)
-            self._modules.append(module)
-            added.append(idx)
+            self._hooks.add(module, hook_now=self._active)
         if self._root_idx < 0 and id(model) in self._index:
             self._root_idx = self._index[id(model)]
-        if self._active:
-            self._hook(added)
-
-    def _hook(self, indices: list[int]) -> None:
-        for idx in indices:
-            hook = partial(self._forward, idx)
-            self._handles.append(
-                global_hooks.on_module(self._modules[idx], global_hooks.MODULE_POST, hook)
-            )
-
-    def _unhook(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
 
     # --- hooks ------------------------------------------------------------------------------
 
@@ -300,10 +283,7 @@ class ActivationsCollector(Collector):
             handle.remove()
         self._node_handles.clear()
         active = self._wants(run, step + 1)
-        if active and not self._handles:
-            self._hook(list(range(len(self._modules))))
-        elif not active and self._handles:
-            self._unhook()
+        self._hooks.arm(active)
         self._active = active
         if self._pending:
             self._resolve(wait=False)
@@ -449,7 +429,7 @@ class ActivationsCollector(Collector):
 
     def stop(self, run: RunContext) -> None:
         """Removes every hook, reads what is still on the device."""
-        self._unhook()
+        self._hooks.arm(False)
         self._active = False
         if self._replay is not None and not run.block_raised:  # the block ended mid-step
             self._run_replay(run)

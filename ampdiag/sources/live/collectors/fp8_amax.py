@@ -47,8 +47,7 @@ class Fp8AmaxCollector(Collector):
         self._wanted = None if config is None else config.fp8
         self._run: RunContext | None = None
         self._names: list[str] = []
-        self._linears: list[torch.nn.Linear] = []
-        self._handles: list[Any] = []
+        self._hooks = global_hooks.SampledHooks(self._forward)
         self._active = False
         self._tokens: dict[tuple[int, int], torch.Tensor] = {}
         self._pending: list[tuple[int, list[tuple[int, int]], Deferred]] = []
@@ -75,33 +74,17 @@ class Fp8AmaxCollector(Collector):
             if param is None or not device_has_fp8(param.device):
                 return
         prefix = "" if len(run.models) <= 1 else f"model{len(run.models) - 1}."
-        known = {id(m) for m in self._linears}
-        added = []
+        known = {id(m) for m in self._hooks.modules}
         for name, module in model.named_modules():
             if isinstance(module, torch.nn.Linear) and id(module) not in known:
-                if len(self._linears) >= MAX_LAYERS:
+                if len(self._hooks.modules) >= MAX_LAYERS:
                     break
-                added.append(len(self._linears))
                 self._names.append(prefix + name)
-                self._linears.append(module)
-        if self._active:
-            self._hook(added)
-
-    def _hook(self, indices: list[int]) -> None:
-        for idx in indices:
-            hook = partial(self._forward, idx)
-            self._handles.append(
-                global_hooks.on_module(self._linears[idx], global_hooks.MODULE_POST, hook)
-            )
-
-    def _unhook(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+                self._hooks.add(module, hook_now=self._active)
 
     def stop(self, run: RunContext) -> None:
         """Removes every hook; reads what is still on its way to the host."""
-        self._unhook()
+        self._hooks.arm(False)
         self._active = False
         self._pending = absorb_ready(self._pending, self._absorb, True)
 
@@ -159,14 +142,11 @@ class Fp8AmaxCollector(Collector):
                 self._pending.append((step, keys, Deferred(torch.stack(parts), copy=False)))
         self._tokens = {}
         active = (
-            bool(self._linears)
+            bool(self._hooks.modules)
             and len(self._steps) + len(self._pending) < MAX_STEPS
             and run.is_sampled(step + 1)
         )
-        if active and not self._handles:
-            self._hook(list(range(len(self._linears))))
-        elif not active and self._handles:
-            self._unhook()
+        self._hooks.arm(active)
         self._active = active
         if self._pending:
             self._pending = absorb_ready(self._pending, self._absorb, False)
