@@ -293,6 +293,10 @@ class SentinelSection(TypedDict, total=False):
     backward_only_steps: list[int]
     loss_nonfinite_steps: list[int]
     zero_grad_steps: list[int]
+    # the last step checked (None: none had a value to check) and whether its loss was
+    # inf/NaN: whether the run ended diverged, past the listed steps or after a window
+    last_step: int | None
+    last_loss_nonfinite: bool
     errors: list[str]
     # the first non-finite step replayed (`divergence_replay`): step, when, run_precision,
     # micro_batch, loss_scale, backward_not_replayed, parameters_finite_after (the weights

@@ -79,8 +79,14 @@ class Loop:
         self.losses: list[float] = []
         self.hooks: list[tuple[int, int, int, int, bool]] = []
 
-    def run(self, on_step: Callable[[int], None] | None = None) -> None:
+    def run(
+        self,
+        on_step: Callable[[int], None] | None = None,
+        before_step: Callable[[int], None] | None = None,
+    ) -> None:
         for i in range(self.steps):
+            if before_step is not None:
+                before_step(i)
             self.hooks.append(installed())
             x, y = self.x[i], self.y[i]
             if i == self.spike_at:
@@ -123,7 +129,8 @@ def test_a_window_diagnoses_its_steps_and_nothing_else(tmp_path: Path, scaler: b
     before = installed()
     reference = plain(steps=24, scaler=scaler)
     loop = Loop(steps=24, scaler=scaler)
-    with ampdiag.diagnose(out=tmp_path, steps=(10, 15), **QUIET) as d:
+    # (the sentinel, which watches the whole run when on: tests/test_run_wide_sentinel.py)
+    with ampdiag.diagnose(out=tmp_path, steps=(10, 15), sentinel=False, **QUIET) as d:
         loop.run()
     assert installed() == before
     # Training is the plain loop's, bit for bit.

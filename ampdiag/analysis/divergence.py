@@ -156,6 +156,14 @@ def assess(session: Session) -> dict[str, Any] | None:
     skipped = set(_ints(sc.get("skipped_steps")))
     n_steps = max(len(session.steps), int(sentinel.get("steps_watched") or 0))
     last_step = max([i for i, _ in points] + [n_steps - 1]) if n_steps or points else -1
+    # The sentinel's last step: past the listed steps of a long run, and past a window's
+    # steps when it watched the whole run (the scaler's skips are the window's only).
+    watched_last = sentinel.get("last_step")
+    skips_last = last_step
+    if isinstance(watched_last, int):
+        recorded = [i for i, _ in points] + [int(s["index"]) for s in session.steps]
+        skips_last = max(recorded, default=last_step)
+        last_step = max(last_step, watched_last)
     loss_bad = sorted(
         set(_ints(sentinel.get("loss_nonfinite_steps")))
         | {i for i, v in points if not math.isfinite(v)}
@@ -176,7 +184,7 @@ def assess(session: Session) -> dict[str, Any] | None:
     result: dict[str, Any] = {"steps": n_steps}
     # Stall: skipped to the end (or the scale collapsed) with the loss finite.
     tail = 0
-    for i in range(last_step, -1, -1):
+    for i in range(skips_last, -1, -1):
         if i not in skipped:
             break
         tail += 1
@@ -189,12 +197,14 @@ def assess(session: Session) -> dict[str, Any] | None:
         and isinstance(scale_min, (int, float))
         and scale_min < THRESHOLDS["scale_collapse_abs"]
     )
-    stall_from = last_step - tail + 1 if tail else None
+    stall_from = skips_last - tail + 1 if tail else None
     stalled = enabled and (
         (tail >= THRESHOLDS["stall_skips"] or (tail and tail == n_steps and n_steps >= 2))
         or collapsed
     )
-    ends_bad = bool(loss_bad) and loss_bad[-1] == last_step
+    ends_bad = (bool(loss_bad) and loss_bad[-1] == last_step) or (
+        watched_last == last_step and bool(sentinel.get("last_loss_nonfinite"))
+    )
     if stalled and not candidates and stall_from is not None:
         candidates.append((stall_from, "gradient", bwd.get("module") if bwd else None))
     if not candidates:

@@ -131,9 +131,14 @@ def test_callback_diagnoses_the_window_and_leaves_training_bit_identical(tmp_pat
     assert run["autocast_seen"] == {"cpu:bfloat16": (WINDOW[1] - WINDOW[0]) * ACCUM}
     assert session.sections["profiler"]["recorded_steps"]
     assert session.findings
-    # Outside the window nothing of ampdiag's is installed (torch's hook dicts as before).
-    outside = [hooks for step, hooks in record.begin if not WINDOW[0] < step < WINDOW[1]]
-    assert outside == [before] * (STEPS - (WINDOW[1] - WINDOW[0] - 1))
+    # Before the window only the sentinel watches (the shared module hooks, the loss's
+    # backward patch); after it nothing of ampdiag's is installed (torch's hook dicts as
+    # before).
+    early = [hooks for step, hooks in record.begin if step <= WINDOW[0]]
+    assert len(set(early)) == 1 and early[0][0] == before[0] + 1 and early[0][4]
+    late = [hooks for step, hooks in record.begin if step >= WINDOW[1]]
+    assert late == [before] * (STEPS - WINDOW[1])
+    assert session.sections["sentinel"]["steps_watched"] == WINDOW[1]  # from step 0
     inside = [hooks for step, hooks in record.begin if WINDOW[0] < step < WINDOW[1]]
     assert all(h[0] > before[0] for h in inside)
 

@@ -15,7 +15,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, fields, replace
 from functools import partial
 from pathlib import Path
@@ -94,6 +94,7 @@ class Diagnosis:
         first_step: int = 0,
         window: StepWindow | None = None,
         after_step: Callable[[int], None] | None = None,
+        borrowed: Sequence[Collector] = (),
     ) -> None:
         # Before the collectors are made: their imports (sympy, numpy) may add warning filters.
         self._filters = ImportFilters()
@@ -108,6 +109,9 @@ class Diagnosis:
         self.run = RunContext(out=self.out, config=config, step=first_step, first_step=first_step)
         self._window = window
         self._after_step = after_step
+        # A window's block: the run-wide collectors (the sentinel) watch the whole run in a
+        # block of their own (`window.WindowDriver`); this block's session holds their sections.
+        self._borrowed = list(borrowed)
         self._given = (model, optimizer, scaler)
         # A window of steps (config.steps or trigger): this handle only counts steps, and a
         # block of its own (a Diagnosis given the window) observes the window's steps.
@@ -407,7 +411,7 @@ class Diagnosis:
 
     def _build_session(self, status: str, error: dict[str, str] | None) -> Session:
         sections: dict[str, Any] = {}
-        for collector in self._collectors:
+        for collector in [*self._collectors, *self._borrowed]:
             try:
                 section = collector.section()
             except Exception as exc:

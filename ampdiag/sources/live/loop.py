@@ -56,6 +56,7 @@ class LoopWindow:
         self.end()  # a previous run that ended without telling (an exception in the Trainer)
         self._driver = WindowDriver(Diagnosis, self.out, self.config)
         atexit.register(self._at_exit)
+        self._driver.start(step)
         if self._driver.window.watches_losses:
             self._watch = StepWatch(_ignore, first_step=step, losses=True)
 

@@ -129,6 +129,13 @@ class StepWindow:
 class WindowDriver:
     """Opens a `Diagnosis` when the window begins and closes it when it ends.
 
+    The run-wide collectors (`Collector.run_wide`: the sentinel) are not the window's: they
+    watch every step from `start` in a block of their own, so a first inf/NaN before the
+    window (the very step a loss-spike trigger fires on) is found where it happened and
+    replayed before its update; that block stops as the window's session is written, which
+    holds their sections. A window that is the whole run (a callback given no window) keeps
+    them in its own block.
+
     Args:
         make: Makes the window's block: `Diagnosis` (its constructor's arguments).
         out: The output folder (checked now: a bad folder fails before training starts).
@@ -150,15 +157,21 @@ class WindowDriver:
         finish_on_close: bool = True,
     ) -> None:
         from ampdiag._layout import check_writable
+        from ampdiag.sources.live.collectors import default_collectors
 
         check_writable(out)
         self._make = make
         self.out = out
         self.config = config
         self.window = StepWindow(config)
-        self._collectors = collectors
+        chosen = collectors if collectors is not None else default_collectors(config)
+        whole = config.steps is None and config.trigger is None
+        self._run_wide = [] if whole else [c for c in chosen if getattr(c, "run_wide", False)]
+        self._collectors = [c for c in chosen if all(c is not r for r in self._run_wide)]
         self._finish_on_close = finish_on_close
         self.diagnosis: Block | None = None
+        self.run_wide: Block | None = None  # the run-wide collectors' block, while it runs
+        self._run_wide_warnings: list[str] = []
         self._closing = False
         self._stopped = False  # the window's block stopped observing, not yet written
 
@@ -166,6 +179,30 @@ class WindowDriver:
     def is_open(self) -> bool:
         """Whether the window's block observes now."""
         return self.diagnosis is not None and not self._stopped
+
+    def start(
+        self, step: int = 0, model: Any = None, optimizer: Any = None, scaler: Any = None
+    ) -> None:
+        """The run begins at step ``step``: the run-wide collectors start watching."""
+        if not self._run_wide or self.run_wide is not None:
+            return
+        block = self._make(
+            model,
+            optimizer,
+            scaler,
+            self.out,
+            self.config,
+            self._run_wide,
+            first_step=step,
+            window=self.window,
+        )
+        try:
+            block.__enter__()
+        except Exception as exc:  # the run goes on: the window's block still diagnoses it
+            self._run_wide_warnings.append(f"the run-wide watch could not start: {exc!r}")
+            self._run_wide = []
+            return
+        self.run_wide = block
 
     def step_begin(
         self, step: int, model: Any = None, optimizer: Any = None, scaler: Any = None
@@ -185,9 +222,17 @@ class WindowDriver:
             window=self.window,
             # Closed by its own step boundary only when nobody else marks the steps' ends.
             after_step=None if self._finish_on_close else self._block_step_ended,
+            borrowed=self._run_wide,
         )
         d.__enter__()
         self.diagnosis = d
+
+    def mark_step(self) -> None:
+        """A step boundary marked by hand (``d.step()``), for every block observing now."""
+        if self.run_wide is not None:
+            self.run_wide.step()
+        if self.is_open and self.diagnosis is not None:
+            self.diagnosis.step()
 
     def _block_step_ended(self, step: int) -> None:
         """The open block ended a step (its own step boundary): the window may close."""
@@ -214,30 +259,54 @@ class WindowDriver:
         self._closing = True
         try:
             self.window.closed_after = self.window.last_step
-            tb = exc.__traceback__ if exc is not None else None
-            if self._finish_on_close or exc is not None:
-                d.__exit__(type(exc) if exc is not None else None, exc, tb)
-            else:
-                d.stop(raised=False)
+            d.stop(raised=exc is not None)
             self._stopped = True
+            if self._finish_on_close or exc is not None:
+                self._finish(d, exc)
         finally:
             self._closing = False
+
+    def _finish(self, d: Block, exc: BaseException | None) -> None:
+        """Writes ``d``'s session, the run-wide block stopped first (its sections settled)."""
+        block, self.run_wide = self.run_wide, None
+        interrupt: BaseException | None = None
+        if block is not None:
+            try:
+                block.stop(raised=exc is not None)
+            except BaseException as stopped:  # a Ctrl-C deferred while it stopped
+                interrupt = stopped
+            self._run_wide_warnings += list(block.run.warnings)
+        for message in self._run_wide_warnings:
+            d.run.warn(message)
+        d.finish(exc, exc.__traceback__ if exc is not None else None)
+        if interrupt is not None:
+            raise interrupt
 
     def end(self, exc: BaseException | None = None) -> Block:
         """The run ended (``exc``: how): writes what the window saw; returns the block.
 
         A window that never opened still gets a session (no steps, the window in its
-        ``run`` section, a warning saying why), so a run always leaves a report.
+        ``run`` section, a warning saying why, what the run-wide collectors saw), so a run
+        always leaves a report.
         """
         d = self.diagnosis
         if d is not None and not self._stopped:
             self.close(exc)
         elif d is not None and d.session is None:
-            d.finish(None, None)
+            self._finish(d, None)
         if d is None:
-            d = self._make(None, None, None, self.out, self.config, [], window=self.window)
+            d = self._make(
+                None,
+                None,
+                None,
+                self.out,
+                self.config,
+                [],
+                window=self.window,
+                borrowed=self._run_wide,
+            )
             d.run.warn(self.never_opened())
-            d.finish(exc, exc.__traceback__ if exc is not None else None)
+            self._finish(d, exc)
             self.diagnosis = d
         return d
 

@@ -46,6 +46,7 @@ class Windowed:
 
     def enter(self) -> None:
         """Starts counting steps (and opens the window at once when it begins at step 0)."""
+        self.driver.start(0, *self._given)
         self._watch = StepWatch(
             self._boundary, losses=self.driver.window.watches_losses, scaler=self._given[2]
         )
@@ -56,8 +57,7 @@ class Windowed:
         watch, driver = self._watch, self.driver
         if watch is not None:
             watch.mark()  # from now on only the marked boundaries count
-        if driver.is_open and driver.diagnosis is not None:
-            driver.diagnosis.step()
+        driver.mark_step()
 
     def _open_if_due(self, step: int) -> None:
         self.driver.step_begin(step, *self._given)

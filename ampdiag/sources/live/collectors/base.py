@@ -147,6 +147,12 @@ class Collector:
         """The collector diagnose() attaches for ``config`` (most take no settings)."""
         return cls()
 
+    #: Watches every step of a long run, also outside a window of steps (``steps=``,
+    #: ``trigger=``): cheap enough to leave on, and what it looks for (the first inf/NaN) may
+    #: come before the window opens. Such a collector runs in a block of its own for the whole
+    #: run (`window.WindowDriver`), and the window's session holds its section.
+    run_wide: ClassVar[bool] = False
+
     #: Called after every other collector at a step boundary. The profiler opens the next
     #: profiled step there, so the others' end-of-step work never lands inside a profiled step.
     step_end_last: bool = False

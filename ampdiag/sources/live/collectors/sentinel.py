@@ -88,6 +88,7 @@ class Sentinel(Collector):
 
     name = "sentinel"
     enabled_by = "sentinel"
+    run_wide = True  # a divergence at step 5 000 comes before the window it opens
 
     def __init__(self) -> None:
         self._names: list[str] = []
@@ -115,6 +116,10 @@ class Sentinel(Collector):
         self._backward_only: list[int] = []
         self._loss_bad: list[int] = []
         self._zero_grads: list[int] = []
+        # The last step checked, and whether its loss was non-finite: a long run's listed
+        # steps stop at MAX_LISTED, and a run watched past its window ends after its steps.
+        self._last_step: int | None = None
+        self._last_loss_bad = False
         self._errors: list[str] = []
         self._replay = ReplayKeeper(finite_token)  # the first non-finite step, replayed
 
@@ -302,6 +307,7 @@ class Sentinel(Collector):
             self._zero_grads.append(step)
         if bad_loss:
             self._loss_bad.append(step)
+        self._last_step, self._last_loss_bad = step, bool(bad_loss)
         if not (len(bad_fwd) or bad_loss or len(bad_bwd) or bad_grads):
             return
         self._nonfinite.append(step)
@@ -349,6 +355,8 @@ class Sentinel(Collector):
             "backward_only_steps": self._backward_only[:MAX_LISTED],
             "loss_nonfinite_steps": self._loss_bad[:MAX_LISTED],
             "zero_grad_steps": self._zero_grads[:MAX_LISTED],
+            "last_step": self._last_step,
+            "last_loss_nonfinite": self._last_loss_bad,
             "errors": self._errors,
             "replay": self._replay.section(),
         }
