@@ -5,6 +5,9 @@ steps inside ``ampdiag.diagnose()`` with only the sentinel attached (the collect
 pays for; the sampled collectors are measured by bench_numerics.py), interleaved block by
 block in one process with the order rotated each round. Prints per-step medians (wall and this
 thread's CPU time), the ratio of the medians and the median of per-round paired ratios.
+A third variant, ``window``, is the same steps outside a window of steps that never opens
+(``diagnose(steps=...)`` with every default collector): what a long run pays between its
+windows, the run-wide sentinel's block and the step watch.
 
     python -m benchmarks.bench_sentinel [--device cpu|cuda] [--blocks 12] [--steps 20]
 """
@@ -69,35 +72,40 @@ def main() -> None:
         f"device {dev}, TinyGPT {sum(p.numel() for p in model.parameters())} params, "
         f"{modules} modules, batch {args.batch}, threads {torch.get_num_threads()}"
     )
-    plain: list[tuple[float, float]] = []
-    watched: list[tuple[float, float]] = []
+    times: dict[str, list[tuple[float, float]]] = {"plain": [], "sentinel": [], "window": []}
+    quiet = {"report": False, "tensorboard": False, "console": False}
+    names = list(times)
     with tempfile.TemporaryDirectory() as tmp:
         for b in range(args.blocks):
-            for name in ("plain", "sentinel") if b % 2 == 0 else ("sentinel", "plain"):
+            for name in names[b % 3 :] + names[: b % 3]:  # the order rotated each round
                 gc.collect()
                 if name == "plain":
                     run(2)
                     gc.collect()
-                    plain.append(run(args.steps))
+                    times[name].append(run(args.steps))
                     continue
-                with ampdiag.diagnose(
-                    out=Path(tmp) / f"b{b}",
-                    collectors=[Sentinel()],
-                    report=False,
-                    tensorboard=False,
-                    console=False,
-                ):
+                out = Path(tmp) / f"{name}{b}"
+                block = (
+                    ampdiag.diagnose(out=out, collectors=[Sentinel()], **quiet)  # type: ignore[arg-type]
+                    if name == "sentinel"
+                    else ampdiag.diagnose(out=out, steps=(10**9, 10**9 + 1), **quiet)  # type: ignore[arg-type]
+                )
+                with block:
                     run(2)
                     gc.collect()
-                    watched.append(run(args.steps))
-    for label, i in (("wall", 0), ("CPU", 1)):
-        p = statistics.median(t[i] for t in plain) / args.steps
-        w = statistics.median(t[i] for t in watched) / args.steps
-        pair = statistics.median(a[i] / b[i] for a, b in zip(watched, plain, strict=True))
-        print(
-            f"{label:4s}: plain {p * 1e3:.3f} ms/step, sentinel {w * 1e3:.3f} ms/step: "
-            f"ratio {w / p:.3f}x (median of paired rounds {pair:.3f}x, n={args.blocks})"
-        )
+                    times[name].append(run(args.steps))
+    plain = times["plain"]
+    for name in ("sentinel", "window"):
+        watched = times[name]
+        for label, i in (("wall", 0), ("CPU", 1)):
+            p = statistics.median(t[i] for t in plain) / args.steps
+            w = statistics.median(t[i] for t in watched) / args.steps
+            pair = statistics.median(a[i] / b[i] for a, b in zip(watched, plain, strict=True))
+            print(
+                f"{name:8s} {label:4s}: plain {p * 1e3:.3f} ms/step, {name} {w * 1e3:.3f} "
+                f"ms/step: ratio {w / p:.3f}x (median of paired rounds {pair:.3f}x, "
+                f"n={args.blocks})"
+            )
 
 
 if __name__ == "__main__":

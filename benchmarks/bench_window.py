@@ -2,7 +2,9 @@
 
 A small MLP (256 -> 512 -> 10, batch 64, bf16 CPU autocast, SGD) trains ``--steps`` steps: plain,
 under ``diagnose(steps=(S, S + 3))`` with the window at the very end (so every step timed is
-outside it: the step watch alone), and under ``diagnose(trigger="loss-spike")`` with a loss that
+outside it: the step watch and the run-wide sentinel; ``steps-no-sentinel``, with
+``sentinel=False``, the step watch alone), and under ``diagnose(trigger="loss-spike")``
+with a loss that
 never spikes (the watch plus the loss read of each step). Each step is timed by the loop itself
 (``perf_counter`` around forward, backward and update); the rounds are interleaved, and the
 figure is the median step time of each variant (the window's own steps and the exit excluded).
@@ -54,13 +56,25 @@ def main() -> None:
     args = parser.parse_args()
     n = args.steps
     timed = slice(10, n - 10)  # warm-up excluded; the window (last 3 steps) never timed
-    results: dict[str, list[float]] = {"plain": [], "steps": [], "trigger": []}
+    results: dict[str, list[float]] = {
+        "plain": [],
+        "steps": [],
+        "steps-no-sentinel": [],
+        "trigger": [],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             variants: dict[str, AbstractContextManager[Any]] = {
                 "plain": nullcontext(),
                 "steps": ampdiag.diagnose(
                     out=Path(tmp, f"s{r}"), steps=(n - 3, n), speed_probe=False, **QUIET
+                ),
+                "steps-no-sentinel": ampdiag.diagnose(
+                    out=Path(tmp, f"n{r}"),
+                    steps=(n - 3, n),
+                    speed_probe=False,
+                    sentinel=False,
+                    **QUIET,
                 ),
                 "trigger": ampdiag.diagnose(
                     out=Path(tmp, f"t{r}"), trigger="loss-spike", speed_probe=False, **QUIET
@@ -70,7 +84,7 @@ def main() -> None:
                 results[name].extend(run(n, ctx)[timed])
     base = statistics.median(results["plain"])
     print(f"plain loop: median step {base * 1e6:.1f} us (n={len(results['plain'])})")
-    for name in ("steps", "trigger"):
+    for name in ("steps", "steps-no-sentinel", "trigger"):
         m = statistics.median(results[name])
         print(
             f"outside the window, {name}: median step {m * 1e6:.1f} us, "

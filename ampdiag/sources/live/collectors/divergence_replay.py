@@ -40,6 +40,7 @@ from ampdiag.compat import scaler as compat_scaler
 from ampdiag.compat.autocast import AutocastHeldOff
 from ampdiag.compat.dtensor import is_dtensor, local_tensor
 from ampdiag.sources.live import global_hooks
+from ampdiag.sources.live.collectors._finite import max_abs_token
 from ampdiag.sources.live.collectors.base import RunContext, internal_work, tensors_in
 from ampdiag.sources.live.collectors.fp32_replay import MAX_OUTPUT_VALUES, replaying
 
@@ -223,7 +224,7 @@ class ReplayKeeper:
         tokens = [t for ts in per_call for t in ts]
         grads = [local_tensor(p.grad) for p in self._params if p.grad is not None]
         if grads:
-            tokens.append(torch.nn.utils.get_total_norm(grads, math.inf).float())
+            tokens.append(max_abs_token(grads))
         if not tokens:
             return None
         device = tokens[0].device

@@ -15,8 +15,8 @@ cheaply enough to leave on:
   module's input or output and requires grad, with the roles it played (input or output of
   which calls); in the backward it reduces the gradient with respect to that tensor to one
   sum, in backward order. A root module's output gradient is the one arriving from the loss;
-* gradients: at the step's end, the largest |g| over all parameter gradients
-  (``torch.nn.utils.get_total_norm(grads, inf)``): non-finite, or zero (all gradients zero).
+* gradients: at the step's end, one value over all parameter gradients (`_finite.max_abs_token`):
+  non-finite, or zero (all gradients zero).
 
 The values stay on the device; at the step's end they are stacked and copied to the host in
 one transfer (`_host.Deferred`, read at a later step on CUDA). The first non-finite entry in
@@ -44,6 +44,7 @@ from ampdiag.compat.dtensor import local_tensor
 from ampdiag.schema import SentinelSection
 from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors import origin
+from ampdiag.sources.live.collectors._finite import max_abs_token
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
 from ampdiag.sources.live.collectors.divergence_replay import ReplayKeeper
@@ -265,7 +266,7 @@ class Sentinel(Collector):
             grads = [local_tensor(p.grad) for _, p in self._params if p.grad is not None]
             parts = [*self._fwd, *self._loss, *self._bwd]
             if grads:
-                parts.append(torch.nn.utils.get_total_norm(grads, math.inf).float())
+                parts.append(max_abs_token(grads))
             if parts:
                 device = parts[0].device
                 if any(p.device != device for p in parts):
