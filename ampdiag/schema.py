@@ -297,6 +297,9 @@ class SentinelSection(TypedDict, total=False):
     # inf/NaN: whether the run ended diverged, past the listed steps or after a window
     last_step: int | None
     last_loss_nonfinite: bool
+    # [step, loss] of the finite step losses up to the first non-finite forward or loss:
+    # the first 8 and the last 56 (a window's session: the trend into it)
+    loss_history: list[list[float]]
     errors: list[str]
     # the first non-finite step replayed (`divergence_replay`): step, when, run_precision,
     # micro_batch, loss_scale, backward_not_replayed, parameters_finite_after (the weights

@@ -129,3 +129,33 @@ def test_outside_the_window_only_the_sentinel_is_installed(tmp_path: Path, senti
         assert outside[0] == (before[0], before[1], before[2], before[3] + 1, False)
     assert d.session is not None
     assert ("sentinel" in d.session.sections) is sentinel
+
+
+def test_a_learning_rate_divergence_before_the_window_is_the_learning_rates(
+    tmp_path: Path,
+) -> None:
+    # SGD at lr 1.0 on the loop's regression: the loss grows 0.2 -> 1e13 in 5 steps, then inf.
+    def loop_at(lr: float) -> Loop:
+        loop = Loop(steps=40)
+        for group in loop.opt.param_groups:
+            group["lr"] = lr
+        return loop
+
+    reference = loop_at(1.0)
+    reference.run()
+    first_bad = next(i for i, v in enumerate(reference.losses) if not math.isfinite(v))
+    finite = reference.losses[:first_bad]
+    assert len(finite) >= 3 and finite[-1] > 1000 * finite[0]  # the truth: it exploded first
+    loop = loop_at(1.0)
+    with ampdiag.diagnose(out=tmp_path, steps=(30, 35), **QUIET) as d:
+        loop.run()
+    assert same_bits(reference.params(), loop.params())
+    assert d.session is not None
+    div = _divergence(d.session)
+    assert div["first"]["step"] == first_bad
+    # The run's own losses before the window (none of them the window's) carry the trend.
+    assert div["trend"]["steps"] == first_bad
+    assert div["trend"]["first_loss"] == pytest.approx(finite[0], rel=1e-6)
+    assert div["cause"]["cause"] == "not-precision"
+    diverged = next(f for f in d.session.findings if f.id == "diverged")
+    assert "learning rate" in diverged.fix.lower()

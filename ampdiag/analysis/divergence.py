@@ -92,6 +92,27 @@ def losses(session: Session) -> list[tuple[int, float]]:
     return out
 
 
+def with_history(points: list[tuple[int, float]], history: Any) -> list[tuple[int, float]]:
+    """``points`` with the sentinel's finite losses of the steps they lack, in step order.
+
+    The sentinel keeps the run's losses into its first non-finite step (`sentinel.LOSS_HEAD`
+    first ones, the last ones before it): a window's session has only the window's steps,
+    and the trend into a divergence before the window is the sentinel's.
+    """
+    known = {i for i, _ in points}
+    extra = [
+        (int(p[0]), float(p[1]))
+        for p in (history if isinstance(history, list) else [])
+        if isinstance(p, list)
+        and len(p) == 2
+        and isinstance(p[0], int)
+        and p[0] not in known
+        and isinstance(p[1], (int, float))
+        and math.isfinite(p[1])
+    ]
+    return sorted([*points, *extra])
+
+
 def trend(points: list[tuple[int, float]], before: int) -> dict[str, Any]:
     """The finite loss up to step ``before``: its start, its last values, how much it grew.
 
@@ -230,7 +251,7 @@ def assess(session: Session) -> dict[str, Any] | None:
     else:
         result["verdict"] = "healthy"
         result["recovered_steps"] = sorted({s for s, _, _ in candidates} | set(loss_bad))[:20]
-    result["trend"] = trend(points, step)
+    result["trend"] = trend(with_history(points, sentinel.get("loss_history")), step)
     result["cause"] = cause(session, result, sentinel.get("replay"))
     return result
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections import deque
 from functools import partial
 from typing import Any
 
@@ -53,6 +54,8 @@ from ampdiag.sources.live.collectors.divergence_replay import ReplayKeeper
 LOSS = origin.LOSS
 #: Steps listed in full in the section.
 MAX_LISTED = 100
+#: Finite step losses kept before the first non-finite one: the run's first, and its last.
+LOSS_HEAD, LOSS_TAIL = 8, 56
 
 
 def finite_token(t: torch.Tensor) -> torch.Tensor:
@@ -107,8 +110,11 @@ class Sentinel(Collector):
         self._bwd_idx: list[list[int]] = []
         self._bwd: list[torch.Tensor] = []
         self._loss: list[torch.Tensor] = []
+        self._loss_scaled: list[bool] = []  # each loss: given to GradScaler.scale (unscaled)
         self._pending: list[
-            tuple[int, tuple[list[list[int]], list[int]], list[list[int]], int, bool, Deferred]
+            tuple[
+                int, tuple[list[list[int]], list[int]], list[list[int]], list[bool], bool, Deferred
+            ]
         ] = []
         self._steps = 0
         self._forward_origin: dict[str, Any] | None = None
@@ -121,6 +127,11 @@ class Sentinel(Collector):
         # steps stop at MAX_LISTED, and a run watched past its window ends after its steps.
         self._last_step: int | None = None
         self._last_loss_bad = False
+        # The finite step losses up to the first non-finite forward or loss: the first ones
+        # and the last ones before it, so that the loss's trend into a divergence is known
+        # where the session's steps are not those steps (a window's).
+        self._loss_head: list[tuple[int, float]] = []
+        self._loss_tail: deque[tuple[int, float]] = deque(maxlen=LOSS_TAIL)
         self._errors: list[str] = []
         self._replay = ReplayKeeper(finite_token)  # the first non-finite step, replayed
 
@@ -250,6 +261,7 @@ class Sentinel(Collector):
         self._seen = {}  # the forward is over: what it saw is not looked up again
         if loss.is_floating_point():
             self._loss.append(loss.detach().reshape(()).float())
+            self._loss_scaled.append(from_scaler)
         self._replay.on_loss(loss)
 
     def before_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
@@ -274,10 +286,11 @@ class Sentinel(Collector):
                 deferred = Deferred(torch.stack(parts), copy=False)
                 fwd = (self._calls, self._fwd_idx)
                 self._pending.append(
-                    (step, fwd, self._bwd_idx, len(self._loss), bool(grads), deferred)
+                    (step, fwd, self._bwd_idx, self._loss_scaled, bool(grads), deferred)
                 )
         self._steps += 1
         self._fwd, self._fwd_idx, self._bwd, self._bwd_idx, self._loss = [], [], [], [], []
+        self._loss_scaled = []
         self._calls, self._stack, self._seen = [], [], {}
         if self._pending:
             self._resolve(wait=False)
@@ -290,7 +303,7 @@ class Sentinel(Collector):
         step: int,
         fwd: tuple[list[list[int]], list[int]],
         bwd: list[list[int]],
-        nloss: int,
+        scaled: list[bool],
         grads: bool,
         d: Deferred,
     ) -> None:
@@ -299,7 +312,9 @@ class Sentinel(Collector):
         values = d.arrays()[0].astype(np.float64)
         finite = np.isfinite(values)
         calls, owners = fwd
-        k, n = len(owners), len(owners) + nloss
+        k, n = len(owners), len(owners) + len(scaled)
+        if scaled and self._forward_origin is None:
+            self._keep_loss(step, values[k:n].tolist(), scaled)
         bad_fwd = np.flatnonzero(~finite[:k])
         bad_loss = not finite[k:n].all()
         bad_bwd = np.flatnonzero(~finite[n : n + len(bwd)])
@@ -335,6 +350,17 @@ class Sentinel(Collector):
                 }
             self._backward_origin = {"step": step, **found}
 
+    def _keep_loss(self, step: int, values: list[float], scaled: list[bool]) -> None:
+        """Keeps the step's loss (as `steps.StepLog` sums it) when it is finite."""
+        unscaled = [v for v, s in zip(values, scaled, strict=True) if s]
+        loss = sum(unscaled) if unscaled else sum(values)
+        if not math.isfinite(loss):
+            return
+        if len(self._loss_head) < LOSS_HEAD:
+            self._loss_head.append((step, loss))
+        else:
+            self._loss_tail.append((step, loss))
+
     def _grad_owner(self) -> str:
         """The module of the first parameter whose gradient is non-finite now (or "?")."""
         for name, p in self._params:
@@ -358,6 +384,7 @@ class Sentinel(Collector):
             "zero_grad_steps": self._zero_grads[:MAX_LISTED],
             "last_step": self._last_step,
             "last_loss_nonfinite": self._last_loss_bad,
+            "loss_history": [[s, v] for s, v in [*self._loss_head, *self._loss_tail]],
             "errors": self._errors,
             "replay": self._replay.section(),
         }
