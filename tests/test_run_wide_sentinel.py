@@ -159,3 +159,13 @@ def test_a_learning_rate_divergence_before_the_window_is_the_learning_rates(
     assert div["cause"]["cause"] == "not-precision"
     diverged = next(f for f in d.session.findings if f.id == "diverged")
     assert "learning rate" in diverged.fix.lower()
+
+
+def test_the_verdict_says_the_step_is_outside_the_diagnosed_ones(tmp_path: Path) -> None:
+    loop = Loop(steps=40, nan_at=12)
+    with ampdiag.diagnose(out=tmp_path, steps=(30, 35), **QUIET) as d:
+        loop.run()
+    assert d.session is not None
+    diverged = next(f for f in d.session.findings if f.id == "diverged")
+    assert "at step 12" in diverged.title
+    assert "before the diagnosed steps 30–34" in diverged.title

@@ -85,7 +85,7 @@ def divergence_advice(session: Session, findings: list[Finding]) -> Iterator[Adv
         f"The run {what} at step {first['step']}: the {held}{where} became non-finite"
         if verdict == "diverged"
         else f"The run stalled from step {first['step']}: every step to the end is skipped"
-    ) + f" -- {because} ({why.get('why')})."
+    ) + f" -- {because} ({why.get('why')}){_outside_window(session, first['step'])}."
     rec = Finding(
         id=verdict,
         severity="high",
@@ -112,6 +112,20 @@ def _recovered(result: dict[str, Any], findings: list[Finding]) -> Iterator[Advi
     bad = int(result.get("loss_nonfinite_steps") or 0)
     if origin and skips and int(result.get("skipped_steps") or 0) <= max(bad, 1):
         yield Advice(origin[0], skips)
+
+
+def _outside_window(session: Session, step: int) -> str:
+    """Where a window's session diagnosed other steps: that the step is outside them."""
+    if not session.section("run").get("window"):
+        return ""
+    indices = [s["index"] for s in session.steps if isinstance(s.get("index"), int)]
+    if not indices or min(indices) <= step <= max(indices):
+        return ""
+    side = "before" if step < min(indices) else "after"
+    return (
+        f"; {side} the diagnosed steps {min(indices)}–{max(indices)}, "
+        "found by the sentinel, which watches every step"
+    )
 
 
 def _fix(session: Session, result: dict[str, Any], dev: str) -> str:
