@@ -22,12 +22,31 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-def _special(v: float) -> str | None:
+def _not_finite(value: Any) -> str | None:
+    """What a value that is not a finite number reads as; None for a finite number.
+
+    Every formatter starts here, so ``None``, NaN, infinities and text read the same in all.
+    """
+    v = _number(value)
+    if v is None:
+        return NOT_MEASURED if value is None else str(value)
     if math.isnan(v):
         return "NaN"
     if math.isinf(v):
         return "inf" if v > 0 else "-inf"
     return None
+
+
+def _scaled(v: float, units: tuple[str, ...], base: float) -> str:
+    """``v`` in the first unit that keeps it below ``base`` (the last takes any size).
+
+    Whole in the first unit (bytes, FLOPs are counted), one decimal in the others.
+    """
+    i = 0
+    while abs(v) >= base and i < len(units) - 1:
+        v /= base
+        i += 1
+    return f"{v:.0f} {units[0]}" if i == 0 else f"{v:.1f} {units[i]}"
 
 
 def count(value: Any) -> str:
@@ -36,12 +55,10 @@ def count(value: Any) -> str:
     Never in scientific notation, which people misread: an exact power of two below 1/1000 (a
     loss scale) as ``2^-22``, other small values positionally (``0.000000238``).
     """
-    v = _number(value)
-    if v is None:
-        return NOT_MEASURED if value is None else str(value)
-    special = _special(v)
-    if special:
-        return special
+    text = _not_finite(value)
+    if text is not None:
+        return text
+    v = float(value)
     if v.is_integer() and abs(v) < 1e18:
         return f"{int(v):,}"
     a = abs(v)
@@ -58,42 +75,28 @@ def count(value: Any) -> str:
 
 def nbytes(value: Any) -> str:
     """Bytes in B, KiB, MiB, GiB or TiB."""
-    v = _number(value)
-    if v is None:
-        return NOT_MEASURED if value is None else str(value)
-    special = _special(v)
-    if special:
-        return special
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(v) < 1024 or unit == "TiB":
-            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
-        v /= 1024
-    return str(value)
+    text = _not_finite(value)
+    if text is not None:
+        return text
+    v = float(value)
+    return _scaled(v, ("B", "KiB", "MiB", "GiB", "TiB"), 1024)
 
 
 def flops(value: Any) -> str:
     """FLOPs in FLOP, kFLOP, MFLOP, GFLOP, TFLOP or PFLOP."""
-    v = _number(value)
-    if v is None:
-        return NOT_MEASURED if value is None else str(value)
-    special = _special(v)
-    if special:
-        return special
-    for unit in ("FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"):
-        if abs(v) < 1000 or unit == "PFLOP":
-            return f"{v:.0f} {unit}" if unit == "FLOP" else f"{v:.1f} {unit}"
-        v /= 1000
-    return str(value)
+    text = _not_finite(value)
+    if text is not None:
+        return text
+    v = float(value)
+    return _scaled(v, ("FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"), 1000)
 
 
 def micros(value: Any) -> str:
     """A time given in microseconds, in µs, ms, s, min or h."""
-    v = _number(value)
-    if v is None:
-        return NOT_MEASURED if value is None else str(value)
-    special = _special(v)
-    if special:
-        return special
+    text = _not_finite(value)
+    if text is not None:
+        return text
+    v = float(value)
     a = abs(v)
     if a >= 3600e6:
         return f"{v / 3600e6:.2f} h"
@@ -108,11 +111,8 @@ def micros(value: Any) -> str:
 
 def percent(value: Any) -> str:
     """A fraction (0..1) as a percentage with one decimal."""
-    v = _number(value)
-    if v is None:
-        return NOT_MEASURED if value is None else str(value)
-    special = _special(v)
-    return special or f"{v * 100:.1f}%"
+    text = _not_finite(value)
+    return text if text is not None else f"{float(value) * 100:.1f}%"
 
 
 def scalar(value: Any) -> str:

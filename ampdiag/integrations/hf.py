@@ -17,45 +17,20 @@ interpreter exits (then with the uncaught error: ``status: error``).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
-from ampdiag.config import DiagnoseConfig
+from ampdiag.integrations.window_callback import WindowCallback
 from ampdiag.session import Session
-from ampdiag.sources.live.diagnosis import make_config
-from ampdiag.sources.live.loop import LoopWindow
 
 
-class DiagnoseCallback(TrainerCallback):
+class DiagnoseCallback(WindowCallback, TrainerCallback):
     """A ``TrainerCallback`` that diagnoses the steps named (``steps``, or a ``trigger``).
 
-    Args:
-        steps: ``(A, B)`` or ``range(A, B)``: the steps diagnosed (``DiagnoseConfig.steps``).
-        trigger: ``"loss-spike"``: the steps after the loss first spikes
-            (``DiagnoseConfig.trigger``). Neither: every step of the run.
-        out: The output folder (default: a new ``reports/run-<time>/``).
-        config: The settings (default: ``DiagnoseConfig()``).
-        **settings: Any other `DiagnoseConfig` field, as for ``diagnose()``.
+    Takes the arguments of `WindowCallback`: ``steps``, ``trigger``, ``out``, ``config`` and
+    any other `DiagnoseConfig` field.
     """
-
-    def __init__(
-        self,
-        steps: tuple[int, int] | range | None = None,
-        *,
-        trigger: str | None = None,
-        out: str | Path | None = None,
-        config: DiagnoseConfig | None = None,
-        **settings: Any,
-    ) -> None:
-        chosen = make_config(config, {**settings, "steps": steps, "trigger": trigger})
-        self.window = LoopWindow(chosen, out)
-
-    @property
-    def session(self) -> Session | None:
-        """The window's Session, once its diagnosis closed."""
-        return self.window.session
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The run starts at ``state.global_step`` (a trigger starts watching the loss)."""

@@ -16,7 +16,6 @@ as they run.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 try:
@@ -24,41 +23,17 @@ try:
 except ImportError:  # the package's older name (its Trainer takes only its own Callback)
     from pytorch_lightning.callbacks import Callback  # type: ignore[assignment, import-not-found, unused-ignore]
 
-from ampdiag.config import DiagnoseConfig
-from ampdiag.session import Session
-from ampdiag.sources.live.diagnosis import make_config
-from ampdiag.sources.live.loop import LoopWindow
+from ampdiag.integrations.window_callback import WindowCallback
 
 
-class DiagnoseCallback(Callback):
+class DiagnoseCallback(WindowCallback, Callback):
     """A Lightning ``Callback`` that diagnoses the steps named (``steps``, or a ``trigger``).
 
-    Args:
-        steps: ``(A, B)`` or ``range(A, B)``: the steps diagnosed (``DiagnoseConfig.steps``).
-        trigger: ``"loss-spike"``: the steps after the loss first spikes
-            (``DiagnoseConfig.trigger``). Neither: every step of the run.
-        out: The output folder (default: a new ``reports/run-<time>/``).
-        config: The settings (default: ``DiagnoseConfig()``).
-        **settings: Any other `DiagnoseConfig` field, as for ``diagnose()``.
+    Takes the arguments of `WindowCallback`: ``steps``, ``trigger``, ``out``, ``config`` and
+    any other `DiagnoseConfig` field.
     """
 
-    def __init__(
-        self,
-        steps: tuple[int, int] | range | None = None,
-        *,
-        trigger: str | None = None,
-        out: str | Path | None = None,
-        config: DiagnoseConfig | None = None,
-        **settings: Any,
-    ) -> None:
-        chosen = make_config(config, {**settings, "steps": steps, "trigger": trigger})
-        self.window = LoopWindow(chosen, out)
-        self._done = 0  # the optimizer updates done at the last batch's end
-
-    @property
-    def session(self) -> Session | None:
-        """The window's Session, once its diagnosis closed."""
-        return self.window.session
+    _done = 0  # the optimizer updates done at the last batch's end
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         """The run starts at ``trainer.global_step`` (a trigger starts watching the loss)."""
