@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ampdiag.session import Session
+from tests.scenarios.divergence import origin_fix_fits
 from tests.scenarios.harness import Expect, Scenario, Truth, diagnose, seeded, session_of
 
 AT, STEPS, VOCAB, DIM, TOKENS = 2, 6, 50, 32, 8
@@ -131,6 +132,7 @@ def run(out: Path) -> tuple[Session, Truth]:
 
     truth = Truth(expect=[expect], measured=measured)
     truth.checks["diverged"] = diverged_guards_the_layer
+    truth.checks["origin-fix-fits"] = origin_fix_fits(lr=False)  # the run computes in FP32
     return session, truth
 
 
