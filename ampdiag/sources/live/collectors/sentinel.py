@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import weakref
 from functools import partial
+from itertools import chain
 from typing import Any
 
 import torch
@@ -234,7 +235,10 @@ class Sentinel(Collector):
             self._calls[call][3] = self._token(t, call * 2 + origin.OUTPUT)
         if not torch.is_grad_enabled():
             return
-        for a in (*tensors_in(args, max_depth=2), *tensors_in(kwargs, max_depth=1)):
+        inputs = tensors_in(args, max_depth=2)
+        if kwargs:  # by keyword: a module's own input too (its backward's input gradient)
+            inputs = chain(inputs, tensors_in(kwargs, max_depth=1))
+        for a in inputs:
             # Not leaves: a parameter or input kept across steps would collect a hook per step.
             if a.requires_grad and a.grad_fn is not None and a.is_floating_point():
                 self._role(a, call * 2 + origin.INPUT)
