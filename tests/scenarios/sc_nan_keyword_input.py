@@ -2,14 +2,16 @@
 code at step 2 of 6 (FP32), and hands it on by keyword.
 
 The model is called ``model(input_ids=..., labels=...)``; it calls its layer
-``layer(hidden_states=...)``, and the layer calls its attention
-``attn(attention_mask=mask, hidden_states=h)`` with an additive causal mask that holds -inf
-by design. At step 2 the layer multiplies the output of its LayerNorm by inf (the injection),
-between its child ``ln`` (finite output) and its child ``attn``, which receives the inf only
-as a keyword argument. torch's global forward pre-hook gets no keyword arguments, so a
-sentinel reading positional inputs alone sees the inf first as the input of ``attn.q_proj``
-and names ``attn``'s own code. The origin must name the layer, between ``ln`` and ``attn``.
-The -inf of the mask is the mask's, not a divergence: no other step may be non-finite.
+``layer(hidden_states=..., attention_mask=...)``, and the layer calls its attention
+``attn(position_bias=causal, attention_mask=mask, hidden_states=h)``: the mask and the
+position bias, both additive, hold -inf by design (the bias under a name no mask has; the
+attention's output stays finite). At step 2 the layer multiplies the output of its LayerNorm
+by inf (the injection), between its child ``ln`` (finite output) and its child ``attn``,
+which receives the inf only as a keyword argument. torch's global forward pre-hook gets no
+keyword arguments, so a sentinel reading positional inputs alone sees the inf first as the
+input of ``attn.q_proj`` and names ``attn``'s own code. The origin must name the layer,
+between ``ln`` and ``attn``. The -inf of the mask and the bias is theirs, not a divergence:
+no other step may be non-finite.
 
 Truth, recorded at the injection without ampdiag: the layer checks that its LayerNorm's output
 is finite and what it passes to ``attn`` is not, and records the step.
@@ -39,9 +41,16 @@ class Attention(nn.Module):
         self.q_proj, self.k_proj = nn.Linear(dim, dim), nn.Linear(dim, dim)
         self.v_proj, self.o_proj = nn.Linear(dim, dim), nn.Linear(dim, dim)
 
-    def forward(self, *, hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+    def forward(
+        self,
+        *,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_bias: torch.Tensor,
+    ) -> Any:
         q, k = self.q_proj(hidden_states), self.k_proj(hidden_states)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + attention_mask
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        scores = scores + attention_mask + position_bias
         return self.o_proj(scores.softmax(-1) @ self.v_proj(hidden_states))
 
 
@@ -60,8 +69,10 @@ class Layer(nn.Module):
             if bool(torch.isfinite(h).all()) and not bool(torch.isfinite(made).all()):
                 self.fired.append(self.now)
             h = made
-        # the mask first: a keyword's position says nothing of its role
-        return hidden_states + self.attn(attention_mask=attention_mask, hidden_states=h)
+        # the -inf ones first: a keyword's position says nothing of its role
+        causal = torch.full_like(attention_mask, float("-inf")).triu(1)
+        out = self.attn(position_bias=causal, attention_mask=attention_mask, hidden_states=h)
+        return hidden_states + out
 
 
 class Model(nn.Module):
@@ -73,7 +84,7 @@ class Model(nn.Module):
 
     def forward(self, *, input_ids: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
         t = input_ids.shape[1]
-        mask = torch.full((t, t), float("-inf")).triu(1)  # -inf above the diagonal
+        mask = torch.full((t, t), float("-inf")).triu(1)  # -inf above the diagonal, by design
         h = self.layer(hidden_states=self.embed(input_ids), attention_mask=mask)
         logits = self.head(h)
         loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())

@@ -246,46 +246,43 @@ class Sentinel(Collector):
             self._role(t, call * 2 + origin.OUTPUT)
 
     def _keyword_input(self, call: int, kwargs: dict[str, Any]) -> None:
-        """The input token of a call whose first floating input came by keyword.
+        """The input tokens of a call whose floating input came by keyword (none positional).
 
-        torch's global pre-hook gets no keyword arguments, so the input is read after the
-        forward, from the same objects, and its token is ordered where the call began
-        (`_in_start_order`). That is its value at the start only where it provably did not
-        change in the forward: it was reduced before the call began and its version is the
-        same now, or its version is 0 (never changed in place). Otherwise it stays unread, as
-        before. An argument named like a mask is skipped: an additive mask holds -inf by design.
+        torch's global pre-hook gets no keyword arguments, so each floating tensor given by
+        keyword is read after the forward, from the same objects, and its token is ordered
+        where the call began (`_in_start_order`): a keyword's position says nothing of its
+        role, so every one counts. That is its value at the start only where it provably did
+        not change in the forward: it was reduced before the call began and its version is
+        the same now, or its version is 0 (never changed in place); otherwise it stays unread,
+        as before. An argument named like a mask is skipped: an additive mask holds -inf by
+        design (and a non-finite keyword input the call absorbed is not one, `_absorbed`).
         """
         record = self._calls[call]
         start = record[4]
-        t = next(
-            (
-                v
-                for k, v in kwargs.items()
-                if isinstance(v, torch.Tensor) and v.is_floating_point() and "mask" not in k
-            ),
-            None,
-        )
-        if t is None or start < 0:
+        if start < 0:
             return
-        entry = self._seen.get(id(t))
-        v = version(t)
-        known = entry is not None and entry[0]() is t and entry[1] == v and entry[2] >= 0
-        if known and self._key(entry[2]) < (start, 0, call):  # type: ignore[index]
-            record[2] = int(entry[2])  # type: ignore[index]
-            return
-        if v != 0:
-            return
-        if known:
-            token = self._fwd[entry[2]]  # type: ignore[index]
-        else:
-            with internal_work():
-                token = finite_token(t.detach())
-            entry = self._entry(t)
-            entry[2] = len(self._fwd)
-        record[2] = len(self._fwd)
-        self._early[len(self._fwd)] = (start, call)
-        self._fwd.append(token)
-        self._fwd_idx.append(call * 2 + origin.INPUT)
+        for key, t in kwargs.items():
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point() or "mask" in key:
+                continue
+            entry = self._seen.get(id(t))
+            v = version(t)
+            known = entry is not None and entry[0]() is t and entry[1] == v and entry[2] >= 0
+            if known and self._key(entry[2]) < (start, 0, call):  # type: ignore[index]
+                record[2] = int(entry[2])  # type: ignore[index]
+                continue
+            if v != 0:
+                continue
+            if known:
+                token = self._fwd[entry[2]]  # type: ignore[index]
+            else:
+                with internal_work():
+                    token = finite_token(t.detach())
+                entry = self._entry(t)
+                entry[2] = len(self._fwd)
+            record[2] = len(self._fwd)
+            self._early[len(self._fwd)] = (start, call)
+            self._fwd.append(token)
+            self._fwd_idx.append(call * 2 + origin.INPUT)
 
     def _key(self, token: int) -> tuple[int, int, int]:
         """Where a forward token belongs in the step's order.
@@ -296,8 +293,25 @@ class Sentinel(Collector):
         early = self._early.get(token)
         return (early[0], 0, early[1]) if early else (token, 1, 0)
 
+    def _absorbed(self) -> None:
+        """A keyword input's token, finite where its call's output is (on the device).
+
+        A non-finite value a module was given and absorbed (its output finite: a -inf bias
+        added before a softmax) is the module's design, not a divergence; positional inputs
+        are read as before.
+        """
+        with internal_work():
+            for token, (_, call) in self._early.items():
+                out = self._calls[call][3]
+                if out >= 0:
+                    t = self._fwd[token]
+                    self._fwd[token] = torch.where(
+                        torch.isfinite(self._fwd[out]), torch.zeros_like(t), t
+                    )
+
     def _in_start_order(self) -> None:
         """Reorders the step's forward tokens so that keyword inputs come where read."""
+        self._absorbed()
         order = sorted(range(len(self._fwd)), key=self._key)
         self._fwd = [self._fwd[i] for i in order]
         self._fwd_idx = [self._fwd_idx[i] for i in order]
