@@ -10,9 +10,10 @@ cheaply enough to leave on:
   parent). One token per distinct tensor: a tensor already reduced (the previous module's
   output is the next one's input) is looked up by identity (a weak reference, so nothing is
   kept alive) and its version counter (changed in place since: reduced again). torch's global
-  pre-hook gets no keyword arguments: a call whose first floating input came by keyword
-  (``attn(hidden_states=h)``) has it read after the forward and ordered where the call began,
-  where it provably did not change in between (`Sentinel._keyword_input`);
+  pre-hook gets no keyword arguments: a call with no floating positional input has the
+  tensors it got by keyword (``attn(hidden_states=h)``; not a mask) read after the forward
+  and ordered where the call began, where they provably did not change in between, and not
+  counted where the call absorbed them (its output finite) (`Sentinel._keyword_input`);
 * loss: every loss given to backward (or to ``GradScaler.scale``), as a 0-dim tensor;
 * backward: the forward hook puts one tensor hook on each distinct floating tensor that is a
   module's input or output and requires grad, with the roles it played (input or output of
