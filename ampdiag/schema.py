@@ -302,7 +302,9 @@ class SentinelSection(TypedDict, total=False):
     loss_history: list[list[float]]
     errors: list[str]
     # the first non-finite step replayed (`divergence_replay`): step, when, run_precision,
-    # micro_batch, loss_scale, backward_not_replayed, parameters_finite_after (the weights
+    # micro_batch, loss_scale, backward_not_replayed, weights ({max_abs, norm} of the step's
+    # weights before its update, start: the same at the first step checked),
+    # parameters_finite_after (the weights
     # after that step's update), results {fp32, bf16: {finite, origin,
     # forward_finite, backward_replayed, max_abs, max_abs_module, grad_max_abs, ...} or
     # {error}}, error (why not replayed); None: no step was non-finite

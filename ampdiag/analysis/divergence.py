@@ -18,7 +18,9 @@ as ``derived.divergence``):
   - ``not-precision``: the run computed in FP32; or the finite loss was already exploding
     (it grew ``loss_growth`` times over its start in the steps before: a too-high learning
     rate in FP16 overflows FP16 at weights FP32 still holds -- the trend, not the replay,
-    is the evidence); or the step is non-finite in the FP32 replay too.
+    is the evidence); or the step is non-finite in the FP32 replay too. A loss that grew
+    while the weights did not (`weights_growth` below ``weights_held``: one batch's huge
+    loss) is not exploding: the updates did not cause the step.
   - ``precision``: the step is finite in FP32 where the run's was not (and the loss was not
     already blowing up): ``detail`` says which overflow, where.
   - ``unknown``: no replay (or a failed one), or only the loss was non-finite while the
@@ -45,6 +47,12 @@ THRESHOLDS: dict[str, float] = {
     # ... or one jump: the last finite loss this many times its start, from two finite losses
     # (the first non-finite step's own loss counts where finite: its gradients went first).
     "loss_jump": 100.0,
+    # ... unless the weights the first non-finite step ran with are finite and within this
+    # factor (max |w| and L2 norm) of the run's first step's (the replay measures both): a
+    # learning rate too high blows the loss up through the weights, which grow many times
+    # over (46x to over 10^20x in the corpus' runs); one batch's huge loss leaves them where
+    # they were (1.01x), and the non-finite step is then that step's own fault.
+    "weights_held": 2.0,
     # Skipped steps in a row, to the run's end, that make a stall (fewer: the scaler searching
     # its scale), unless every step of a shorter run was skipped.
     "stall_skips": 8,
@@ -140,6 +148,26 @@ def trend(points: list[tuple[int, float]], before: int) -> dict[str, Any]:
         or (len(finite) >= 2 and growth >= THRESHOLDS["loss_jump"])
     )
     return out
+
+
+def weights_growth(replay: dict[str, Any] | None, step: int) -> float | None:
+    """How many times over the weights grew from the run's first step to ``step``.
+
+    The larger of the max |w| and the L2 norm ratios, from the replay of ``step`` (its weights
+    before its update: `divergence_replay`); inf where they are no longer finite; None where
+    that step was not replayed or its weights not measured.
+    """
+    if not replay or replay.get("step") != step:
+        return None
+    now = replay.get("weights") or {}
+    start = now.get("start") or {}
+    ratios = []
+    for key in ("max_abs", "norm"):
+        a, b = now.get(key), start.get(key)
+        if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or not b > 0:
+            return None
+        ratios.append(a / b if math.isfinite(a) and math.isfinite(b) else math.inf)
+    return max(ratios)
 
 
 def unfixed_by_precision(session: Session) -> bool:
@@ -252,6 +280,12 @@ def assess(session: Session) -> dict[str, Any] | None:
         result["verdict"] = "healthy"
         result["recovered_steps"] = sorted({s for s, _, _ in candidates} | set(loss_bad))[:20]
     result["trend"] = trend(with_history(points, sentinel.get("loss_history")), step)
+    grown = weights_growth(replay, step)
+    if grown is not None:
+        result["trend"]["weights_growth"] = grown
+        if result["trend"].get("exploding") and grown < THRESHOLDS["weights_held"]:
+            result["trend"]["exploding"] = False
+            result["trend"]["weights_held"] = True
     result["cause"] = cause(session, result, sentinel.get("replay"))
     return result
 
@@ -280,7 +314,7 @@ def cause(
         grew = (
             f"; the finite loss grew {_times(trend_['growth'])} over its start first"
             if trend_.get("exploding")
-            else ""
+            else _held(trend_, first["step"])
         )
         return out | {"cause": "not-precision", "why": f"the run computes in FP32{grew}"}
     if trend_.get("exploding"):
@@ -319,7 +353,7 @@ def cause(
             "cause": "not-precision",
             "why": (
                 f"step {first['step']} is non-finite in FP32 too (the {where.get('kind')} of "
-                f"{where.get('module')}, {where.get('phase')})"
+                f"{where.get('module')}, {where.get('phase')})" + _held(trend_, first["step"])
             ),
             "module": where.get("module"),
         }
@@ -347,6 +381,17 @@ def cause(
         "bf16_finite": bf16,
         **detail,
     }
+
+
+def _held(trend_: dict[str, Any], step: int) -> str:
+    """Why a loss that grew is not read as the updates' (`weights_held`), or ""."""
+    if not trend_.get("weights_held"):
+        return ""
+    return (
+        f"; the finite loss grew {_times(trend_['growth'])} over its start, but step {step}'s "
+        f"weights are {_times(trend_['weights_growth'])} the first step's: one batch's loss, "
+        "not the updates"
+    )
 
 
 def _times(growth: float) -> str:

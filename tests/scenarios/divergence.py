@@ -49,6 +49,36 @@ def cause_is(want: str) -> Callable[[Session], str | None]:
     return check
 
 
+def origin_fix_fits(lr: bool) -> Callable[[Session], str | None]:
+    """A check on the console summary as the user reads it: the fix it shows for
+    ``nonfinite-origin`` (under ``diverged``, or its own) advises no float32 -- the scenario
+    measured that the run goes non-finite in FP32 too -- and, where the scenario's cause is a
+    learning rate too high (``lr``), names the learning rate, not an op to guard."""
+
+    def check(session: Session) -> str | None:
+        from ampdiag.render.console import summary
+
+        lines = summary(session).splitlines()
+        at = next((i for i, x in enumerate(lines) if "nonfinite-origin:" in x), None)
+        if at is None:
+            return "no fix shown for nonfinite-origin"
+        head = lines[at]
+        indent = len(head) - len(head.lstrip())
+        body = [head]
+        for line in lines[at + 1 :]:
+            if len(line) - len(line.lstrip()) <= indent:
+                break
+            body.append(line)
+        text = " ".join(body)
+        if "float32" in text or "autocast" in text:
+            return f"float32 advice for a run FP32 does not hold: {text!r}"
+        if lr and ("learning rate" not in text or "Guard the op" in text):
+            return f"not the learning rate: {text!r}"
+        return None
+
+    return check
+
+
 def _lr_loop(
     dtype: torch.dtype | None, lr: float, out: Path | None
 ) -> tuple[list[float], list[int], Session | None]:
@@ -108,7 +138,10 @@ def run_lr(out: Path, dtype: torch.dtype | None, lr: float = LR_TOO_HIGH) -> tup
         expect=[expect],
         forbid=set(NO_PRECISION_ADVICE),
         measured=measured,
-        checks={"divergence-cause": cause_is("not-precision")},
+        checks={
+            "divergence-cause": cause_is("not-precision"),
+            "origin-fix-fits": origin_fix_fits(lr=True),
+        },
     )
 
 

@@ -7,7 +7,8 @@ the evidence. Truth without ampdiag: the same loop run again in FP32 and in BF16
 step's loss and the first step whose parameter gradients are non-finite; both diverge.
 
 diverged (high), at that step, cause not-precision; its fix is the learning rate (lower it,
-warm it up, clip), never "find the batch"; no precision recommendation among the high
+warm it up, clip), never "find the batch", and the fix shown for the merged nonfinite-origin
+says the same, with no float32 advice; no precision recommendation among the high
 findings (prefer-*, tune-grad-scaler, low-precision-inactive, autocast-slower).
 """
 
@@ -21,7 +22,7 @@ import torch
 
 from ampdiag.session import Session
 from tests.scenarios import models
-from tests.scenarios.divergence import NO_PRECISION_ADVICE, cause_is
+from tests.scenarios.divergence import NO_PRECISION_ADVICE, cause_is, origin_fix_fits
 from tests.scenarios.harness import Expect, Scenario, Truth, diagnose, seeded, session_of
 
 LR = 300.0
@@ -89,6 +90,7 @@ def run(out: Path) -> tuple[Session, Truth]:
         checks={
             "divergence-cause": cause_is("not-precision"),
             "divergence-fix-learning-rate": learning_rate_fix,
+            "origin-fix-fits": origin_fix_fits(lr=True),
         },
     )
 

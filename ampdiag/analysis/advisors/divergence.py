@@ -166,7 +166,7 @@ def _fix(session: Session, result: dict[str, Any], dev: str) -> str:
                 "# No precision change fixes this.",
             ]
         )
-    module = why.get("module") or (fp32.get("origin") or {}).get("module") or first.get("module")
+    module = _op_module(first, why, fp32)
     return "\n".join(
         [
             f"Step {step}'s batch makes {module or 'the model'} non-finite in FP32 too: a 0/0, "
@@ -179,3 +179,21 @@ def _fix(session: Session, result: dict[str, Any], dev: str) -> str:
             f"# on {dev}: skip a bad batch with `if not torch.isfinite(loss): continue`",
         ]
     )
+
+
+def _op_module(first: dict[str, Any], why: dict[str, Any], fp32: dict[str, Any]) -> str | None:
+    """The module whose op to guard when the step is non-finite whatever the precision.
+
+    The sentinel's origin (the run's own step, where a parent's own code between two children
+    is told apart from the children) where the run computes in FP32 -- the replay then repeats
+    the same computation -- or where the replay's first non-finite output is inside it (the
+    replay names the first module output, never a parent's code); else where FP32 went
+    non-finite, which is the op no precision holds.
+    """
+    seen = first.get("module")
+    replayed = why.get("module") or (fp32.get("origin") or {}).get("module")
+    if seen and seen != "(loss)":
+        inside = isinstance(replayed, str) and replayed.startswith(f"{seen}.")
+        if why.get("run_precision") == "fp32" or not replayed or inside:
+            return str(seen)
+    return str(replayed) if replayed else (str(seen) if seen else None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ampdiag.analysis import fp16range
+from ampdiag.analysis import divergence, fp16range
 from ampdiag.analysis.device import advisable, device_type
 from ampdiag.analysis.numerics import fp16_in_use, underflow_summary
 from ampdiag.analysis.registry import rule
@@ -440,7 +440,8 @@ def nonfinite_origin(session: Session) -> Iterator[Finding]:
     an enabled GradScaler skipped every such step, unless the skips persist
     (`skips_persist`: then the overflowing gradient's origin is the skips' cause).
     Where the sentinel replayed the step in FP32 (``fp32_replay_finite``) and it is non-finite
-    there too, the fix says it is not the precision.
+    there too, or the divergence's cause is not the precision, the fix says so and gives no
+    float32 advice (`_origin_fix`).
     """
     dev = device_type(session.environment)
     found = _nonfinite_origin(session)
@@ -473,22 +474,53 @@ def nonfinite_origin(session: Session) -> Iterator[Finding]:
         severity=sev,
         title=f"inf/NaN first appears at step {origin['step']} in {where}.",
         evidence=evidence,
-        fix=(
-            f"Inspect {origin['module']} at step {origin['step']}: a division by ~0, log of 0, "
-            "sqrt of 0 in the backward, exp/softmax of large values, or a non-finite input. "
-            "The FP32 replay of the step is non-finite too: not the precision. Guard the op:\n"
-            "y = x / d.clamp_min(1e-6); y = torch.log(x.clamp_min(1e-6))"
-            if fp32 and fp32["finite"] is False
-            else f"Inspect {origin['module']} at step {origin['step']}: a division by ~0, log of "
-            "0, sqrt of 0 in the backward, exp/softmax of large values"
-            + (", or an FP16 overflow" if fp16_in_use(session) else "")
-            + ". Compute it in float32:\n"
-            f"with torch.autocast('{dev}', enabled=False):\n"
-            "    y = module(x.float())\n"
-            "or add an epsilon (x / (d + 1e-6), torch.log(x.clamp_min(1e-6)))."
-        ),
+        fix=_origin_fix(session, origin, fp32, dev),
         section=SECTION,
         impact=0.95 if sev == "high" else 0.6,
+    )
+
+
+def _origin_fix(
+    session: Session, origin: dict[str, Any], fp32: dict[str, Any] | None, dev: str
+) -> str:
+    """The fix for where inf/NaN first appeared, fitting its measured cause.
+
+    Float32 advice only where float32 can help: not where the divergence's cause is
+    measured not to be the precision (`divergence.assess`: the run computes in FP32, the FP32
+    replay of the step is non-finite too, or the loss was already blowing up -- then the
+    values grew until they left the range at this module, and the fix is the learning rate,
+    not this op), and not in a run that computes in FP32.
+    """
+    module, step = origin["module"], origin["step"]
+    div = session.section("derived").get("divergence") or divergence.assess(session) or {}
+    why = div.get("cause") or {}
+    inspect = (
+        f"Inspect {module} at step {step}: a division by ~0, log of 0, sqrt of 0 in the "
+        "backward, exp/softmax of large values, or a non-finite input."
+    )
+    guard = "Guard the op:\ny = x / d.clamp_min(1e-6); y = torch.log(x.clamp_min(1e-6))"
+    if why.get("cause") == "not-precision":
+        if (div.get("trend") or {}).get("exploding"):
+            return (
+                f"{module} is where the run's growing values first left the range "
+                f"({why.get('why')}): not this op's fault -- the updates are too large. "
+                "Lower the learning rate, warm it up and clip the gradients (the divergence's fix)."
+            )
+        return f"{inspect} Not the precision ({why.get('why')}). {guard}"
+    if fp32 and fp32["finite"] is False:
+        return (
+            f"{inspect} The FP32 replay of the step is non-finite too: not the precision. {guard}"
+        )
+    if divergence.run_precision(session) == "fp32":
+        return f"{inspect} The run computes in FP32: not the precision. {guard}"
+    return (
+        f"Inspect {module} at step {step}: a division by ~0, log of 0, sqrt of 0 in the "
+        "backward, exp/softmax of large values"
+        + (", or an FP16 overflow" if fp16_in_use(session) else "")
+        + ". Compute it in float32:\n"
+        f"with torch.autocast('{dev}', enabled=False):\n"
+        "    y = module(x.float())\n"
+        "or add an epsilon (x / (d + 1e-6), torch.log(x.clamp_min(1e-6)))."
     )
 
 

@@ -44,6 +44,9 @@ MODULE_PRE, MODULE_POST, OPTIMIZER_PRE, OPTIMIZER_POST = (
 # Per-module only: (module, args, kwargs) after the forward (torch has no global pre-hook
 # with keyword arguments; the input objects are the same ones the forward got).
 MODULE_INPUTS = "module_inputs"
+# Per-module only: (module, args, kwargs, output) after the forward: what a module got by
+# keyword (a Hugging Face ``attn(hidden_states=h)``) and what it returned, in one call.
+MODULE_POST_KWARGS = "module_post_kwargs"
 
 _LOCK = threading.Lock()
 _blocks = 0
@@ -79,6 +82,7 @@ class _Shared:
         # id(module) -> callbacks for that module alone (MODULE_PRE / MODULE_POST).
         self.by_module: dict[int, tuple[Callable[..., Any], ...]] = {}
         self.inputs: dict[int, tuple[Callable[..., Any], ...]] = {}  # MODULE_POST only
+        self.with_kwargs: dict[int, tuple[Callable[..., Any], ...]] = {}  # MODULE_POST only
         self.handle: Any = None
         # Optimizer hooks in progress: torch iterates its hooks' dict around the call, and a
         # callback may end a block (a window of steps closing at its last step): removing
@@ -112,15 +116,18 @@ class _Shared:
         if not training_forward():
             return
         own = self.by_module.get(id(module), ())
+        own_kwargs = self.with_kwargs.get(id(module), ())
         for callback in self.inputs.get(id(module), ()):
             callback(module, args, kwargs)
         for callback in self.callbacks:
             callback(module, args, output)
         for callback in own:
             callback(module, args, output)
+        for callback in own_kwargs:
+            callback(module, args, kwargs, output)
 
     def empty(self) -> bool:
-        return not (self.callbacks or self.by_module or self.inputs)
+        return not (self.callbacks or self.by_module or self.inputs or self.with_kwargs)
 
     def call_step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         """Optimizer pre-hooks may hand ``step`` other arguments (a wrapped closure): chained."""
@@ -223,11 +230,13 @@ def on_module(module: torch.nn.Module, kind: str, callback: Callable[..., Any]) 
 
     ``MODULE_PRE``: (module, args) before its forward; ``MODULE_POST``: (module, args,
     output) after it (also when it raised); ``MODULE_INPUTS``: (module, args, kwargs) after
-    it. Only training forwards call it (see the module doc).
+    it; ``MODULE_POST_KWARGS``: (module, args, kwargs, output) after it (kwargs ``{}`` when
+    it raised). Only training forwards call it (see the module doc).
     """
     with _LOCK:
         shared = _SHARED[MODULE_PRE if kind == MODULE_PRE else MODULE_POST]
-        table = shared.inputs if kind == MODULE_INPUTS else shared.by_module
+        tables = {MODULE_INPUTS: shared.inputs, MODULE_POST_KWARGS: shared.with_kwargs}
+        table = tables.get(kind, shared.by_module)
         table[id(module)] = (*table.get(id(module), ()), callback)
         shared.install()
         return Handle(shared, callback, table, id(module))
@@ -237,7 +246,9 @@ def module_callbacks(module: torch.nn.Module) -> int:
     """How many `on_module` callbacks are held for ``module`` (what a module hook count was)."""
     key = id(module)
     return sum(
-        len(shared.by_module.get(key, ())) + len(shared.inputs.get(key, ()))
+        len(shared.by_module.get(key, ()))
+        + len(shared.inputs.get(key, ()))
+        + len(shared.with_kwargs.get(key, ()))
         for shared in (_SHARED[MODULE_PRE], _SHARED[MODULE_POST])
     )
 

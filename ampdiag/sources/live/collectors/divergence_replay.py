@@ -86,6 +86,7 @@ class ReplayKeeper:
         self._records: dict[str, dict[str, Any]] = {}
         self._run: RunContext | None = None
         self._not_checked: str | None = None  # why this run is not watched (a GPU, no scaler)
+        self._weights_start: dict[str, Any] | None = None  # `_weights` at the first check
 
     @property
     def done(self) -> bool:
@@ -190,11 +191,35 @@ class ReplayKeeper:
         except Exception:  # a refinement: unmeasured, never the user's problem
             return None
 
+    def _weights(self) -> dict[str, Any]:
+        """The weights' max |w| and L2 norm now (two reductions, one read).
+
+        Measured at the first step and at the replayed one: a learning rate too high makes
+        the loss blow up through the weights, which grow many times over; a loss blown up by
+        one batch leaves them where they were.
+        """
+        try:
+            with internal_work(), torch.no_grad():
+                weights = [local_tensor(p.detach()) for p in self._params]
+                if not weights:
+                    return {}
+                norms = torch.stack(
+                    [
+                        torch.nn.utils.get_total_norm(weights, math.inf).float(),
+                        torch.nn.utils.get_total_norm(weights, 2.0).float(),
+                    ]
+                ).tolist()
+            return {"max_abs": norms[0], "norm": norms[1]}
+        except Exception:  # a refinement: unmeasured, never the user's problem
+            return {}
+
     def _check(self, run: RunContext, step: int, when: str) -> None:
         if any(p.is_cuda for p in self._params[:1]) and not _scaler_enabled(run):
             self._not_checked = NOT_CHECKED_ON_GPU
             self._calls = []
             return
+        if self._weights_start is None:
+            self._weights_start = {"step": step, **self._weights()}
         try:
             self._check_step(run, step, when)
         except Exception as exc:  # a broken check costs the replay, never the sentinel's step
@@ -253,6 +278,8 @@ class ReplayKeeper:
             "run_precision": precision,
             "micro_batch": next(i for i, c in enumerate(self._calls) if c is call),
             "results": {},
+            # the step's own weights (before its update), and the run's first step's
+            "weights": {**self._weights(), "start": self._weights_start},
         }
         model = run.model
         why_not = "no model" if model is None else _gathers_across_ranks(model)

@@ -9,7 +9,11 @@ cheaply enough to leave on:
   first floating output after, in execution order, with the call running when it started (its
   parent). One token per distinct tensor: a tensor already reduced (the previous module's
   output is the next one's input) is looked up by identity (a weak reference, so nothing is
-  kept alive) and its version counter (changed in place since: reduced again);
+  kept alive) and its version counter (changed in place since: reduced again). torch's global
+  pre-hook gets no keyword arguments: a call with no floating positional input has the
+  tensors it got by keyword (``attn(hidden_states=h)``; not a mask) read after the forward
+  and ordered where the call began, where they provably did not change in between, and not
+  counted where the call absorbed them (its output finite) (`Sentinel._keyword_input`);
 * loss: every loss given to backward (or to ``GradScaler.scale``), as a 0-dim tensor;
 * backward: the forward hook puts one tensor hook on each distinct floating tensor that is a
   module's input or output and requires grad, with the roles it played (input or output of
@@ -36,6 +40,7 @@ import math
 import weakref
 from collections import deque
 from functools import partial
+from itertools import chain
 from typing import Any
 
 import torch
@@ -99,11 +104,14 @@ class Sentinel(Collector):
         self._index: dict[int, int] = {}
         self._handles: list[Any] = []
         self._params: list[tuple[str, torch.nn.Parameter]] = []
-        # This step's calls ([module, parent call, input token, output token]), the role that
-        # computed each forward token, the calls running now, and the tensors seen by id:
-        # [weak reference, version, token or -1, roles of its gradient hook or None].
+        # This step's calls ([module, parent call, input token, output token, tokens before
+        # it started or -1]), the role that computed each forward token, the calls running
+        # now, and the tensors seen by id: [weak reference, version, token or -1, roles of its
+        # gradient hook or None]. Keyword input tokens, read after their call: token ->
+        # (tokens before the call started, call) -- where they belong in the order.
         self._calls: list[list[int]] = []
         self._fwd_idx: list[int] = []
+        self._early: dict[int, tuple[int, int]] = {}
         self._stack: list[int] = []
         self._seen: dict[int, list[Any]] = {}
         self._fwd: list[torch.Tensor] = []
@@ -149,7 +157,9 @@ class Sentinel(Collector):
             pre = partial(self._pre, idx)
             self._handles.append(global_hooks.on_module(module, global_hooks.MODULE_PRE, pre))
             hook = partial(self._forward, idx)
-            self._handles.append(global_hooks.on_module(module, global_hooks.MODULE_POST, hook))
+            self._handles.append(
+                global_hooks.on_module(module, global_hooks.MODULE_POST_KWARGS, hook)
+            )
         known = {id(p) for _, p in self._params}
         for name, p in model.named_parameters():
             if p.requires_grad and id(p) not in known:
@@ -170,7 +180,7 @@ class Sentinel(Collector):
     def _pre(self, idx: int, module: torch.nn.Module, args: Any) -> None:
         try:
             call, stack = len(self._calls), self._stack
-            record = [idx, stack[-1] if stack else -1, -1, -1]
+            record = [idx, stack[-1] if stack else -1, -1, -1, len(self._fwd)]
             self._calls.append(record)
             stack.append(call)
             a = _first_tensor(args)
@@ -216,12 +226,14 @@ class Sentinel(Collector):
                 del stack[i:]
                 return call
         # no pre-hook seen (hooked while it ran): a call with no input token
-        self._calls.append([idx, stack[-1] if stack else -1, -1, -1])
+        self._calls.append([idx, stack[-1] if stack else -1, -1, -1, -1])
         return len(self._calls) - 1
 
-    def _forward(self, idx: int, module: torch.nn.Module, args: Any, output: Any) -> None:
+    def _forward(
+        self, idx: int, module: torch.nn.Module, args: Any, kwargs: Any, output: Any
+    ) -> None:
         try:
-            self._watch_forward(idx, module, args, output)
+            self._watch_forward(idx, module, args, kwargs, output)
         except Exception as exc:  # observing must never break the user's step
             self._error(exc)
 
@@ -229,20 +241,99 @@ class Sentinel(Collector):
         if len(self._errors) < 10:
             self._errors.append(repr(exc))
 
-    def _watch_forward(self, idx: int, module: torch.nn.Module, args: Any, output: Any) -> None:
+    def _watch_forward(
+        self, idx: int, module: torch.nn.Module, args: Any, kwargs: Any, output: Any
+    ) -> None:
         call = self._close(idx)
+        if kwargs and self._calls[call][2] < 0:
+            self._keyword_input(call, kwargs)
         t = _first_tensor(output, 4)
         floating = t is not None and t.is_floating_point()
         if t is not None and floating:
             self._calls[call][3] = self._token(t, call * 2 + origin.OUTPUT)
         if not torch.is_grad_enabled():
             return
-        for a in tensors_in(args, max_depth=2):
+        inputs = tensors_in(args, max_depth=2)
+        if kwargs:  # by keyword: a module's own input too (its backward's input gradient)
+            inputs = chain(inputs, tensors_in(kwargs, max_depth=1))
+        for a in inputs:
             # Not leaves: a parameter or input kept across steps would collect a hook per step.
             if a.requires_grad and a.grad_fn is not None and a.is_floating_point():
                 self._role(a, call * 2 + origin.INPUT)
         if t is not None and floating and t.requires_grad and t.grad_fn is not None:
             self._role(t, call * 2 + origin.OUTPUT)
+
+    def _keyword_input(self, call: int, kwargs: dict[str, Any]) -> None:
+        """The input tokens of a call whose floating input came by keyword (none positional).
+
+        torch's global pre-hook gets no keyword arguments, so each floating tensor given by
+        keyword is read after the forward, from the same objects, and its token is ordered
+        where the call began (`_in_start_order`): a keyword's position says nothing of its
+        role, so every one counts. That is its value at the start only where it provably did
+        not change in the forward: it was reduced before the call began and its version is
+        the same now, or its version is 0 (never changed in place); otherwise it stays unread,
+        as before. An argument named like a mask is skipped: an additive mask holds -inf by
+        design (and a non-finite keyword input the call absorbed is not one, `_absorbed`).
+        """
+        record = self._calls[call]
+        start = record[4]
+        if start < 0:
+            return
+        for key, t in kwargs.items():
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point() or "mask" in key:
+                continue
+            entry = self._seen.get(id(t))
+            v = version(t)
+            known = entry is not None and entry[0]() is t and entry[1] == v and entry[2] >= 0
+            if known and self._key(entry[2]) < (start, 0, call):  # type: ignore[index]
+                record[2] = int(entry[2])  # type: ignore[index]
+                continue
+            if v != 0:
+                continue
+            if known:
+                token = self._fwd[entry[2]]  # type: ignore[index]
+            else:
+                with internal_work():
+                    token = finite_token(t.detach())
+                entry = self._entry(t)
+                entry[2] = len(self._fwd)
+            record[2] = len(self._fwd)
+            self._early[len(self._fwd)] = (start, call)
+            self._fwd.append(token)
+            self._fwd_idx.append(call * 2 + origin.INPUT)
+
+    def _key(self, token: int) -> tuple[int, int, int]:
+        """Where a forward token belongs in the step's order.
+
+        A keyword input at its call's start: before anything the call computed, outer calls
+        first.
+        """
+        early = self._early.get(token)
+        return (early[0], 0, early[1]) if early else (token, 1, 0)
+
+    def _absorbed(self) -> None:
+        """A keyword input's token, finite where its call's output is (on the device).
+
+        A non-finite value a module was given and absorbed (its output finite: a -inf bias
+        added before a softmax) is the module's design, not a divergence; positional inputs
+        are read as before.
+        """
+        with internal_work():
+            for token, (_, call) in self._early.items():
+                out = self._calls[call][3]
+                if out >= 0:
+                    t = self._fwd[token]
+                    self._fwd[token] = torch.where(
+                        torch.isfinite(self._fwd[out]), torch.zeros_like(t), t
+                    )
+
+    def _in_start_order(self) -> None:
+        """Reorders the step's forward tokens so that keyword inputs come where read."""
+        self._absorbed()
+        order = sorted(range(len(self._fwd)), key=self._key)
+        self._fwd = [self._fwd[i] for i in order]
+        self._fwd_idx = [self._fwd_idx[i] for i in order]
+        self._early = {}
 
     def _grad(self, roles: list[int], grad: torch.Tensor) -> None:
         if grad is None:
@@ -273,6 +364,8 @@ class Sentinel(Collector):
     def on_step_end(self, run: RunContext, step: int) -> None:
         """Stacks the step's values with the gradients' max |g| and sends them to the host."""
         self._replay.on_step_end(run, step)
+        if self._early:
+            self._in_start_order()
         with internal_work():
             # DTensor gradients (FSDP2): this rank's shard is what this rank can see
             grads = [local_tensor(p.grad) for _, p in self._params if p.grad is not None]
