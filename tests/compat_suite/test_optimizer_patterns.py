@@ -6,6 +6,11 @@
   micro-batches: a diagnosis that counted them as accumulation reported "gradient accumulation
   is broken" and a step loss that was the sum of every evaluation.
 
+* Two models, two optimizers (pytorch/examples dcgan): the discriminator steps on a real and
+  a detached fake batch (two backward passes, their losses summed by design), then the
+  generator on the discriminator's verdict of the fake (a backward through both models). Not
+  gradient accumulation, whichever optimizer the diagnosis takes for the step.
+
 Each scenario runs bit-identically under every setting in `CONFIGS`; what the report says of
 it is checked against what the script itself counted.
 """
@@ -92,3 +97,82 @@ def test_lbfgs_closure_re_evaluations_are_not_micro_batches(tmp_path: Path) -> N
     assert "grad-accumulation-broken" not in ids
     assert "accumulation-loss-not-averaged" not in ids
     assert session["run"]["optimizer_steps"] == len(truth)
+
+
+class Generator(nn.Module):
+    def __init__(self, nz: int = 4) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.ConvTranspose2d(nz, 8, 4, 1, 0, bias=False),
+            nn.BatchNorm2d(8),
+            nn.ReLU(True),
+            nn.ConvTranspose2d(8, 3, 4, 2, 1, bias=False),
+            nn.Tanh(),
+        )
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.net(z)
+        return out
+
+
+class Discriminator(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(3, 8, 4, 2, 1, bias=False),
+            nn.LeakyReLU(0.2, inplace=True),
+            nn.Conv2d(8, 1, 4, 1, 0, bias=False),
+            nn.Sigmoid(),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.net(x)
+        return out.view(-1, 1).squeeze(1)
+
+
+GAN_ITERATIONS = 6
+
+
+def gan_loop(block: contextlib.AbstractContextManager[Any]) -> dict[str, Any]:
+    """dcgan's loop: D on real + detached fake, then G through D; both losses per iteration."""
+    net_g, net_d = Generator(), Discriminator()
+    opt_d = torch.optim.Adam(net_d.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    opt_g = torch.optim.Adam(net_g.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    criterion = nn.BCELoss()
+    reals = [torch.rand(4, 3, 8, 8) * 2 - 1 for _ in range(GAN_ITERATIONS)]
+    fixed_noise = torch.randn(2, 4, 1, 1)
+    logged: list[Any] = []
+    with block:
+        for i, real in enumerate(reals):
+            net_d.zero_grad()
+            label = torch.full((real.size(0),), 1.0)
+            err_real = criterion(net_d(real), label)
+            err_real.backward()
+            fake = net_g(torch.randn(real.size(0), 4, 1, 1))
+            label.fill_(0.0)
+            err_fake = criterion(net_d(fake.detach()), label)
+            err_fake.backward()
+            opt_d.step()
+            net_g.zero_grad()
+            label.fill_(1.0)
+            err_g = criterion(net_d(fake), label)
+            err_g.backward()
+            opt_g.step()
+            logged.append((err_real + err_fake).detach())
+            logged.append(err_g.detach())
+            if i % 3 == 0:  # the script's sample of the fixed noise
+                with torch.no_grad():
+                    logged.append(net_g(fixed_noise))
+    return {"G": net_g, "D": net_d, "opts": [opt_d.state_dict(), opt_g.state_dict()],
+            "logged": logged}  # fmt: skip
+
+
+@params
+def test_gan_two_models_two_optimizers(settings: dict[str, Any], tmp_path: Path) -> None:
+    session = same_under_diagnose(gan_loop, settings, tmp_path)
+    # the script has no gradient accumulation: no finding may say it is broken or unaveraged
+    ids = {f["id"] for f in session["findings"]}
+    assert "grad-accumulation-broken" not in ids
+    assert "accumulation-loss-not-averaged" not in ids
+    assert session["run"]["optimizer_steps"] == 2 * GAN_ITERATIONS
+    assert len(session["run"]["models"]) == 2
