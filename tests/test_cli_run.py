@@ -141,6 +141,10 @@ def test_an_error_or_ctrl_c_leaves_the_same_session_as_the_context_manager(
     assert got == code
     if how == "error":
         assert "ValueError: boom at step 2" in err and "Traceback" in err
+    else:  # Ctrl-C: python prints where the script stopped; so does ampdiag run, first
+        assert "Traceback" in err and "KeyboardInterrupt" in err
+        assert "os.kill(os.getpid(), signal.SIGINT)" in err
+        assert err.index("KeyboardInterrupt") < err.index("ampdiag: the script was interrupted")
     session = _session(out)
     reference = _with_context_manager(tmp_path, script, 2, how)
     assert session["status"] == reference["status"] == status

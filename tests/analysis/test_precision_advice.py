@@ -112,6 +112,22 @@ def test_a_bf16_run_measured_slower_than_fp32_is_told_fp32() -> None:
     assert contradictions(out) == []
 
 
+def test_fp32_advice_for_an_unsafe_bf16_run_does_not_contradict_itself() -> None:
+    # run_clm_no_trainer's loop (Accelerate, bf16 on the CPU): BF16 slower and 1.1% off FP32's
+    # loss. The title said "BF16 is not numerically safe here (...), numerically safe."
+    rows = [row("fp32", 10.0, 0.5, 1000), row("bf16", 16.0, 0.5, 500, loss_rel_diff=0.011)]
+    rec = next(f for f in analyze(session("cpu:bfloat16", rows)) if f.id == "prefer-fp32")
+    assert "BF16 is not numerically safe here (loss 1.1% off FP32's)" in rec.title
+    assert rec.title.count("numerically safe") == 1
+    assert rec.title.endswith(".") and ",." not in rec.title
+
+
+def test_bf16_advice_says_bf16_passed_the_numerics_check() -> None:
+    rows = [row("fp32", 20.0, 0.5, 1000), row("bf16", 10.0, 0.5, 500)]
+    rec = next(f for f in analyze(session("cpu:float16", rows)) if f.id == "prefer-bf16")
+    assert "BF16 is numerically safe here" in rec.title
+
+
 def test_fp16_alone_fastest_keeps_fp16_and_tunes_the_scaler() -> None:
     rows = [row("fp32", 10.0, 0.2, 1000), row("bf16", 8.0, 0.2, 500),
             row("fp16", 5.0, 0.2, 500)]  # fmt: skip

@@ -390,6 +390,11 @@ def _switch(session: Session, ab: pc.Measured, target: str, explains: list[Findi
     for key in ("loss_rel_diff", "grad_sqnr_db_median", "grad_underflow"):
         if row.get(key) is not None:
             evidence[key] = row.get(key)
+    # The target's own safety, said as its own clause: a bare ", numerically safe" after
+    # "BF16 is not numerically safe here" read as a contradiction. FP32 is the yardstick the
+    # others are checked against, so nothing is said of it.
+    if target != "fp32" and pc.is_safe(row):
+        claims.append(f"{name} is numerically safe here")
     tied = [pc.NAMES.get(p, p) for p in ab.choice.tied if p != target]
     note = (
         f"\n# Within the measured spread {', '.join(tied)} is as fast: {pc.tie_break(ab.choice)}."
@@ -402,7 +407,7 @@ def _switch(session: Session, ab: pc.Measured, target: str, explains: list[Findi
         title=(
             f"Train in {name} instead of {run_name}: measured on this model and batch, "
             + "; ".join(claims or ["as fast"])
-            + ", numerically safe."
+            + "."
         ),
         evidence=evidence,
         fix=pc.training_step(target, dev)

@@ -144,7 +144,11 @@ class Discovery:
             module) the first time it runs.
         on_optimizer_pre: Called with the optimizer when its step is about to use the
             gradients: before ``step()``, or, for ``step(closure)`` (Lightning, LBFGS), after
-            the closure (which runs forward and backward) returned.
+            the closure (which runs forward and backward) first returned. LBFGS calls the
+            closure again within the step (its iterations and line search): those
+            *re-evaluations* of the step are not reported at all (no ``on_loss``,
+            ``on_backward``, ``on_accumulated``, nor another ``on_optimizer_pre``): the step
+            is one batch's forward and backward, its loss the first evaluation's.
         on_optimizer_post: Called after every optimizer step with the optimizer.
         on_loss: Called with each scalar passed to backward or to GradScaler.scale (the live
             tensor, before its backward: collectors may walk its graph; never modify it),
@@ -182,6 +186,7 @@ class Discovery:
         # The block observes the thread that entered it; hooks fire in every thread.
         self._thread = threading.get_ident()
         self._depth = 0
+        self._reevaluating = False  # inside a closure the optimizer called again in its step
         self._roots: set[int] = set()
         self._handles: list[Any] = []
         self._patches = Patches()
@@ -245,7 +250,7 @@ class Discovery:
             on_accumulated = self._on_accumulated
             self._handles.append(
                 reference.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
-                    lambda p: on_accumulated()
+                    lambda p: None if self._reevaluating else on_accumulated()
                 )
             )
 
@@ -268,8 +273,13 @@ class Discovery:
             return None
         on_pre = self._on_optimizer_pre
         label = CLOSURE_PREFIX + type(optimizer).__name__
+        calls = 0
 
         def closure_then_report() -> Any:
+            nonlocal calls
+            calls += 1
+            if calls > 1:  # the same step re-evaluated (LBFGS): not another micro-batch
+                return self._reevaluate(closure, label)
             # Marked in the trace: the step split counts it as forward/backward, not optimizer.
             with torch.profiler.record_function(label):
                 result = closure()
@@ -280,17 +290,27 @@ class Discovery:
             return (args[0], closure_then_report, *args[2:]), kwargs
         return args, {**kwargs, "closure": closure_then_report}
 
+    def _reevaluate(self, closure: Callable[[], Any], label: str) -> Any:
+        """Runs a closure the optimizer called again in its step, its backward unreported."""
+        previous, self._reevaluating = self._reevaluating, True
+        try:
+            with torch.profiler.record_function(label):
+                return closure()
+        finally:
+            self._reevaluating = previous
+
     # --- loss and scaler -----------------------------------------------------------------------
 
     def _patch_backward(self) -> None:
-        on_loss, on_backward = self._on_loss, self._on_backward
+        on_loss, on_backward, discovery = self._on_loss, self._on_backward, self
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-                if self.numel() == 1:
-                    with internal_work():
-                        on_loss(self, False)
-                on_backward(self)
+                if not discovery._reevaluating:
+                    if self.numel() == 1:
+                        with internal_work():
+                            on_loss(self, False)
+                    on_backward(self)
                 return original(self, *args, **kwargs)
 
             backward.__doc__ = original.__doc__

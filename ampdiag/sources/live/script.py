@@ -74,7 +74,7 @@ def run(
             except SystemExit as exc:
                 if exit_code(exc) != 0:
                     raise
-            except Exception as exc:
+            except (Exception, KeyboardInterrupt) as exc:  # Ctrl-C: where it stopped, too
                 if print_error:
                     print_user_traceback(exc, path)
                     printed.append(exc)
