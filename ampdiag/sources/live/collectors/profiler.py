@@ -13,6 +13,7 @@ profiler's own ``key_averages()`` counts them.
 from __future__ import annotations
 
 import contextlib
+import copy
 import gzip
 import shutil
 import socket
@@ -20,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
@@ -32,6 +33,9 @@ from ampdiag.schema import ProfilerSection
 from ampdiag.sources.live import exclusive, native_log
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 from ampdiag.sources.live.patching import Patches
+
+if TYPE_CHECKING:
+    from ampdiag.trace.records import RankTrace
 
 TOP_OPS = 25
 
@@ -289,7 +293,9 @@ class ProfilerCollector(Collector):
             "native_log": self._native_log,
         }
         if files:
-            out["breakdown"] = host_breakdown_of(files[-1], self._recorded_steps)
+            out["breakdown"] = host_breakdown_of(
+                self._run.read_trace(files[-1]), self._recorded_steps
+            )
         return out
 
 
@@ -355,15 +361,15 @@ def _worker_name() -> str:
     return f"{socket.gethostname()}_{os.getpid()}"
 
 
-def host_breakdown_of(trace: Path, steps: list[int]) -> dict[str, Any]:
-    """The host step-time breakdown of the given steps of a trace, read by the trace reader.
+def host_breakdown_of(trace: RankTrace, steps: list[int]) -> dict[str, Any]:
+    """The host step-time breakdown of the given steps of a trace read by the trace reader.
 
     Only the recorded steps count: a run that ends inside the profiler's active window leaves
-    a stub ``ProfilerStep`` after the last real one.
+    a stub ``ProfilerStep`` after the last real one. The trace is not changed (the memory
+    timeline reads the same one).
     """
     from ampdiag.analysis.timeline import host_breakdown
-    from ampdiag.trace.reader import read_trace
 
-    rt = read_trace(trace)
-    rt.steps = [s for s in rt.steps if s[0] in steps]
+    rt = copy.copy(trace)
+    rt.steps = [s for s in trace.steps if s[0] in steps]
     return host_breakdown(rt)
