@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -238,3 +239,55 @@ def test_an_untimed_precision_keeps_its_numerics_and_makes_no_speed_claim() -> N
     assert fp16.loss is not None and fp16.saved_bytes is not None  # numerics kept
     assert fp16.modules == [] and fp16.faster is None
     assert result.recommended in ("fp32", "bf16") and "FP16 not timed" in result.reason
+
+
+def _gradscaler_settles_at(model: nn.Module, x: torch.Tensor, big: float) -> tuple[float, int]:
+    """The loss scale a real GradScaler trains at on this model, and the steps it skipped.
+
+    Measured with torch's own GradScaler (init 2**16, halving on an overflow, no growth) on a
+    copy: every skipped step halves the scale, the first step it takes is at the scale sought.
+    """
+    import copy
+
+    clone = copy.deepcopy(model)
+    opt = torch.optim.SGD(clone.parameters(), lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=10**9)
+    for skipped in range(40):
+        scale = scaler.get_scale()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = clone(x).float().sum() * big
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        if scaler.get_scale() == scale:  # not backed off: the step was taken
+            return scale, skipped
+    raise AssertionError("the GradScaler never took a step")
+
+
+def test_fp16_loss_scale_is_where_a_gradscaler_settles_in_fewer_backwards(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A loss this large overflows FP16's backward at a GradScaler's initial scale: the FP16
+    # row must carry the scale a real GradScaler settles at, found without one backward per
+    # halving (each FP16 backward on a CPU without native FP16 costs several FP32 ones).
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 16))
+    x = torch.randn(32, 64)
+    grad = torch.autograd.grad
+    calls = [0]
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("retain_graph"):  # the observed FP16 run's backwards (the graph kept)
+            calls[0] += 1
+        return grad(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", counting)
+    for big in (10.0, 100.0):  # 9 and 12 halvings
+        truth, halvings = _gradscaler_settles_at(model, x, big)
+        assert halvings >= 2 and truth >= 1.0
+        calls[0] = 0
+        result = compare(model, x, lambda out, big=big: out.float().sum() * big,
+                         precisions=["fp32", "fp16"], budget_s=0.0, min_samples=1)  # fmt: skip
+        assert result.result("fp16").loss_scale == truth
+        assert 1 <= calls[0] < halvings + 1  # fewer than one per halving

@@ -245,7 +245,10 @@ class Diagnosis:
             error = describe_exception(exc, tb)
         try:
             self._after_stop()
-            self.session = self._build_session(status, error)
+            try:
+                self.session = self._build_session(status, error)
+            finally:
+                self.run.traces.clear()  # the sections' shared reads of the trace, held no longer
             self._write_outputs()
         except Exception as failure:  # ampdiag's own bug must not replace the user's outcome
             print(

@@ -66,6 +66,7 @@ class RunContext:
             (set by the profiler collector; the memory collector reads the same profile
             rather than running a second profiler).
         trace_files: The Kineto trace files this run wrote (set when the profiler stops).
+        traces: The trace files read so far (`read_trace`), until the session is built.
         block_raised: Whether the user's block raised; None until the block has ended.
         before_scaler_step: Listeners the scaler collector calls before ``GradScaler.step``
             (the gradients collector reads the still-scaled gradients there).
@@ -93,6 +94,20 @@ class RunContext:
     memory_probes: list[dict[str, Any]] = field(default_factory=list)
     thread: int = field(default_factory=threading.get_ident)
     warnings: list[str] = field(default_factory=list)
+    traces: dict[Path, Any] = field(default_factory=dict, repr=False)
+
+    def read_trace(self, path: Path) -> Any:
+        """One of this run's trace files, read once for every section that needs it.
+
+        The memory timeline and the profiler's step breakdown each need the whole trace: one
+        read (decompressing and decoding it) less at the user's exit. The caller must not
+        change what it gets; `Diagnosis` forgets the reads once the session is built.
+        """
+        from ampdiag.trace.reader import read_trace
+
+        if path not in self.traces:
+            self.traces[path] = read_trace(path)
+        return self.traces[path]
 
     def on_block_thread(self) -> bool:
         """Whether the caller runs in the block's thread (hooks fire in any thread)."""

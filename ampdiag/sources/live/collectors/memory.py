@@ -55,7 +55,6 @@ from ampdiag.sources.live.collectors.base import (
 )
 from ampdiag.sources.live.patching import Patches
 from ampdiag.sources.live.saved_activations import ParameterIndex, saved_by_graph
-from ampdiag.trace.reader import read_trace
 
 log = logging.getLogger("ampdiag")
 
@@ -332,7 +331,7 @@ class MemoryCollector(Collector):
             for n in sorted({*self._known_by_step, *self._inputs_by_step})
         }
         files = run.trace_files
-        trace = read_trace(max(files, key=lambda p: p.stat().st_mtime)) if files else None
+        trace = run.read_trace(max(files, key=lambda p: p.stat().st_mtime)) if files else None
         prof = run.profile
         small = trace is None or trace.events <= TORCH_CATEGORIZER_MAX_EVENTS
         if prof is not None and small:
