@@ -22,38 +22,19 @@ import torch
 from torch import nn
 
 from ampdiag.session import Session
-from tests.scenarios import models
+from tests.scenarios import models, nan_origin
 from tests.scenarios.harness import Expect, Scenario, Truth, diagnose, seeded, session_of
 
 AT, STEPS = 3, 8
 
 
-class _Op(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, h: torch.Tensor, block: Block) -> torch.Tensor:
-        ctx.block = block
-        return h.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        block = ctx.block
-        if block.now == AT:
-            out = grad * float("nan")
-            if bool(torch.isfinite(grad).all()) and not bool(torch.isfinite(out).all()):
-                block.fired.append(block.now)
-            return out, None
-        return grad, None
-
-
-class Block(nn.Module):
+class Block(nan_origin.Injecting):
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.mlp = nn.Linear(dim, dim)
-        self.now = -1
-        self.fired: list[int] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + _Op.apply(self.mlp(x), self)  # type: ignore[no-untyped-call,no-any-return]
+        return x + nan_origin.NaNGrad.apply(self.mlp(x), self, AT)  # type: ignore[no-untyped-call,no-any-return]
 
 
 class Net(nn.Module):
@@ -63,7 +44,7 @@ class Net(nn.Module):
         self.block = Block(64)
         self.head = nn.Linear(64, 10)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> Any:
         return self.head(self.block(torch.relu(self.inp(x))))
 
 

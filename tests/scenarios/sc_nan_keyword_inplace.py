@@ -21,17 +21,16 @@ import torch
 from torch import nn
 
 from ampdiag.session import Session
-from tests.scenarios.harness import Expect, Scenario, Truth, diagnose, seeded, session_of
+from tests.scenarios import nan_origin
+from tests.scenarios.harness import Expect, Scenario, Truth
 
-AT, STEPS, VOCAB, DIM, TOKENS = 2, 6, 50, 32, 8
+AT = 2
 
 
-class Attention(nn.Module):
+class Attention(nan_origin.Injecting):
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.proj = nn.Linear(dim, dim)
-        self.now = -1
-        self.fired: list[int] = []
 
     def forward(self, *, hidden_states: torch.Tensor) -> Any:
         if self.now == AT:  # the injection: in place, in its own code
@@ -42,43 +41,9 @@ class Attention(nn.Module):
         return self.proj(hidden_states)
 
 
-class Layer(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.ln = nn.LayerNorm(dim)
-        self.attn = Attention(dim)
-
-    def forward(self, *, hidden_states: torch.Tensor) -> Any:
-        return hidden_states + self.attn(hidden_states=self.ln(hidden_states))
-
-
-class Model(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, DIM)
-        self.layer = Layer(DIM)
-        self.head = nn.Linear(DIM, VOCAB)
-
-    def forward(self, *, input_ids: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
-        logits = self.head(self.layer(hidden_states=self.embed(input_ids)))
-        loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
-        return {"loss": loss, "logits": logits}
-
-
 def run(out: Path) -> tuple[Session, Truth]:
-    with seeded(0):
-        model = Model()
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        g = torch.Generator().manual_seed(1)
-        data = [torch.randint(0, VOCAB, (8, TOKENS + 1), generator=g) for _ in range(STEPS)]
-        names = {m: n for n, m in model.named_modules()}
-        attn = model.layer.attn
-        with diagnose(out) as d:
-            for step, ids in enumerate(data):
-                attn.now = step
-                opt.zero_grad(set_to_none=True)
-                model(input_ids=ids[:, :-1], labels=ids[:, 1:])["loss"].backward()
-                opt.step()
+    r = nan_origin.train(out, lambda dim: nan_origin.Layer(dim, Attention), masked=False)
+    attn, names = r.one(Attention), r.names
     # the divergence replay runs the step's forward again: the same step, once more
     assert set(attn.fired) == {AT}, attn.fired
     between = [None, names[attn.proj]]
@@ -93,7 +58,7 @@ def run(out: Path) -> tuple[Session, Truth]:
             "between": (between, 0.0),
         },
     )
-    return session_of(d), Truth(expect=[expect], measured=measured)
+    return r.session, Truth(expect=[expect], measured=measured)
 
 
 SCENARIO = Scenario(

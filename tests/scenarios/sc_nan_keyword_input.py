@@ -27,10 +27,11 @@ import torch
 from torch import nn
 
 from ampdiag.session import Session
+from tests.scenarios import nan_origin
 from tests.scenarios.divergence import origin_fix_fits
-from tests.scenarios.harness import Expect, Scenario, Truth, diagnose, seeded, session_of
+from tests.scenarios.harness import Expect, Scenario, Truth
 
-AT, STEPS, VOCAB, DIM, TOKENS = 2, 6, 50, 32, 8
+AT = 2
 
 
 class Attention(nn.Module):
@@ -54,13 +55,11 @@ class Attention(nn.Module):
         return self.o_proj(scores.softmax(-1) @ self.v_proj(hidden_states))
 
 
-class Layer(nn.Module):
+class Layer(nan_origin.Injecting):  # fired: steps at which its own code made the inf
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.ln = nn.LayerNorm(dim)
         self.attn = Attention(dim)
-        self.now = -1
-        self.fired: list[int] = []  # steps at which its own code made the inf
 
     def forward(self, *, hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> Any:
         h = self.ln(hidden_states)
@@ -75,40 +74,15 @@ class Layer(nn.Module):
         return hidden_states + out
 
 
-class Model(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, DIM)
-        self.layer = Layer(DIM)
-        self.head = nn.Linear(DIM, VOCAB)
-
-    def forward(self, *, input_ids: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
-        t = input_ids.shape[1]
-        mask = torch.full((t, t), float("-inf")).triu(1)  # -inf above the diagonal, by design
-        h = self.layer(hidden_states=self.embed(input_ids), attention_mask=mask)
-        logits = self.head(h)
-        loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
-        return {"loss": loss, "logits": logits}
-
-
 def run(out: Path) -> tuple[Session, Truth]:
-    with seeded(0):
-        model = Model()
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        g = torch.Generator().manual_seed(1)
-        data = [torch.randint(0, VOCAB, (8, TOKENS + 1), generator=g) for _ in range(STEPS)]
-        names = {m: n for n, m in model.named_modules()}
-        layer = model.layer
-        bad_loss: list[int] = []
-        with diagnose(out) as d:
-            for step, ids in enumerate(data):
-                layer.now = step
-                opt.zero_grad(set_to_none=True)
-                loss = model(input_ids=ids[:, :-1], labels=ids[:, 1:])["loss"]
-                if not bool(torch.isfinite(loss)):
-                    bad_loss.append(step)
-                loss.backward()
-                opt.step()
+    bad_loss: list[int] = []
+
+    def watch(step: int, loss: torch.Tensor) -> None:
+        if not bool(torch.isfinite(loss)):
+            bad_loss.append(step)
+
+    r = nan_origin.train(out, Layer, masked=True, before_backward=watch)
+    layer, names = r.one(Layer), r.names
     # the divergence replay runs the step's forward again: the same step, once more
     assert set(layer.fired) == {AT}, layer.fired
     between = [names[layer.ln], names[layer.attn]]
@@ -128,7 +102,7 @@ def run(out: Path) -> tuple[Session, Truth]:
             "between": (between, 0.0),
         },
     )
-    session = session_of(d)
+    session = r.session
 
     def diverged_guards_the_layer(s: Session) -> str | None:
         # the lead fix (nonfinite-origin is merged under it) guards the op where it was made,

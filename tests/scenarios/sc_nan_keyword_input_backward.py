@@ -21,76 +21,24 @@ import torch
 from torch import nn
 
 from ampdiag.session import Session
-from tests.scenarios.harness import Expect, Scenario, Truth, diagnose, seeded, session_of
+from tests.scenarios import nan_origin
+from tests.scenarios.harness import Expect, Scenario, Truth
 
-AT, STEPS, VOCAB, DIM, TOKENS = 3, 6, 50, 32, 8
-
-
-class _Op(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, h: torch.Tensor, attn: Attention) -> torch.Tensor:
-        ctx.attn = attn
-        return h.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        attn = ctx.attn
-        if attn.now == AT:
-            out = grad * float("nan")
-            if bool(torch.isfinite(grad).all()) and not bool(torch.isfinite(out).all()):
-                attn.fired.append(attn.now)
-            return out, None
-        return grad, None
+AT = 3
 
 
-class Attention(nn.Module):
+class Attention(nan_origin.Injecting):
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.proj = nn.Linear(dim, dim)
-        self.now = -1
-        self.fired: list[int] = []
 
     def forward(self, *, hidden_states: torch.Tensor) -> Any:
-        return self.proj(_Op.apply(hidden_states, self))  # type: ignore[no-untyped-call]
-
-
-class Layer(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.ln = nn.LayerNorm(dim)
-        self.attn = Attention(dim)
-
-    def forward(self, *, hidden_states: torch.Tensor) -> Any:
-        return hidden_states + self.attn(hidden_states=self.ln(hidden_states))
-
-
-class Model(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, DIM)
-        self.layer = Layer(DIM)
-        self.head = nn.Linear(DIM, VOCAB)
-
-    def forward(self, *, input_ids: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
-        logits = self.head(self.layer(hidden_states=self.embed(input_ids)))
-        loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
-        return {"loss": loss, "logits": logits}
+        return self.proj(nan_origin.NaNGrad.apply(hidden_states, self, AT))  # type: ignore[no-untyped-call]
 
 
 def run(out: Path) -> tuple[Session, Truth]:
-    with seeded(0):
-        model = Model()
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        g = torch.Generator().manual_seed(1)
-        data = [torch.randint(0, VOCAB, (8, TOKENS + 1), generator=g) for _ in range(STEPS)]
-        names = {m: n for n, m in model.named_modules()}
-        attn = model.layer.attn
-        with diagnose(out) as d:
-            for step, ids in enumerate(data):
-                attn.now = step
-                opt.zero_grad(set_to_none=True)
-                model(input_ids=ids[:, :-1], labels=ids[:, 1:])["loss"].backward()
-                opt.step()
+    r = nan_origin.train(out, lambda dim: nan_origin.Layer(dim, Attention), masked=False)
+    attn, names = r.one(Attention), r.names
     # the divergence replay runs the step's backward again: the same step, once more
     assert set(attn.fired) == {AT}, attn.fired
     between = [None, names[attn.proj]]
@@ -105,7 +53,7 @@ def run(out: Path) -> tuple[Session, Truth]:
             "between": (between, 0.0),
         },
     )
-    return session_of(d), Truth(expect=[expect], measured=measured)
+    return r.session, Truth(expect=[expect], measured=measured)
 
 
 SCENARIO = Scenario(

@@ -22,19 +22,18 @@ import torch
 from torch import nn
 
 from ampdiag.session import Session
-from tests.scenarios.harness import Expect, Scenario, Truth, diagnose, seeded, session_of
+from tests.scenarios import nan_origin
+from tests.scenarios.harness import Expect, Scenario, Truth
 
-AT, STEPS, VOCAB, DIM, TOKENS = 2, 6, 50, 32, 8
+AT = 2
 
 
-class Attention(nn.Module):
+class Attention(nan_origin.Injecting):
     """Single-head causal self-attention with its own weights, inputs by keyword only."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.wq, self.wk, self.wv = (nn.Parameter(torch.randn(dim, dim) / dim**0.5) for _ in "qkv")
-        self.now = -1
-        self.fired: list[int] = []
 
     def forward(self, *, attention_mask: torch.Tensor, hidden_states: torch.Tensor) -> Any:
         q, k = hidden_states @ self.wq, hidden_states @ self.wk
@@ -47,47 +46,9 @@ class Attention(nn.Module):
         return (scores + attention_mask).softmax(-1) @ (hidden_states @ self.wv)
 
 
-class Layer(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.ln = nn.LayerNorm(dim)
-        self.attn = Attention(dim)
-
-    def forward(self, *, hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> Any:
-        h = self.ln(hidden_states)
-        return hidden_states + self.attn(attention_mask=attention_mask, hidden_states=h)
-
-
-class Model(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, DIM)
-        self.layer = Layer(DIM)
-        self.head = nn.Linear(DIM, VOCAB)
-
-    def forward(self, *, input_ids: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
-        t = input_ids.shape[1]
-        mask = torch.full((t, t), float("-inf")).triu(1)  # -inf above the diagonal, by design
-        h = self.layer(hidden_states=self.embed(input_ids), attention_mask=mask)
-        logits = self.head(h)
-        loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
-        return {"loss": loss, "logits": logits}
-
-
 def run(out: Path) -> tuple[Session, Truth]:
-    with seeded(0):
-        model = Model()
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        g = torch.Generator().manual_seed(1)
-        data = [torch.randint(0, VOCAB, (8, TOKENS + 1), generator=g) for _ in range(STEPS)]
-        names = {m: n for n, m in model.named_modules()}
-        attn = model.layer.attn
-        with diagnose(out) as d:
-            for step, ids in enumerate(data):
-                attn.now = step
-                opt.zero_grad(set_to_none=True)
-                model(input_ids=ids[:, :-1], labels=ids[:, 1:])["loss"].backward()
-                opt.step()
+    r = nan_origin.train(out, lambda dim: nan_origin.Layer(dim, Attention), masked=True)
+    attn, names = r.one(Attention), r.names
     # the divergence replay runs the step's forward again: the same step, once more
     assert set(attn.fired) == {AT}, attn.fired
     measured = {"first_step": attn.fired[0], "module": names[attn]}
@@ -97,7 +58,7 @@ def run(out: Path) -> tuple[Session, Truth]:
         step=attn.fired[0],
         evidence={"phase": ("forward", 0.0), "parent_code": (False, 0.0)},
     )
-    return session_of(d), Truth(expect=[expect], measured=measured)
+    return r.session, Truth(expect=[expect], measured=measured)
 
 
 SCENARIO = Scenario(
