@@ -6,7 +6,7 @@ Printed: the plain run's time, the block's time under ``diagnose()`` (its steps)
 exit's (``__exit__``: export, reading back, analysis, report), in seconds.
 
     flock /tmp/bench.lock python -m benchmarks.bench_bigwindow [--length 200] [--steps 3]
-        [--profile-exit FILE]
+        [--long-step-s 2.0] [--profile-exit FILE]
 """
 
 from __future__ import annotations
@@ -52,10 +52,17 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=200)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--profile-exit", default="")
+    ap.add_argument("--long-step-s", type=float, default=2.0, help="0: the window as before")
     args = ap.parse_args()
     plain = steps(contextlib.nullcontext(), args.length, args.steps)
     with tempfile.TemporaryDirectory() as out:
-        block = ampdiag.diagnose(out=out, report=False, tensorboard=False, console=False)
+        block = ampdiag.diagnose(
+            out=out,
+            report=False,
+            tensorboard=False,
+            console=False,
+            profile_long_step_s=args.long_step_s,
+        )
         inside = steps(block, args.length, args.steps)
         t0 = time.perf_counter()
         if args.profile_exit:
