@@ -190,15 +190,16 @@ def is_profiled_step(config: DiagnoseConfig, step: int, active: int | None = Non
     return config.profile and first <= step < first + n
 
 
-def is_sampled_step(config: DiagnoseConfig, step: int) -> bool:
+def is_sampled_step(config: DiagnoseConfig, step: int, active: int | None = None) -> bool:
     """Whether ``step`` is sampled under ``config`` (see `DiagnoseConfig.sample_every`).
 
     ``sample_every=N > 0``: every N-th step. ``0`` (automatic): every one of the first
-    ``sample_first`` steps, then every ``sample_period``-th, never a step the profiler records.
+    ``sample_first`` steps, then every ``sample_period``-th, never a step the profiler records
+    (``active``: as in `is_profiled_step`).
     """
     if config.sample_every > 0:
         return step % config.sample_every == 0
-    if is_profiled_step(config, step):
+    if is_profiled_step(config, step, active):
         return False
     if step < config.sample_first:
         return True

@@ -139,7 +139,7 @@ class RunContext:
 
     def is_sampled(self, step: int | None = None) -> bool:
         """Whether the sampled collectors run on this step (default: the step in progress)."""
-        return is_sampled_step(self.config, self.window_step(step))
+        return is_sampled_step(self.config, self.window_step(step), self.profile_active)
 
     def is_profiled(self, step: int | None = None) -> bool:
         """Whether the profiler records this step (default: the step in progress)."""
