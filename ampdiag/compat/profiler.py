@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import sys
 from typing import Any
 
 import torch
@@ -149,7 +150,7 @@ def _earliest_longest(span: tuple[int, int, str]) -> tuple[int, int]:
     return span[0], -span[1]
 
 
-_LAST = ((float("inf"), float("inf"), ""),)
+_LAST = ((sys.maxsize, sys.maxsize, ""),)
 """A span after every other: it closes what is still open (and is never counted)."""
 
 
