@@ -21,6 +21,14 @@ class DiagnoseConfig:
         profile_skip: Steps skipped at the start before the profiler records (warm-up).
         profile_warmup: Profiler warm-up steps (traced but discarded), after the skip.
         profile_active: Steps the profiler records.
+        profile_long_step_s: A step before the profiler's window (the last skipped or warm-up
+            step) that takes longer than this many seconds: the profiler records one step
+            rather than ``profile_active`` (a run warning says so: "1 step recorded: steps
+            take N s"). A long step of small ops (an LBFGS step's 20 closure evaluations over
+            an unrolled LSTM) is millions of profiler events, each recorded step tens of
+            seconds of the user's exit (torch's own trace processing and export, then reading
+            it back). ``0`` turns it off; without a step before the window
+            (``profile_skip = profile_warmup = 0``) it never applies.
         record_shapes: Record input shapes in the trace.
         profile_memory: Record allocator events in the trace.
         with_stack: Record Python stacks in the trace (costly).
@@ -98,6 +106,7 @@ class DiagnoseConfig:
     profile_skip: int = 1
     profile_warmup: int = 1
     profile_active: int = 3
+    profile_long_step_s: float = 2.0
     record_shapes: bool = True
     profile_memory: bool = True
     with_stack: bool = False
@@ -137,6 +146,7 @@ class Settings(TypedDict, total=False):
     profile_skip: int
     profile_warmup: int
     profile_active: int
+    profile_long_step_s: float
     record_shapes: bool
     profile_memory: bool
     with_stack: bool
@@ -169,21 +179,27 @@ class Settings(TypedDict, total=False):
     trigger_steps: int
 
 
-def is_profiled_step(config: DiagnoseConfig, step: int) -> bool:
-    """Whether the profiler records ``step`` (after ``profile_skip + profile_warmup`` steps)."""
+def is_profiled_step(config: DiagnoseConfig, step: int, active: int | None = None) -> bool:
+    """Whether the profiler records ``step`` (after ``profile_skip + profile_warmup`` steps).
+
+    ``active``: the steps it records when not ``profile_active`` (a window shortened for long
+    steps, `RunContext.profile_active`).
+    """
     first = config.profile_skip + config.profile_warmup
-    return config.profile and first <= step < first + config.profile_active
+    n = config.profile_active if active is None else active
+    return config.profile and first <= step < first + n
 
 
-def is_sampled_step(config: DiagnoseConfig, step: int) -> bool:
+def is_sampled_step(config: DiagnoseConfig, step: int, active: int | None = None) -> bool:
     """Whether ``step`` is sampled under ``config`` (see `DiagnoseConfig.sample_every`).
 
     ``sample_every=N > 0``: every N-th step. ``0`` (automatic): every one of the first
-    ``sample_first`` steps, then every ``sample_period``-th, never a step the profiler records.
+    ``sample_first`` steps, then every ``sample_period``-th, never a step the profiler records
+    (``active``: as in `is_profiled_step`).
     """
     if config.sample_every > 0:
         return step % config.sample_every == 0
-    if is_profiled_step(config, step):
+    if is_profiled_step(config, step, active):
         return False
     if step < config.sample_first:
         return True

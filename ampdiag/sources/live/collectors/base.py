@@ -75,6 +75,8 @@ class RunContext:
         memory_probes: Results of `ampdiag.memory_probe` run inside this block.
         thread: The thread that entered the block: the only one whose training it observes.
         warnings: What the session's report must say went unobserved or wrong (`warn`).
+        profile_active: The steps the profiler records when its window was shortened
+            (``DiagnoseConfig.profile_long_step_s``), else None: ``config.profile_active``.
     """
 
     out: Path
@@ -94,6 +96,7 @@ class RunContext:
     memory_probes: list[dict[str, Any]] = field(default_factory=list)
     thread: int = field(default_factory=threading.get_ident)
     warnings: list[str] = field(default_factory=list)
+    profile_active: int | None = None
     traces: dict[Path, Any] = field(default_factory=dict, repr=False)
 
     def read_trace(self, path: Path) -> Any:
@@ -136,11 +139,11 @@ class RunContext:
 
     def is_sampled(self, step: int | None = None) -> bool:
         """Whether the sampled collectors run on this step (default: the step in progress)."""
-        return is_sampled_step(self.config, self.window_step(step))
+        return is_sampled_step(self.config, self.window_step(step), self.profile_active)
 
     def is_profiled(self, step: int | None = None) -> bool:
         """Whether the profiler records this step (default: the step in progress)."""
-        return is_profiled_step(self.config, self.window_step(step))
+        return is_profiled_step(self.config, self.window_step(step), self.profile_active)
 
     @property
     def model(self) -> torch.nn.Module | None:

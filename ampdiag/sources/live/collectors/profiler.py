@@ -87,11 +87,14 @@ class ProfilerCollector(Collector):
         # allocated before profiling (no rate limit without glog), inside the user's steps
         self._window_log: contextlib.ExitStack | None = None
         self._ready: tuple[profile, Callable[[profile], None]] | None = None
+        self._step_began = time.perf_counter()  # when the step in progress began
+        self._active: int | None = None  # the steps recorded when the window was shortened
 
     def start(self, run: RunContext) -> None:
         """Starts the profiler, unless another one runs (then the block runs without it)."""
         cfg = run.config
         self._run = run
+        self._step_began = time.perf_counter()
         self._thread = threading.get_ident()
         busy = compat_profiler.running()
         if busy is None and not exclusive.claim(exclusive.PROFILER, self):
@@ -188,6 +191,7 @@ class ProfilerCollector(Collector):
         """Advances the profiler's schedule (or stops it when another profiler records)."""
         local = run.window_step(step)  # the schedule counts from the block's first step
         self._steps_seen = local + 1
+        began, self._step_began = self._step_began, time.perf_counter()
         if self._prof is None:
             return
         busy = compat_profiler.running(ignore=self._prof) if self._may_check(local) else None
@@ -197,9 +201,15 @@ class ProfilerCollector(Collector):
             self._skipped = f"{why} at step {step + 1}"
             run.warn(f"ampdiag's profiler stopped at step {step + 1}: {why}", user=True)
             return
+        cfg = run.config
+        first = cfg.profile_skip + cfg.profile_warmup
+        if local + 1 == first:
+            self._shorten_for(run, self._step_began - began)
         if run.is_profiled(step):
             self._recorded_steps.append(step)
-        cfg = run.config
+        if self._active is not None and local + 1 >= first + self._active:
+            self._stop_profiler()  # the shortened window is over: its trace is written
+            return
         if local + 1 >= cfg.profile_skip:
             self._hold_native_log()  # the warm-up begins with this step()
         primer = native_log.prime_allocator_warning()
@@ -210,6 +220,26 @@ class ProfilerCollector(Collector):
             # the window is over and its trace written: stopping now costs nothing later,
             # where stepping an idle profiler cost every step a captured fd 2 and a temp file
             self._stop_profiler()
+
+    def _shorten_for(self, run: RunContext, step_s: float) -> None:
+        """Records one step when the step before the window took ``profile_long_step_s``.
+
+        Every event a recorded step holds costs the user's exit (torch's processing of the
+        recorded events, its export, reading the trace back): a long step of small ops is
+        millions of them, tens of seconds each step. Decided from the step's own duration
+        (``step_s``), before any is recorded; the other collectors see the shorter window
+        (`RunContext.is_profiled`).
+        """
+        cfg = run.config
+        if not 0 < cfg.profile_long_step_s <= step_s or cfg.profile_active <= 1:
+            return
+        self._active = run.profile_active = 1
+        run.warn(
+            f"1 step recorded: steps take {step_s:.1f} s (profile_active={cfg.profile_active} "
+            f"asked; steps over profile_long_step_s={cfg.profile_long_step_s:g} s record one, "
+            "each recorded step of many small ops costing the exit seconds)",
+            user=True,
+        )
 
     def _may_check(self, step: int) -> bool:
         """Whether to look for another profiler as ``step`` (counted in the block) ends.
@@ -283,7 +313,7 @@ class ProfilerCollector(Collector):
             "schedule": {
                 "skip": self._run.config.profile_skip,
                 "warmup": self._run.config.profile_warmup,
-                "active": self._run.config.profile_active,
+                "active": self._active or self._run.config.profile_active,
             },
             "steps_seen": self._steps_seen,
             "recorded_steps": self._recorded_steps if files else [],

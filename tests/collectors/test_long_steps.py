@@ -1,0 +1,77 @@
+"""Steps longer than ``profile_long_step_s``: the profiler records one step, and says so.
+
+A long step of many small ops is millions of profiler events, each recorded step tens of
+seconds of the user's exit. Truth: each step's duration measured by the test around the step
+itself (the step before the profiler's window decides), and the profiler steps counted in the
+trace file the run wrote (its ``ProfilerStep#N`` events, read with ``json``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import ampdiag
+
+LONG_S = 0.25
+
+
+def run(out: Path, pause_s: float, steps: int = 7) -> tuple[Any, list[float]]:
+    """Trains a small model for ``steps`` steps each lasting ``pause_s`` more; their times."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    took: list[float] = []
+    d = ampdiag.diagnose(
+        out=out, report=False, tensorboard=False, console=False, profile_long_step_s=LONG_S
+    )
+    warned = pytest.warns(RuntimeWarning, match="1 step recorded")
+    with warned if pause_s else contextlib.nullcontext(), d:
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            model(torch.randn(4, 8)).sum().backward()
+            time.sleep(pause_s)
+            opt.step()
+            took.append(time.perf_counter() - t0)
+    return d, took
+
+
+def profiler_steps(out: Path) -> dict[str, float]:
+    """The trace's ``ProfilerStep#N`` events: name -> duration (s)."""
+    (trace,) = (out / "trace").glob("*.pt.trace.json.gz")
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    return {
+        e["name"]: e["dur"] / 1e6
+        for e in events
+        if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X"
+    }
+
+
+def test_long_steps_record_one_step_and_a_warning_says_so(tmp_path: Path) -> None:
+    d, took = run(tmp_path / "long", pause_s=LONG_S + 0.1)
+    assert took[1] > LONG_S  # the step before the window (skip 1, warm-up 1), as measured
+    recorded = profiler_steps(tmp_path / "long")
+    assert list(recorded) == ["ProfilerStep#2"]
+    assert recorded["ProfilerStep#2"] < took[2] + took[3] / 2  # it ends with its step
+    prof = d.session.section("profiler")
+    assert prof["recorded_steps"] == [2]
+    (warning,) = [w for w in d.run.warnings if w.startswith("1 step recorded")]
+    shown = float(warning.split("steps take ")[1].split(" s")[0])
+    assert shown == pytest.approx(took[1], abs=0.1)  # the step time the test measured
+
+
+def test_short_steps_record_the_configured_window(tmp_path: Path) -> None:
+    d, took = run(tmp_path / "short", pause_s=0.0)
+    assert max(took[:2]) < LONG_S
+    assert sorted(profiler_steps(tmp_path / "short")) == [f"ProfilerStep#{i}" for i in (2, 3, 4)]
+    assert d.session.section("profiler")["recorded_steps"] == [2, 3, 4]
+    assert not [w for w in d.run.warnings if "step recorded" in w]
