@@ -8,7 +8,8 @@ Wrap training in ``with ampdiag.diagnose():`` and open the report it writes::
             ...
     print(d.out / "report.html")
 
-Importing ampdiag is light: torch, pandas and HTA load only when used (matplotlib never).
+Importing ampdiag is light: torch, pandas, HTA and matplotlib load only when used
+(matplotlib only for ``ampdiag.plot``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from ampdiag._version import __version__
 from ampdiag.errors import InputError, OutputError
 
 if TYPE_CHECKING:
+    import os
+
+    from matplotlib.figure import Figure
+
     from ampdiag.analysis import analyze
     from ampdiag.analysis.diff import diff
     from ampdiag.config import DiagnoseConfig
@@ -47,6 +52,7 @@ __all__ = [
     "diff",
     "load",
     "memory_probe",
+    "plot",
     "run",
 ]
 
@@ -104,6 +110,21 @@ def _register_notebook_display() -> None:
 
 
 _register_notebook_display()
+
+
+def plot(source: Session | str | os.PathLike[str]) -> dict[str, Figure]:
+    """The run's figures as matplotlib Figures: ``steps``, ``underflow``, ``precision``, ``memory``.
+
+    ``source`` is a Session or anything `load` opens. Made with matplotlib's object API: the
+    backend and rcParams are left as they were. Needs matplotlib (``ampdiag[plot]``).
+    """
+    from pathlib import Path
+
+    from ampdiag.render import plot as figures
+    from ampdiag.session import Session
+    from ampdiag.sources import load
+
+    return figures.plot(source if isinstance(source, Session) else load(Path(source)))
 
 
 def __getattr__(name: str) -> Any:

@@ -18,12 +18,12 @@ from typing import Any, NoReturn
 from ampdiag._layout import REPORT_FILE
 from ampdiag._version import __version__
 from ampdiag.errors import InputError
+from ampdiag.render.registry import RENDERERS
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_GATE = 0, 1, 2, 3
 REPORT_COMMANDS = frozenset({"report", "diff"})
 """Commands that read files and write a report: no user code, no linear algebra, and nothing
 left open once their output is written."""
-FORMATS = ("html", "console", "json", "tensorboard")
 GATES = ("high", "medium", "low")
 
 
@@ -90,11 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument(
         "--format",
-        choices=FORMATS,
+        choices=tuple(RENDERERS),
         default="html",
         help="html: report.html in --out (the default); console: the summary on stdout; "
         "json: the session with fresh findings on stdout; tensorboard: event files in "
-        "--out/tensorboard/",
+        "--out/tensorboard/; png, pdf: the figures in --out/figures/ (needs matplotlib)",
     )
     report.add_argument("--out", help="output folder (default: the session folder itself)")
     report.add_argument("--fail-on", choices=GATES, help="exit 3 if a finding this severe exists")
@@ -249,34 +249,22 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from ampdiag.analysis import analyze
-    from ampdiag.session import SEVERITIES, dumps
+    from ampdiag.session import SEVERITIES
     from ampdiag.sources import load
 
     path = Path(args.path)
     session = load(path, hta=args.hta)
     # Re-analyze: rules are pure functions of the session, and a newer ampdiag may know more.
     session.findings = analyze(session)
-    if args.format == "json":
-        print(dumps(session.to_dict()))
-    elif args.format == "console":
-        from ampdiag.render.console import summary
-
-        print(summary(session))
+    renderer = RENDERERS[args.format]
+    if renderer.stdout:
+        renderer.write(session, Path())
     else:
         out = Path(args.out) if args.out else (session.path or path)
         if out.is_file():
             out = out.parent
         _check_out(out)
-        if args.format == "html":
-            from ampdiag.render.html import write_html
-
-            if session.path is None or Path(out) != session.path:
-                session.save(out)
-            print(write_html(session, out))
-        else:
-            from ampdiag.render.tensorboard import write_tensorboard
-
-            print(write_tensorboard(session, out))
+        print(renderer.write(session, out))
     if args.fail_on:
         limit = SEVERITIES.index(args.fail_on)
         worst = [f for f in session.findings if SEVERITIES.index(f.severity) <= limit]

@@ -126,7 +126,7 @@ def test_tensorboard_format(tmp_path, capsys) -> None:
     ("argv", "needle"),
     [
         (["report", "/nonexistent/x"], "no such file"),
-        (["report", "PLACEHOLDER", "--format", "pdf"], "invalid choice"),
+        (["report", "PLACEHOLDER", "--format", "docx"], "invalid choice"),
         (["report", "PLACEHOLDER", "--fail-on", "critical"], "invalid choice"),
         (["report"], "required"),
         (["report", "BADJSON"], "cannot read session"),

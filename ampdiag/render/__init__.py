@@ -16,25 +16,21 @@ log = logging.getLogger("ampdiag")
 
 
 def render_all(session: Session, out: Path, config: DiagnoseConfig | None = None) -> None:
-    """Writes report.html, tensorboard/ and the console summary, as the config asks.
+    """Writes the outputs the config asks for (`RENDERERS`' settings), then the summary.
 
     A renderer that fails is reported on stderr and the others still run: the session on disk
     is what matters, and ``ampdiag report`` can re-render it.
     """
     from ampdiag.render.console import summary
-    from ampdiag.render.html import write_html
-    from ampdiag.render.tensorboard import write_tensorboard
+    from ampdiag.render.registry import RENDERERS
 
-    report: Path | None = None
-    if config is None or config.report:
+    written: dict[str, Path | None] = {}
+    for renderer in RENDERERS.values():
+        if renderer.setting is None or not (config is None or getattr(config, renderer.setting)):
+            continue
         try:
-            report = write_html(session, out)
+            written[renderer.name] = renderer.write(session, out)
         except Exception as exc:
-            print(f"ampdiag: the HTML report failed: {exc!r}", file=sys.stderr)
-    if config is None or config.tensorboard:
-        try:
-            write_tensorboard(session, out)
-        except Exception as exc:
-            print(f"ampdiag: the TensorBoard output failed: {exc!r}", file=sys.stderr)
+            print(f"ampdiag: the {renderer.name} output failed: {exc!r}", file=sys.stderr)
     if config is None or config.console:
-        print(summary(session, report), file=sys.stderr)
+        print(summary(session, written.get("html")), file=sys.stderr)
