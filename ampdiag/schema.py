@@ -55,11 +55,22 @@ class Environment(TypedDict, total=False):
 
 
 class Step(TypedDict, total=False):
-    """One training step (``steps[i]``), see `ampdiag.session.StepRecord`."""
+    """One training step (``steps[i]``).
+
+    Attributes:
+        index: Step number, from 0, counted from the start of the diagnosed block.
+        wall_s: Wall-clock time from the previous step boundary to this one.
+        loss: The step's loss where one was seen: the sum of the losses given to the scaler
+            (else passed to backward) over the step's micro-batches.
+        profiled: Whether the profiler was recording this step.
+        sampled: Whether the sampled (more expensive) collectors ran on this step.
+        micro_batches: Backward passes in this step that reached the model's first trainable
+            parameter (gradient accumulation: more than 1); None when no model was known.
+    """
 
     index: int
     wall_s: float
-    loss: float | str | None  # a non-finite loss reads back as "nan", "inf" or "-inf"
+    loss: float | None  # NaN and inf too (session.json holds them as "nan", "inf", "-inf")
     profiled: bool
     sampled: bool
     micro_batches: int | None

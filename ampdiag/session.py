@@ -75,40 +75,6 @@ class Finding:
 
 
 @dataclass
-class StepRecord:
-    """What was seen of one training step.
-
-    Attributes:
-        index: Step number, from 0, counted from the start of the diagnosed block.
-        wall_s: Wall-clock time from the previous step boundary to this one.
-        loss: The step's loss where one was seen: the sum of the losses given to the scaler
-            (else passed to backward) over the step's micro-batches.
-        profiled: Whether the profiler was recording this step.
-        sampled: Whether the sampled (more expensive) collectors ran on this step.
-        micro_batches: Backward passes in this step that reached the model's first trainable
-            parameter (gradient accumulation: more than 1); None when no model was known.
-    """
-
-    index: int
-    wall_s: float
-    loss: float | None = None
-    profiled: bool = False
-    sampled: bool = False
-    micro_batches: int | None = None
-
-    def to_dict(self) -> schema.Step:
-        """Returns the JSON form."""
-        return schema.Step(
-            index=self.index,
-            wall_s=self.wall_s,
-            loss=self.loss,
-            profiled=self.profiled,
-            sampled=self.sampled,
-            micro_batches=self.micro_batches,
-        )
-
-
-@dataclass
 class Session:
     """A diagnosed run, ready to analyze and render.
 
@@ -117,7 +83,7 @@ class Session:
         error: For status "error": {"type", "message"} of the exception.
         environment: torch version, device and its name, autocast seen, world size, rank.
         config: The settings diagnose() ran with.
-        steps: One record per step, as dicts (see StepRecord).
+        steps: One record per step (`schema.Step`).
         sections: Collector name -> that collector's JSON section.
         findings: The analysis results, ranked.
         path: The folder this session was saved to or loaded from, if any.
@@ -281,6 +247,21 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+#: How `dumps` writes a non-finite float, and the float `load` reads back for it.
+NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _restore_nonfinite(value: Any) -> Any:
+    """Turns `_json_safe`'s strings back into the floats they were (keys stay as they are)."""
+    if isinstance(value, str):
+        return NONFINITE.get(value, value)
+    if isinstance(value, dict):
+        return {k: _restore_nonfinite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_restore_nonfinite(v) for v in value]
+    return value
+
+
 def dumps(doc: dict[str, Any]) -> str:
     """Serializes a session document as strict JSON (NaN and inf become strings).
 
@@ -326,4 +307,8 @@ def load(path: str | os.PathLike[str]) -> Session:
         raise InputError(f"cannot read session {str(file)!r}: {str(exc)[:300]}") from None
     if not isinstance(doc, dict):
         raise InputError(f"{str(file)!r} is not an ampdiag session (not a JSON object)")
+    # One representation in memory: a NaN loss reads back as the float NaN it was, not "nan".
+    # Only a session that holds one pays the walk (a merge of a thousand ranks reads many).
+    if any(b'"%s"' % k.encode() in raw for k in NONFINITE):
+        doc = _restore_nonfinite(doc)
     return Session.from_dict(doc, path=file.parent)

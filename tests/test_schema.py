@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import subprocess
 import sys
 import typing
@@ -113,7 +114,8 @@ def test_nonfinite_floats_written_as_text_still_load(tmp_path: Path) -> None:
     doc = json.loads(OLD_SESSION.read_text())
     doc["steps"][0]["loss"] = "nan"  # how `dumps` writes a NaN loss
     (tmp_path / "session.json").write_text(json.dumps(doc))
-    assert load(tmp_path).steps[0]["loss"] == "nan"
+    loss = load(tmp_path).steps[0]["loss"]
+    assert isinstance(loss, float) and math.isnan(loss)  # the float it was, not "nan"
 
 
 def test_report_of_a_wrong_shaped_session_exits_2_with_one_line(tmp_path: Path) -> None:

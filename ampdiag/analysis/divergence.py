@@ -60,7 +60,6 @@ THRESHOLDS: dict[str, float] = {
     "scale_collapse_abs": 1.0,
 }
 
-VERDICTS = ("diverged", "stalled", "healthy")
 FP16_MAX = units.count(fp16range.FP16_MAX)
 #: What the result cites of each replay (`divergence_replay.replay_step`).
 REPLAY_KEYS = (

@@ -28,8 +28,6 @@ from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.precision import summarize
 from ampdiag.session import Session
 
-PART = "figures"
-
 
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -20,7 +20,7 @@ tensors ampdiag knows from the live run (the trace read by `ampdiag.trace.reader
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from ampdiag.trace.columns import HOST_CATEGORIES
@@ -37,7 +37,6 @@ CATEGORIES: tuple[str, ...] = (
     "autograd_detail",
     "unknown",
 )
-MODEL_STATE = ("parameters", "gradients", "optimizer_state")
 #: The profiler event the memory collector leaves where it counted a backward's saved tensors.
 SAVED_MARK = "ampdiag::saved_tensors_counted"
 MAX_POINTS = 400
@@ -298,8 +297,3 @@ def as_json(tl: Mapping[str, Any]) -> dict[str, Any]:
         "steps": [{"name": n, "start_ms": s / 1000, "end_ms": e / 1000} for n, s, e in tl["steps"]],
         "source": tl.get("source", ""),
     }
-
-
-def nonzero_categories(tl: Mapping[str, Any]) -> Sequence[str]:
-    """The categories that ever hold bytes, in plot order."""
-    return [c for c in CATEGORIES if any(tl["bytes"].get(c, []))]

@@ -10,7 +10,6 @@ is XML-escaped, so any name renders.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import math
 from collections.abc import Sequence
@@ -416,9 +415,3 @@ def inline(chart: Chart) -> Markup:
     text = draw(chart).encode("utf-8", errors="replace").decode("utf-8")
     text = text.replace(' xmlns="http://www.w3.org/2000/svg"', "", 1)  # HTML knows <svg>
     return Markup(text)  # every text in it was escaped by _t
-
-
-def data_uri(chart: Chart) -> str:
-    """The chart as a ``data:image/svg+xml;base64,...`` URI (lone surrogates replaced)."""
-    data = draw(chart).encode("utf-8", errors="replace")
-    return "data:image/svg+xml;base64," + base64.b64encode(data).decode("ascii")

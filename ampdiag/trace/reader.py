@@ -19,7 +19,6 @@ not a Kineto trace, or not valid JSON, raises :class:`~ampdiag.errors.InputError
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 from ampdiag.trace.decode import read_fast
@@ -47,17 +46,3 @@ def read_trace(path: str | Path, index: int = 0, memory: bool = True) -> RankTra
         return read_fast(p, index, memory)
     except Fallback:
         return read_lenient(p, index, memory)
-
-
-def read_traces(paths: list[Path], memory: bool = True) -> Iterator[RankTrace]:
-    """Reads trace files in order, ``paths[i]`` as rank of last resort ``i``.
-
-    One after the other, in this process: decoding holds the interpreter's lock. A folder of
-    many ranks is read by `ampdiag.sources.traces.pooled` instead, one trace per job over a
-    process pool, each analysed where it was read (``benchmarks/bench_ranks.py``).
-
-    Raises (while iterating):
-        InputError: A file is unreadable, not JSON, truncated, or not a Kineto trace.
-    """
-    for index, path in enumerate(paths):
-        yield read_trace(path, index, memory)

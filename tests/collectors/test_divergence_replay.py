@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 import ampdiag
-from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors.sentinel import Sentinel
+from tests.collectors.helpers import module_callbacks
 
 QUIET = {"report": False, "tensorboard": False, "console": False}
 
@@ -90,7 +90,7 @@ def test_training_stays_bit_identical_and_nothing_is_left(tmp_path: Path) -> Non
     for a, b in zip(plain.parameters(), watched.parameters(), strict=True):
         assert (a.grad is None) == (b.grad is None)
         assert a.grad is None or torch.equal(a.grad.nan_to_num(), b.grad.nan_to_num())
-    assert all(global_hooks.module_callbacks(m) == 0 for m in watched.modules())
+    assert all(module_callbacks(m) == 0 for m in watched.modules())
     assert all(not m._forward_hooks for m in watched.modules())
     assert d.session is not None
     replay = d.session.section("sentinel")["replay"]

@@ -12,7 +12,8 @@ from torch import nn
 
 import ampdiag
 from ampdiag.analysis import fp16range
-from ampdiag.sources.live.collectors._exponents import raw_histogram, raw_histograms
+from ampdiag.sources.live.collectors._exponents import raw_histograms
+from tests.collectors.helpers import raw_histogram
 
 QUIET = {"profile": False, "report": False, "tensorboard": False, "console": False}
 

@@ -12,16 +12,15 @@ from torch import nn
 import ampdiag
 from ampdiag.analysis import fp16range
 from ampdiag.config import DiagnoseConfig, is_sampled_step
-from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors._exponents import (
     histograms,
     host_signed_histograms,
-    raw_histogram,
     sample_view,
     sampled_signed_histograms,
     signed_histograms_of,
 )
 from ampdiag.sources.live.collectors.gradients import device_stats
+from tests.collectors.helpers import module_callbacks, raw_histogram
 from tests.collectors.test_numerics_collectors import QUIET, direct_fp16, mlp, train, wide_values
 
 
@@ -55,7 +54,7 @@ def test_activation_hooks_exist_only_on_sampled_steps(tmp_path: Path) -> None:
 
     def count_hooks(i: int, m: nn.Module, opt: Any, scaler: Any) -> None:
         # ampdiag's callbacks for the model's modules are held by ampdiag, none on the modules
-        hooked.append(sum(global_hooks.module_callbacks(mod) for mod in m.modules()))
+        hooked.append(sum(module_callbacks(mod) for mod in m.modules()))
         assert all(not (mod._forward_hooks or mod._forward_pre_hooks) for mod in m.modules())
 
     # The sentinel's hooks are on every step by design (tests/collectors/test_sentinel.py).
@@ -70,7 +69,7 @@ def test_activation_hooks_exist_only_on_sampled_steps(tmp_path: Path) -> None:
     assert [s["index"] for s in d.session.steps if s["sampled"]] == expected
     assert [s["step"] for s in d.session.section("gradients")["steps"]] == expected
     assert d.session.section("activations")["sampled_steps"] == len(expected)
-    assert all(global_hooks.module_callbacks(mod) == 0 for mod in model.modules())
+    assert all(module_callbacks(mod) == 0 for mod in model.modules())
 
 
 def test_the_profiled_steps_carry_no_numerics_probes(tmp_path: Path) -> None:

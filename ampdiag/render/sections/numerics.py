@@ -27,11 +27,6 @@ LIMIT_LABELS = {
 }
 
 
-def _hist_items(hist: dict[str, int]) -> tuple[list[int], list[int]]:
-    keys = sorted(int(k) for k in hist)
-    return keys, [int(hist[str(k)]) for k in keys]
-
-
 def _exponents(hist: dict[str, int]) -> dict[int, float]:
     return {int(k): float(v) for k, v in hist.items()}
 

@@ -81,13 +81,12 @@ class Recipe:
     grad: str  # the output gradient's format
     axiswise: bool
     pow2: bool
-    delayed: bool
 
 
 RECIPES = {
-    "tensorwise": Recipe("tensorwise", "e4m3", "e5m2", axiswise=False, pow2=False, delayed=False),
-    "rowwise": Recipe("rowwise", "e4m3", "e4m3", axiswise=True, pow2=True, delayed=False),
-    "delayed": Recipe("delayed", "e4m3", "e5m2", axiswise=False, pow2=False, delayed=True),
+    "tensorwise": Recipe("tensorwise", "e4m3", "e5m2", axiswise=False, pow2=False),
+    "rowwise": Recipe("rowwise", "e4m3", "e4m3", axiswise=True, pow2=True),
+    "delayed": Recipe("delayed", "e4m3", "e5m2", axiswise=False, pow2=False),
 }
 
 

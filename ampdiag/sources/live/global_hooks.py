@@ -242,17 +242,6 @@ def on_module(module: torch.nn.Module, kind: str, callback: Callable[..., Any]) 
         return Handle(shared, callback, table, id(module))
 
 
-def module_callbacks(module: torch.nn.Module) -> int:
-    """How many `on_module` callbacks are held for ``module`` (what a module hook count was)."""
-    key = id(module)
-    return sum(
-        len(shared.by_module.get(key, ()))
-        + len(shared.inputs.get(key, ()))
-        + len(shared.with_kwargs.get(key, ()))
-        for shared in (_SHARED[MODULE_PRE], _SHARED[MODULE_POST])
-    )
-
-
 def block_started() -> None:
     """Counts a diagnose() block in (call before it adds callbacks)."""
     global _blocks
@@ -283,11 +272,6 @@ class SampledHooks:
         self._callback = callback
         self.modules: list[torch.nn.Module] = []
         self._handles: list[Handle] = []
-
-    @property
-    def armed(self) -> bool:
-        """Whether the modules are hooked now."""
-        return bool(self._handles)
 
     def add(self, module: torch.nn.Module, hook_now: bool) -> int:
         """Learns ``module`` (hooked now when ``hook_now``); returns its index."""

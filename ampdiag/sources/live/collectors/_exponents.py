@@ -75,7 +75,7 @@ _HostBuffers = tuple[
 
 
 class _GatherPlan:
-    """How to sample a list of tensors of given shapes (see `gather`).
+    """How to sample a list of tensors of given shapes (see `_gather`).
 
     Attributes:
         wide: (index, size, stride) of the 2-D views of width CHUNK (one cat gathers them).
@@ -166,21 +166,6 @@ def _wide_views(tensors: list[torch.Tensor], plan: _GatherPlan) -> list[torch.Te
         t = tensors[i]
         views.append((t if t.is_contiguous() else t.contiguous()).as_strided(size, stride))
     return views
-
-
-def gather(
-    tensors: list[torch.Tensor], limit: int
-) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
-    """The samples of ``tensors`` (``sample_view``) in one new 1-D float32 tensor.
-
-    Few calls per tensor: a matrix's sample is one strided view, and a small vector (a bias, a
-    norm's weight) goes into the final cat as it is. Two cats gather everything.
-
-    Returns:
-        (values, the tensor index of each sample in gathered order, the sample sizes).
-    """
-    flat, plan = _gather(tensors, limit)
-    return flat, plan.order, plan.sizes
 
 
 def _offsets(rows: tuple[int, ...], sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
@@ -364,8 +349,3 @@ def raw_histograms(tensors: list[torch.Tensor], limit: int, cache: dict[Any, Any
         cache: Holds the offsets tensor between calls (same sizes -> reused).
     """
     return sampled_signed_histograms([t.detach() for t in tensors], limit, cache).sum(dim=1)
-
-
-def raw_histogram(t: torch.Tensor, limit: int) -> torch.Tensor:
-    """One tensor's exponent histogram (256 bins, int64, on its device)."""
-    return raw_histograms([t], limit, {})[0]
