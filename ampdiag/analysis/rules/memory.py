@@ -6,6 +6,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ampdiag.analysis import memory_estimates as estimates
+from ampdiag.analysis.advisors import terms
 from ampdiag.analysis.device import advisable
 from ampdiag.analysis.registry import rule
 from ampdiag.analysis.rules.accumulation import accumulation_broken
@@ -134,18 +135,25 @@ def use_grad_accumulation(session: Session) -> Iterator[Finding]:
             "capacity_source": source,
             "headroom": estimates.HEADROOM,
         },
-        fix=accumulation_fix(steps, micro, low_precision(session)),
+        fix=accumulation_fix(session, steps, micro),
         section="memory",
         impact=0.6,
     )
 
 
-def accumulation_fix(steps: int, micro: int | None, autocast: str | None) -> str:
-    """The accumulation loop in the run's own precision (its autocast dtype; a scaler for FP16).
+def accumulation_fix(session: Session, steps: int, micro: int | None) -> str:
+    """The framework's accumulation setting, then the loop in the run's own precision.
 
     The fix changes the batch, not the precision: a BF16 run needs no scaler, an FP32 run no
-    autocast, and an FP16 run keeps its GradScaler.
+    autocast, and an FP16 run keeps its GradScaler (its autocast dtype: `low_precision`).
     """
+    return terms.with_setting(
+        session, terms.accumulation_setting(session, steps), _accumulation_loop(steps, micro,
+        low_precision(session))
+    )  # fmt: skip
+
+
+def _accumulation_loop(steps: int, micro: int | None, autocast: str | None) -> str:
     dtype = autocast.rsplit(":", 1)[-1] if autocast else None
     fp16 = dtype == "float16"
     body = "loss = loss_fn(model(x), y) / accum"

@@ -28,6 +28,7 @@ from ampdiag._layout import REPORT_FILE, check_writable
 from ampdiag._version import __version__
 from ampdiag.compat import scaler as compat_scaler
 from ampdiag.compat.dtensor import fsdp_mixed_precision
+from ampdiag.compat.frameworks import calling_framework
 from ampdiag.config import TRIGGERS, Settings, window_steps
 from ampdiag.session import Session
 from ampdiag.sources.live import global_hooks
@@ -278,16 +279,25 @@ class Diagnosis:
         if any(m is model for m in self.run.models):
             return
         self.run.models.append(model)
+        self._find_framework()
+        if self._discovery is not None and self._discovery.discovering is model:
+            self.run.found_in_forward.add(id(model))
         if self._discovery is not None:
             self._discovery.watch_root(model)
         if any(p.is_cuda for p in model.parameters()):
             self.run.device_type = "cuda"
         self._each("on_model", model)
 
+    def _find_framework(self) -> None:
+        """Reads the calling framework from the stack (a model or optimizer just found)."""
+        if self.run.framework is None:
+            self.run.framework = calling_framework()
+
     def _found_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         if any(o is optimizer for o in self.run.optimizers):
             return
         self.run.optimizers.append(optimizer)
+        self._find_framework()
         if self._primary_optimizer is None:
             self._primary_optimizer = id(optimizer)
         self._each("on_optimizer", optimizer)

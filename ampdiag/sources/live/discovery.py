@@ -186,6 +186,8 @@ class Discovery:
         # The block observes the thread that entered it; hooks fire in every thread.
         self._thread = threading.get_ident()
         self._depth = 0
+        #: The module whose first forward is being reported to ``on_model`` (else None).
+        self.discovering: torch.nn.Module | None = None
         self._reevaluating = False  # inside a closure the optimizer called again in its step
         self._roots: set[int] = set()
         self._handles: list[Any] = []
@@ -221,7 +223,11 @@ class Discovery:
         is_new = self._depth == 0 and id(module) not in self._roots
         if is_new and any(True for _ in module.parameters()):
             self._roots.add(id(module))
-            self._on_model(module)
+            self.discovering = module
+            try:
+                self._on_model(module)
+            finally:
+                self.discovering = None
             if self._depth == 0:
                 # Hooks registered now run from the next call on: this forward's state.
                 self._autocast._pre(module, args)
