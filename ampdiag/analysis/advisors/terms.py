@@ -60,7 +60,7 @@ class Framework:
             "hf-trainer": "the Hugging Face Trainer",
             "accelerate": "Accelerate",
             "lightning": "Lightning",
-            "script": "the script's command line",
+            "script": "on the script's command line",
         }.get(self.name, "a plain loop")
 
 
@@ -95,7 +95,7 @@ def _command_line(fw: Framework, precision: str) -> str | None:
     style = _flag_style(fw)
     low = precision in ("bf16", "fp16")
     if style == "timm":
-        return f"--amp --amp-dtype {AMP_DTYPE[precision]}" if low else "no --amp flag"
+        return f"--amp --amp-dtype {AMP_DTYPE[precision]}" if low else "(no --amp)"
     if style == "hf":
         other = "--fp16" if precision == "bf16" else "--bf16"
         return (
@@ -139,17 +139,15 @@ def precision_setting(session: Session, precision: str) -> str | None:
         return f'Trainer(..., precision="{LIGHTNING[precision]}")' + (
             f"   # {cli} on the command line" if cli else ""
         )
-    if cli is not None:
-        return f"{cli}   # on the script's command line"
-    return None
+    return cli
 
 
 def with_setting(session: Session, setting: str | None, loop: str) -> str:
     """A fix: the framework's setting first, then the plain loop's code; the code alone else."""
     if not setting:
         return loop
-    fw = framework(session)
-    return f"# {fw.label}:\n{setting}\n{PLAIN}\n{loop}"
+    label = framework(session).label
+    return f"# {label[0].upper()}{label[1:]}:\n{setting}\n{PLAIN}\n{loop}"
 
 
 def precision_fix(session: Session, precision: str, loop: str) -> str:
@@ -205,7 +203,7 @@ def accumulation_setting(session: Session, steps: int) -> str | None:
     if fw.name == "lightning":
         return f"Trainer(..., accumulate_grad_batches={steps})"
     if _flag_style(fw) == "timm":
-        return f"--grad-accum-steps {steps}   # on the script's command line"
+        return f"--grad-accum-steps {steps}"
     return None
 
 
@@ -236,16 +234,14 @@ def inactive_autocast(session: Session, device: str, precision: str) -> tuple[st
     asked = env.get("framework_precision")
     loop = autocast_step(precision, device)
     if device == "cpu" and isinstance(asked, dict) and asked.get("accelerate") == "fp16":
+        fw = framework(session)
+        via = "" if fw.name in ("", "accelerate") else f"{fw.label} (through Accelerate) "
         why = (
-            'Accelerate was asked for mixed_precision="fp16", which on a CPU enters no '
-            "autocast: the run trains in FP32"
+            f"{via or 'Accelerate '}was asked for FP16, which on a CPU enters no autocast: "
+            "the run trains in FP32"
         )
-        fix = (
-            "# Accelerate: ask for BF16, which it runs under CPU autocast\n"
-            'accelerator = Accelerator(mixed_precision="bf16")\n'
-            f"{PLAIN}\n{autocast_step('bf16', 'cpu')}"
-        )
-        return why, fix
+        why = why[0].upper() + why[1:]
+        return why, precision_fix(session, "bf16", autocast_step("bf16", "cpu"))
     if device == "cpu" and cuda_amp_on_cpu(session):
         why = (
             "torch.cuda.amp.autocast() and torch.cuda.amp.GradScaler() are built for CUDA: "
