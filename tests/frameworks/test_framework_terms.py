@@ -61,7 +61,9 @@ def test_trainer_fp16_flag_on_a_cpu_is_told_bf16(
             "--per_device_train_batch_size", "4", "--report_to", "none", "--use_cpu",
             "--save_strategy", "no"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
-    (args,) = transformers.HfArgumentParser(transformers.TrainingArguments).parse_args_into_dataclasses()
+    (args,) = transformers.HfArgumentParser(
+        transformers.TrainingArguments
+    ).parse_args_into_dataclasses()
     cfg = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2,
                                   bos_token_id=0, eos_token_id=0)  # fmt: skip
     model = transformers.GPT2LMHeadModel(cfg)
@@ -127,9 +129,16 @@ def test_lightning_32_true_is_told_bf16_mixed(tmp_path: Path) -> None:
 
     data = torch.utils.data.TensorDataset(torch.randn(32, 32), torch.randint(0, 4, (32,)))
     module = Classifier()
-    trainer = L.Trainer(accelerator="cpu", precision="32-true", max_steps=3, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=str(tmp_path / "pl"))  # fmt: skip
+    trainer = L.Trainer(
+        accelerator="cpu",
+        precision="32-true",
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path / "pl"),
+    )
     truth = AutocastRecorder(module.net[0])
     with ampdiag.diagnose(out=tmp_path / "diag", **QUIET) as d:
         trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=8))
