@@ -196,6 +196,7 @@ class PrecisionSection(TypedDict, total=False):
     autocast_dtypes: dict[str, str]
     after_backward_ops: dict[str, Any]
     reenabled_autocast_ops: list[str]  # op names (sorted), as the precision collector writes them
+    sdpa: list[dict[str, Any]]  # F.scaled_dot_product_attention calls: settings, fused or math
     errors: list[str]
 
 

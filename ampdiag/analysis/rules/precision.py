@@ -8,7 +8,7 @@ from ampdiag.analysis import device as D
 from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.advisors import terms
 from ampdiag.analysis.divergence import unfixed_by_precision
-from ampdiag.analysis.precision import REASON_FIXES, summarize
+from ampdiag.analysis.precision import reason_fixes, summarize
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
 
@@ -70,7 +70,8 @@ def fp32_ops_in_autocast(session: Session) -> Iterator[Finding]:
         severity = "info"
     top = _top(s)
     reasons = sorted(s["reasons"].items(), key=lambda kv: -kv[1]["time_us"])
-    fixes = [f"[{reason}] {REASON_FIXES.get(reason, '')}" for reason, _ in reasons]
+    known = reason_fixes(sec)
+    fixes = [f"[{reason}] {known.get(reason, '')}" for reason, _ in reasons]
     names = ", ".join(f"{o['op']} in {o['module']} ({o['reason']})" for o in top[:3])
     yield Finding(
         id="fp32-ops-in-autocast",

@@ -63,7 +63,7 @@ def split_parameters(
     the rest, held (and in memory) but never updated -- stated apart, so that a 207,323
     parameter model with its EMA copy reads 207,323, not 414,646.
     """
-    params = list(model.parameters())
+    params: list[torch.Tensor] = list(model.parameters())
     held = {id(p) for o in optimizers for g in o.param_groups for p in g.get("params", [])}
     if held:
         updated = [p for p in params if id(p) in held]
