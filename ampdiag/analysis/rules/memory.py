@@ -112,7 +112,9 @@ def use_grad_accumulation(session: Session) -> Iterator[Finding]:
         return
     plan = estimates.plan_accumulation(mem, int(target), fit, cap)
     if plan is None:
-        yield _no_micro_batch_fits(mem, int(target), fit, cap, source, session.environment)
+        yield _no_micro_batch_fits(
+            mem, int(target), fit, cap, source, session.environment, sharded_by(session)
+        )
         return
     if plan["fits_without"]:
         return
@@ -139,6 +141,25 @@ def use_grad_accumulation(session: Session) -> Iterator[Finding]:
         section="memory",
         impact=0.6,
     )
+
+
+def sharded_by(session: Session) -> str | None:
+    """What already shards this run's model state (ZeRO's optimizer, FSDP), if anything.
+
+    A run that shards already is not told to shard: more ranks shard it thinner.
+    """
+    run = session.section("run")
+    if any("ZeroRedundancyOptimizer" in str(o) for o in run.get("optimizers") or []):
+        return "ZeroRedundancyOptimizer"
+    if any(m.get("fsdp_mixed_precision") for m in run.get("models") or []):
+        return "FSDP"
+    return None
+
+
+def _sharding_clause(sharded: str | None, default: str) -> str:
+    if sharded is None:
+        return default
+    return f"more ranks (the state is already sharded by {sharded}: each rank holds 1/N of it), "
 
 
 def accumulation_fix(session: Session, steps: int, micro: int | None) -> str:
@@ -180,6 +201,7 @@ def _no_micro_batch_fits(
     cap: int,
     source: str,
     environment: Mapping[str, Any],
+    sharded: str | None = None,
 ) -> Finding:
     """The finding when not even one sample per micro-batch fits.
 
@@ -211,7 +233,10 @@ def _no_micro_batch_fits(
         fix=(
             "Shrink what does not scale with the batch: an optimizer with less state (SGD "
             "with momentum keeps 1 copy of the weights, Adam 2; 8-bit Adam via bitsandbytes), "
-            "sharding the model state across devices (torch.distributed.fsdp.fully_shard), "
+            + _sharding_clause(
+                sharded,
+                "sharding the model state across devices (torch.distributed.fsdp.fully_shard), ",
+            )
             + (
                 "BF16 parameters with an optimizer built for them (stochastic rounding or "
                 "Kahan-compensated updates), "
@@ -286,7 +311,10 @@ def amp_memory_not_reduced(session: Session) -> Iterator[Finding]:
             "Autocast keeps FP32 master weights, gradients and optimizer state; it only "
             "shrinks activations. What shrinks model state: an optimizer with less state "
             "(SGD with momentum: 1 copy instead of Adam's 2; 8-bit Adam via bitsandbytes), "
-            "sharding it across GPUs (torch.distributed.fsdp.fully_shard / ZeRO)"
+            + _sharding_clause(
+                sharded_by(session),
+                "sharding it across GPUs (torch.distributed.fsdp.fully_shard / ZeRO)",
+            ).rstrip(", ")
             + (
                 ", or BF16 parameters (model.to(torch.bfloat16)) with an optimizer built for "
                 "them (stochastic rounding or Kahan-compensated updates): a plain optimizer on "
