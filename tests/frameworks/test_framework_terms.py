@@ -200,3 +200,33 @@ def test_timm_style_ema_wrapper_healthy_bf16(tmp_path: Path) -> None:
     assert [s["forwards"] for s in steps] == [record["micro_per_step"][s["step"]] for s in steps]
     alarms = [(f.id, f.severity) for f in session.findings if f.severity in ("high", "medium")]
     assert alarms == []
+
+
+def test_hf_gpt2_attention_dropout_on_a_cpu_is_sdpas_math_fallback(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=64, n_layer=2, n_head=2,
+                                  attn_pdrop=0.1, resid_pdrop=0.0, embd_pdrop=0.0,
+                                  bos_token_id=0, eos_token_id=0)  # fmt: skip
+    model = transformers.GPT2LMHeadModel(cfg).train()
+    assert model.config._attn_implementation == "sdpa"  # the model is already on SDPA
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    with ampdiag.diagnose(out=tmp_path / "diag", **QUIET) as d:
+        for _ in range(3):
+            ids = torch.randint(0, 64, (4, 32), generator=g)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    session = d.session
+    assert session is not None
+    sec = session.sections["precision"]
+    (call,) = sec["sdpa"]
+    assert call["dropout_p"] == 0.1 and call["math"] and not call["fused"]
+    bmm = [r for r in sec["ops"] if r["op"] == "bmm" and r["precision"] == "fp32"]
+    assert bmm and {r["reason"] for r in bmm} == {"sdpa-math-fallback"}
+    texts = [f.fix for f in session.all_findings()]
+    texts += list(session.sections["derived"]["precision"]["reason_fixes"].values())
+    assert not any("F.scaled_dot_product_attention instead" in t for t in texts)
+    assert any("dropout_p=0.1 on the CPU" in t and "attn_pdrop=0.0" in t for t in texts)
