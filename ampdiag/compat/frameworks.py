@@ -102,7 +102,8 @@ def calling_framework(max_depth: int = 80) -> dict[str, str] | None:
     ``transformers.Trainer`` method's ``self`` ({"name": "hf-trainer", "precision": "bf16"
     from ``args.bf16``/``args.fp16``, else "fp16" or "no"}), or Lightning's Trainer, or a
     ``LightningModule`` bound to one ({"name": "lightning", "precision": ``trainer.precision``,
-    e.g. "bf16-mixed"}). None when no framework is on the stack. Never raises: a frame whose
+    e.g. "bf16-mixed"}). None when no framework is on the stack. Only frames of the frameworks'
+    own modules are read (their ``self``), never the user's. Never raises: a frame whose
     locals cannot be read is passed over.
     """
     try:
@@ -112,11 +113,16 @@ def calling_framework(max_depth: int = 80) -> dict[str, str] | None:
     depth = 0
     while frame is not None and depth < max_depth:
         depth += 1
+        current, frame = frame, frame.f_back  # type: ignore[assignment]
+        # Only the frameworks' own frames are read: reading a frame's locals snapshots all of
+        # them into the frame (kept until it returns), which must not happen to the user's.
+        module = str(current.f_globals.get("__name__", ""))
+        if not module.startswith(("transformers.", *_LIGHTNING)):
+            continue
         try:
-            obj = frame.f_locals.get("self")
+            obj = current.f_locals.get("self")
         except Exception:
             obj = None
-        frame = frame.f_back  # type: ignore[assignment]
         if obj is None:
             continue
         try:
