@@ -50,6 +50,7 @@ class Environment(TypedDict, total=False):
     autocast: str | None
     autocast_seen: dict[str, int]
     framework_precision: dict[str, str]  # what a framework asked for, e.g. {"accelerate": "fp16"}
+    framework: dict[str, Any]  # the framework the run came through: name, precision, flags
     profiled_steps: dict[str, Any]  # a trace's ProfilerSteps: count, median/min/max_us
     kernel_precisions: dict[str, float]  # a trace's computation-kernel time share by precision
 
@@ -206,6 +207,7 @@ class PrecisionSection(TypedDict, total=False):
     autocast_dtypes: dict[str, str]
     after_backward_ops: dict[str, Any]
     reenabled_autocast_ops: list[str]  # op names (sorted), as the precision collector writes them
+    sdpa: list[dict[str, Any]]  # F.scaled_dot_product_attention calls: settings, fused or math
     errors: list[str]
 
 

@@ -52,9 +52,8 @@ def _precision(session: Session) -> dict[str, Any] | None:
     if not audit.get("audited"):
         return None
     summary = precision.summarize(audit)
-    summary["reason_fixes"] = {
-        r: precision.REASON_FIXES[r] for r in summary["reasons"] if r in precision.REASON_FIXES
-    }
+    fixes = precision.reason_fixes(audit)
+    summary["reason_fixes"] = {r: fixes[r] for r in summary["reasons"] if r in fixes}
     return summary
 
 

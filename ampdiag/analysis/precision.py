@@ -47,6 +47,51 @@ REASON_FIXES: dict[str, str] = {
     ),
 }
 
+SDPA_FIX = (
+    "Attention dropout 0 where the run trains on a CPU (GPT-2: GPT2Config(attn_pdrop=0.0); "
+    "others: attention_dropout=0.0; or dropout_p=0.0 in the call) lets SDPA run its fused "
+    "kernel in the autocast dtype; a CUDA GPU's fused kernels take dropout, so there the "
+    "fallback does not happen."
+)
+
+
+def sdpa_fallback_why(section: PrecisionSection) -> str | None:
+    """Why ``F.scaled_dot_product_attention`` ran its math path, from the calls the audit saw."""
+    whys = []
+    for call in section.get("sdpa") or []:
+        if not call.get("math"):
+            continue
+        if float(call.get("dropout_p") or 0.0) > 0 and call.get("device") == "cpu":
+            why = f"dropout_p={call['dropout_p']:g} on the CPU, which no fused CPU kernel takes"
+        else:
+            parts = [f"a {call['mask']} mask" if call.get("mask") else None,
+                     f"head size {call['head_dim']}" if call.get("head_dim") else None]  # fmt: skip
+            why = (
+                "the fused kernels did not take this call ("
+                + (", ".join(p for p in parts if p) or "no mask")
+                + ")"
+            )
+        if why not in whys:
+            whys.append(why)
+    return "; ".join(whys) or None
+
+
+def reason_fixes(section: PrecisionSection) -> dict[str, str]:
+    """The fix for each FP32 reason, for this run: a model on SDPA is never told to use it."""
+    fixes = dict(REASON_FIXES)
+    if section.get("sdpa"):
+        fixes["autocast-fp32-policy"] = (
+            "Expected: autocast keeps this op in FP32 for accuracy; do not force it to low "
+            "precision."
+        )
+    why = sdpa_fallback_why(section)
+    fixes["sdpa-math-fallback"] = (
+        f"F.scaled_dot_product_attention ran its math path ({why or 'not its fused kernel'}), "
+        "which computes in FP32 itself. " + SDPA_FIX
+    )
+    return fixes
+
+
 _WORK = ("low", "fp32")
 
 COMMUNICATION_OP_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::", "fsdp::")

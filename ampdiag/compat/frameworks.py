@@ -66,3 +66,80 @@ def accelerate_prepared(models: Sequence[Any], optimizers: Sequence[Any]) -> boo
         issubclass(type(obj), wrapper) and id(vars(obj).get("optimizer")) in wanted
         for obj in gc.get_objects()
     )
+
+
+_LIGHTNING = ("lightning.pytorch.", "pytorch_lightning.", "lightning.fabric.", "lightning_fabric.")
+
+
+def _defined_in(obj: object, prefixes: tuple[str, ...], name: str | None = None) -> bool:
+    """Whether a class in ``obj``'s MRO comes from one of these modules (and has this name)."""
+    return any(
+        str(getattr(cls, "__module__", "")).startswith(prefixes)
+        and (name is None or cls.__name__ == name)
+        for cls in type(obj).__mro__
+    )
+
+
+def _hf_precision(trainer: Any) -> str:
+    args = getattr(trainer, "args", None)
+    if getattr(args, "bf16", False) is True:
+        return "bf16"
+    return "fp16" if getattr(args, "fp16", False) is True else "no"
+
+
+def _lightning_precision(trainer: Any) -> str | None:
+    try:
+        value = trainer.precision  # "bf16-mixed", "16-mixed", "32-true", ...
+    except Exception:
+        return None
+    return str(value) if value is not None else None
+
+
+def calling_framework(max_depth: int = 80) -> dict[str, str] | None:
+    """The training framework whose loop called into the model: its name and precision.
+
+    Read once from the call stack where the run finds its model or optimizer: a
+    ``transformers.Trainer`` method's ``self`` ({"name": "hf-trainer", "precision": "bf16"
+    from ``args.bf16``/``args.fp16``, else "fp16" or "no"}), or Lightning's Trainer, or a
+    ``LightningModule`` bound to one ({"name": "lightning", "precision": ``trainer.precision``,
+    e.g. "bf16-mixed"}). None when no framework is on the stack. Only frames of the frameworks'
+    own modules are read (their ``self``), never the user's. Never raises: a frame whose
+    locals cannot be read is passed over.
+    """
+    try:
+        frame = sys._getframe(1)
+    except ValueError:
+        return None
+    depth = 0
+    while frame is not None and depth < max_depth:
+        depth += 1
+        current, frame = frame, frame.f_back  # type: ignore[assignment]
+        # Only the frameworks' own frames are read: reading a frame's locals snapshots all of
+        # them into the frame (kept until it returns), which must not happen to the user's.
+        module = str(current.f_globals.get("__name__", ""))
+        if not module.startswith(("transformers.", *_LIGHTNING)):
+            continue
+        try:
+            obj = current.f_locals.get("self")
+        except Exception:
+            obj = None
+        if obj is None:
+            continue
+        try:
+            if _defined_in(obj, ("transformers.",), "Trainer"):
+                return {"name": "hf-trainer", "precision": _hf_precision(obj)}
+            if _defined_in(obj, _LIGHTNING):
+                trainer = obj if type(obj).__name__ == "Trainer" else None
+                if trainer is None:
+                    trainer = vars(obj).get("_trainer") if hasattr(obj, "__dict__") else None
+                    trainer = trainer if trainer is not None else getattr(obj, "trainer", None)
+                found = {"name": "lightning"}
+                precision = _lightning_precision(trainer) if trainer is not None else None
+                if precision is not None:
+                    found["precision"] = precision
+                    return found
+                if trainer is not None:
+                    return found
+        except Exception:  # a user's __getattr__ or property that raises
+            continue
+    return None

@@ -29,10 +29,10 @@ from typing import Any
 
 from ampdiag.analysis import device, divergence
 from ampdiag.analysis import precision_choice as pc
-from ampdiag.analysis.advisors import Advice, advisor, find, number, worst_severity
+from ampdiag.analysis.advisors import Advice, advisor, find, number, terms, worst_severity
 from ampdiag.analysis.numerics import fp16_in_use
 from ampdiag.analysis.rules.accumulation import accumulation_broken
-from ampdiag.analysis.rules.memory import accumulation_fix, low_precision
+from ampdiag.analysis.rules.memory import accumulation_fix
 from ampdiag.session import Finding, Session
 
 THRESHOLDS: dict[str, float] = {
@@ -191,7 +191,6 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
         yield from _measured_advice(session, findings, ab, trouble)
         return
     not_measured = {"measured": False, "not_measured": ab.why_not}
-    note = f"\n# Speed not measured: {ab.why_not}." if ab.why_not else ""
     env = session.environment
     dev = device_type(session)
     slower = [f for f in find(findings, "autocast-slower") if f.severity != "info"]
@@ -208,11 +207,12 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
         }
         evidence.update(_fp16_evidence(trouble))
         evidence.update(not_measured)
+        caveat = ""
         if dev == "cpu" and env.get("bf16_native") is False:
             evidence["bf16_native"] = False
-            note += (
+            caveat = (
                 "\n# This CPU has no native BF16 (no AVX512_BF16/AMX): BF16 runs emulated and can"
-                "\n# be slower than FP32 (see autocast-slower); FP32 is the fast exact option here."
+                "\n# be slower than FP32, the fast exact option here."
             )
         rec = Finding(
             id="prefer-bf16",
@@ -222,7 +222,7 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
                 f"exponent range removes the {len(trouble)} FP16 range problem(s) found."
             ),
             evidence=evidence,
-            fix=pc.training_step("bf16", dev) + note,
+            fix=terms.precision_fix(session, "bf16", pc.training_step("bf16", dev)) + caveat,
             section="precision",
             impact=min(1.0, 0.6 + 0.1 * len(trouble)),
         )
@@ -235,7 +235,6 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
         return
     rec = _grad_scaler_settings(session, merged, bf16)
     rec.evidence.update(not_measured)
-    rec.fix += note
     yield Advice(rec, merged)
 
 
@@ -279,7 +278,7 @@ def _unmeasured_switch(session: Session, ab: pc.Measured, slower: Finding) -> Fi
             "precision": target,
             "run_precision": ab.run,
         },
-        fix=pc.training_step(target, dev) + f"\n# Speed not measured: {ab.why_not}.",
+        fix=terms.precision_fix(session, target, pc.training_step(target, dev)),
         section="precision",
         impact=slower.impact,
     )
@@ -301,10 +300,7 @@ def _measured_advice(
             if merged:
                 rec = _grad_scaler_settings(session, merged, bf16_supported(session))
                 rec.evidence.update(_measured_evidence(ab, "fp16"))
-                rec.fix += (
-                    "\n# The precision A/B measured FP16 (with this loss scale) the fastest safe "
-                    "precision\n# here; " + _vs(ab, "fp16")
-                )
+                rec.evidence["compared"] = _vs(ab, "fp16")
                 yield Advice(rec, merged)
             return
         target = others[0]
@@ -396,11 +392,11 @@ def _switch(session: Session, ab: pc.Measured, target: str, explains: list[Findi
     if target != "fp32" and pc.is_safe(row):
         claims.append(f"{name} is numerically safe here")
     tied = [pc.NAMES.get(p, p) for p in ab.choice.tied if p != target]
-    note = (
-        f"\n# Within the measured spread {', '.join(tied)} is as fast: {pc.tie_break(ab.choice)}."
-        if ab.choice.uncertain and target == ab.choice.precision
-        else ""
-    )
+    evidence["compared"] = _vs(ab, target)
+    if ab.choice.uncertain and target == ab.choice.precision:
+        evidence["tie"] = f"within the measured spread {', '.join(tied)} is as fast: " + (
+            pc.tie_break(ab.choice)
+        )
     return Finding(
         id=f"prefer-{'fp32' if target == 'tf32' else target}",
         severity=severity,  # type: ignore[arg-type]
@@ -410,10 +406,7 @@ def _switch(session: Session, ab: pc.Measured, target: str, explains: list[Findi
             + "."
         ),
         evidence=evidence,
-        fix=pc.training_step(target, dev)
-        + "\n# Measured by the precision A/B (interleaved, median ± MAD): "
-        + f"{_vs(ab, target)}."
-        + note,
+        fix=terms.precision_fix(session, target, pc.training_step(target, dev)),
         section="precision",
         impact=max(0.0, 1 - 1 / ratio["median"]) if ratio else 0.0,
     )
@@ -480,7 +473,9 @@ def _grad_scaler_settings(session: Session, merged: list[Finding], bf16: bool | 
             f"{evidence['growth_interval']}, computed from the measured FP16 gradient range."
         ),
         evidence=evidence,
-        fix=(
+        fix=terms.with_setting(
+            session,
+            terms.scaler_setting(session, init_scale, int(evidence["growth_interval"])),
             f"scaler = torch.amp.GradScaler({dev!r}, init_scale={init_scale:.0f}, "
             f"growth_interval={evidence['growth_interval']})\n"
             f"with torch.autocast(device_type={dev!r}, dtype=torch.float16):\n"
@@ -488,8 +483,10 @@ def _grad_scaler_settings(session: Session, merged: list[Finding], bf16: bool | 
             "scaler.scale(loss).backward()\n"
             "scaler.unscale_(optimizer)   # before clipping, if you clip\n"
             "scaler.step(optimizer)\n"
-            "scaler.update()" + conflict_note + unknown_note
-        ),
+            "scaler.update()",
+        )
+        + conflict_note
+        + unknown_note,
         section="gradscaler",
         impact=min(1.0, 0.5 + 0.1 * len(merged)),
     )
@@ -556,7 +553,7 @@ def memory_advice(session: Session, findings: list[Finding]) -> Iterator[Advice]
             f"{(fixed + act * fraction) / cap:.0%} of capacity."
         ),
         evidence=evidence,
-        fix=accumulation_fix(steps, micro, low_precision(session)),
+        fix=accumulation_fix(session, steps, micro),
         section="memory",
         impact=act / peak,
     )

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from statistics import median
 from typing import Any
 
+from ampdiag.analysis.advisors import terms
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session
 
@@ -98,15 +99,17 @@ def grad_accumulation_broken(session: Session) -> Iterator[Finding]:
             "sampled_accumulating_steps": len(_steps(session)),
             "threshold": THRESHOLDS["broken_step_share"],
         },
-        fix=(
-            f"Reset gradients once per optimizer step, not per micro-batch: {call} runs "
-            "between backward passes of one step. Move it after optimizer.step():\n"
+        fix=terms.with_setting(
+            session,
+            terms.accumulation_setting(session, n),
+            f"# Reset gradients once per optimizer step: {call} runs between the backward "
+            "passes of one step\n"
             "for i, (x, y) in enumerate(loader):\n"
             "    loss = loss_fn(model(x), y) / accum\n"
             "    loss.backward()\n"
             "    if (i + 1) % accum == 0:\n"
             "        optimizer.step()\n"
-            "        optimizer.zero_grad(set_to_none=True)"
+            "        optimizer.zero_grad(set_to_none=True)",
         ),
         section="numerics",
         impact=1.0 - kept / n,
@@ -144,11 +147,12 @@ def accumulation_loss_not_averaged(session: Session) -> Iterator[Finding]:
             "steps": [int(s["step"]) for s in steps],
             "threshold": THRESHOLDS["loss_weight_sum"],
         },
-        fix=(
-            "Divide each micro-batch's loss by the number of micro-batches before backward:\n"
-            f"loss = loss_fn(model(x), y) / {n}   # accum = {n}\n"
+        fix=terms.with_setting(
+            session,
+            terms.accumulation_setting(session, n),  # the framework divides the loss itself
+            f"loss = loss_fn(model(x), y) / {n}   # each micro-batch's loss, before backward\n"
             "loss.backward()\n"
-            "(or keep the sum and divide the learning rate by the number of micro-batches)"
+            "# (or keep the sum and divide the learning rate by the number of micro-batches)",
         ),
         section="numerics",
         impact=0.5,

@@ -6,6 +6,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ampdiag.analysis import memory_estimates as estimates
+from ampdiag.analysis.advisors import terms
 from ampdiag.analysis.device import advisable
 from ampdiag.analysis.registry import rule
 from ampdiag.analysis.rules.accumulation import accumulation_broken
@@ -111,7 +112,9 @@ def use_grad_accumulation(session: Session) -> Iterator[Finding]:
         return
     plan = estimates.plan_accumulation(mem, int(target), fit, cap)
     if plan is None:
-        yield _no_micro_batch_fits(mem, int(target), fit, cap, source, session.environment)
+        yield _no_micro_batch_fits(
+            mem, int(target), fit, cap, source, session.environment, sharded_by(session)
+        )
         return
     if plan["fits_without"]:
         return
@@ -134,18 +137,44 @@ def use_grad_accumulation(session: Session) -> Iterator[Finding]:
             "capacity_source": source,
             "headroom": estimates.HEADROOM,
         },
-        fix=accumulation_fix(steps, micro, low_precision(session)),
+        fix=accumulation_fix(session, steps, micro),
         section="memory",
         impact=0.6,
     )
 
 
-def accumulation_fix(steps: int, micro: int | None, autocast: str | None) -> str:
-    """The accumulation loop in the run's own precision (its autocast dtype; a scaler for FP16).
+def sharded_by(session: Session) -> str | None:
+    """What already shards this run's model state (ZeRO's optimizer, FSDP), if anything.
+
+    A run that shards already is not told to shard: more ranks shard it thinner.
+    """
+    run = session.section("run")
+    if any("ZeroRedundancyOptimizer" in str(o) for o in run.get("optimizers") or []):
+        return "ZeroRedundancyOptimizer"
+    if any(m.get("fsdp_mixed_precision") for m in run.get("models") or []):
+        return "FSDP"
+    return None
+
+
+def _sharding_clause(sharded: str | None, default: str) -> str:
+    if sharded is None:
+        return default
+    return f"more ranks (the state is already sharded by {sharded}: each rank holds 1/N of it), "
+
+
+def accumulation_fix(session: Session, steps: int, micro: int | None) -> str:
+    """The framework's accumulation setting, then the loop in the run's own precision.
 
     The fix changes the batch, not the precision: a BF16 run needs no scaler, an FP32 run no
-    autocast, and an FP16 run keeps its GradScaler.
+    autocast, and an FP16 run keeps its GradScaler (its autocast dtype: `low_precision`).
     """
+    return terms.with_setting(
+        session, terms.accumulation_setting(session, steps), _accumulation_loop(steps, micro,
+        low_precision(session))
+    )  # fmt: skip
+
+
+def _accumulation_loop(steps: int, micro: int | None, autocast: str | None) -> str:
     dtype = autocast.rsplit(":", 1)[-1] if autocast else None
     fp16 = dtype == "float16"
     body = "loss = loss_fn(model(x), y) / accum"
@@ -172,6 +201,7 @@ def _no_micro_batch_fits(
     cap: int,
     source: str,
     environment: Mapping[str, Any],
+    sharded: str | None = None,
 ) -> Finding:
     """The finding when not even one sample per micro-batch fits.
 
@@ -203,7 +233,10 @@ def _no_micro_batch_fits(
         fix=(
             "Shrink what does not scale with the batch: an optimizer with less state (SGD "
             "with momentum keeps 1 copy of the weights, Adam 2; 8-bit Adam via bitsandbytes), "
-            "sharding the model state across devices (torch.distributed.fsdp.fully_shard), "
+            + _sharding_clause(
+                sharded,
+                "sharding the model state across devices (torch.distributed.fsdp.fully_shard), ",
+            )
             + (
                 "BF16 parameters with an optimizer built for them (stochastic rounding or "
                 "Kahan-compensated updates), "
@@ -278,7 +311,10 @@ def amp_memory_not_reduced(session: Session) -> Iterator[Finding]:
             "Autocast keeps FP32 master weights, gradients and optimizer state; it only "
             "shrinks activations. What shrinks model state: an optimizer with less state "
             "(SGD with momentum: 1 copy instead of Adam's 2; 8-bit Adam via bitsandbytes), "
-            "sharding it across GPUs (torch.distributed.fsdp.fully_shard / ZeRO)"
+            + _sharding_clause(
+                sharded_by(session),
+                "sharding it across GPUs (torch.distributed.fsdp.fully_shard / ZeRO)",
+            ).rstrip(", ")
             + (
                 ", or BF16 parameters (model.to(torch.bfloat16)) with an optimizer built for "
                 "them (stochastic rounding or Kahan-compensated updates): a plain optimizer on "

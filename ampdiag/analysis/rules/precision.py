@@ -6,8 +6,9 @@ from collections.abc import Iterator
 
 from ampdiag.analysis import device as D
 from ampdiag.analysis import precision_choice as pc
+from ampdiag.analysis.advisors import terms
 from ampdiag.analysis.divergence import unfixed_by_precision
-from ampdiag.analysis.precision import REASON_FIXES, summarize
+from ampdiag.analysis.precision import reason_fixes, summarize
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
 
@@ -69,7 +70,8 @@ def fp32_ops_in_autocast(session: Session) -> Iterator[Finding]:
         severity = "info"
     top = _top(s)
     reasons = sorted(s["reasons"].items(), key=lambda kv: -kv[1]["time_us"])
-    fixes = [f"[{reason}] {REASON_FIXES.get(reason, '')}" for reason, _ in reasons]
+    known = reason_fixes(sec)
+    fixes = [f"[{reason}] {known.get(reason, '')}" for reason, _ in reasons]
     names = ", ".join(f"{o['op']} in {o['module']} ({o['reason']})" for o in top[:3])
     yield Finding(
         id="fp32-ops-in-autocast",
@@ -155,7 +157,6 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
     run = pc.run_precision(session.environment.get("autocast"))
     if run not in ("bf16", "fp16") or not D.advisable(session.environment, run):
         run = "bf16" if device == "cpu" else "fp16"
-    dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}[run]
     if not amp_attempted(session):
         why = pc.measured(session).why_not
         yield Finding(
@@ -172,13 +173,9 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
                 "measured": False,
                 "not_measured": why,
             },
-            fix=(
-                "If FP32 is not deliberate, run the forward and the loss under autocast:\n"
-                f"with torch.autocast(device_type={device!r}, dtype={dtype}):\n"
-                "    loss = loss_fn(model(x), y)\n"
-                f"# Speed not measured ({why}): ampdiag.compare(model, batch, loss_fn)\n"
-                "# times FP32, BF16 and FP16 on this model and says which is fastest and safe."
-            ),
+            fix=terms.precision_fix(session, run, terms.autocast_step(run, device))
+            + "\n# If FP32 is not deliberate. ampdiag.compare(model, batch, loss_fn) times FP32,"
+            "\n# BF16 and FP16 on this model and says which is fastest and safe.",
             section="precision",
             impact=0.0,
         )
@@ -190,6 +187,9 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
         )
     else:
         title = f"{mm['fp32_share']:.0%} of the matmul FLOPs ran in FP32 despite autocast."
+    why, fix = terms.inactive_autocast(session, device, run)
+    if why:
+        title = f"{why} ({1 - mm['autocast_share']:.0%} of the matmul FLOPs ran without autocast)."
     # a run that diverges whatever its precision: its divergence is the fix to make first
     later = unfixed_by_precision(session)
     if later:
@@ -209,14 +209,10 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
                 "fp32_share_max": THRESHOLDS["matmul_fp32_share_max"],
             },
         },
-        fix=(
-            "Run the model's forward (and the loss) inside autocast:\n"
-            f"with torch.autocast(device_type={device!r}, dtype={dtype}):\n"
-            "    out = model(x)\n"
-            "    loss = loss_fn(out, y)\n"
-            "and check that no enclosing autocast region with enabled=False, and no .float(), "
-            "covers the matmuls."
-        ),
+        fix=fix
+        if why
+        else fix + "\n# and no enclosing autocast(enabled=False), and no .float(), around the "
+        "matmuls",
         section="precision",
         impact=max(1 - mm["autocast_share"], mm["fp32_share"]),
     )

@@ -28,6 +28,7 @@ from ampdiag._layout import REPORT_FILE, check_writable
 from ampdiag._version import __version__
 from ampdiag.compat import scaler as compat_scaler
 from ampdiag.compat.dtensor import fsdp_mixed_precision
+from ampdiag.compat.frameworks import calling_framework
 from ampdiag.config import TRIGGERS, Settings, window_steps
 from ampdiag.session import Session
 from ampdiag.sources.live import global_hooks
@@ -38,7 +39,7 @@ from ampdiag.sources.live.collectors import (
     default_collectors,
 )
 from ampdiag.sources.live.collectors.base import enter_run, leave_run
-from ampdiag.sources.live.discovery import Discovery
+from ampdiag.sources.live.discovery import Discovery, frozen_holders, split_parameters
 from ampdiag.sources.live.environment import describe_environment, distributed_info
 from ampdiag.sources.live.shielding import ImportFilters, describe_exception, sigint_deferred
 from ampdiag.sources.live.steps import StepLog
@@ -278,16 +279,25 @@ class Diagnosis:
         if any(m is model for m in self.run.models):
             return
         self.run.models.append(model)
+        self._find_framework()
+        if self._discovery is not None and self._discovery.discovering is model:
+            self.run.found_in_forward.add(id(model))
         if self._discovery is not None:
             self._discovery.watch_root(model)
         if any(p.is_cuda for p in model.parameters()):
             self.run.device_type = "cuda"
         self._each("on_model", model)
 
+    def _find_framework(self) -> None:
+        """Reads the calling framework from the stack (a model or optimizer just found)."""
+        if self.run.framework is None:
+            self.run.framework = calling_framework()
+
     def _found_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         if any(o is optimizer for o in self.run.optimizers):
             return
         self.run.optimizers.append(optimizer)
+        self._find_framework()
         if self._primary_optimizer is None:
             self._primary_optimizer = id(optimizer)
         self._each("on_optimizer", optimizer)
@@ -423,7 +433,7 @@ class Diagnosis:
             if section is not None:
                 sections[collector.name] = section
         sections["run"] = {
-            "models": [_describe_model(m) for m in self.run.models],
+            "models": [_describe_model(m, self.run.optimizers) for m in self.run.models],
             "optimizers": [type(o).__name__ for o in self.run.optimizers],
             "scaler": _describe_scaler(self.run.scaler),
             "autocast_seen": self.run.autocast,
@@ -464,15 +474,22 @@ class Diagnosis:
         render_all(self.session, self.out, self.config)
 
 
-def _describe_model(model: torch.nn.Module) -> dict[str, Any]:
+def _describe_model(
+    model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]
+) -> dict[str, Any]:
+    """The model as the optimizer sees it: ``parameters`` it updates, ``frozen`` copies apart."""
     params = list(model.parameters())
+    updated, frozen = split_parameters(model, optimizers)
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params})
     out: dict[str, Any] = {
         "class": type(model).__name__,
-        "parameters": sum(p.numel() for p in params),
+        "parameters": sum(p.numel() for p in updated),
         "param_dtypes": dtypes,
         "devices": sorted({str(p.device) for p in params}),
     }
+    if frozen:
+        out["frozen_parameters"] = sum(p.numel() for p in frozen)
+        out["frozen_in"] = frozen_holders(model, frozen)
     policies = fsdp_mixed_precision(model)
     if policies:
         out["fsdp_mixed_precision"] = policies

@@ -52,6 +52,38 @@ def reference_parameter(module: torch.nn.Module) -> torch.Tensor | None:
     return next((p for p in module.parameters() if p.requires_grad), None)
 
 
+def split_parameters(
+    model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The model's parameters as the optimizer sees them: ``(updated, frozen)``.
+
+    A module the loop calls often holds more than it trains: timm's wrapper keeps a frozen EMA
+    copy beside the model, distillation a teacher. Updated: the parameters some optimizer's
+    param groups hold (where no optimizer is known, those that require a gradient); frozen:
+    the rest, held (and in memory) but never updated -- stated apart, so that a 207,323
+    parameter model with its EMA copy reads 207,323, not 414,646.
+    """
+    params: list[torch.Tensor] = list(model.parameters())
+    held = {id(p) for o in optimizers for g in o.param_groups for p in g.get("params", [])}
+    if held:
+        updated = [p for p in params if id(p) in held]
+    else:
+        updated = [p for p in params if p.requires_grad]
+    ids = {id(p) for p in updated}
+    return updated, [p for p in params if id(p) not in ids]
+
+
+def frozen_holders(model: torch.nn.Module, frozen: list[torch.Tensor], limit: int = 4) -> list[str]:
+    """The model's direct children that hold only frozen parameters (``ema``, ``teacher``)."""
+    ids = {id(p) for p in frozen}
+    out = []
+    for name, child in model.named_children():
+        own = list(child.parameters())
+        if own and all(id(p) in ids for p in own):
+            out.append(name)
+    return out[:limit]
+
+
 def dominant_autocast(seen: dict[str, int]) -> str | None:
     """The low-precision autocast state most forwards ran under ("cpu:bfloat16"), or None.
 
@@ -186,6 +218,8 @@ class Discovery:
         # The block observes the thread that entered it; hooks fire in every thread.
         self._thread = threading.get_ident()
         self._depth = 0
+        #: The module whose first forward is being reported to ``on_model`` (else None).
+        self.discovering: torch.nn.Module | None = None
         self._reevaluating = False  # inside a closure the optimizer called again in its step
         self._roots: set[int] = set()
         self._handles: list[Any] = []
@@ -221,7 +255,11 @@ class Discovery:
         is_new = self._depth == 0 and id(module) not in self._roots
         if is_new and any(True for _ in module.parameters()):
             self._roots.add(id(module))
-            self._on_model(module)
+            self.discovering = module
+            try:
+                self._on_model(module)
+            finally:
+                self.discovering = None
             if self._depth == 0:
                 # Hooks registered now run from the next call on: this forward's state.
                 self._autocast._pre(module, args)

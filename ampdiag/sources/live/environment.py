@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import platform
-from typing import TYPE_CHECKING
+import sys
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -65,6 +66,74 @@ def framework_precision(run: RunContext) -> dict[str, str]:
     return found
 
 
+#: Command-line flags that set a script's mixed precision (timm's ``train.py``, HF example
+#: scripts, ...); their values follow them.
+AMP_FLAGS = frozenset(
+    {
+        "--amp",
+        "--no-amp",
+        "--amp-dtype",
+        "--amp-impl",
+        "--apex-amp",
+        "--native-amp",
+        "--bf16",
+        "--fp16",
+        "--half",
+        "--precision",
+        "--mixed-precision",
+        "--mixed_precision",
+    }
+)
+_VALUED = frozenset({"--amp-dtype", "--amp-impl", "--precision", "--mixed-precision",
+                     "--mixed_precision"})  # fmt: skip
+
+
+def amp_flags(argv: list[str]) -> list[str]:
+    """The mixed-precision flags of a command line, with their values (nothing else of it).
+
+    ``["--amp", "--amp-dtype", "float16"]`` from ``train.py --amp --amp-dtype float16 --lr 3``;
+    ``--flag=value`` is split the same way.
+    """
+    out: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        name, eq, value = str(args[i]).partition("=")
+        if name in AMP_FLAGS:
+            out.append(name)
+            if eq:
+                out.append(value)
+            elif name in _VALUED and i + 1 < len(args):
+                out.append(str(args[i + 1]))
+                i += 1
+        i += 1
+    return out
+
+
+def framework(run: RunContext, precision: dict[str, str]) -> dict[str, Any]:
+    """The framework the run came through, in the terms its fixes are written in.
+
+    ``{"name": "hf-trainer" | "lightning" | "accelerate" | "script", "precision": what it asked
+    for, "flags": the command line's mixed-precision flags}``: a framework found on the stack
+    (`calling_framework`), else Accelerate where it prepared this run's objects, else a script
+    whose command line carries mixed-precision flags (`amp_flags`). Empty when none: a plain
+    loop. The fixes name the framework's setting first (`ampdiag.analysis.advisors.terms`).
+    """
+    found: dict[str, Any] = dict(run.framework or {})
+    flags = amp_flags(sys.argv[1:])
+    if not found:
+        mode = accelerate_mixed_precision()
+        if "accelerate" in precision or (
+            mode is not None and accelerate_prepared(run.models, run.optimizers)
+        ):
+            found = {"name": "accelerate", "precision": precision.get("accelerate", mode)}
+        elif flags:
+            found = {"name": "script"}
+    if found and flags:
+        found["flags"] = flags
+    return found
+
+
 def describe_environment(run: RunContext | None = None) -> Environment:
     """Returns the session's ``environment`` section."""
     env: Environment = {
@@ -97,4 +166,5 @@ def describe_environment(run: RunContext | None = None) -> Environment:
         env["autocast"] = dominant_autocast(run.autocast)
         env["autocast_seen"] = dict(run.autocast)
         env["framework_precision"] = framework_precision(run)
+        env["framework"] = framework(run, env["framework_precision"])
     return env

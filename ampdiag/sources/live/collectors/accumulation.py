@@ -121,6 +121,10 @@ class AccumulationCollector(Collector):
         self._handles.append(
             global_hooks.on_module(model, global_hooks.MODULE_PRE, self._count_forward)
         )
+        if id(model) in run.found_in_forward:
+            # found on its first forward, which began before this hook: the step's first
+            # micro-batch counts too (2 micro-batches read 1 forward)
+            self._forwards += 1
         if self._reference is not None:
             hook = self._reference.register_hook(self._incoming)  # type: ignore[no-untyped-call]
             self._handles.append(hook)

@@ -77,6 +77,11 @@ class RunContext:
         warnings: What the session's report must say went unobserved or wrong (`warn`).
         profile_active: The steps the profiler records when its window was shortened
             (``DiagnoseConfig.profile_long_step_s``), else None: ``config.profile_active``.
+        framework: The training framework whose loop called the model or the optimizer
+            (`ampdiag.compat.frameworks.calling_framework`), once found; None before or where
+            there is none.
+        found_in_forward: Ids of the models found on their first forward (discovery): that
+            forward began before any collector's hook on them was registered.
     """
 
     out: Path
@@ -97,6 +102,8 @@ class RunContext:
     thread: int = field(default_factory=threading.get_ident)
     warnings: list[str] = field(default_factory=list)
     profile_active: int | None = None
+    framework: dict[str, str] | None = None
+    found_in_forward: set[int] = field(default_factory=set)
     traces: dict[Path, Any] = field(default_factory=dict, repr=False)
 
     def read_trace(self, path: Path) -> Any:

@@ -25,6 +25,12 @@ and its time, and for every op that ran in FP32 one reason:
 ``unknown-op``
     an op autocast has no kernel for (custom ops, other namespaces): it runs in whatever dtype
     its inputs have.
+``sdpa-math-fallback``
+    ``F.scaled_dot_product_attention`` ran its math path, which casts BF16/FP16 inputs to FP32
+    itself (on the CPU: with dropout, which no fused CPU kernel takes), and the ops it ran and
+    their backward. Not autocast's policy: a model already on SDPA is never told to use it.
+    Each call's settings (dropout, mask, head size, whether a fused kernel ran) are kept in
+    ``sdpa`` so that the report can say why the fallback ran.
 
 The audit changes nothing. Inside a dispatch mode's handler autocast is excluded, so a custom
 op's Python body would silently run in FP32 under the audit; the handler therefore re-enables
@@ -52,10 +58,28 @@ from ampdiag.sources.live.patching import Patches
 
 LOW = frozenset({torch.float16, torch.bfloat16})
 FP32 = frozenset({torch.float32, torch.float64})
-REASONS = ("autocast-fp32-policy", "promotion", "user-cast", "outside-autocast", "unknown-op")
+REASONS = (
+    "autocast-fp32-policy",
+    "promotion",
+    "user-cast",
+    "outside-autocast",
+    "unknown-op",
+    "sdpa-math-fallback",
+)
 CAST_OPS = frozenset({"_to_copy", "copy_", "to", "_autocast_to_reduced_precision"})
 CAST_METHODS = ("float", "double", "to", "type")
-_REASON_RANK = {"user-cast": 0, "autocast-fp32-policy": 1, "unknown-op": 2}
+_REASON_RANK = {"sdpa-math-fallback": 0, "user-cast": 1, "autocast-fp32-policy": 2, "unknown-op": 3}
+SDPA = "sdpa-math-fallback"
+#: SDPA's fused kernels: one of them running means SDPA did not fall back to its math path.
+SDPA_FUSED = frozenset(
+    {
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_fused_attention_overrideable",
+    }
+)
 
 
 _DT_NAMES: dict[torch.dtype, str] = {}
@@ -104,6 +128,65 @@ class _UserCasts:
         self._patches.restore()
 
 
+class _SdpaCalls:
+    """An observe-only patch of ``F.scaled_dot_product_attention``: each call's settings.
+
+    The audit cannot tell SDPA's math path from autocast by the ops alone (the math path's
+    casts to FP32 happen while autocast is on); inside a call, it can.
+    """
+
+    def __init__(self) -> None:
+        self.current: dict[str, Any] | None = None
+        self.calls: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._patches = Patches()
+        self._patches.wrap(torch.nn.functional, "scaled_dot_product_attention", self._make)
+
+    def _make(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        owner = self
+
+        def sdpa(*args: Any, **kwargs: Any) -> Any:
+            if owner.current is not None:
+                return original(*args, **kwargs)
+            owner.current = call = _sdpa_settings(args, kwargs)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                owner.current = None
+                key = tuple(sorted((k, v) for k, v in call.items() if k != "fused"))
+                row = owner.calls.setdefault(key, {**call, "count": 0})
+                row["count"] += 1
+                row["fused"] = bool(row.get("fused")) or bool(call.get("fused"))
+                row["math"] = bool(row.get("math")) or bool(call.get("math"))
+
+        sdpa.__doc__ = original.__doc__
+        return sdpa
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per distinct call: its settings, count, and which path ran."""
+        return [dict(r) for r in self.calls.values()]
+
+    def close(self) -> None:
+        """Restores the function."""
+        self._patches.restore()
+
+
+def _sdpa_settings(args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What decides SDPA's path: device, dtype, dropout, mask, causal, head size."""
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+    given = dict(zip(names, args, strict=False)) | kwargs
+    q = given.get("query")
+    mask = given.get("attn_mask")
+    return {
+        "device": q.device.type if isinstance(q, torch.Tensor) else None,
+        "dtype": _dt(q.dtype) if isinstance(q, torch.Tensor) else None,
+        "dropout_p": float(given.get("dropout_p") or 0.0),
+        "mask": None if mask is None else ("bool" if mask.dtype == torch.bool else "float"),
+        "is_causal": bool(given.get("is_causal")),
+        "head_dim": int(q.shape[-1]) if isinstance(q, torch.Tensor) and q.dim() else None,
+        "grad": torch.is_grad_enabled(),
+    }
+
+
 def _make_audit_mode(audit: DtypeAudit) -> Any:
     base = ac.dispatch_mode_class()
 
@@ -127,6 +210,7 @@ class DtypeAudit:
     def __init__(self, names: dict[int, str], fallback_autocast: dict[str, bool]) -> None:
         self.tracker = ModuleTracker(names)
         self.casts = _UserCasts()
+        self.sdpa = _SdpaCalls()
         self.fallback = fallback_autocast
         self.tags: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.rows: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -165,10 +249,12 @@ class DtypeAudit:
             finally:
                 self.tracker.close()
                 self.casts.close()
+                self.sdpa.close()
             self._resolve_events()
         else:
             self.tracker.close()
             self.casts.close()
+            self.sdpa.close()
 
     # --- the handler --------------------------------------------------------------------------
 
@@ -316,6 +402,11 @@ class DtypeAudit:
         if info.is_cast and in_f and out_f and in_f[-1].dtype != out_f[0].dtype:
             src, dst = in_f[-1], out_f[0]
             cast_bytes = src.numel() * src.element_size() + dst.numel() * dst.element_size()
+            call = self.sdpa.current
+            if call is not None and not backward and dst.dtype in FP32 and src.dtype in LOW:
+                call["math"] = True  # SDPA's math path up-casts its inputs itself
+                self._tag(out_f, SDPA)
+                return "cast", None, "sdpa", cast_bytes
             if self.casts.depth > 0 and not backward:
                 cast_origin = "user"
             elif backward:
@@ -334,6 +425,9 @@ class DtypeAudit:
             return "cast", None, cast_origin, cast_bytes
         if compute is None:
             return "none", None, None, 0
+        call = self.sdpa.current
+        if call is not None and info.name in SDPA_FUSED:
+            call["fused"] = True
         if compute in LOW:
             return "low", None, None, 0
         if compute in FP32:
@@ -361,12 +455,18 @@ class DtypeAudit:
             "time_us": 0.0,
             "cast_bytes": 0,
         }
-        if not info.foreign and phase == "forward" and device == "cpu":
+        if reason == SDPA or cast_origin == "sdpa":
+            # on a GPU the same call runs a fused kernel: these ops would not run at all
+            row["cuda_policy"] = "sdpa-fused"
+        elif not info.foreign and phase == "forward" and device == "cpu":
             row["cuda_policy"] = ac.cuda_policy_for(info.name, info.overload)
         self.rows[key] = row
         return row
 
     def _reason(self, info: _OpInfo, device: str, active: bool, in_f: list[torch.Tensor]) -> str:
+        call = self.sdpa.current
+        if (call is not None and call.get("math")) or self._input_tag(in_f) == SDPA:
+            return SDPA  # SDPA's math path (or its backward), whatever autocast's state
         if not active:
             return "outside-autocast"
         if info.foreign:

@@ -53,6 +53,7 @@ from ampdiag.sources.live.collectors.base import (
     internal_work,
     is_internal_work,
 )
+from ampdiag.sources.live.discovery import split_parameters
 from ampdiag.sources.live.patching import Patches
 from ampdiag.sources.live.saved_activations import ParameterIndex, saved_by_graph
 
@@ -85,7 +86,8 @@ def model_state(
 
     Returns:
         ``({"parameters", "gradients", "optimizer_state", "optimizer_state_by_key",
-        "parameter_count", "parameter_dtypes"}, {storage address: category},
+        "parameter_count" (updated by an optimizer), "frozen_parameter_count" (held, never
+        updated: an EMA copy), "parameter_dtypes"}, {storage address: category},
         {storage address: storage bytes})``.
     """
     seen: set[tuple[int, int, int]] = set()
@@ -118,9 +120,14 @@ def model_state(
     for opt in optimizers:
         for group in opt.param_groups:
             params.extend(p for p in group["params"] if isinstance(p, torch.Tensor))
+    frozen_ids = {id(p) for m in models for p in split_parameters(m, optimizers)[1]}
+    frozen = 0
     for p in params:
         if add(p, "parameters"):
-            count += local_tensor(p).numel()
+            if id(p) in frozen_ids:  # held, never updated (an EMA copy): stated apart
+                frozen += local_tensor(p).numel()
+            else:
+                count += local_tensor(p).numel()
             dtypes[str(p.dtype).removeprefix("torch.")] += _nbytes(local_tensor(p))
     largest = 0
     for p in params:
@@ -136,6 +143,7 @@ def model_state(
     out["largest_gradient"] = largest
     out["optimizer_state_by_key"] = dict(by_key)
     out["parameter_count"] = count
+    out["frozen_parameter_count"] = frozen
     out["parameter_dtypes"] = dict(dtypes)
     return out, ptrs, sizes
 

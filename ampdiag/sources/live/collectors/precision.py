@@ -107,6 +107,7 @@ class PrecisionCollector(Collector):
                 "autocast_dtypes": audit.autocast_dtypes,
                 "after_backward_ops": audit.other,
                 "reenabled_autocast_ops": sorted(audit.reenabled),
+                "sdpa": audit.sdpa.rows(),
                 "errors": audit.errors,
             }
 
