@@ -182,16 +182,53 @@ def unfixed_by_precision(session: Session) -> bool:
 
 
 def run_precision(session: Session) -> str:
-    """What the run computed in: "fp16", "bf16" or "fp32" (autocast seen, parameters)."""
-    if fp16_in_use(session):
+    """What the run computed in: "fp16", "bf16" or "fp32".
+
+    Autocast seen, the parameters' dtypes, or an FSDP2 ``MixedPrecisionPolicy``'s
+    ``param_dtype`` (FSDP2 computes in it with FP32 parameters and no autocast).
+    """
+    models = [m for m in session.section("run").get("models") or [] if isinstance(m, dict)]
+    policies = {
+        str(p.get("param_dtype"))
+        for m in models
+        for p in m.get("fsdp_mixed_precision") or []
+        if isinstance(p, dict)
+    }
+    if fp16_in_use(session) or "float16" in policies:
         return "fp16"
     seen = session.section("run").get("autocast_seen") or {}
-    models = session.section("run").get("models") or []
-    if any(str(k).endswith(":bfloat16") for k in seen) or any(
-        "bfloat16" in (m.get("param_dtypes") or []) for m in models
+    if (
+        any(str(k).endswith(":bfloat16") for k in seen)
+        or any("bfloat16" in (m.get("param_dtypes") or []) for m in models)
+        or "bfloat16" in policies
     ):
         return "bf16"
     return "fp32"
+
+
+def _lowest(*precisions: Any) -> str:
+    """The lowest of precisions ("fp16" < "bf16" < "fp32"); unknown values ignored."""
+    order = ("fp16", "bf16", "fp32")
+    known = [p for p in precisions if p in order]
+    return min(known, key=order.index) if known else "fp32"
+
+
+def replayed_origin(replay: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Where the eager replay of a compiled model in its own precision went non-finite.
+
+    The sentinel sees a compiled model as one module (its submodules run inside the compiled
+    graph); the replay of its first non-finite step runs the wrapped module eagerly, with
+    each submodule seen (`divergence_replay`: the ``run`` result), and names the one that
+    made the value. None where no such replay ran or it stayed finite.
+    """
+    run = ((replay or {}).get("results") or {}).get("run") or {}
+    origin = run.get("origin")
+    return dict(origin) if isinstance(origin, dict) and origin.get("module") else None
+
+
+def _is_wrapper_name(module: Any) -> bool:
+    """Whether the sentinel named a model's root ("(OptimizedModule)"), not a submodule."""
+    return isinstance(module, str) and module.startswith("(") and module != "(loss)"
 
 
 def assess(session: Session) -> dict[str, Any] | None:
@@ -262,6 +299,9 @@ def assess(session: Session) -> dict[str, Any] | None:
     step, held, module = min(candidates, key=lambda c: c[0])
     holders = sorted({h for s, h, _ in candidates if s == step})
     replay = sentinel.get("replay") or {}
+    located = replayed_origin(replay) if replay.get("step") == step else None
+    if located and (module is None or _is_wrapper_name(module)):
+        module = located["module"]  # the compiled model's submodule, from the eager replay
     if replay.get("step") == step and replay.get("parameters_finite_after") is False:
         holders.append("parameter")  # measured after the step's update
     result["first"] = {"step": step, "held": holders, "module": module}
@@ -295,7 +335,8 @@ def cause(
 ) -> dict[str, Any]:
     """Whether precision caused the first non-finite step, and the numbers that say so."""
     first = result["first"]
-    precision = (replay or {}).get("run_precision") or run_precision(session)
+    # the lower of what the live run saw and what the session recorded (an FSDP2 policy)
+    precision = _lowest((replay or {}).get("run_precision"), run_precision(session))
     out: dict[str, Any] = {"run_precision": precision}
     if replay:
         out["replay_step"] = replay.get("step")
@@ -308,6 +349,8 @@ def cause(
             out["backward_not_replayed"] = replay["backward_not_replayed"]
         if replay.get("loss_scale") is not None:
             out["loss_scale"] = replay["loss_scale"]
+        if replay.get("upcast"):
+            out["upcast"] = replay["upcast"]
     fp32 = ((replay or {}).get("results") or {}).get("fp32") or {}
     trend_ = result.get("trend") or {}
     if precision == "fp32":

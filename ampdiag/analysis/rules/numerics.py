@@ -399,7 +399,23 @@ def _nonfinite_origin(session: Session) -> tuple[dict[str, Any], int] | None:
             found.append(dict(origin))
         if not found:
             return None
-        return min(found, key=lambda o: int(o["step"])), count
+        first = min(found, key=lambda o: int(o["step"]))
+        replay = sentinel.get("replay") or {}
+        located = divergence.replayed_origin(replay)
+        if (
+            located
+            and replay.get("step") == first["step"]
+            and str(first.get("module", "")).startswith("(")
+            and first.get("module") != "(loss)"
+        ):
+            # a compiled model, seen whole by the sentinel: the eager replay names the submodule
+            first = {
+                **first,
+                **located,
+                "parent_code": False,
+                "located_by": "eager replay of the compiled model",
+            }
+        return first, count
     acts = session.section("activations")
     origin = acts.get("nonfinite_origin")
     if not origin:
@@ -464,6 +480,8 @@ def nonfinite_origin(session: Session) -> Iterator[Finding]:
     }
     if parent_code:
         evidence["between"] = list(origin.get("between") or [None, None])
+    if origin.get("located_by"):
+        evidence["located_by"] = origin["located_by"]
     if fp32:
         evidence["fp32_replay_finite"] = fp32["finite"]
     if origin["phase"] == "backward" and skips_persist(session):

@@ -107,7 +107,8 @@ def fix_code(
     ``stored`` is the weights' dtype ("bfloat16" or "float16"); ``measured`` the precision the
     precision A/B measured the fastest safe ("fp32", "tf32", "bf16", "fp16"; None when it
     measured none). The computation is that precision where there is one (one precision
-    advice: the same as ``prefer-*``'s), else autocast in the stored dtype where the device
+    advice: the same as ``prefer-*``'s), else BF16 where the device runs it, else autocast
+    in the stored dtype where the device
     runs it: BF16 needs compute capability 8.0 on a GPU (`device.advisable`), so a GPU below is
     given FP16 with a GradScaler instead, and no advice to keep BF16 weights.
     """
@@ -115,6 +116,10 @@ def fix_code(
     dtype = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(
         measured or "", stored
     )
+    if measured is None and dtype == "float16" and D.advisable(environment, "bf16"):
+        # nothing measured: BF16 where the device runs it (FP16's range needs a GradScaler
+        # and still overflows; the precision advice says the same)
+        dtype = "bfloat16"
     if dtype == "bfloat16" and not D.advisable(environment, "bf16"):
         dtype = "float16"
     keep = dtype == stored  # the stored dtype is one to compute in on this device
