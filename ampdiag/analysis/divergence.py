@@ -304,7 +304,13 @@ def assess(session: Session) -> dict[str, Any] | None:
         module = located["module"]  # the compiled model's submodule, from the eager replay
     if replay.get("step") == step and replay.get("parameters_finite_after") is False:
         holders.append("parameter")  # measured after the step's update
+    made_by_update = replay.get("step") == step and _weights_went_bad(replay)
+    if made_by_update:
+        holders = sorted({*holders, "parameter"})
     result["first"] = {"step": step, "held": holders, "module": module}
+    if made_by_update:
+        # the weights step ``step`` began with were non-finite: an earlier update made them
+        result["first"]["weights_nonfinite_before"] = True
     result["loss_nonfinite_steps"] = len(loss_bad)
     result["skipped_steps"] = int(sc.get("skipped_total", len(skipped))) if enabled else 0
     if enabled and isinstance(scale_min, (int, float)):
@@ -328,6 +334,23 @@ def assess(session: Session) -> dict[str, Any] | None:
             result["trend"]["weights_held"] = True
     result["cause"] = cause(session, result, sentinel.get("replay"))
     return result
+
+
+def _weights_went_bad(replay: dict[str, Any]) -> bool:
+    """Whether the replayed step began with non-finite weights that the run began finite.
+
+    The sentinel checks every step before its update: the first non-finite step's weights
+    already non-finite means an optimizer update made them so, from finite gradients.
+    """
+    now = replay.get("weights") or {}
+    start = now.get("start") or {}
+    values = [now.get("max_abs"), now.get("norm")]
+    begun = [start.get("max_abs"), start.get("norm")]
+    return (
+        any(isinstance(v, (int, float)) and not math.isfinite(v) for v in values)
+        and all(isinstance(v, (int, float)) and math.isfinite(v) for v in begun)
+        and start.get("step") != replay.get("step")
+    )
 
 
 def cause(
@@ -377,6 +400,8 @@ def cause(
                 f"{trend_['steps']} steps before step {first['step']}{held}"
             ),
         }
+    if first.get("weights_nonfinite_before"):
+        return out | _update_cause(session, first["step"], replay or {})
     if not replay or "error" in replay or "finite" not in fp32:
         why = (replay or {}).get("error") or fp32.get("error") or "the step was not replayed"
         return out | {"cause": "unknown", "why": f"no FP32 replay: {why}"}
@@ -423,6 +448,54 @@ def cause(
         ),
         "bf16_finite": bf16,
         **detail,
+    }
+
+
+def _update_cause(session: Session, step: int, replay: dict[str, Any]) -> dict[str, Any]:
+    """The cause where an optimizer update made the weights non-finite (`_weights_went_bad`).
+
+    A replay from those weights is non-finite in any precision and proves nothing. Where the
+    weights are stored in FP16/BF16 (the replay upcast them), the update ran in that dtype --
+    Adam's state too: its ``eps`` below FP16's smallest subnormal (6e-8) is 0, and a
+    gradient whose square underflows gives 0/0 -- so the precision is the cause. FP32 weights
+    made non-finite by finite gradients: not measured here.
+    """
+    stored = replay.get("upcast")
+    if not stored:
+        return {
+            "cause": "unknown",
+            "why": (
+                f"the weights were already non-finite when step {step} began (an optimizer "
+                "update made them so): a replay from them proves nothing"
+            ),
+            "kind": "update",
+        }
+    eps = sorted(
+        {
+            float(e)
+            for o in session.section("weight_updates").get("optimizers") or []
+            for e in o.get("eps") or []
+        }
+    )
+    rounds_to_0 = 2.0 ** (fp16range.FP16_MIN_SUBNORMAL_LOG2 - 1)  # half the smallest subnormal
+    tiny = [e for e in eps if 0 < e <= rounds_to_0] if stored == "float16" else []
+    detail = (
+        f"; the optimizer's eps={tiny[0]:g} is 0 in FP16 (its smallest value is 6e-08): a "
+        "gradient whose square underflows gives 0/0"
+        if tiny
+        else ""
+    )
+    return {
+        "cause": "precision",
+        "kind": "low-precision-update",
+        "why": (
+            f"the {stored} weights were already non-finite when step {step} began, with every "
+            f"earlier step's loss and gradients finite: the optimizer's update in {stored} "
+            f"made them{detail}"
+        ),
+        "text": f"the optimizer's update of the {stored} weights made them non-finite{detail}",
+        "eps_below_fp16": tiny[0] if tiny else None,
+        "upcast": stored,
     }
 
 

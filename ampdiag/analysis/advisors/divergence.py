@@ -146,6 +146,11 @@ def _fix(session: Session, result: dict[str, Any], dev: str) -> str:
                 f"with torch.autocast('{dev}', dtype=torch.bfloat16):",
                 "    loss = loss_fn(model(x), y)",
             ]
+            if why.get("eps_below_fp16"):
+                lines.append(
+                    "# or, keeping FP16 weights: an eps FP16 holds, "
+                    "torch.optim.Adam(model.parameters(), eps=1e-4)"
+                )
             return "\n".join(lines)
         lines = [
             f"FP16 cannot hold step {step}: {why.get('text', why.get('why'))}.",

@@ -632,7 +632,13 @@ def _origin_fix(
                 "Lower the learning rate, warm it up and clip the gradients (the divergence's fix)."
             )
         return f"{inspect} Not the precision ({why.get('why')}). {guard}"
-    if fp32 and fp32["finite"] is False:
+    if why.get("kind") == "low-precision-update":
+        return (
+            f"{module} is where the non-finite weights first showed ({why.get('why')}). Keep "
+            "FP32 weights for the optimizer (model.float(), autocast for the compute): see "
+            "the divergence's fix."
+        )
+    if fp32 and fp32["finite"] is False and why.get("cause") != "precision":
         return (
             f"{inspect} The FP32 replay of the step is non-finite too: not the precision. {guard}"
         )

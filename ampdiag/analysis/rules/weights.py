@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ampdiag.analysis import device as D
+from ampdiag.analysis import divergence
 from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
@@ -173,12 +174,30 @@ def fix_code(
     return "\n".join(lines)
 
 
+def _update_made_nonfinite(session: Session) -> dict[str, Any] | None:
+    """Where an update of the low-precision weights made them non-finite, or None.
+
+    From the divergence's ``low-precision-update`` cause: the first non-finite step and the
+    optimizer's eps that FP16 rounds to 0.
+    """
+    div = session.section("derived").get("divergence") or divergence.assess(session) or {}
+    why = div.get("cause") or {}
+    if why.get("kind") != "low-precision-update":
+        return None
+    return {
+        "step": (div.get("first") or {}).get("step"),
+        "eps_below_fp16": why.get("eps_below_fp16"),
+    }
+
+
 @rule("low-precision-params")
 def low_precision_params(session: Session) -> Iterator[Finding]:
     """An optimizer updates parameters stored in BF16/FP16 instead of FP32 master weights.
 
     Severity from the measured share of sampled updates that rounded away (the value did not
-    change although its gradient was nonzero): high >= 25%, medium >= 5%, low below; medium
+    change although its gradient was nonzero): high >= 25%, medium >= 5%, low below; high
+    where an update in the weights' dtype made them non-finite (the divergence's
+    ``low-precision-update`` cause: an Adam ``eps`` FP16 holds as 0 gives 0/0); medium
     where nothing was measured (a session without the ``weight_updates`` section). Parameters
     whose optimizer keeps an FP32 master copy are not counted; none left: no finding.
     """
@@ -188,8 +207,14 @@ def low_precision_params(session: Session) -> Iterator[Finding]:
     if ev is None:
         return
     share = ev.get("unchanged_share")
+    broke = _update_made_nonfinite(session)
     severity: Severity
-    if share is None:
+    if broke is not None:
+        severity = "high"  # an update in the weights' own dtype made them non-finite
+        ev["update_made_nonfinite_before_step"] = broke["step"]
+        if broke.get("eps_below_fp16") is not None:
+            ev["eps_below_fp16"] = broke["eps_below_fp16"]
+    elif share is None:
         severity = "medium"
     elif share >= THRESHOLDS["unchanged_high"]:
         severity = "high"
@@ -207,6 +232,12 @@ def low_precision_params(session: Session) -> Iterator[Finding]:
         what = (
             f"{share:.0%} of the sampled updates rounded away (the weight did not change "
             "although its gradient was not zero)"
+        )
+    if broke is not None:
+        what += f"; and their update made them non-finite before step {broke['step']}" + (
+            f" (eps={broke['eps_below_fp16']:g} is 0 in FP16: 0/0)"
+            if broke.get("eps_below_fp16") is not None
+            else ""
         )
     lrs = ev.get("lr") or []
     yield Finding(

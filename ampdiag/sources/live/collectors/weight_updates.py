@@ -143,6 +143,10 @@ class WeightUpdatesCollector(Collector):
                 "params": sum(len(g.get("params", [])) for g in groups),
                 "low_precision_in_optimizer": sum(1 for _ in self._low(optimizer)),
                 "lr": sorted(float(lr) for lr in lrs if isinstance(lr, (int, float))),
+                # Adam's epsilon (what FP16 state rounds it to decides a 0/0: `weights` rule)
+                "eps": sorted(
+                    {float(e) for g in groups if isinstance(e := g.get("eps"), (int, float))}
+                ),
                 "master_params": 0,
             }
             self._updated[key] = {}
