@@ -259,3 +259,48 @@ def low_precision_params(session: Session) -> Iterator[Finding]:
         section=SECTION,
         impact=0.8 if share is None else max(0.3, min(1.0, float(share))),
     )
+
+
+#: Backwards that began with the last step's gradients uncleared: at least this many, and this
+#: share of those checked (a loop that forgets ``zero_grad`` does it every step).
+STALE_MIN = 2
+STALE_SHARE = 0.5
+
+
+@rule("grads-not-zeroed")
+def grads_not_zeroed(session: Session) -> Iterator[Finding]:
+    """Gradients are not cleared between optimizer steps (high).
+
+    The ``weight_updates`` section's check: the first backward after an optimizer step found
+    the step's gradients still in place, untouched (the same tensors, no in-place change:
+    neither ``zero_grad()`` nor ``zero_()`` ran), so each update applies the sum of every
+    earlier step's gradients. High when at least ``STALE_MIN`` backwards and ``STALE_SHARE``
+    of those checked began so. Runs with several optimizers are not checked (one's backward
+    may add to the other's gradients before it clears them).
+    """
+    stale = session.section("weight_updates").get("grads_not_cleared") or {}
+    checked, bad = int(stale.get("checked") or 0), int(stale.get("not_cleared") or 0)
+    if bad < STALE_MIN or bad < STALE_SHARE * checked:
+        return
+    yield Finding(
+        id="grads-not-zeroed",
+        severity="high",
+        title=(
+            f"The gradients are never cleared between optimizer steps: {bad} of {checked} "
+            "backwards began with the last step's gradients still in place, so each update "
+            "applies the sum of all earlier steps' gradients."
+        ),
+        evidence={
+            "not_cleared": bad,
+            "checked": checked,
+            "first_steps": list(stale.get("steps") or [])[:10],
+        },
+        fix=(
+            "Clear the gradients once per optimizer step (after the step, or before the "
+            "step's first backward):\n"
+            "optimizer.step()\n"
+            "optimizer.zero_grad(set_to_none=True)"
+        ),
+        section=SECTION,
+        impact=1.0,
+    )
