@@ -249,6 +249,10 @@ def amp_memory_not_reduced(session: Session) -> Iterator[Finding]:
     if not (state_bound or act_bound):
         return
     st = mem.get("model_state") or {}
+    run = session.section("run")
+    sharded = "ZeroRedundancyOptimizer" in (run.get("optimizers") or []) or any(
+        isinstance(m, dict) and m.get("fsdp_mixed_precision") for m in run.get("models") or []
+    )  # the run shards already: no advice to shard
     if state_bound:
         title = (
             f"Autocast cannot shrink most of this memory: the FP32 model state (weights, "
@@ -277,8 +281,12 @@ def amp_memory_not_reduced(session: Session) -> Iterator[Finding]:
         fix=(
             "Autocast keeps FP32 master weights, gradients and optimizer state; it only "
             "shrinks activations. What shrinks model state: an optimizer with less state "
-            "(SGD with momentum: 1 copy instead of Adam's 2; 8-bit Adam via bitsandbytes), "
-            "sharding it across GPUs (torch.distributed.fsdp.fully_shard / ZeRO)"
+            "(SGD with momentum: 1 copy instead of Adam's 2; 8-bit Adam via bitsandbytes)"
+            + (
+                ""
+                if sharded
+                else ", sharding it across GPUs (torch.distributed.fsdp.fully_shard / ZeRO)"
+            )
             + (
                 ", or BF16 parameters (model.to(torch.bfloat16)) with an optimizer built for "
                 "them (stochastic rounding or Kahan-compensated updates): a plain optimizer on "
