@@ -118,8 +118,8 @@ def fix_code(
         measured or "", stored
     )
     if measured is None and dtype == "float16" and D.advisable(environment, "bf16"):
-        # nothing measured: BF16 where the device runs it (FP16's range needs a GradScaler
-        # and still overflows; the precision advice says the same)
+        # nothing measured: BF16 where the device runs it -- its range needs no GradScaler
+        # (prefer-bf16's basis; one precision advice)
         dtype = "bfloat16"
     if dtype == "bfloat16" and not D.advisable(environment, "bf16"):
         dtype = "float16"
