@@ -165,7 +165,7 @@ def _fix(session: Session, result: dict[str, Any], dev: str) -> str:
     exploding = bool((result.get("trend") or {}).get("exploding"))
     fp32 = (why.get("replay") or {}).get("fp32") or {}
     if why["cause"] == "unknown":
-        return _unknown_fix(step, why, dev)
+        return _unknown_fix(step, why, dev, _fsdp_policy(session))
     if exploding:
         scaled = bool(result.get("skipped_steps"))
         return "\n".join(
@@ -198,7 +198,15 @@ def _fix(session: Session, result: dict[str, Any], dev: str) -> str:
     )
 
 
-def _unknown_fix(step: int, why: dict[str, Any], dev: str) -> str:
+def _fsdp_policy(session: Session) -> bool:
+    """Whether the run computes in low precision through an FSDP2 MixedPrecisionPolicy."""
+    return any(
+        isinstance(m, dict) and m.get("fsdp_mixed_precision")
+        for m in session.section("run").get("models") or []
+    )
+
+
+def _unknown_fix(step: int, why: dict[str, Any], dev: str, fsdp: bool = False) -> str:
     """The cause was not measured: how to measure it, never a guess at it.
 
     A replay that did not run (or failed) is no evidence either way: the fix is the
@@ -214,11 +222,23 @@ def _unknown_fix(step: int, why: dict[str, Any], dev: str) -> str:
                 "if not torch.isfinite(loss): print(step, loss)",
             ]
         )
+    head = (
+        f"Measure whether {precision.upper()} caused it: run the same steps in FP32 and see "
+        f"whether step {step} stays finite:"
+    )
+    if fsdp:  # FSDP2 computes in its policy's dtype: the lever is the policy
+        return "\n".join(
+            [
+                head,
+                "policy = MixedPrecisionPolicy(param_dtype=torch.float32)   # FP32 compute",
+                "fully_shard(module, mp_policy=policy)   # each module, then the root",
+                "# finite in FP32: a precision problem; non-finite too: the data, an op or the "
+                "learning rate",
+            ]
+        )
     return "\n".join(
         [
-            f"Whether {precision.upper()} caused step {step} was not measured "
-            f"({why.get('why')}). Measure it: run the same steps in FP32 and see whether "
-            f"step {step} stays finite:",
+            head,
             "model = model.float()   # FP32 weights",
             f"with torch.autocast('{dev}', enabled=False):   # no low-precision compute",
             "    loss = loss_fn(model(x), y)",
