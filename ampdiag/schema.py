@@ -179,10 +179,13 @@ class WeightUpdatesSection(TypedDict, total=False):
     whose gradient was nonzero (``elements``), those the step left bit-for-bit unchanged
     (``unchanged``: the update rounded away), per step (``steps``), in total and for the
     parameters losing the largest share (``params``); see
-    `ampdiag.sources.live.collectors.weight_updates`.
+    `ampdiag.sources.live.collectors.weight_updates`. ``grads_not_cleared``: of the backwards
+    that began after an optimizer step (``checked``), those that began with that step's
+    gradients never cleared (``not_cleared``, their ``steps``).
     """
 
     optimizers: list[dict[str, Any]]
+    grads_not_cleared: dict[str, Any]
     steps: list[dict[str, Any]]
     steps_measured: int
     elements: int

@@ -181,16 +181,53 @@ def unfixed_by_precision(session: Session) -> bool:
 
 
 def run_precision(session: Session) -> str:
-    """What the run computed in: "fp16", "bf16" or "fp32" (autocast seen, parameters)."""
-    if fp16_in_use(session):
+    """What the run computed in: "fp16", "bf16" or "fp32".
+
+    Autocast seen, the parameters' dtypes, or an FSDP2 ``MixedPrecisionPolicy``'s
+    ``param_dtype`` (FSDP2 computes in it with FP32 parameters and no autocast).
+    """
+    models = [m for m in session.section("run").get("models") or [] if isinstance(m, dict)]
+    policies = {
+        str(p.get("param_dtype"))
+        for m in models
+        for p in m.get("fsdp_mixed_precision") or []
+        if isinstance(p, dict)
+    }
+    if fp16_in_use(session) or "float16" in policies:
         return "fp16"
     seen = session.section("run").get("autocast_seen") or {}
-    models = session.section("run").get("models") or []
-    if any(str(k).endswith(":bfloat16") for k in seen) or any(
-        "bfloat16" in (m.get("param_dtypes") or []) for m in models
+    if (
+        any(str(k).endswith(":bfloat16") for k in seen)
+        or any("bfloat16" in (m.get("param_dtypes") or []) for m in models)
+        or "bfloat16" in policies
     ):
         return "bf16"
     return "fp32"
+
+
+def _lowest(*precisions: Any) -> str:
+    """The lowest of precisions ("fp16" < "bf16" < "fp32"); unknown values ignored."""
+    order = ("fp16", "bf16", "fp32")
+    known = [p for p in precisions if p in order]
+    return min(known, key=order.index) if known else "fp32"
+
+
+def replayed_origin(replay: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Where the eager replay of a compiled model in its own precision went non-finite.
+
+    The sentinel sees a compiled model as one module (its submodules run inside the compiled
+    graph); the replay of its first non-finite step runs the wrapped module eagerly, with
+    each submodule seen (`divergence_replay`: the ``run`` result), and names the one that
+    made the value. None where no such replay ran or it stayed finite.
+    """
+    run = ((replay or {}).get("results") or {}).get("run") or {}
+    origin = run.get("origin")
+    return dict(origin) if isinstance(origin, dict) and origin.get("module") else None
+
+
+def _is_wrapper_name(module: Any) -> bool:
+    """Whether the sentinel named a model's root ("(OptimizedModule)"), not a submodule."""
+    return isinstance(module, str) and module.startswith("(") and module != "(loss)"
 
 
 def assess(session: Session) -> dict[str, Any] | None:
@@ -261,9 +298,18 @@ def assess(session: Session) -> dict[str, Any] | None:
     step, held, module = min(candidates, key=lambda c: c[0])
     holders = sorted({h for s, h, _ in candidates if s == step})
     replay = sentinel.get("replay") or {}
+    located = replayed_origin(replay) if replay.get("step") == step else None
+    if located and (module is None or _is_wrapper_name(module)):
+        module = located["module"]  # the compiled model's submodule, from the eager replay
     if replay.get("step") == step and replay.get("parameters_finite_after") is False:
         holders.append("parameter")  # measured after the step's update
+    made_by_update = replay.get("step") == step and _weights_went_bad(replay)
+    if made_by_update:
+        holders = sorted({*holders, "parameter"})
     result["first"] = {"step": step, "held": holders, "module": module}
+    if made_by_update:
+        # the weights step ``step`` began with were non-finite: an earlier update made them
+        result["first"]["weights_nonfinite_before"] = True
     result["loss_nonfinite_steps"] = len(loss_bad)
     result["skipped_steps"] = int(sc.get("skipped_total", len(skipped))) if enabled else 0
     if enabled and isinstance(scale_min, (int, float)):
@@ -289,12 +335,30 @@ def assess(session: Session) -> dict[str, Any] | None:
     return result
 
 
+def _weights_went_bad(replay: dict[str, Any]) -> bool:
+    """Whether the replayed step began with non-finite weights that the run began finite.
+
+    The sentinel checks every step before its update: the first non-finite step's weights
+    already non-finite means an optimizer update made them so, from finite gradients.
+    """
+    now = replay.get("weights") or {}
+    start = now.get("start") or {}
+    values = [now.get("max_abs"), now.get("norm")]
+    begun = [start.get("max_abs"), start.get("norm")]
+    return (
+        any(isinstance(v, (int, float)) and not math.isfinite(v) for v in values)
+        and all(isinstance(v, (int, float)) and math.isfinite(v) for v in begun)
+        and start.get("step") != replay.get("step")
+    )
+
+
 def cause(
     session: Session, result: dict[str, Any], replay: dict[str, Any] | None
 ) -> dict[str, Any]:
     """Whether precision caused the first non-finite step, and the numbers that say so."""
     first = result["first"]
-    precision = (replay or {}).get("run_precision") or run_precision(session)
+    # the lower of what the live run saw and what the session recorded (an FSDP2 policy)
+    precision = _lowest((replay or {}).get("run_precision"), run_precision(session))
     out: dict[str, Any] = {"run_precision": precision}
     if replay:
         out["replay_step"] = replay.get("step")
@@ -307,6 +371,8 @@ def cause(
             out["backward_not_replayed"] = replay["backward_not_replayed"]
         if replay.get("loss_scale") is not None:
             out["loss_scale"] = replay["loss_scale"]
+        if replay.get("upcast"):
+            out["upcast"] = replay["upcast"]
     fp32 = ((replay or {}).get("results") or {}).get("fp32") or {}
     trend_ = result.get("trend") or {}
     if precision == "fp32":
@@ -333,6 +399,8 @@ def cause(
                 f"{trend_['steps']} steps before step {first['step']}{held}"
             ),
         }
+    if first.get("weights_nonfinite_before"):
+        return out | _update_cause(session, first["step"], replay or {})
     if not replay or "error" in replay or "finite" not in fp32:
         why = (replay or {}).get("error") or fp32.get("error") or "the step was not replayed"
         return out | {"cause": "unknown", "why": f"no FP32 replay: {why}"}
@@ -379,6 +447,54 @@ def cause(
         ),
         "bf16_finite": bf16,
         **detail,
+    }
+
+
+def _update_cause(session: Session, step: int, replay: dict[str, Any]) -> dict[str, Any]:
+    """The cause where an optimizer update made the weights non-finite (`_weights_went_bad`).
+
+    A replay from those weights is non-finite in any precision and proves nothing. Where the
+    weights are stored in FP16/BF16 (the replay upcast them), the update ran in that dtype --
+    Adam's state too: its ``eps`` below FP16's smallest subnormal (6e-8) is 0, and a
+    gradient whose square underflows gives 0/0 -- so the precision is the cause. FP32 weights
+    made non-finite by finite gradients: not measured here.
+    """
+    stored = replay.get("upcast")
+    if not stored:
+        return {
+            "cause": "unknown",
+            "why": (
+                f"the weights were already non-finite when step {step} began (an optimizer "
+                "update made them so): a replay from them proves nothing"
+            ),
+            "kind": "update",
+        }
+    eps = sorted(
+        {
+            float(e)
+            for o in session.section("weight_updates").get("optimizers") or []
+            for e in o.get("eps") or []
+        }
+    )
+    rounds_to_0 = 2.0 ** (fp16range.FP16_MIN_SUBNORMAL_LOG2 - 1)  # half the smallest subnormal
+    tiny = [e for e in eps if 0 < e <= rounds_to_0] if stored == "float16" else []
+    detail = (
+        f"; the optimizer's eps={tiny[0]:g} is 0 in FP16 (its smallest value is 6e-08): a "
+        "gradient whose square underflows gives 0/0"
+        if tiny
+        else ""
+    )
+    return {
+        "cause": "precision",
+        "kind": "low-precision-update",
+        "why": (
+            f"the {stored} weights were already non-finite when step {step} began, with every "
+            f"earlier step's loss and gradients finite: the optimizer's update in {stored} "
+            f"made them{detail}"
+        ),
+        "text": f"the optimizer's update of the {stored} weights made them non-finite{detail}",
+        "eps_below_fp16": tiny[0] if tiny else None,
+        "upcast": stored,
     }
 
 

@@ -6,6 +6,15 @@ alone (merged sessions of older versions held whole sessions under ``ranks.membe
 here). A finding every rank has is stated
 once (``evidence.ranks = "all"``), one only some ranks have is named with those ranks. The
 findings about the ranks together (stragglers, communication) come from the merged timeline.
+
+Where the ranks' inf/NaN findings differ (``nonfinite-origin``, ``diverged``, ``stalled``), the
+merge goes by evidence, not by severity: a NaN made on one rank reaches the others through a
+collective (an all-reduce, FSDP's reduce-scatter), where it first shows as a gradient. The rank
+that made it is the one whose first non-finite value came earliest -- the earliest step, then
+the forward before the loss before the backward, a module's own output before a parameter
+gradient (`_origin_key`) -- and the merged finding states that rank's evidence (its step,
+phase and module, ``origin_rank``) and names the other ranks as having received it
+(``received_ranks``).
 """
 
 from __future__ import annotations
@@ -83,6 +92,48 @@ def rank_row(rank: int, doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: Findings about where inf/NaN first appeared: merged by which rank made it (module doc).
+ORIGIN_IDS = frozenset({"nonfinite-origin", "diverged", "stalled"})
+_PHASES = {"forward": 0, "loss": 1, "backward": 2}
+
+
+def _origin_key(f: Finding) -> tuple[float, int, int]:
+    """How early a rank's first non-finite value was: (step, phase, a parameter gradient)."""
+    ev = f.evidence
+    step = ev.get("step")
+    held = ev.get("held") or []
+    if "phase" in ev:
+        phase = _PHASES.get(str(ev.get("phase")), 3)
+    elif isinstance(held, list) and held:
+        phase = 0 if "activation" in held else 1 if "loss" in held else 2
+    else:
+        phase = 3
+    received = int(ev.get("kind") == "parameter gradient")
+    return (float(step) if isinstance(step, (int, float)) else float("inf"), phase, received)
+
+
+def _by_origin(fid: str, hits: list[tuple[int, Finding]], all_ranks: list[int]) -> Finding:
+    """The finding of the rank that made the first non-finite value; the others received it."""
+    hits = sorted(hits, key=lambda h: (_origin_key(h[1]), h[0]))
+    rank, first = hits[0]
+    ranks = sorted({r for r, _ in hits})
+    received = [r for r in ranks if r != rank]
+    evidence = dict(first.evidence)
+    evidence["ranks"] = "all" if ranks == sorted(all_ranks) else ranks
+    evidence["origin_rank"] = rank
+    evidence["received_ranks"] = received
+    through = f" ({_label(received).lower()} received it through a collective)" if received else ""
+    return Finding(
+        id=fid,
+        severity=min((h[1].severity for h in hits), key=SEVERITIES.index),
+        title=f"Rank {rank} made it{through}: {first.title}",
+        evidence=evidence,
+        fix=first.fix,
+        section=first.section,
+        impact=max(h[1].impact for h in hits),
+    )
+
+
 def _label(ranks: list[int]) -> str:
     return ("Rank " if len(ranks) == 1 else "Ranks ") + ", ".join(map(str, ranks))
 
@@ -102,6 +153,9 @@ def merge_findings(
         if fid in taken:
             continue
         ranks = sorted({r for r, _ in hits})
+        if fid in ORIGIN_IDS and len(hits) > 1:
+            out.append(_by_origin(fid, hits, all_ranks))
+            continue
         worst = min(hits, key=lambda h: (SEVERITIES.index(h[1].severity), -h[1].impact))[1]
         evidence = dict(worst.evidence)
         if ranks == sorted(all_ranks):

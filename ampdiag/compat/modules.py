@@ -85,3 +85,25 @@ def eager_copy_fix(copied: torch.nn.Module) -> None:
     """Makes a deep copy of an in-place compiled module (``model.compile()``) run eagerly."""
     if copied.__dict__.get("_compiled_call_impl") is not None:
         copied.__dict__["_compiled_call_impl"] = None
+
+
+def upcast_copy(replica: torch.nn.Module) -> None:
+    """Gives the replica (`without_hooks`) FP32 copies of its FP16/BF16 parameters and buffers.
+
+    Each replica module gets its own ``_parameters``/``_buffers`` dicts (the model's stay as
+    they are); a tensor shared by two modules (a tied LM head) gets one copy, shared alike.
+    """
+    made: dict[int, torch.Tensor] = {}
+
+    def up(t: torch.Tensor | None, param: bool) -> torch.Tensor | None:
+        if t is None or t.dtype not in (torch.float16, torch.bfloat16):
+            return t
+        if id(t) not in made:
+            with torch.no_grad():
+                value = t.detach().float()
+            made[id(t)] = torch.nn.Parameter(value, t.requires_grad) if param else value
+        return made[id(t)]
+
+    for m in replica.modules():
+        m.__dict__["_parameters"] = {k: up(v, True) for k, v in m._parameters.items()}
+        m.__dict__["_buffers"] = {k: up(v, False) for k, v in m._buffers.items()}

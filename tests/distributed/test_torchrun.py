@@ -168,6 +168,37 @@ def test_fsdp2_on_the_local_shard(runs: Path) -> None:
     assert mp["evidence"]["reduce_dtype"] == "float32" and "FP32" in mp["title"]
 
 
+def test_fsdp2_nan_is_named_on_the_rank_that_made_it(runs: Path) -> None:
+    """Rank 1 made the NaN in module 0's forward (its own hook measured it); rank 0 only
+    received it. The merged report names rank 1, its step, phase and module; its cause never
+    contradicts the BF16 policy nor claims an FP32 replay that did not run."""
+    made = {r: truth(runs / "fsdp2-nan", r)["made_nan_at_steps"] for r in (0, 1)}
+    assert made[1] and not made[0], made
+    doc = report(runs / "fsdp2-nan")
+    found = findings(doc)
+    verdict = found["diverged"]  # nonfinite-origin is merged under it (cause not measured)
+    ev = verdict["evidence"]
+    assert ev["origin_rank"] == 1 and ev["received_ranks"] == [0], verdict
+    assert ev["step"] == made[1][0] and "activation" in ev["held"], verdict  # the forward
+    assert ev["module"] == "0" and ev["run_precision"] == "bf16", verdict
+    assert ev["cause"] == "unknown", verdict  # no replay ran: not "not the precision"
+    for f in doc["findings"]:
+        text = f"{f['title']} {f.get('fix') or ''}"
+        assert "computes in FP32" not in text, text
+        assert "FP32 too" not in text, text
+
+
+def test_wrapped_optimizer_steps_count_once(runs: Path) -> None:
+    from ampdiag.session import load
+
+    for rank in (0, 1):
+        t = truth(runs / "zero", rank)
+        run = load(runs / "zero" / f"rank-{rank}").section("run")
+        assert run["optimizer_steps"] == t["steps"], run["optimizer_steps"]
+    for f in report(runs / "zero")["findings"]:
+        assert "ZeRO" not in (f.get("fix") or ""), f
+
+
 def _merged_the_old_way(folder: Path) -> list[dict[str, Any]]:
     """The findings of the merge before summaries: each whole session analysed, traces read."""
     from ampdiag.analysis import analyze

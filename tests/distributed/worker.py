@@ -157,6 +157,68 @@ def fsdp2(out: Path, rank: int) -> None:
     _write_truth(out, rank, {"local_param_bytes": local, "full_param_bytes": full})
 
 
+class _Norm(nn.Module):
+    """Each row divided by its norm: a row of zeros is 0/0 (NaN) in any precision."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / x.norm(dim=-1, keepdim=True)
+
+
+NAN_RANK, NAN_STEP = 1, 4
+
+
+def fsdp2_nan(out: Path, rank: int) -> None:
+    """FSDP2 with a BF16 policy; rank 1's batch at step 4 holds a row of zeros that the
+    model's first module (``0``, a row norm) turns into 0/0 in its forward. Rank 0 only
+    receives the NaN (the gradients' reduce-scatter). Truth: each rank's own first step whose
+    module ``0`` output is non-finite while its input is finite (a forward hook)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(_Norm(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    made: list[int] = []
+
+    def watch(m: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+        if bool(torch.isfinite(inputs[0]).all()) and not bool(torch.isfinite(output).all()):
+            made.append(step)
+
+    model[0].register_forward_hook(watch)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ampdiag.diagnose(model, opt, out=out, **SETTINGS):
+        for step in range(STEPS):
+            x, y = _batch(step, rank)
+            if rank == NAN_RANK and step == NAN_STEP:
+                x[3].zero_()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    _write_truth(out, rank, {"made_nan_at_steps": made[:1], "module": "0"})
+
+
+def zero(out: Path, rank: int) -> None:
+    """ZeroRedundancyOptimizer over AdamW (its step runs the inner optimizer's): 8 steps."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    model = DDP(_model())
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
+    steps = 8
+    with ampdiag.diagnose(model, opt, out=out, **SETTINGS):
+        for step in range(steps):
+            x, y = _batch(step, rank)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = nn.functional.cross_entropy(model(x).float(), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    _write_truth(out, rank, {"steps": steps})
+
+
 SCENARIOS = {
     "ddp-bf16": lambda out, rank: ddp(out, rank, torch.bfloat16),
     "ddp-bf16-plain": lambda out, rank: ddp(out, rank, torch.bfloat16, diagnosed=False),
@@ -166,6 +228,8 @@ SCENARIOS = {
     "accum": lambda out, rank: accumulate(out, rank, no_sync=False),
     "accum-nosync": lambda out, rank: accumulate(out, rank, no_sync=True),
     "fsdp2": fsdp2,
+    "fsdp2-nan": fsdp2_nan,
+    "zero": zero,
 }
 
 

@@ -60,6 +60,8 @@ MISUSE_IDS = frozenset(
         "low-precision-inactive",
         "grad-accumulation-broken",
         "accumulation-loss-not-averaged",
+        "grads-not-zeroed",
+        "grad-scaler-config",
     }
 )
 #: Recommendations that only follow from numerics or misuse findings. (``prefer-bf16`` and its

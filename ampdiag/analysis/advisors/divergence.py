@@ -137,6 +137,21 @@ def _fix(session: Session, result: dict[str, Any], dev: str) -> str:
         # recommendation, measured by the A/B where it ran), never a second opinion here.
         # where the run's first inf/NaN appeared (the sentinel), else the replay's largest value
         module = first.get("module") or why.get("module") or "that module"
+        if why.get("upcast"):  # the weights are stored in low precision, outside autocast
+            lines = [
+                f"{why.get('upcast')} weights cannot hold step {step}: "
+                f"{why.get('text', why.get('why'))}.",
+                "Keep the weights in float32 and compute in low precision through autocast:",
+                "model = model.float()   # not model.half(); make the optimizer after it",
+                f"with torch.autocast('{dev}', dtype=torch.bfloat16):",
+                "    loss = loss_fn(model(x), y)",
+            ]
+            if why.get("eps_below_fp16"):
+                lines.append(
+                    "# or, keeping FP16 weights: an eps FP16 holds, "
+                    "torch.optim.Adam(model.parameters(), eps=1e-4)"
+                )
+            return "\n".join(lines)
         lines = [
             f"FP16 cannot hold step {step}: {why.get('text', why.get('why'))}.",
             f"Keep {module} in float32 (its forward and backward):",
@@ -149,6 +164,8 @@ def _fix(session: Session, result: dict[str, Any], dev: str) -> str:
         return "\n".join(lines)
     exploding = bool((result.get("trend") or {}).get("exploding"))
     fp32 = (why.get("replay") or {}).get("fp32") or {}
+    if why["cause"] == "unknown":
+        return _unknown_fix(step, why, dev, _fsdp_policy(session))
     if exploding:
         scaled = bool(result.get("skipped_steps"))
         return "\n".join(
@@ -177,6 +194,56 @@ def _fix(session: Session, result: dict[str, Any], dev: str) -> str:
             "y = x / d.clamp_min(1e-6)          # not x / d",
             "y = torch.log(x.clamp_min(1e-6))   # not torch.log(x)",
             f"# on {dev}: skip a bad batch with `if not torch.isfinite(loss): continue`",
+        ]
+    )
+
+
+def _fsdp_policy(session: Session) -> bool:
+    """Whether the run computes in low precision through an FSDP2 MixedPrecisionPolicy."""
+    return any(
+        isinstance(m, dict) and m.get("fsdp_mixed_precision")
+        for m in session.section("run").get("models") or []
+    )
+
+
+def _unknown_fix(step: int, why: dict[str, Any], dev: str, fsdp: bool = False) -> str:
+    """The cause was not measured: how to measure it, never a guess at it.
+
+    A replay that did not run (or failed) is no evidence either way: the fix is the
+    measurement that tells precision from the rest -- the same steps in FP32.
+    """
+    precision = str(why.get("run_precision") or "fp32")
+    if precision == "fp32":
+        return "\n".join(
+            [
+                f"Find what made step {step} non-finite: check its batch and the op named "
+                "above, and log the loss each step:",
+                "assert torch.isfinite(x).all(), 'non-finite input'",
+                "if not torch.isfinite(loss): print(step, loss)",
+            ]
+        )
+    head = (
+        f"Measure whether {precision.upper()} caused it: run the same steps in FP32 and see "
+        f"whether step {step} stays finite:"
+    )
+    if fsdp:  # FSDP2 computes in its policy's dtype: the lever is the policy
+        return "\n".join(
+            [
+                head,
+                "policy = MixedPrecisionPolicy(param_dtype=torch.float32)   # FP32 compute",
+                "fully_shard(module, mp_policy=policy)   # each module, then the root",
+                "# finite in FP32: a precision problem; non-finite too: the data, an op or the "
+                "learning rate",
+            ]
+        )
+    return "\n".join(
+        [
+            head,
+            "model = model.float()   # FP32 weights",
+            f"with torch.autocast('{dev}', enabled=False):   # no low-precision compute",
+            "    loss = loss_fn(model(x), y)",
+            "# finite in FP32: a precision problem; non-finite too: the data, an op or the "
+            "learning rate",
         ]
     )
 

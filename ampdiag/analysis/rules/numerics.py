@@ -6,9 +6,11 @@ misuses the GradScaler. Thresholds are in ``THRESHOLDS``; every rule states its 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ampdiag import units
 from ampdiag.analysis import divergence, fp16range
 from ampdiag.analysis.device import advisable, device_type
 from ampdiag.analysis.numerics import fp16_in_use, underflow_summary
@@ -28,6 +30,9 @@ THRESHOLDS: dict[str, float] = {
     # Skips persist (more than the scaler's search for its scale, see `skips_persist`): the
     # scale collapsed, or at least this many skips and skipped_high of the steps.
     "skips_persist_min": 10,
+    # The scaler's own settings skip (`scaler_config_cause`): at least this many skips right
+    # after the scale grew, each at a scale above every scale a step held.
+    "config_regrowth_min": 2,
     # Forward output magnitude against FP16's max (65504): overflow, and within 4x of it.
     "activation_overflow": fp16range.FP16_MAX,
     "activation_near": fp16range.FP16_MAX / 4,
@@ -217,12 +222,111 @@ def skips_persist(session: Session) -> bool:
     if _scale_collapse(sc) is not None:
         return True
     history = sc.get("history") or []
-    if not history:
+    if not history or scaler_config_cause(session) is not None:
         return False
     skipped = int(sc.get("skipped_total", len(sc.get("skipped_steps") or [])))
     steps = int(sc.get("steps_total", len(history))) or len(history)
     return (
         skipped >= THRESHOLDS["skips_persist_min"] and skipped / steps >= THRESHOLDS["skipped_high"]
+    )
+
+
+#: torch.amp.GradScaler's defaults, which the fix restores.
+SCALER_DEFAULTS = {"growth_interval": 2000, "growth_factor": 2.0}
+
+
+def scaler_config_cause(session: Session) -> dict[str, Any] | None:
+    """The evidence that the GradScaler's own settings make it skip, or None.
+
+    A scaler grows its scale every ``growth_interval`` finite steps by ``growth_factor``; when
+    the scale grows past what the gradients hold, the step overflows, is skipped and the scale
+    backs off -- to grow again ``growth_interval`` steps later. With the default 2000 that is
+    one skip in 2000 steps; with 1 it is every other step. The settings are the cause (not a
+    model that overflows) when no skipped step ran at a scale below the largest at which a
+    step held (so a smaller scale always held), and at least ``config_regrowth_min`` skips
+    came right after the scale grew again (not the first search down from ``init_scale``).
+    A gradient that overflows whatever the scale skips at scales that held before, or never
+    holds at all: not this.
+    """
+    sc = session.section("scaler")
+    info = sc.get("scaler") or {}
+    history = [h for h in sc.get("history") or [] if isinstance(h, dict)]
+    if not info.get("enabled") or int(sc.get("history_stride") or 1) != 1 or len(history) < 3:
+        return None
+    skipped = [h for h in history if h.get("skipped")]
+    held = [float(h["scale"]) for h in history if not h.get("skipped")]
+    if len(skipped) < 2 or not held:
+        return None
+    ceiling = max(held)
+    if min(float(h["scale"]) for h in skipped) < ceiling:
+        return None  # it overflowed below a scale that held before: the gradients
+    regrown = 0
+    for prev, h in itertools.pairwise(history):
+        grew = float(h["scale"]) > float(prev["scale"])
+        if h.get("skipped") and not prev.get("skipped") and grew:
+            regrown += 1
+    if regrown < THRESHOLDS["config_regrowth_min"]:
+        return None
+    n_skipped = int(sc.get("skipped_total", len(skipped)))
+    n_steps = int(sc.get("steps_total", len(history))) or len(history)
+    if n_skipped / n_steps < THRESHOLDS["skipped_medium"]:
+        return None
+    interval = info.get("growth_interval")
+    factor = info.get("growth_factor")
+    return {
+        "skipped": n_skipped,
+        "steps": n_steps,
+        "share": round(n_skipped / n_steps, 4),
+        "skips_after_growth": regrown,
+        "held_scale": ceiling,
+        "overflow_scale": min(float(h["scale"]) for h in skipped),
+        "growth_interval": interval,
+        "growth_factor": factor,
+        "backoff_factor": info.get("backoff_factor"),
+        "init_scale": info.get("init_scale"),
+    }
+
+
+@rule("grad-scaler-config")
+def grad_scaler_config(session: Session) -> Iterator[Finding]:
+    """The GradScaler skips because of its own settings, not because the model overflows.
+
+    Medium (>= 5% of steps skipped), high (>= 25%): every skip ran at a scale above every
+    scale a step held, and the scale kept growing back into the overflow
+    (`scaler_config_cause`). The fix is the scaler's settings -- the defaults, starting at the
+    scale that held -- never the precision: FP16 holds this model's gradients.
+    """
+    ev = scaler_config_cause(session)
+    if ev is None:
+        return
+    sev: Severity = "high" if ev["share"] >= THRESHOLDS["skipped_high"] else "medium"
+    interval, factor = ev.get("growth_interval"), ev.get("growth_factor")
+    settings = []
+    if isinstance(interval, (int, float)) and interval < SCALER_DEFAULTS["growth_interval"]:
+        settings.append(f"growth_interval={int(interval)}")
+    if isinstance(factor, (int, float)) and factor > SCALER_DEFAULTS["growth_factor"]:
+        settings.append(f"growth_factor={factor:g}")
+    named = " and ".join(settings) or "its settings"
+    dev = device_type(session.environment)
+    yield Finding(
+        id="grad-scaler-config",
+        severity=sev,
+        title=(
+            f"The GradScaler's {named} makes it skip {ev['skipped']} of {ev['steps']} steps: "
+            f"{ev['skips_after_growth']} times the scale grew back to "
+            f"{units.count(ev['overflow_scale'])}, overflowed and backed off, while steps held "
+            f"at scales up to {units.count(ev['held_scale'])}. FP16 holds this model's "
+            "gradients at such a scale: the scaler's settings are the cause, not the precision."
+        ),
+        evidence=ev,
+        fix=(
+            "Use the GradScaler's default growth (or grow rarely), starting from the scale "
+            "that held:\n"
+            f"scaler = torch.amp.GradScaler({dev!r}, init_scale={ev['held_scale']:g}, "
+            "growth_interval=2000, growth_factor=2.0)"
+        ),
+        section=SECTION,
+        impact=ev["share"],
     )
 
 
@@ -268,12 +372,15 @@ def loss_scale_collapse(session: Session) -> Iterator[Finding]:
 
 @rule("skipped-steps")
 def skipped_steps(session: Session) -> Iterator[Finding]:
-    """The GradScaler skipped steps: >= 25% (high), >= 5% (medium), any (low)."""
+    """The GradScaler skipped steps: >= 25% (high), >= 5% (medium), any (low).
+
+    Not where its own settings made the skips (``grad-scaler-config`` states them instead).
+    """
     sc = session.section("scaler")
     history = sc.get("history") or []
     skipped = sc.get("skipped_steps") or []
-    if not history or not skipped:
-        return
+    if not history or not skipped or scaler_config_cause(session) is not None:
+        return  # none, or the scaler's own settings made them (grad-scaler-config)
     # Totals count every step where the history and the step lists are bounded.
     n_skipped = int(sc.get("skipped_total", len(skipped)))
     n_steps = int(sc.get("steps_total", len(history))) or len(history)
@@ -399,7 +506,23 @@ def _nonfinite_origin(session: Session) -> tuple[dict[str, Any], int] | None:
             found.append(dict(origin))
         if not found:
             return None
-        return min(found, key=lambda o: int(o["step"])), count
+        first = min(found, key=lambda o: int(o["step"]))
+        replay = sentinel.get("replay") or {}
+        located = divergence.replayed_origin(replay)
+        if (
+            located
+            and replay.get("step") == first["step"]
+            and str(first.get("module", "")).startswith("(")
+            and first.get("module") != "(loss)"
+        ):
+            # a compiled model, seen whole by the sentinel: the eager replay names the submodule
+            first = {
+                **first,
+                **located,
+                "parent_code": False,
+                "located_by": "eager replay of the compiled model",
+            }
+        return first, count
     acts = session.section("activations")
     origin = acts.get("nonfinite_origin")
     if not origin:
@@ -464,6 +587,8 @@ def nonfinite_origin(session: Session) -> Iterator[Finding]:
     }
     if parent_code:
         evidence["between"] = list(origin.get("between") or [None, None])
+    if origin.get("located_by"):
+        evidence["located_by"] = origin["located_by"]
     if fp32:
         evidence["fp32_replay_finite"] = fp32["finite"]
     if origin["phase"] == "backward" and skips_persist(session):
@@ -507,7 +632,13 @@ def _origin_fix(
                 "Lower the learning rate, warm it up and clip the gradients (the divergence's fix)."
             )
         return f"{inspect} Not the precision ({why.get('why')}). {guard}"
-    if fp32 and fp32["finite"] is False:
+    if why.get("kind") == "low-precision-update":
+        return (
+            f"{module} is where the non-finite weights first showed ({why.get('why')}). Keep "
+            "FP32 weights for the optimizer (model.float(), autocast for the compute): see "
+            "the divergence's fix."
+        )
+    if fp32 and fp32["finite"] is False and why.get("cause") != "precision":
         return (
             f"{inspect} The FP32 replay of the step is non-finite too: not the precision. {guard}"
         )

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ampdiag.analysis import device as D
+from ampdiag.analysis import divergence
 from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
@@ -107,7 +108,8 @@ def fix_code(
     ``stored`` is the weights' dtype ("bfloat16" or "float16"); ``measured`` the precision the
     precision A/B measured the fastest safe ("fp32", "tf32", "bf16", "fp16"; None when it
     measured none). The computation is that precision where there is one (one precision
-    advice: the same as ``prefer-*``'s), else autocast in the stored dtype where the device
+    advice: the same as ``prefer-*``'s), else BF16 where the device runs it, else autocast
+    in the stored dtype where the device
     runs it: BF16 needs compute capability 8.0 on a GPU (`device.advisable`), so a GPU below is
     given FP16 with a GradScaler instead, and no advice to keep BF16 weights.
     """
@@ -115,6 +117,10 @@ def fix_code(
     dtype = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(
         measured or "", stored
     )
+    if measured is None and dtype == "float16" and D.advisable(environment, "bf16"):
+        # nothing measured: BF16 where the device runs it -- its range needs no GradScaler
+        # (prefer-bf16's basis; one precision advice)
+        dtype = "bfloat16"
     if dtype == "bfloat16" and not D.advisable(environment, "bf16"):
         dtype = "float16"
     keep = dtype == stored  # the stored dtype is one to compute in on this device
@@ -168,12 +174,30 @@ def fix_code(
     return "\n".join(lines)
 
 
+def _update_made_nonfinite(session: Session) -> dict[str, Any] | None:
+    """Where an update of the low-precision weights made them non-finite, or None.
+
+    From the divergence's ``low-precision-update`` cause: the first non-finite step and the
+    optimizer's eps that FP16 rounds to 0.
+    """
+    div = session.section("derived").get("divergence") or divergence.assess(session) or {}
+    why = div.get("cause") or {}
+    if why.get("kind") != "low-precision-update":
+        return None
+    return {
+        "step": (div.get("first") or {}).get("step"),
+        "eps_below_fp16": why.get("eps_below_fp16"),
+    }
+
+
 @rule("low-precision-params")
 def low_precision_params(session: Session) -> Iterator[Finding]:
     """An optimizer updates parameters stored in BF16/FP16 instead of FP32 master weights.
 
     Severity from the measured share of sampled updates that rounded away (the value did not
-    change although its gradient was nonzero): high >= 25%, medium >= 5%, low below; medium
+    change although its gradient was nonzero): high >= 25%, medium >= 5%, low below; high
+    where an update in the weights' dtype made them non-finite (the divergence's
+    ``low-precision-update`` cause: an Adam ``eps`` FP16 holds as 0 gives 0/0); medium
     where nothing was measured (a session without the ``weight_updates`` section). Parameters
     whose optimizer keeps an FP32 master copy are not counted; none left: no finding.
     """
@@ -183,8 +207,14 @@ def low_precision_params(session: Session) -> Iterator[Finding]:
     if ev is None:
         return
     share = ev.get("unchanged_share")
+    broke = _update_made_nonfinite(session)
     severity: Severity
-    if share is None:
+    if broke is not None:
+        severity = "high"  # an update in the weights' own dtype made them non-finite
+        ev["update_made_nonfinite_before_step"] = broke["step"]
+        if broke.get("eps_below_fp16") is not None:
+            ev["eps_below_fp16"] = broke["eps_below_fp16"]
+    elif share is None:
         severity = "medium"
     elif share >= THRESHOLDS["unchanged_high"]:
         severity = "high"
@@ -202,6 +232,12 @@ def low_precision_params(session: Session) -> Iterator[Finding]:
         what = (
             f"{share:.0%} of the sampled updates rounded away (the weight did not change "
             "although its gradient was not zero)"
+        )
+    if broke is not None:
+        what += f"; and their update made them non-finite before step {broke['step']}" + (
+            f" (eps={broke['eps_below_fp16']:g} is 0 in FP16: 0/0)"
+            if broke.get("eps_below_fp16") is not None
+            else ""
         )
     lrs = ev.get("lr") or []
     yield Finding(
@@ -222,4 +258,49 @@ def low_precision_params(session: Session) -> Iterator[Finding]:
         ),
         section=SECTION,
         impact=0.8 if share is None else max(0.3, min(1.0, float(share))),
+    )
+
+
+#: Backwards that began with the last step's gradients uncleared: at least this many, and this
+#: share of those checked (a loop that forgets ``zero_grad`` does it every step).
+STALE_MIN = 2
+STALE_SHARE = 0.5
+
+
+@rule("grads-not-zeroed")
+def grads_not_zeroed(session: Session) -> Iterator[Finding]:
+    """Gradients are not cleared between optimizer steps (high).
+
+    The ``weight_updates`` section's check: the first backward after an optimizer step found
+    the step's gradients still in place, untouched (the same tensors, no in-place change:
+    neither ``zero_grad()`` nor ``zero_()`` ran), so each update applies the sum of every
+    earlier step's gradients. High when at least ``STALE_MIN`` backwards and ``STALE_SHARE``
+    of those checked began so. Runs with several optimizers are not checked (one's backward
+    may add to the other's gradients before it clears them).
+    """
+    stale = session.section("weight_updates").get("grads_not_cleared") or {}
+    checked, bad = int(stale.get("checked") or 0), int(stale.get("not_cleared") or 0)
+    if bad < STALE_MIN or bad < STALE_SHARE * checked:
+        return
+    yield Finding(
+        id="grads-not-zeroed",
+        severity="high",
+        title=(
+            f"The gradients are never cleared between optimizer steps: {bad} of {checked} "
+            "backwards began with the last step's gradients still in place, so each update "
+            "applies the sum of all earlier steps' gradients."
+        ),
+        evidence={
+            "not_cleared": bad,
+            "checked": checked,
+            "first_steps": list(stale.get("steps") or [])[:10],
+        },
+        fix=(
+            "Clear the gradients once per optimizer step (after the step, or before the "
+            "step's first backward):\n"
+            "optimizer.step()\n"
+            "optimizer.zero_grad(set_to_none=True)"
+        ),
+        section=SECTION,
+        impact=1.0,
     )

@@ -133,6 +133,7 @@ class Diagnosis:
         # the whole block's, to tell "no step boundary" from "too short" (the rules read them)
         self._backward_calls = 0
         self._optimizer_steps = 0
+        self._optimizer_depth = 0  # optimizer steps running (a wrapper's holds its inner one's)
         self._boundaries = 0
         self._manual_steps = False
         self._primary_optimizer: int | None = None
@@ -309,10 +310,14 @@ class Diagnosis:
 
     def _before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         self._found_optimizer(optimizer)
+        self._optimizer_depth += 1
         self._each("before_optimizer_step", optimizer)
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self._optimizer_steps += 1
+        # a wrapper's step (ZeroRedundancyOptimizer) runs its inner optimizer's: one step
+        self._optimizer_depth = max(0, self._optimizer_depth - 1)
+        if self._optimizer_depth == 0:
+            self._optimizer_steps += 1
         self._each("after_optimizer_step", optimizer)
         # With a GradScaler, scaler.update() ends the step: scaler.step() skips
         # optimizer.step() on inf/NaN, and a skipped step is still a step.

@@ -38,11 +38,17 @@ import torch
 
 from ampdiag.compat import scaler as compat_scaler
 from ampdiag.compat.autocast import AutocastHeldOff
-from ampdiag.compat.dtensor import is_dtensor, local_tensor
+from ampdiag.compat.dtensor import fsdp_mixed_precision, is_dtensor, local_tensor
+from ampdiag.compat.modules import uncompiled
 from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors._finite import max_abs_token
 from ampdiag.sources.live.collectors.base import RunContext, internal_work, tensors_in
-from ampdiag.sources.live.collectors.fp32_replay import MAX_OUTPUT_VALUES, replaying
+from ampdiag.sources.live.collectors.fp32_replay import (
+    MAX_OUTPUT_VALUES,
+    low_precision_state,
+    replaying,
+    upcast_inputs,
+)
 
 #: Backward-only non-finite steps in a row (an enabled GradScaler skipping them) from which the
 #: skips are not the scaler searching its scale (from torch's 65536 it halves to 256 in 8
@@ -104,6 +110,9 @@ class ReplayKeeper:
         if self._root is not None or self.done:
             return
         self._root = model
+        # a compiled model's submodules by the names the user knows (no "_orig_mod.")
+        for name, m in uncompiled(model)[0].named_modules():
+            self._names.setdefault(id(m), name or f"({type(m).__name__})")
         for name, m in model.named_modules():
             self._names.setdefault(id(m), name or f"({type(m).__name__})")
         self._params = [p for p in model.parameters() if p.requires_grad]
@@ -303,15 +312,31 @@ class ReplayKeeper:
             record["backward_not_replayed"] = why_no_backward
             grad = None
         device_type = "cuda" if any(p.is_cuda for p in self._params[:1]) else "cpu"
-        for target in ("fp32", "bf16") if precision == "fp16" else ("fp32",):
+        stored = low_precision_state(model)
+        if stored is not None:
+            record["upcast"] = stored  # replayed on an FP32 copy of the low-precision weights
+        compiled = uncompiled(model)[0] is not model or uncompiled(model)[1]
+        targets = ["fp32", "bf16"] if precision == "fp16" else ["fp32"]
+        if compiled:
+            record["compiled"] = True
+            targets.append("run")  # the run's own precision, eagerly: which submodule made it
+        for target in targets:
             try:
                 with internal_work():
                     record["results"][target] = replay_step(
-                        model, call.args, call.kwargs, grad, target, device_type, self._names
+                        model,
+                        call.args,
+                        call.kwargs,
+                        grad,
+                        target,
+                        device_type,
+                        self._names,
+                        upcast=stored is not None and target != "run",
+                        autocast_dtype=_autocast_dtype(run) if target == "run" else None,
                     )
             except Exception as exc:  # never the user's problem: the record says why
                 record["results"][target] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-        if all("error" in r for r in record["results"].values()):
+        if "error" in record["results"]["fp32"]:
             record["error"] = record["results"]["fp32"]["error"]
         self._records[trigger] = record
         self._calls = []
@@ -351,10 +376,28 @@ def _scaler_enabled(run: RunContext) -> bool:
     return compat_scaler.scale_tensor(run.scaler) is not None
 
 
+def _autocast_dtype(run: RunContext) -> torch.dtype | None:
+    """The low-precision dtype autocast computed the run's forwards in, or None."""
+    seen = " ".join(run.autocast)
+    if ":float16" in seen:
+        return torch.float16
+    return torch.bfloat16 if ":bfloat16" in seen else None
+
+
 def run_precision(run: RunContext) -> str:
-    """What the run computed in: "fp16", "bf16" or "fp32" (autocast seen, or parameters)."""
+    """What the run computed in: "fp16", "bf16" or "fp32".
+
+    Autocast seen at the forward, the parameters' dtypes, or an FSDP2 ``MixedPrecisionPolicy``
+    (its ``param_dtype`` is what the forward and backward compute in, with FP32 parameters).
+    """
     seen = " ".join(run.autocast)
     dtypes = {p.dtype for m in run.models for p in m.parameters()}
+    for m in run.models:
+        try:
+            policies = fsdp_mixed_precision(m)
+        except Exception:  # a refinement: the policy unread
+            policies = []
+        seen += " " + " ".join(f":{p.get('param_dtype')}" for p in policies)
     if ":float16" in seen or torch.float16 in dtypes:
         return "fp16"
     if ":bfloat16" in seen or torch.bfloat16 in dtypes:
@@ -370,11 +413,20 @@ def replay_step(
     precision: str,
     device_type: str,
     names: dict[int, str],
+    *,
+    upcast: bool = False,
+    autocast_dtype: torch.dtype | None = None,
 ) -> dict[str, Any]:
     """The step's forward (and backward from ``grad_output``) in ``precision``: what it holds.
 
     ``precision`` "fp32": autocast held off everywhere (`AutocastHeldOff`); "bf16": under
-    ``torch.autocast(device_type, torch.bfloat16)``. Returns ``finite`` (every module output,
+    ``torch.autocast(device_type, torch.bfloat16)``; "run": as the run computed it (under
+    ``torch.autocast(device_type, autocast_dtype)`` where given), eagerly -- a compiled
+    model's submodules each seen (`fp32_replay.replaying`): which one made the value.
+    ``upcast``: the model's FP16/BF16 parameters (``model.half()``) and floating inputs are
+    replayed as FP32 copies (``result["upcast"]``), the model's own left alone.
+
+    Returns ``finite`` (every module output,
     and where replayed every gradient, finite), ``origin`` ({module, phase, kind} of the first
     non-finite value: forward, the deepest-first module output in execution order; backward,
     the first module in backward order whose output gradient is finite and input gradient is
@@ -387,7 +439,9 @@ def replay_step(
     """
     rows: list[tuple[torch.nn.Module, torch.Tensor, torch.Tensor | None]] = []
     device = grad_output.device if grad_output is not None else torch.device(device_type)
-    with replaying(model, device) as (replica, origin):
+    if upcast:
+        args, kwargs = upcast_inputs(args), upcast_inputs(kwargs)
+    with replaying(model, device, upcast=upcast) as (replica, origin):
 
         def keep(module: torch.nn.Module, inputs: Any, output: Any) -> None:
             t = next(tensors_in(output), None)
@@ -404,6 +458,13 @@ def replay_step(
                     out = next(tensors_in(replica(*args, **kwargs)), None)
                 if held_off.low is not None:
                     raise ValueError(f"the FP32 replay is not FP32: {held_off.low}")
+            elif precision == "run":
+                with torch.autocast(
+                    device_type,
+                    dtype=autocast_dtype or torch.float32,
+                    enabled=autocast_dtype is not None,
+                ):
+                    out = next(tensors_in(replica(*args, **kwargs)), None)
             else:
                 with torch.autocast(device_type, dtype=torch.bfloat16):
                     out = next(tensors_in(replica(*args, **kwargs)), None)
@@ -416,6 +477,8 @@ def replay_step(
             raise ValueError("the replayed forward returned no tensor")
         fwd = _max_abs([t.detach() for _, t, _ in rows])
         result: dict[str, Any] = {"precision": precision, "forward_finite": True}
+        if upcast:
+            result["upcast"] = True
         origin_at: dict[str, Any] | None = None
         finite_vals = [(v, m) for v, (m, _, _) in zip(fwd, rows, strict=True) if math.isfinite(v)]
         for v, (m, _, _) in zip(fwd, rows, strict=True):
@@ -433,7 +496,7 @@ def replay_step(
                     f"the replayed output {tuple(out.shape)} is not the step's "
                     f"{tuple(grad_output.shape)}"
                 )
-            origin_at = _backward(rows, out, grad_output, model, names, result)
+            origin_at = _backward(rows, out, grad_output, replica, names, result)
         result["backward_replayed"] = bool(backward)
     result["origin"] = origin_at
     result["finite"] = origin_at is None
@@ -444,17 +507,21 @@ def _backward(
     rows: list[tuple[torch.nn.Module, torch.Tensor, torch.Tensor | None]],
     out: torch.Tensor,
     grad_output: torch.Tensor,
-    model: torch.nn.Module,
+    replica: torch.nn.Module,
     names: dict[int, str],
     result: dict[str, Any],
 ) -> dict[str, Any] | None:
-    """The replay's backward: max |g| per module output and input, and the first non-finite."""
+    """The replay's backward: max |g| per module output and input, and the first non-finite.
+
+    ``replica``: the module tree the forward ran (its parameters, FP32 copies where upcast,
+    named as the model's).
+    """
     unique: dict[int, torch.Tensor] = {}
     for _, t, x in rows:
         for held in (t, x):
             if held is not None and held.requires_grad:
                 unique.setdefault(id(held), held)
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in replica.parameters() if p.requires_grad]
     wrt = [*unique.values(), *params]
     found = torch.autograd.grad(out, wrt, grad_outputs=grad_output.to(out.dtype), allow_unused=True)
     grads = dict(zip(unique, found[: len(unique)], strict=True))
@@ -483,7 +550,7 @@ def _backward(
         where = max(made, key=lambda n: -1 if n.startswith("(") else n.count(".") + 1)
         origin_at = {"module": where, "phase": "backward", "kind": "input gradient"}
     if origin_at is None:
-        owners = {id(p): n for n, p in model.named_parameters()}
+        owners = {id(p): n for n, p in replica.named_parameters()}
         for param, pv in zip(params, pvals, strict=True):
             if not math.isfinite(pv):
                 name = owners.get(id(param), "?").rpartition(".")[0] or "?"

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from ampdiag.compat.autocast import AutocastHeldOff
-from ampdiag.compat.modules import without_hooks
+from ampdiag.compat.modules import eager_copy_fix, uncompiled, upcast_copy, without_hooks
 from ampdiag.sources.live.collectors._exponents import sample_view
 from ampdiag.sources.live.collectors.base import tensors_in
 
@@ -50,20 +50,28 @@ class ReplayError(Exception):
 
 @contextmanager
 def replaying(
-    model: torch.nn.Module, device: torch.device
+    model: torch.nn.Module, device: torch.device, upcast: bool = False
 ) -> Iterator[tuple[torch.nn.Module, dict[int, torch.nn.Module]]]:
     """The hook-free replica of ``model`` (`without_hooks`) and its origin map, for a replay.
 
     Inside: grad mode on and the RNG forked (the replay's dropout draws nothing the training
     sees; ``device``: the CUDA device whose generator to fork). On exit every buffer is
     copied back (BatchNorm's running statistics count the replayed batch otherwise). Shared
-    by every replay of a step (this module's, `divergence_replay`'s).
+    by every replay of a step (this module's, `divergence_replay`'s). A compiled model
+    (``torch.compile``) is replayed through the module it wraps, eagerly: its submodules are
+    then seen one by one. ``upcast``: the replica's FP16/BF16 parameters and buffers are FP32
+    copies (`upcast_copy`): a model stored in low precision (``model.half()``) replays in
+    FP32 without touching its own weights.
     """
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         # DDP's own forward readies its reducer for a backward of the parameters that the
         # replay never runs: the next real step would fail. The wrapped module computes alike.
         model = model.module
+    model = uncompiled(model)[0]
     replica, origin = without_hooks(model)
+    eager_copy_fix(replica)
+    if upcast:
+        upcast_copy(replica)
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     devices = [device.index or 0] if device.type == "cuda" else []
     try:
@@ -73,6 +81,26 @@ def replaying(
         with torch.no_grad():
             for buf, value in saved:
                 buf.copy_(value)
+
+
+def low_precision_state(model: torch.nn.Module) -> str | None:
+    """The low-precision dtype the model's parameters are stored in ("float16"...), or None."""
+    model = uncompiled(model)[0]
+    found = next((p.dtype for p in model.parameters() if p.dtype in _LOW), None)
+    return str(found).removeprefix("torch.") if found is not None else None
+
+
+def upcast_inputs(value: Any) -> Any:
+    """``value`` (a step's forward inputs) with its FP16/BF16 floating tensors as FP32 copies."""
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.dtype in _LOW else value
+    if isinstance(value, tuple):
+        return tuple(upcast_inputs(v) for v in value)
+    if isinstance(value, list):
+        return [upcast_inputs(v) for v in value]
+    if isinstance(value, dict):
+        return {k: upcast_inputs(v) for k, v in value.items()}
+    return value
 
 
 def reference_gradients(

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from ampdiag.compat import autograd
 from ampdiag.schema import WeightUpdatesSection
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work
 
@@ -47,6 +48,8 @@ MAX_PARAMS = 256
 MAX_ELEMENTS = 4096
 #: Per-step records kept (the totals cover every sampled step).
 MAX_STEPS = 200
+#: Gradients watched for being cleared between optimizer steps (the smallest ones: a bias).
+STALE_WATCHED = 4
 #: Parameters named in the section (the largest shares of lost updates first).
 TOP_PARAMS = 10
 #: Optimizer-state dtypes that hold a master copy of a low-precision weight (or its low bits).
@@ -110,6 +113,10 @@ class WeightUpdatesCollector(Collector):
         self._masters: dict[int, set[int]] = {}  # optimizer id -> ids of params with a master
         # optimizer id -> id(p) -> (name, dtype, numel) of the low-precision params it updates
         self._updated: dict[int, dict[int, tuple[str, str, int]]] = {}
+        # gradients never cleared: (param, its gradient after the step, its version then)
+        self._stale_watch: list[tuple[torch.Tensor, torch.Tensor, int]] = []
+        self._stale = {"checked": 0, "not_cleared": 0}
+        self._stale_steps: list[int] = []
 
     def start(self, run: RunContext) -> None:
         """Remembers the run (its schedule and models)."""
@@ -143,6 +150,10 @@ class WeightUpdatesCollector(Collector):
                 "params": sum(len(g.get("params", [])) for g in groups),
                 "low_precision_in_optimizer": sum(1 for _ in self._low(optimizer)),
                 "lr": sorted(float(lr) for lr in lrs if isinstance(lr, (int, float))),
+                # Adam's epsilon (what FP16 state rounds it to decides a 0/0: `weights` rule)
+                "eps": sorted(
+                    {float(e) for g in groups if isinstance(e := g.get("eps"), (int, float))}
+                ),
                 "master_params": 0,
             }
             self._updated[key] = {}
@@ -153,6 +164,44 @@ class WeightUpdatesCollector(Collector):
         seen = self._updated[id(optimizer)]
         if id(p) not in seen:
             seen[id(p)] = (self._name(p), str(p.dtype).replace("torch.", ""), p.numel())
+
+    def before_backward(self, run: RunContext, tensor: torch.Tensor) -> None:
+        """At the first backward after an optimizer step: were the gradients cleared?
+
+        A gradient the step left that is still the same tensor, with no in-place change since
+        (its version counter unchanged: ``zero_()`` bumps it, ``zero_grad()`` sets it to None),
+        is about to have this backward's gradient added to it: the next update applies the
+        sum of every earlier step's gradients. Python-only checks of a few small parameters
+        (no device work, no read).
+        """
+        watch, self._stale_watch = self._stale_watch, []
+        if not watch or not run.on_block_thread():
+            return
+        self._stale["checked"] += 1
+        if all(p.grad is g and autograd.version(g) == v for p, g, v in watch):
+            self._stale["not_cleared"] += 1
+            if len(self._stale_steps) < MAX_STEPS:
+                self._stale_steps.append(run.step)
+
+    def _watch_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Keeps the smallest gradients the step used (a few), to see whether they get cleared."""
+        grads = [
+            p
+            for group in getattr(optimizer, "param_groups", [])
+            for p in group.get("params", [])
+            if isinstance(p, torch.Tensor) and isinstance(p.grad, torch.Tensor)
+        ]
+        if len(self._optimizers) > 1:
+            # several optimizers (a GAN's two): one's backward legitimately adds to the other's
+            # gradients before that one clears them -- not told apart here
+            self._stale_watch = []
+            return
+        grads.sort(key=lambda p: p.numel())
+        self._stale_watch = [
+            (p, p.grad, autograd.version(p.grad))
+            for p in grads[:STALE_WATCHED]
+            if p.grad is not None
+        ]
 
     def before_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
         """On sampled steps, copies a sample of each low-precision parameter and its gradient.
@@ -188,6 +237,10 @@ class WeightUpdatesCollector(Collector):
 
     def after_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
         """Compares the copies with the stored values after the step (one host read)."""
+        try:
+            self._watch_gradients(optimizer)
+        except Exception:  # a refinement: never the user's problem
+            self._stale_watch = []
         pending = self._pending.pop(id(optimizer), None)
         if pending is None:
             return
@@ -243,6 +296,7 @@ class WeightUpdatesCollector(Collector):
     def stop(self, run: RunContext) -> None:
         """Drops the copies of a step that never finished (nothing is hooked here)."""
         self._pending.clear()
+        self._stale_watch = []
 
     def section(self) -> WeightUpdatesSection | None:
         """The low-precision parameters per optimizer, and the share of their updates lost."""
@@ -270,6 +324,8 @@ class WeightUpdatesCollector(Collector):
             )
         return {
             "optimizers": optimizers,
+            # backwards that began with the last step's gradients never cleared, of those checked
+            "grads_not_cleared": dict(self._stale) | {"steps": self._stale_steps[:20]},
             "steps": self._steps,
             "steps_measured": self._totals["steps"],
             "elements": elements,
