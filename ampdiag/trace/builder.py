@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 from array import array
+from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Union
 
@@ -30,6 +31,7 @@ from ampdiag.trace.records import (
     LAUNCH_CATS,
     MEMCPY_CATS,
     MEMSET_CATS,
+    MTIA_CATS,
     STEP_RE,
     RankTrace,
     apply_meta,
@@ -63,6 +65,7 @@ class Complete(msgspec.Struct, gc=False, tag_field="ph", tag="X", kw_only=True):
     cat: str
     name: str
     pid: int | str | None = None
+    tid: int | str | None = None
     ts: _Finite
     dur: _Duration
     args: Args = NO_ARGS
@@ -122,10 +125,12 @@ EVENTS_DECODER_NO_MEMORY: Any = msgspec.json.Decoder(list[_EVENT_NO_MEMORY])
 """The decoder when the ``[memory]`` allocator events are not wanted (a report of a trace does
 not read them: 28k of the 216k events of the shared 54 MB trace, decoded for nothing)."""
 
+_MTIA = 3  # a kernel once its stream is checked (``finish``)
 _KIND = {
     **dict.fromkeys(KERNEL_CATS, 0),
     **dict.fromkeys(MEMCPY_CATS, 1),
     **dict.fromkeys(MEMSET_CATS, 2),
+    **dict.fromkeys(MTIA_CATS, _MTIA),
 }
 _GROUP = {
     **dict.fromkeys(_KIND, "gpu"),
@@ -193,10 +198,12 @@ def event_from_dict(ev: Any, skip: dict[str, int]) -> Any:
     if cat in GPU_CATS or cat in LAUNCH_CATS:
         raw = raw if isinstance(raw, dict) else {}
         args = Args(_arg_int(raw.get("stream", -1)), _arg_int(raw.get("correlation", -1)))
-    pid = ev.get("pid")
+    pid, tid = ev.get("pid"), ev.get("tid")
     if not (pid is None or isinstance(pid, str) or type(pid) is int):
         pid = json.dumps(pid)  # a float or an object: keyed by its JSON text
-    return Complete(cat=cat, name=name, pid=pid, ts=ts, dur=dur, args=args)
+    if not (tid is None or isinstance(tid, str) or type(tid) is int):
+        tid = json.dumps(tid)
+    return Complete(cat=cat, name=name, pid=pid, tid=tid, ts=ts, dur=dur, args=args)
 
 
 class ColumnBuilder:
@@ -213,6 +220,7 @@ class ColumnBuilder:
         self.names: dict[str, int] = {}
         self.pids: dict[str, int] = {}
         self.pid_raw: dict[Any, int] = {}
+        self.tid_raw: dict[Any, int] = {}
         self.events = 0
         self.skipped: dict[str, int] = {}
         self.memory: list[tuple[float, int, int, int]] = []
@@ -326,6 +334,7 @@ class ColumnBuilder:
             put("h_pid", self._ids(self.pid_raw, [e.pid for e in host], self.pids))
             if kind == 0:
                 put("h_kind", array(i64, bytes(8 * len(host))))
+                put("o_tid", self._ids(self.tid_raw, [(e.pid, e.tid) for e in host]))
             else:
                 put("h_kind", array(i64, [1 if e.cat in ANNOTATION_CATS else 2 for e in host]))
             host.clear()
@@ -343,9 +352,18 @@ class ColumnBuilder:
         names = list(self.names)
         pids = list(self.pids)
         f64, i64 = np.float64, np.int64
-        # GPU activities, sorted by start (stable, as the general path sorts them)
+        # GPU activities, sorted by start (stable, as the general path sorts them); MTIA
+        # records without a stream are not device work (HTA's rule), the others are kernels
         g_ts = self._col("g_ts", f64)
-        order = np.argsort(g_ts, kind="stable")
+        g_kind = self._col("g_kind", i64)
+        g_stream = self._col("g_stream", i64)
+        mtia = g_kind == _MTIA
+        if mtia.any():
+            g_kind = np.where(mtia, 0, g_kind)
+            order = np.flatnonzero(~(mtia & (g_stream < 0)))
+            order = order[np.argsort(g_ts[order], kind="stable")]
+        else:
+            order = np.argsort(g_ts, kind="stable")
         # launches: the last call of a correlation id wins, as in a dict
         l_corr = self._col("l_corr", i64)
         by_corr = np.argsort(l_corr, kind="stable")
@@ -359,6 +377,7 @@ class ColumnBuilder:
         h_ts = self._col("h_ts", f64)
         h_dur = self._col("h_dur", f64)
         h_pid = self._col("h_pid", i64)
+        o_tid = self._col("o_tid", i64)
         n_names = len(names)
         step_no = np.full(n_names, -1, dtype=np.int64)
         cat_op = np.full(n_names, -1, dtype=np.int64)
@@ -379,7 +398,9 @@ class ColumnBuilder:
         for j in np.flatnonzero(is_step).tolist():
             ts = float(h_ts[j])
             steps.append((int(step_no[h_name[j]]), ts, ts + float(h_dur[j]), pids[int(h_pid[j])]))
-        ops = np.flatnonzero((h_kind == 0) & ~is_step)
+        ops = np.flatnonzero(h_kind == 0)
+        # ops are the first rows of each run: h_kind 0 rows in order are the o_tid rows
+        ops = ops[~is_step[ops] & ~nested_duplicate(h_ts[ops], h_dur[ops], h_name[ops], o_tid)]
         cpu_ops: dict[str, list[float]] = {}
         if len(ops):
             op_names = h_name[ops]
@@ -397,10 +418,10 @@ class ColumnBuilder:
             names=names,
             gpu_ts=g_ts[order],
             gpu_dur=self._col("g_dur", f64)[order],
-            gpu_stream=self._col("g_stream", i64)[order],
+            gpu_stream=g_stream[order],
             gpu_corr=self._col("g_corr", i64)[order],
             gpu_name=self._col("g_name", i64)[order],
-            gpu_kind=self._col("g_kind", i64)[order],
+            gpu_kind=g_kind[order],
             launch_corr=sorted_corr[last_of_run],
             launch_ts=self._col("l_ts", f64)[last],
             launch_dur=self._col("l_dur", f64)[last],
@@ -421,6 +442,40 @@ class ColumnBuilder:
         out.reader = reader
         apply_meta(out, index)
         return out
+
+
+def nested_duplicate(ts: Any, dur: Any, name: Any, thread: Any) -> Any:
+    """Which ops torch merges into their parent: the only child of a same-name op, same thread.
+
+    Torch's profiler (``EventList._remove_dup_nodes``) and the TensorBoard plugin count an op
+    that re-enters itself (``aten::mm`` calling ``aten::mm`` as its only child) as one call,
+    timed by the outer one. Under proper nesting, sorted by (thread, start, -end), a parent with
+    one child is directly followed by it, and its descendants are the ops starting before its
+    end: so the child is merged when the parent's descendants are the child and the child's own.
+
+    Returns:
+        A bool mask over the ops (True: merged into the parent, not counted).
+    """
+    n = len(ts)
+    out = np.zeros(n, dtype=bool)
+    if n < 2:
+        return out
+    end = ts + dur
+    order = np.lexsort((-end, ts, thread))
+    t, e, nm, th = ts[order], end[order], name[order], thread[order]
+    cand = np.flatnonzero((nm[1:] == nm[:-1]) & (th[1:] == th[:-1]) & (e[1:] <= e[:-1])) + 1
+    if not len(cand):
+        return out
+    # ops of the same thread starting before an op's end: its descendants (and itself)
+    cuts = [0, *(np.flatnonzero(th[1:] != th[:-1]) + 1).tolist(), n]
+    below = np.empty(n, dtype=np.int64)
+    for a, b in pairwise(cuts):
+        below[a:b] = a + np.searchsorted(t[a:b], e[a:b], side="left")
+    desc = below - np.arange(n) - 1
+    parent = cand - 1
+    merged = cand[desc[parent] == 1 + desc[cand]]
+    out[order[merged]] = True
+    return out
 
 
 def _pid_text(pid: Any) -> str:

@@ -14,10 +14,15 @@ from typing import Any
 from ampdiag.trace.columns import Columns
 
 KERNEL_CATS = frozenset({"kernel", "Kernel"})
+MTIA_CATS = frozenset({"mtia_ccp_events"})
+"""MTIA device work: counted as kernels where it names a stream (HTA's rule; its queue and DMA
+request records without one are not device work)."""
 MEMCPY_CATS = frozenset({"gpu_memcpy", "Memcpy"})
 MEMSET_CATS = frozenset({"gpu_memset", "Memset"})
-GPU_CATS = KERNEL_CATS | MEMCPY_CATS | MEMSET_CATS
-LAUNCH_CATS = frozenset({"cuda_runtime", "Runtime", "cuda_driver", "privateuse1_runtime"})
+GPU_CATS = KERNEL_CATS | MEMCPY_CATS | MEMSET_CATS | MTIA_CATS
+LAUNCH_CATS = frozenset(
+    {"cuda_runtime", "Runtime", "cuda_driver", "privateuse1_runtime", "mtia_runtime"}
+)
 HOST_OP_CATS = frozenset({"cpu_op", "Operator", "operator"})
 ANNOTATION_CATS = frozenset({"user_annotation", "python_function"})
 # at most 18 digits: a step number always fits an int64 (a 5000-digit one is not a step)
