@@ -401,6 +401,8 @@ class ColumnBuilder:
         ops = np.flatnonzero(h_kind == 0)
         # ops are the first rows of each run: h_kind 0 rows in order are the o_tid rows
         ops = ops[~is_step[ops] & ~nested_duplicate(h_ts[ops], h_dur[ops], h_name[ops], o_tid)]
+        # data loading (enumerate(DataLoader/DataPipe)) is the loader's time, not an op's
+        ops = ops[cat_op[h_name[ops]] != host_cat_index["data"]]
         cpu_ops: dict[str, list[float]] = {}
         if len(ops):
             op_names = h_name[ops]

@@ -54,7 +54,9 @@ class RankTrace:
         devices: Names of the GPUs in ``deviceProperties`` (empty for CPU-only traces).
         capabilities: Their compute capabilities, "major.minor" ("" where not recorded).
         steps: ``(N, start_us, end_us, pid)`` for each ``ProfilerStep#N``, sorted by start.
-        cpu_ops: CPU op name -> [calls, inclusive_us].
+        cpu_ops: CPU op name -> [calls, inclusive_us], as torch's tools count them: an op that
+            is the only child of a same-name op on its thread is part of that call, and data
+            loading (``enumerate(DataLoader)``, ``enumerate(DataPipe)``) is not an op.
         memory: The ``[memory]`` allocator events (see ``MemoryEvent``), in file order.
         events: Number of trace events read.
         skipped: Reason -> number of events skipped for it.
