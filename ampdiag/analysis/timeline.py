@@ -42,6 +42,7 @@ from ampdiag.analysis.intervals import (
     total,
     union,
 )
+from ampdiag.analysis.memory_timeline import trace_memory
 from ampdiag.trace.columns import GPU_KINDS, HOST_CATEGORIES, Columns
 from ampdiag.trace.records import RankTrace
 from ampdiag.trace.step_breakdown import CATEGORIES, summarize
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     I64 = NDArray[np.int64]
 
 TOP_KERNELS = 15
+TOP_MODULES = 20
 SHORT_KERNEL_US = 10.0
 
 TYPE_ORDER = (*K.KERNEL_TYPES, K.OTHER)
@@ -516,6 +518,14 @@ def analyze_rank(rt: RankTrace) -> dict[str, Any]:
     out["data_share"] = float(host.get("share", {}).get("data", 0.0))
     out["plugin_steps"] = plugin_steps(rt)
     out["definitions"] = DEFINITIONS
+    memory = trace_memory(rt)
+    if memory is not None:
+        out["memory"] = memory
+    if rt.modules:
+        out["modules"] = [
+            {"module": m, "calls": int(c), "inclusive_us": t}
+            for m, (c, t) in sorted(rt.modules.items(), key=lambda kv: -kv[1][1])[:TOP_MODULES]
+        ]
     out["cpu_top_ops"] = [
         {"name": n, "calls": int(c), "inclusive_us": t}
         for n, (c, t) in sorted(rt.cpu_ops.items(), key=lambda kv: -kv[1][1])[:10]

@@ -77,6 +77,9 @@ class MemoryArgs(msgspec.Struct, gc=False):
     addr: _I64 = msgspec.field(default=0, name="Addr")
     size: _I64 = msgspec.field(default=0, name="Bytes")
     device_type: _I64 = msgspec.field(default=-1, name="Device Type")
+    device_id: _I64 = msgspec.field(default=-1, name="Device Id")
+    allocated: _I64 = msgspec.field(default=-1, name="Total Allocated")
+    reserved: _I64 = msgspec.field(default=-1, name="Total Reserved")
 
 
 # the category the router sees for events whose ``cat`` it does not decode (a class attribute):
@@ -91,6 +94,8 @@ class Instant(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
 
     cat: ClassVar[str] = INSTANT
     name: str = ""
+    pid: int | str | None = None
+    tid: int | str | None = None
     ts: _Finite = 0.0
     args: MemoryArgs | None = None
 
@@ -172,9 +177,14 @@ def event_from_dict(ev: Any, skip: dict[str, int]) -> Any:
             skipped("missing or invalid ts/dur")
             return None
         mem = MemoryArgs(
-            _arg_int(a.get("Addr", 0)), _arg_int(a.get("Bytes", 0)), _arg_int(a.get("Device Type"))
+            *(_arg_int(a.get(k, 0)) for k in ("Addr", "Bytes")),
+            *(_arg_int(a.get(k)) for k in ("Device Type", "Device Id")),
+            *(_arg_int(a.get(k)) for k in ("Total Allocated", "Total Reserved")),
         )
-        return Instant(MEMORY_EVENT, float(ts), mem)
+        pid, tid = ev.get("pid"), ev.get("tid")
+        pid = pid if pid is None or isinstance(pid, str) or type(pid) is int else json.dumps(pid)
+        tid = tid if tid is None or isinstance(tid, str) or type(tid) is int else json.dumps(tid)
+        return Instant(MEMORY_EVENT, pid, tid, float(ts), mem)
     if ph != "X":
         return None
     try:
@@ -223,7 +233,6 @@ class ColumnBuilder:
         self.tid_raw: dict[Any, int] = {}
         self.events = 0
         self.skipped: dict[str, int] = {}
-        self.memory: list[tuple[float, int, int, int]] = []
         # column name -> arrays, one per run: g_* GPU activities, l_* launch calls, h_* host
         # events (h_kind 0: op such as cpu_op, 1: annotation, 2: any other category)
         self.parts: dict[str, list[Any]] = {}
@@ -297,11 +306,16 @@ class ColumnBuilder:
         for e in evs:
             route.get(e.cat, other)(e)
         if self._instants and self.keep_memory:
-            self.memory += [
-                (e.ts, e.args.addr, e.args.size, e.args.device_type)
+            mem = [
+                e
                 for e in self._instants
                 if e.__class__ is Instant and e.name == MEMORY_EVENT and e.args is not None
             ]
+            if mem:
+                self._put("m_ts", array("d", [e.ts for e in mem]))
+                for key in ("addr", "size", "device_type", "device_id", "allocated", "reserved"):
+                    self._put(f"m_{key}", array("q", [getattr(e.args, key) for e in mem]))
+                self._put("m_tid", self._ids(self.tid_raw, [(e.pid, e.tid) for e in mem]))
         self._instants.clear()
         self._dropped.clear()
         names = self.names
@@ -398,7 +412,7 @@ class ColumnBuilder:
         for j in np.flatnonzero(is_step).tolist():
             ts = float(h_ts[j])
             steps.append((int(step_no[h_name[j]]), ts, ts + float(h_dur[j]), pids[int(h_pid[j])]))
-        ops = np.flatnonzero(h_kind == 0)
+        ops = ops_all = np.flatnonzero(h_kind == 0)
         # ops are the first rows of each run: h_kind 0 rows in order are the o_tid rows
         ops = ops[~is_step[ops] & ~nested_duplicate(h_ts[ops], h_dur[ops], h_name[ops], o_tid)]
         # data loading (enumerate(DataLoader/DataPipe)) is the loader's time, not an op's
@@ -413,6 +427,18 @@ class ColumnBuilder:
             used = np.flatnonzero(calls)
             used = used[np.argsort(first[used], kind="stable")]
             cpu_ops = {names[i]: [int(calls[i]), float(inclusive[i])] for i in used.tolist()}
+        modules = _module_times(names, h_name, h_kind, h_dur)
+        mem = {
+            k: self._col(f"m_{k}", f64 if k == "ts" else i64)
+            for k in ("ts", "addr", "size", "device_type", "device_id", "allocated", "reserved")
+        }
+        m_tid = self._col("m_tid", i64)
+        mem["op"] = np.full(len(m_tid), -1, dtype=np.int64)
+        if len(m_tid) and len(ops_all):
+            inner = innermost(
+                h_ts[ops_all], h_ts[ops_all] + h_dur[ops_all], o_tid, mem["ts"], m_tid
+            )
+            mem["op"] = np.where(inner >= 0, h_name[ops_all][inner], -1)
         host_cat = np.where(h_kind == 0, cat_op[h_name], np.where(h_kind == 1, cat_ann[h_name], -1))
         host_cat[is_step] = -1
         keep = np.flatnonzero(host_cat >= 0)
@@ -437,7 +463,8 @@ class ColumnBuilder:
         out = RankTrace(path, cols)
         out.steps = sorted(steps, key=lambda s: s[1])
         out.cpu_ops = cpu_ops
-        out.memory = self.memory
+        out.memory_columns = mem
+        out.modules = modules
         out.events = self.events
         out.skipped = self.skipped
         out.meta = meta
@@ -477,6 +504,62 @@ def nested_duplicate(ts: Any, dur: Any, name: Any, thread: Any) -> Any:
     parent = cand - 1
     merged = cand[desc[parent] == 1 + desc[cand]]
     out[order[merged]] = True
+    return out
+
+
+MODULE_PREFIX = "nn.Module: "
+"""How torch names a module's forward in a ``with_modules``/``with_stack`` trace."""
+
+
+def _module_times(names: list[str], name: Any, kind: Any, dur: Any) -> dict[str, list[float]]:
+    """Module (``nn.Module: Linear_0``) -> [calls, inclusive host us] (python_function spans)."""
+    is_module = np.array([n.startswith(MODULE_PREFIX) for n in names], dtype=bool)
+    if not is_module.any():
+        return {}
+    sel = np.flatnonzero(is_module[name] & (kind == 1))
+    calls = np.bincount(name[sel], minlength=len(names))
+    tot = np.bincount(name[sel], weights=dur[sel], minlength=len(names))
+    return {
+        names[i][len(MODULE_PREFIX) :]: [int(calls[i]), float(tot[i])]
+        for i in np.flatnonzero(calls).tolist()
+    }
+
+
+def innermost(start: Any, end: Any, thread: Any, t: Any, t_thread: Any) -> Any:
+    """Index of the innermost span of the same thread holding each time (-1: none).
+
+    Spans nest on a thread, so the innermost one holding ``t`` is the last, in order of start,
+    that starts at or before ``t`` and ends at or after it. Found for all times at once: a
+    binary search for the last span starting by ``t``, then a descent over block maxima of the
+    span ends (``log2(n)`` vectorised steps) to the last one not yet ended.
+    """
+    n = len(start)
+    out = np.full(len(t), -1, dtype=np.int64)
+    order = np.lexsort((-end, start, thread))
+    s, e, th = start[order], end[order], thread[order]
+    # block maxima: level k holds max(e[i - 2**k + 1 .. i])
+    levels = [e]
+    while (1 << len(levels)) <= n:
+        prev, w = levels[-1], 1 << (len(levels) - 1)
+        cur = prev.copy()
+        cur[w:] = np.maximum(prev[w:], prev[:-w])
+        levels.append(cur)
+    key_first = np.searchsorted(th, t_thread, side="left")
+    key_last = np.searchsorted(th, t_thread, side="right")
+    p = np.empty(len(t), dtype=np.int64)
+    for a, b in {(int(x), int(y)) for x, y in zip(key_first, key_last, strict=True)}:
+        on = (key_first == a) & (key_last == b)
+        p[on] = a + np.searchsorted(s[a:b], t[on], side="right") - 1
+    lo = key_first
+    for k in range(len(levels) - 1, -1, -1):
+        w = 1 << k
+        ok = p - w + 1 >= lo
+        idx = np.clip(p, 0, max(n - 1, 0))
+        jump = ok & (levels[k][idx] < t)
+        p = np.where(jump, p - w, p)
+    idx = np.clip(p, 0, max(n - 1, 0))
+    found = (p >= lo) & (e[idx] >= t) if n else np.zeros(len(t), dtype=bool)
+    out[found] = order[p[found]]
     return out
 
 
