@@ -336,7 +336,7 @@ def trace_memory(trace: RankTrace) -> dict[str, Any] | None:
     ts, addr, size, dtype = m["ts"], m["addr"], m["size"], m["device_type"]
     dev_id, allocated, reserved = m["device_id"], m["allocated"], m["reserved"]
     names = trace.columns().names
-    ops: list[str | None] = [names[i] if i >= 0 else None for i in m["op"].tolist()]
+    op_index = m["op"]
     t0 = min([float(ts.min())] + [s[1] for s in trace.steps])
     steps = [(f"ProfilerStep#{n}", s - t0, e - t0) for n, s, e, _ in trace.steps]
     devices: list[dict[str, Any]] = []
@@ -365,7 +365,7 @@ def trace_memory(trace: RankTrace) -> dict[str, Any] | None:
                     "bytes": int(alloc[i]),
                     "t_ms": at / 1000,
                     "step": step_at({"steps": steps}, at),
-                    "op": ops[int(on[i])],
+                    "op": names[int(op_index[on[i]])] if op_index[on[i]] >= 0 else None,
                 },
                 "peak_reserved": int(res.max()) if (res >= 0).all() else None,
                 "_sel": on,
@@ -373,7 +373,7 @@ def trace_memory(trace: RankTrace) -> dict[str, Any] | None:
             }
         )
     top = max(devices, key=lambda d: d["peak"]["bytes"])
-    top_ops = _allocating_ops(ts, addr, size, ops, top.pop("_sel"), top.pop("_peak_ts"))
+    top_ops = _allocating_ops(ts, addr, size, op_index, names, top.pop("_sel"), top.pop("_peak_ts"))
     for d in devices:
         d.pop("_sel", None)
         d.pop("_peak_ts", None)
@@ -401,11 +401,12 @@ def _curve_points(values: Any, limit: int) -> list[int]:
 
 
 def _allocating_ops(
-    ts: Any, addr: Any, size: Any, ops: Sequence[str | None], on: Any, peak_ts: float
+    ts: Any, addr: Any, size: Any, op: Any, names: Sequence[str], on: Any, peak_ts: float
 ) -> list[dict[str, Any]]:
     """The ops allocating the most bytes among the events ``on``, with what they hold at the peak.
 
-    An allocation is freed by the next event at its address (on the device) that frees memory.
+    An allocation is freed by the next event at its address (on the device) that frees memory;
+    ``op`` indexes ``names`` (-1: no op).
     """
     import numpy as np
 
@@ -416,16 +417,20 @@ def _allocating_ops(
     freed_at[nxt] = t[nxt + 1]
     is_alloc = s > 0
     held = is_alloc & (t <= peak_ts) & (freed_at > peak_ts)
-    table: dict[str, list[int]] = {}
-    for j in np.flatnonzero(is_alloc).tolist():
-        name = ops[int(order[j])] or "(no op)"
-        row = table.setdefault(name, [0, 0, 0])
-        row[0] += 1
-        row[1] += int(s[j])
-        if held[j]:
-            row[2] += int(s[j])
-    rows = sorted(table.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP_OPS]
+    who = op[order] + 1  # 0: no op
+    n = len(names) + 1
+    calls = np.bincount(who[is_alloc], minlength=n)
+    total_bytes = np.bincount(who[is_alloc], weights=s[is_alloc], minlength=n)
+    held_bytes = np.bincount(who[held], weights=s[held], minlength=n)
+    label = ["(no op)", *names]
+    used = np.flatnonzero(calls).tolist()
+    used.sort(key=lambda i: (-total_bytes[i], label[i]))
     return [
-        {"name": n, "allocations": c, "allocated_bytes": b, "held_at_peak_bytes": h}
-        for n, (c, b, h) in rows
+        {
+            "name": label[i],
+            "allocations": int(calls[i]),
+            "allocated_bytes": int(total_bytes[i]),
+            "held_at_peak_bytes": int(held_bytes[i]),
+        }
+        for i in used[:TOP_OPS]
     ]

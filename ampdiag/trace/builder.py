@@ -94,7 +94,6 @@ class Instant(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
 
     cat: ClassVar[str] = INSTANT
     name: str = ""
-    pid: int | str | None = None
     tid: int | str | None = None
     ts: _Finite = 0.0
     args: MemoryArgs | None = None
@@ -181,10 +180,9 @@ def event_from_dict(ev: Any, skip: dict[str, int]) -> Any:
             *(_arg_int(a.get(k)) for k in ("Device Type", "Device Id")),
             *(_arg_int(a.get(k)) for k in ("Total Allocated", "Total Reserved")),
         )
-        pid, tid = ev.get("pid"), ev.get("tid")
-        pid = pid if pid is None or isinstance(pid, str) or type(pid) is int else json.dumps(pid)
+        tid = ev.get("tid")
         tid = tid if tid is None or isinstance(tid, str) or type(tid) is int else json.dumps(tid)
-        return Instant(MEMORY_EVENT, pid, tid, float(ts), mem)
+        return Instant(MEMORY_EVENT, tid, float(ts), mem)
     if ph != "X":
         return None
     try:
@@ -312,10 +310,16 @@ class ColumnBuilder:
                 if e.__class__ is Instant and e.name == MEMORY_EVENT and e.args is not None
             ]
             if mem:
+                args: list[Any] = [e.args for e in mem]
                 self._put("m_ts", array("d", [e.ts for e in mem]))
-                for key in ("addr", "size", "device_type", "device_id", "allocated", "reserved"):
-                    self._put(f"m_{key}", array("q", [getattr(e.args, key) for e in mem]))
-                self._put("m_tid", self._ids(self.tid_raw, [(e.pid, e.tid) for e in mem]))
+                self._put("m_addr", array("q", [a.addr for a in args]))
+                self._put("m_size", array("q", [a.size for a in args]))
+                self._put("m_device_type", array("q", [a.device_type for a in args]))
+                self._put("m_device_id", array("q", [a.device_id for a in args]))
+                self._put("m_allocated", array("q", [a.allocated for a in args]))
+                self._put("m_reserved", array("q", [a.reserved for a in args]))
+                # threads by tid alone (a Linux tid is unique across processes)
+                self._put("m_tid", self._ids(self.tid_raw, [e.tid for e in mem]))
         self._instants.clear()
         self._dropped.clear()
         names = self.names
@@ -348,7 +352,7 @@ class ColumnBuilder:
             put("h_pid", self._ids(self.pid_raw, [e.pid for e in host], self.pids))
             if kind == 0:
                 put("h_kind", array(i64, bytes(8 * len(host))))
-                put("o_tid", self._ids(self.tid_raw, [(e.pid, e.tid) for e in host]))
+                put("o_tid", self._ids(self.tid_raw, [e.tid for e in host]))
             else:
                 put("h_kind", array(i64, [1 if e.cat in ANNOTATION_CATS else 2 for e in host]))
             host.clear()
@@ -547,8 +551,9 @@ def innermost(start: Any, end: Any, thread: Any, t: Any, t_thread: Any) -> Any:
     key_first = np.searchsorted(th, t_thread, side="left")
     key_last = np.searchsorted(th, t_thread, side="right")
     p = np.empty(len(t), dtype=np.int64)
-    for a, b in {(int(x), int(y)) for x, y in zip(key_first, key_last, strict=True)}:
-        on = (key_first == a) & (key_last == b)
+    for thread_id in set(t_thread.tolist()):
+        on = t_thread == thread_id
+        a, b = int(key_first[on][0]), int(key_last[on][0])
         p[on] = a + np.searchsorted(s[a:b], t[on], side="right") - 1
     lo = key_first
     for k in range(len(levels) - 1, -1, -1):
