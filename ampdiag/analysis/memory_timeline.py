@@ -20,7 +20,7 @@ tensors ampdiag knows from the live run (the trace read by `ampdiag.trace.reader
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ampdiag.trace.columns import HOST_CATEGORIES
@@ -297,3 +297,134 @@ def as_json(tl: Mapping[str, Any]) -> dict[str, Any]:
         "steps": [{"name": n, "start_ms": s / 1000, "end_ms": e / 1000} for n, s, e in tl["steps"]],
         "source": tl.get("source", ""),
     }
+
+
+# --- the memory view of any trace with [memory] events ------------------------------------------
+
+#: At most this many points of each device's curve are kept (the peak always among them).
+CURVE_POINTS = 1000
+TOP_OPS = 10
+_DEVICE_TYPES = {0: "CPU", 1: "cuda"}
+
+
+def _device_name(device_type: int, device_id: int) -> str:
+    kind = _DEVICE_TYPES.get(device_type, f"device type {device_type}")
+    return kind if kind == "CPU" or device_id < 0 else f"{kind}:{device_id}"
+
+
+def trace_memory(trace: RankTrace) -> dict[str, Any] | None:
+    """The memory view of a trace recorded with ``profile_memory=True`` (None without events).
+
+    Per device: the curve of allocated and reserved bytes over the trace (the allocator's own
+    ``Total Allocated`` / ``Total Reserved``, else allocated replayed from ``Bytes`` from 0),
+    its peak, when it falls and in which ``ProfilerStep``; and the ops that allocate the most
+    on the device of the highest peak: the innermost CPU op running when each allocation was
+    made (``RankTrace.memory_columns["op"]``), its allocations, bytes allocated, and the bytes
+    of those still held at the peak (allocated by then, freed after it or never).
+    """
+    import numpy as np
+
+    m = trace.memory_columns
+    if not m or not len(m["ts"]):
+        return None
+    ts, addr, size, dtype = m["ts"], m["addr"], m["size"], m["device_type"]
+    dev_id, allocated, reserved = m["device_id"], m["allocated"], m["reserved"]
+    names = trace.columns().names
+    op_index = m["op"]
+    t0 = min([float(ts.min())] + [s[1] for s in trace.steps])
+    steps = [(f"ProfilerStep#{n}", s - t0, e - t0) for n, s, e, _ in trace.steps]
+    devices: list[dict[str, Any]] = []
+    pairs = zip(dtype.tolist(), dev_id.tolist(), strict=True)
+    for dt, di in sorted(set(pairs)):
+        on = np.flatnonzero((dtype == dt) & (dev_id == di))
+        on = on[np.argsort(ts[on], kind="stable")]
+        t = ts[on]
+        alloc = allocated[on]
+        source = "Total Allocated"
+        if (alloc < 0).any():  # not recorded: replayed from the events' sizes
+            alloc, source = np.cumsum(size[on]), "replayed from Bytes"
+        res = reserved[on]
+        i = int(np.argmax(alloc))
+        at = float(t[i]) - t0
+        keep = _curve_points(alloc, CURVE_POINTS)
+        devices.append(
+            {
+                "device": _device_name(dt, di),
+                "events": len(on),
+                "allocated_from": source,
+                "t_ms": [(float(t[k]) - t0) / 1000 for k in keep],
+                "allocated": [int(alloc[k]) for k in keep],
+                "reserved": [int(res[k]) for k in keep] if (res >= 0).all() else [],
+                "peak": {
+                    "bytes": int(alloc[i]),
+                    "t_ms": at / 1000,
+                    "step": step_at({"steps": steps}, at),
+                    "op": names[int(op_index[on[i]])] if op_index[on[i]] >= 0 else None,
+                },
+                "peak_reserved": int(res.max()) if (res >= 0).all() else None,
+                "_sel": on,
+                "_peak_ts": float(t[i]),
+            }
+        )
+    top = max(devices, key=lambda d: d["peak"]["bytes"])
+    top_ops = _allocating_ops(ts, addr, size, op_index, names, top.pop("_sel"), top.pop("_peak_ts"))
+    for d in devices:
+        d.pop("_sel", None)
+        d.pop("_peak_ts", None)
+    return {
+        "devices": devices,
+        "top_ops_device": top["device"],
+        "top_ops": top_ops,
+        "steps": [{"step": n, "start_ms": s / 1000, "end_ms": e / 1000} for n, s, e in steps],
+    }
+
+
+def _curve_points(values: Any, limit: int) -> list[int]:
+    """Indices of at most about ``limit`` points: the first, the last and each run's maximum."""
+    import numpy as np
+
+    n = len(values)
+    if n <= limit:
+        return list(range(n))
+    edges = np.linspace(0, n, limit + 1).astype(np.int64)
+    picks = {0, n - 1}
+    for a, b in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
+        if b > a:
+            picks.add(a + int(np.argmax(values[a:b])))
+    return sorted(picks)
+
+
+def _allocating_ops(
+    ts: Any, addr: Any, size: Any, op: Any, names: Sequence[str], on: Any, peak_ts: float
+) -> list[dict[str, Any]]:
+    """The ops allocating the most bytes among the events ``on``, with what they hold at the peak.
+
+    An allocation is freed by the next event at its address (on the device) that frees memory;
+    ``op`` indexes ``names`` (-1: no op).
+    """
+    import numpy as np
+
+    order = on[np.lexsort((ts[on], addr[on]))]
+    a, s, t = addr[order], size[order], ts[order]
+    freed_at = np.full(len(order), np.inf)
+    nxt = np.flatnonzero((a[1:] == a[:-1]) & (s[:-1] > 0) & (s[1:] < 0))
+    freed_at[nxt] = t[nxt + 1]
+    is_alloc = s > 0
+    held = is_alloc & (t <= peak_ts) & (freed_at > peak_ts)
+    who = op[order] + 1  # 0: no op
+    n = len(names) + 1
+    calls = np.bincount(who[is_alloc], minlength=n)
+    total_bytes = np.bincount(who[is_alloc], weights=s[is_alloc], minlength=n)
+    held_bytes = np.bincount(who[held], weights=s[held], minlength=n)
+    label = ["(no op)", *names]
+    used = np.flatnonzero(calls).tolist()
+    used.sort(key=lambda i: (-total_bytes[i], label[i]))
+    return [
+        {
+            "name": label[i],
+            "allocations": int(calls[i]),
+            "allocated_bytes": int(total_bytes[i]),
+            "held_at_peak_bytes": int(held_bytes[i]),
+        }
+        for i in used[:TOP_OPS]
+    ]

@@ -32,6 +32,7 @@ import numpy as np
 from ampdiag.analysis import kernels as K
 from ampdiag.analysis.intervals import (
     Intervals,
+    clip,
     coverage,
     covered_by_group,
     empty,
@@ -41,6 +42,7 @@ from ampdiag.analysis.intervals import (
     total,
     union,
 )
+from ampdiag.analysis.memory_timeline import trace_memory
 from ampdiag.trace.columns import GPU_KINDS, HOST_CATEGORIES, Columns
 from ampdiag.trace.records import RankTrace
 from ampdiag.trace.step_breakdown import CATEGORIES, summarize
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
     I64 = NDArray[np.int64]
 
 TOP_KERNELS = 15
+TOP_MODULES = 20
 SHORT_KERNEL_US = 10.0
 
 TYPE_ORDER = (*K.KERNEL_TYPES, K.OTHER)
@@ -333,8 +336,18 @@ def host_breakdown(rt: RankTrace) -> dict[str, Any]:
     return summarize(rows)
 
 
+ATTRIBUTION = (
+    "GPU work belongs to the step whose host span holds its launch call (matched by "
+    "correlation id); work whose launch call is not in the trace (launched before the "
+    "profiler started) belongs to no step: it is left out of the per-step rows and of the "
+    "totals over steps, as HTA and the TensorBoard profiler plugin leave it out, and counted "
+    "only where the whole trace is counted (a trace with fewer than two steps)."
+)
+"""The one rule for GPU work without a launch record (per-step rows and totals alike)."""
+
+
 def per_step(rt: RankTrace, name_type: I64) -> list[dict[str, Any]]:
-    """GPU breakdown of each ProfilerStep: the activities its host work launched.
+    """GPU breakdown of each ProfilerStep: the activities its host work launched (ATTRIBUTION).
 
     All steps at once (one grouped sweep for the busy time, one for the computation kernels),
     so the time grows with activities + steps, not their product.
@@ -346,9 +359,11 @@ def per_step(rt: RankTrace, name_type: I64) -> list[dict[str, Any]]:
     starts = np.array([s[1] for s in rt.steps], dtype=np.float64)
     ends = np.array([s[2] for s in rt.steps], dtype=np.float64)
     li = cols.launch_index(cols.gpu_corr)
-    t = np.where(li >= 0, cols.launch_ts[np.maximum(li, 0)] if len(li) else 0.0, cols.gpu_ts)
+    has = li >= 0
+    # ATTRIBUTION: work without a launch record belongs to no step
+    t = np.where(has, cols.launch_ts[np.maximum(li, 0)] if len(li) else 0.0, np.inf)
     i = np.searchsorted(starts, t, side="right") - 1
-    ok = i >= 0
+    ok = has & (i >= 0)
     ok[ok] = t[ok] < ends[i[ok]]
     sel = np.flatnonzero(ok)
     group = i[sel]
@@ -390,6 +405,91 @@ def per_step(rt: RankTrace, name_type: I64) -> list[dict[str, Any]]:
     return out
 
 
+DEFINITIONS = {
+    "step_us": "ampdiag's step time: the host span of ProfilerStep#N (the time the training "
+    "loop spent in the step).",
+    "plugin_step_us": "the TensorBoard profiler plugin's step time: the step stretched to the end "
+    "of the GPU work its launch calls started, and begun no earlier than the previous step's "
+    "stretched end (on a trace with GPU work; trailing steps that launched no GPU work, or "
+    "under 80% of the previous step's, dropped).",
+    "data_us": "ampdiag's data-loading time: the part of the step the loop spent inside "
+    "enumerate(DataLoader)/enumerate(DataPipe) (the time it waited for a batch).",
+    "plugin_data_us": "the plugin's data-loading time: that loading, within the plugin's step, "
+    "not hidden behind GPU work or a launch call (what a faster loader could win back).",
+}
+"""The two definitions of step time and of data-loading time, named (headline: ampdiag's)."""
+
+
+def plugin_steps(rt: RankTrace) -> list[dict[str, Any]]:
+    """Step time and data-loading time per step as the TensorBoard profiler plugin defined them.
+
+    The plugin (torch-tb-profiler, ``StepParser._find_device_steps`` / ``_update_steps_duration``
+    and ``OverallParser``): a step's GPU work is that of the launch calls lying wholly inside its
+    host span; the step ends at the later of its host end and that work's end, and starts no
+    earlier than the previous step's (stretched) end; before the first step, GPU work no step
+    launched that ends before the first step's GPU work moves its start. Data loading is then
+    the loader's spans inside the stretched step, less what GPU activities and launch calls
+    cover. See DEFINITIONS; ampdiag's own are ``host.steps``.
+    """
+    if not rt.steps:
+        return []
+    cols = rt.columns()
+    n = len(rt.steps)
+    st = np.array([s[1] for s in rt.steps])
+    en = np.array([s[2] for s in rt.steps])
+    lt, le = cols.launch_ts, cols.launch_ts + cols.launch_dur
+    li = cols.launch_index(cols.gpu_corr)
+    has = li >= 0
+    gs, ge = cols.gpu_ts[has], cols.gpu_ts[has] + cols.gpu_dur[has]
+    lts, lte = lt[li[has]], le[li[has]]
+    i = np.searchsorted(st, lts, side="right") - 1
+    inside = (i >= 0) & (lte <= en[np.maximum(i, 0)])
+    i, gs_in, ge_in = i[inside], gs[inside], ge[inside]
+    matched = np.bincount(i, minlength=n)
+    dev_lo = np.full(n, np.inf)
+    dev_hi = np.full(n, -np.inf)
+    np.minimum.at(dev_lo, i, gs_in)
+    np.maximum.at(dev_hi, i, ge_in)
+    rows_steps = list(range(n))
+    if matched.any():
+        prev = float(st[0])
+        if matched[0]:
+            unmatched_end = np.concatenate([ge[~inside], cols.gpu_ts[~has] + cols.gpu_dur[~has]])
+            before = unmatched_end[unmatched_end < dev_lo[0]]
+            if len(before):
+                prev = max(prev, float(before.max()))
+        starts, ends = [], []
+        for k in range(n):
+            a = max(prev, float(st[k]))
+            b = float(en[k])
+            b = max(b, a) if not matched[k] else max(b, float(dev_hi[k]))
+            b = max(b, a)
+            starts.append(a)
+            ends.append(b)
+            prev = b
+        if n > 1:
+            last = int(np.flatnonzero(matched)[-1])
+            keep = last + 1
+            if last > 0 and matched[last - 1] * 0.8 > matched[last]:
+                keep = last
+            rows_steps = rows_steps[:keep]
+    else:
+        starts, ends = st.tolist(), en.tolist()
+    data = cols.host_cat == HOST_CATEGORIES.index("data")
+    loader = union(cols.host_start[data], cols.host_end[data])
+    gpu_or_launch = union(
+        np.concatenate([cols.gpu_ts, lt]), np.concatenate([cols.gpu_ts + cols.gpu_dur, le])
+    )
+    rows = []
+    for k in rows_steps:
+        a, b = starts[k], ends[k]
+        exposed = coverage([clip(loader, a, b), clip(gpu_or_launch, a, b)])[1]
+        rows.append(
+            {"step": rt.steps[k][0], "plugin_step_us": b - a, "plugin_data_us": float(exposed)}
+        )
+    return rows
+
+
 def analyze_rank(rt: RankTrace) -> dict[str, Any]:
     """Everything the timeline section holds for one rank (JSON-serializable)."""
     cols = rt.columns()
@@ -407,6 +507,7 @@ def analyze_rank(rt: RankTrace) -> dict[str, Any]:
         "gpu_activities": len(cols.gpu_ts),
         "has_gpu": bool(len(cols.gpu_ts)),
         "window": win,
+        "attribution": ATTRIBUTION,
         "activities_in_window": len(acts),
         **{k: v for k, v in b.items() if not k.startswith("_")},
     }
@@ -415,6 +516,16 @@ def analyze_rank(rt: RankTrace) -> dict[str, Any]:
     host = host_breakdown(rt)
     out["host"] = host
     out["data_share"] = float(host.get("share", {}).get("data", 0.0))
+    out["plugin_steps"] = plugin_steps(rt)
+    out["definitions"] = DEFINITIONS
+    memory = trace_memory(rt)
+    if memory is not None:
+        out["memory"] = memory
+    if rt.modules:
+        out["modules"] = [
+            {"module": m, "calls": int(c), "inclusive_us": t}
+            for m, (c, t) in sorted(rt.modules.items(), key=lambda kv: -kv[1][1])[:TOP_MODULES]
+        ]
     out["cpu_top_ops"] = [
         {"name": n, "calls": int(c), "inclusive_us": t}
         for n, (c, t) in sorted(rt.cpu_ops.items(), key=lambda kv: -kv[1][1])[:10]
@@ -427,7 +538,15 @@ def analyze_rank(rt: RankTrace) -> dict[str, Any]:
     out["kernel_type_totals"] = {k: total(types[k]) if k in types else 0.0 for k in K.KERNEL_TYPES}
     counts = np.bincount(acts.type, minlength=len(TYPE_ORDER))
     out["kernel_counts"] = {k: int(counts[i]) for i, k in enumerate(TYPE_ORDER)}
-    out["top_kernels"] = top_kernels(acts)
+    # the table covers every recorded step (all the trace's activities), whatever the window
+    every = _Acts(cols, name_type)
+    out["top_kernels"] = top_kernels(every)
+    out["top_kernels_cover"] = {
+        "kind": "whole trace",
+        "steps": [s[0] for s in rt.steps],
+        "activities": len(every),
+        "unlaunched": int(np.count_nonzero(every.launch < 0)),
+    }
     out["idle_breakdown"] = idle_attribution(acts)
     has = acts.launch >= 0
     latencies = acts.ts[has] - acts.cols.launch_ts[acts.launch[has]]

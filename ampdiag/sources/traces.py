@@ -125,8 +125,8 @@ def analyze_trace(job: tuple[Path, int]) -> dict[str, Any]:
     trace itself is read once and dropped.
     """
     file, index = job
-    # the [memory] allocator events are the memory timeline's, which a report does not draw
-    rt = read_trace(file, index, memory=False)
+    # the [memory] allocator events: the trace's memory view (curve, peak, allocating ops)
+    rt = read_trace(file, index, memory=True)
     rank = analyze_rank(rt)
     rank["collectives"] = rank_communication(rt)
     return {

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 from array import array
+from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Union
 
@@ -30,6 +31,7 @@ from ampdiag.trace.records import (
     LAUNCH_CATS,
     MEMCPY_CATS,
     MEMSET_CATS,
+    MTIA_CATS,
     STEP_RE,
     RankTrace,
     apply_meta,
@@ -63,6 +65,7 @@ class Complete(msgspec.Struct, gc=False, tag_field="ph", tag="X", kw_only=True):
     cat: str
     name: str
     pid: int | str | None = None
+    tid: int | str | None = None
     ts: _Finite
     dur: _Duration
     args: Args = NO_ARGS
@@ -74,6 +77,9 @@ class MemoryArgs(msgspec.Struct, gc=False):
     addr: _I64 = msgspec.field(default=0, name="Addr")
     size: _I64 = msgspec.field(default=0, name="Bytes")
     device_type: _I64 = msgspec.field(default=-1, name="Device Type")
+    device_id: _I64 = msgspec.field(default=-1, name="Device Id")
+    allocated: _I64 = msgspec.field(default=-1, name="Total Allocated")
+    reserved: _I64 = msgspec.field(default=-1, name="Total Reserved")
 
 
 # the category the router sees for events whose ``cat`` it does not decode (a class attribute):
@@ -88,6 +94,7 @@ class Instant(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
 
     cat: ClassVar[str] = INSTANT
     name: str = ""
+    tid: int | str | None = None
     ts: _Finite = 0.0
     args: MemoryArgs | None = None
 
@@ -122,10 +129,12 @@ EVENTS_DECODER_NO_MEMORY: Any = msgspec.json.Decoder(list[_EVENT_NO_MEMORY])
 """The decoder when the ``[memory]`` allocator events are not wanted (a report of a trace does
 not read them: 28k of the 216k events of the shared 54 MB trace, decoded for nothing)."""
 
+_MTIA = 3  # a kernel once its stream is checked (``finish``)
 _KIND = {
     **dict.fromkeys(KERNEL_CATS, 0),
     **dict.fromkeys(MEMCPY_CATS, 1),
     **dict.fromkeys(MEMSET_CATS, 2),
+    **dict.fromkeys(MTIA_CATS, _MTIA),
 }
 _GROUP = {
     **dict.fromkeys(_KIND, "gpu"),
@@ -167,9 +176,13 @@ def event_from_dict(ev: Any, skip: dict[str, int]) -> Any:
             skipped("missing or invalid ts/dur")
             return None
         mem = MemoryArgs(
-            _arg_int(a.get("Addr", 0)), _arg_int(a.get("Bytes", 0)), _arg_int(a.get("Device Type"))
+            *(_arg_int(a.get(k, 0)) for k in ("Addr", "Bytes")),
+            *(_arg_int(a.get(k)) for k in ("Device Type", "Device Id")),
+            *(_arg_int(a.get(k)) for k in ("Total Allocated", "Total Reserved")),
         )
-        return Instant(MEMORY_EVENT, float(ts), mem)
+        tid = ev.get("tid")
+        tid = tid if tid is None or isinstance(tid, str) or type(tid) is int else json.dumps(tid)
+        return Instant(MEMORY_EVENT, tid, float(ts), mem)
     if ph != "X":
         return None
     try:
@@ -193,10 +206,12 @@ def event_from_dict(ev: Any, skip: dict[str, int]) -> Any:
     if cat in GPU_CATS or cat in LAUNCH_CATS:
         raw = raw if isinstance(raw, dict) else {}
         args = Args(_arg_int(raw.get("stream", -1)), _arg_int(raw.get("correlation", -1)))
-    pid = ev.get("pid")
+    pid, tid = ev.get("pid"), ev.get("tid")
     if not (pid is None or isinstance(pid, str) or type(pid) is int):
         pid = json.dumps(pid)  # a float or an object: keyed by its JSON text
-    return Complete(cat=cat, name=name, pid=pid, ts=ts, dur=dur, args=args)
+    if not (tid is None or isinstance(tid, str) or type(tid) is int):
+        tid = json.dumps(tid)
+    return Complete(cat=cat, name=name, pid=pid, tid=tid, ts=ts, dur=dur, args=args)
 
 
 class ColumnBuilder:
@@ -213,9 +228,9 @@ class ColumnBuilder:
         self.names: dict[str, int] = {}
         self.pids: dict[str, int] = {}
         self.pid_raw: dict[Any, int] = {}
+        self.tid_raw: dict[Any, int] = {}
         self.events = 0
         self.skipped: dict[str, int] = {}
-        self.memory: list[tuple[float, int, int, int]] = []
         # column name -> arrays, one per run: g_* GPU activities, l_* launch calls, h_* host
         # events (h_kind 0: op such as cpu_op, 1: annotation, 2: any other category)
         self.parts: dict[str, list[Any]] = {}
@@ -289,11 +304,22 @@ class ColumnBuilder:
         for e in evs:
             route.get(e.cat, other)(e)
         if self._instants and self.keep_memory:
-            self.memory += [
-                (e.ts, e.args.addr, e.args.size, e.args.device_type)
+            mem = [
+                e
                 for e in self._instants
                 if e.__class__ is Instant and e.name == MEMORY_EVENT and e.args is not None
             ]
+            if mem:
+                args: list[Any] = [e.args for e in mem]
+                self._put("m_ts", array("d", [e.ts for e in mem]))
+                self._put("m_addr", array("q", [a.addr for a in args]))
+                self._put("m_size", array("q", [a.size for a in args]))
+                self._put("m_device_type", array("q", [a.device_type for a in args]))
+                self._put("m_device_id", array("q", [a.device_id for a in args]))
+                self._put("m_allocated", array("q", [a.allocated for a in args]))
+                self._put("m_reserved", array("q", [a.reserved for a in args]))
+                # threads by tid alone (a Linux tid is unique across processes)
+                self._put("m_tid", self._ids(self.tid_raw, [e.tid for e in mem]))
         self._instants.clear()
         self._dropped.clear()
         names = self.names
@@ -326,6 +352,7 @@ class ColumnBuilder:
             put("h_pid", self._ids(self.pid_raw, [e.pid for e in host], self.pids))
             if kind == 0:
                 put("h_kind", array(i64, bytes(8 * len(host))))
+                put("o_tid", self._ids(self.tid_raw, [e.tid for e in host]))
             else:
                 put("h_kind", array(i64, [1 if e.cat in ANNOTATION_CATS else 2 for e in host]))
             host.clear()
@@ -343,9 +370,18 @@ class ColumnBuilder:
         names = list(self.names)
         pids = list(self.pids)
         f64, i64 = np.float64, np.int64
-        # GPU activities, sorted by start (stable, as the general path sorts them)
+        # GPU activities, sorted by start (stable, as the general path sorts them); MTIA
+        # records without a stream are not device work (HTA's rule), the others are kernels
         g_ts = self._col("g_ts", f64)
-        order = np.argsort(g_ts, kind="stable")
+        g_kind = self._col("g_kind", i64)
+        g_stream = self._col("g_stream", i64)
+        mtia = g_kind == _MTIA
+        if mtia.any():
+            g_kind = np.where(mtia, 0, g_kind)
+            order = np.flatnonzero(~(mtia & (g_stream < 0)))
+            order = order[np.argsort(g_ts[order], kind="stable")]
+        else:
+            order = np.argsort(g_ts, kind="stable")
         # launches: the last call of a correlation id wins, as in a dict
         l_corr = self._col("l_corr", i64)
         by_corr = np.argsort(l_corr, kind="stable")
@@ -359,6 +395,7 @@ class ColumnBuilder:
         h_ts = self._col("h_ts", f64)
         h_dur = self._col("h_dur", f64)
         h_pid = self._col("h_pid", i64)
+        o_tid = self._col("o_tid", i64)
         n_names = len(names)
         step_no = np.full(n_names, -1, dtype=np.int64)
         cat_op = np.full(n_names, -1, dtype=np.int64)
@@ -379,7 +416,11 @@ class ColumnBuilder:
         for j in np.flatnonzero(is_step).tolist():
             ts = float(h_ts[j])
             steps.append((int(step_no[h_name[j]]), ts, ts + float(h_dur[j]), pids[int(h_pid[j])]))
-        ops = np.flatnonzero((h_kind == 0) & ~is_step)
+        ops = ops_all = np.flatnonzero(h_kind == 0)
+        # ops are the first rows of each run: h_kind 0 rows in order are the o_tid rows
+        ops = ops[~is_step[ops] & ~nested_duplicate(h_ts[ops], h_dur[ops], h_name[ops], o_tid)]
+        # data loading (enumerate(DataLoader/DataPipe)) is the loader's time, not an op's
+        ops = ops[cat_op[h_name[ops]] != host_cat_index["data"]]
         cpu_ops: dict[str, list[float]] = {}
         if len(ops):
             op_names = h_name[ops]
@@ -390,6 +431,18 @@ class ColumnBuilder:
             used = np.flatnonzero(calls)
             used = used[np.argsort(first[used], kind="stable")]
             cpu_ops = {names[i]: [int(calls[i]), float(inclusive[i])] for i in used.tolist()}
+        modules = _module_times(names, h_name, h_kind, h_dur)
+        mem = {
+            k: self._col(f"m_{k}", f64 if k == "ts" else i64)
+            for k in ("ts", "addr", "size", "device_type", "device_id", "allocated", "reserved")
+        }
+        m_tid = self._col("m_tid", i64)
+        mem["op"] = np.full(len(m_tid), -1, dtype=np.int64)
+        if len(m_tid) and len(ops_all):
+            inner = innermost(
+                h_ts[ops_all], h_ts[ops_all] + h_dur[ops_all], o_tid, mem["ts"], m_tid
+            )
+            mem["op"] = np.where(inner >= 0, h_name[ops_all][inner], -1)
         host_cat = np.where(h_kind == 0, cat_op[h_name], np.where(h_kind == 1, cat_ann[h_name], -1))
         host_cat[is_step] = -1
         keep = np.flatnonzero(host_cat >= 0)
@@ -397,10 +450,10 @@ class ColumnBuilder:
             names=names,
             gpu_ts=g_ts[order],
             gpu_dur=self._col("g_dur", f64)[order],
-            gpu_stream=self._col("g_stream", i64)[order],
+            gpu_stream=g_stream[order],
             gpu_corr=self._col("g_corr", i64)[order],
             gpu_name=self._col("g_name", i64)[order],
-            gpu_kind=self._col("g_kind", i64)[order],
+            gpu_kind=g_kind[order],
             launch_corr=sorted_corr[last_of_run],
             launch_ts=self._col("l_ts", f64)[last],
             launch_dur=self._col("l_dur", f64)[last],
@@ -414,13 +467,105 @@ class ColumnBuilder:
         out = RankTrace(path, cols)
         out.steps = sorted(steps, key=lambda s: s[1])
         out.cpu_ops = cpu_ops
-        out.memory = self.memory
+        out.memory_columns = mem
+        out.modules = modules
         out.events = self.events
         out.skipped = self.skipped
         out.meta = meta
         out.reader = reader
         apply_meta(out, index)
         return out
+
+
+def nested_duplicate(ts: Any, dur: Any, name: Any, thread: Any) -> Any:
+    """Which ops torch merges into their parent: the only child of a same-name op, same thread.
+
+    Torch's profiler (``EventList._remove_dup_nodes``) and the TensorBoard plugin count an op
+    that re-enters itself (``aten::mm`` calling ``aten::mm`` as its only child) as one call,
+    timed by the outer one. Under proper nesting, sorted by (thread, start, -end), a parent with
+    one child is directly followed by it, and its descendants are the ops starting before its
+    end: so the child is merged when the parent's descendants are the child and the child's own.
+
+    Returns:
+        A bool mask over the ops (True: merged into the parent, not counted).
+    """
+    n = len(ts)
+    out = np.zeros(n, dtype=bool)
+    if n < 2:
+        return out
+    end = ts + dur
+    order = np.lexsort((-end, ts, thread))
+    t, e, nm, th = ts[order], end[order], name[order], thread[order]
+    cand = np.flatnonzero((nm[1:] == nm[:-1]) & (th[1:] == th[:-1]) & (e[1:] <= e[:-1])) + 1
+    if not len(cand):
+        return out
+    # ops of the same thread starting before an op's end: its descendants (and itself)
+    cuts = [0, *(np.flatnonzero(th[1:] != th[:-1]) + 1).tolist(), n]
+    below = np.empty(n, dtype=np.int64)
+    for a, b in pairwise(cuts):
+        below[a:b] = a + np.searchsorted(t[a:b], e[a:b], side="left")
+    desc = below - np.arange(n) - 1
+    parent = cand - 1
+    merged = cand[desc[parent] == 1 + desc[cand]]
+    out[order[merged]] = True
+    return out
+
+
+MODULE_PREFIX = "nn.Module: "
+"""How torch names a module's forward in a ``with_modules``/``with_stack`` trace."""
+
+
+def _module_times(names: list[str], name: Any, kind: Any, dur: Any) -> dict[str, list[float]]:
+    """Module (``nn.Module: Linear_0``) -> [calls, inclusive host us] (python_function spans)."""
+    is_module = np.array([n.startswith(MODULE_PREFIX) for n in names], dtype=bool)
+    if not is_module.any():
+        return {}
+    sel = np.flatnonzero(is_module[name] & (kind == 1))
+    calls = np.bincount(name[sel], minlength=len(names))
+    tot = np.bincount(name[sel], weights=dur[sel], minlength=len(names))
+    return {
+        names[i][len(MODULE_PREFIX) :]: [int(calls[i]), float(tot[i])]
+        for i in np.flatnonzero(calls).tolist()
+    }
+
+
+def innermost(start: Any, end: Any, thread: Any, t: Any, t_thread: Any) -> Any:
+    """Index of the innermost span of the same thread holding each time (-1: none).
+
+    Spans nest on a thread, so the innermost one holding ``t`` is the last, in order of start,
+    that starts at or before ``t`` and ends at or after it. Found for all times at once: a
+    binary search for the last span starting by ``t``, then a descent over block maxima of the
+    span ends (``log2(n)`` vectorised steps) to the last one not yet ended.
+    """
+    n = len(start)
+    out = np.full(len(t), -1, dtype=np.int64)
+    order = np.lexsort((-end, start, thread))
+    s, e, th = start[order], end[order], thread[order]
+    # block maxima: level k holds max(e[i - 2**k + 1 .. i])
+    levels = [e]
+    while (1 << len(levels)) <= n:
+        prev, w = levels[-1], 1 << (len(levels) - 1)
+        cur = prev.copy()
+        cur[w:] = np.maximum(prev[w:], prev[:-w])
+        levels.append(cur)
+    key_first = np.searchsorted(th, t_thread, side="left")
+    key_last = np.searchsorted(th, t_thread, side="right")
+    p = np.empty(len(t), dtype=np.int64)
+    for thread_id in set(t_thread.tolist()):
+        on = t_thread == thread_id
+        a, b = int(key_first[on][0]), int(key_last[on][0])
+        p[on] = a + np.searchsorted(s[a:b], t[on], side="right") - 1
+    lo = key_first
+    for k in range(len(levels) - 1, -1, -1):
+        w = 1 << k
+        ok = p - w + 1 >= lo
+        idx = np.clip(p, 0, max(n - 1, 0))
+        jump = ok & (levels[k][idx] < t)
+        p = np.where(jump, p - w, p)
+    idx = np.clip(p, 0, max(n - 1, 0))
+    found = (p >= lo) & (e[idx] >= t) if n else np.zeros(len(t), dtype=bool)
+    out[found] = order[p[found]]
+    return out
 
 
 def _pid_text(pid: Any) -> str:

@@ -14,10 +14,15 @@ from typing import Any
 from ampdiag.trace.columns import Columns
 
 KERNEL_CATS = frozenset({"kernel", "Kernel"})
+MTIA_CATS = frozenset({"mtia_ccp_events"})
+"""MTIA device work: counted as kernels where it names a stream (HTA's rule; its queue and DMA
+request records without one are not device work)."""
 MEMCPY_CATS = frozenset({"gpu_memcpy", "Memcpy"})
 MEMSET_CATS = frozenset({"gpu_memset", "Memset"})
-GPU_CATS = KERNEL_CATS | MEMCPY_CATS | MEMSET_CATS
-LAUNCH_CATS = frozenset({"cuda_runtime", "Runtime", "cuda_driver", "privateuse1_runtime"})
+GPU_CATS = KERNEL_CATS | MEMCPY_CATS | MEMSET_CATS | MTIA_CATS
+LAUNCH_CATS = frozenset(
+    {"cuda_runtime", "Runtime", "cuda_driver", "privateuse1_runtime", "mtia_runtime"}
+)
 HOST_OP_CATS = frozenset({"cpu_op", "Operator", "operator"})
 ANNOTATION_CATS = frozenset({"user_annotation", "python_function"})
 # at most 18 digits: a step number always fits an int64 (a 5000-digit one is not a step)
@@ -49,8 +54,17 @@ class RankTrace:
         devices: Names of the GPUs in ``deviceProperties`` (empty for CPU-only traces).
         capabilities: Their compute capabilities, "major.minor" ("" where not recorded).
         steps: ``(N, start_us, end_us, pid)`` for each ``ProfilerStep#N``, sorted by start.
-        cpu_ops: CPU op name -> [calls, inclusive_us].
+        cpu_ops: CPU op name -> [calls, inclusive_us], as torch's tools count them: an op that
+            is the only child of a same-name op on its thread is part of that call, and data
+            loading (``enumerate(DataLoader)``, ``enumerate(DataPipe)``) is not an op.
         memory: The ``[memory]`` allocator events (see ``MemoryEvent``), in file order.
+        memory_columns: The same events as numpy columns: ``ts``, ``addr``, ``size``,
+            ``device_type``, ``device_id``, ``allocated`` and ``reserved`` (the allocator's
+            ``Total Allocated`` / ``Total Reserved``; -1: absent), and ``op``: the innermost CPU
+            op of its thread running at its time (the op that allocated or freed; an index into
+            ``columns().names``, -1: none).
+        modules: Module (``Linear_0``, from ``nn.Module: Linear_0`` python_function spans of a
+            ``with_modules``/``with_stack`` trace) -> [calls, inclusive host us].
         events: Number of trace events read.
         skipped: Reason -> number of events skipped for it.
         meta: Other top-level keys (small values only).
@@ -67,12 +81,33 @@ class RankTrace:
         self.capabilities: list[str] = []
         self.steps: list[tuple[int, float, float, Any]] = []
         self.cpu_ops: dict[str, list[float]] = {}
-        self.memory: list[MemoryEvent] = []
+        self.memory_columns: dict[str, Any] = {}
+        self._memory: list[MemoryEvent] | None = None
+        self.modules: dict[str, list[float]] = {}
         self.events = 0
         self.skipped: dict[str, int] = {}
         self.meta: dict[str, Any] = {}
         self.reader = "fast"
         self._cols = columns
+
+    @property
+    def memory(self) -> list[MemoryEvent]:
+        """The ``[memory]`` events as tuples (see ``MemoryEvent``), made once from the columns."""
+        if self._memory is None:
+            m = self.memory_columns
+            if not m or not len(m["ts"]):
+                self._memory = []
+            else:
+                self._memory = list(
+                    zip(
+                        m["ts"].tolist(),
+                        m["addr"].tolist(),
+                        m["size"].tolist(),
+                        m["device_type"].tolist(),
+                        strict=True,
+                    )
+                )
+        return self._memory
 
     def columns(self) -> Columns:
         """The GPU, launch and host records as numpy columns."""

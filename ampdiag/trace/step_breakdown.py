@@ -5,7 +5,7 @@ highest-priority category of the events covering it (data loading > optimizer > 
 forward), and what no event covers is "other" (Python between ops, the profiler's own work).
 The categories come from names torch itself writes:
 
-- data: ``enumerate(DataLoader)#...`` annotations,
+- data: ``enumerate(DataLoader)#...`` and ``enumerate(DataPipe)#...`` annotations,
 - optimizer: ``Optimizer.step#...`` and ``Optimizer.zero_grad#...`` annotations,
 - backward: ``autograd::engine::evaluate_function: ...`` ops (on any thread of the process),
 - forward: every other CPU op inside the step;
@@ -52,7 +52,7 @@ def classify(name: str, cat: str) -> str | None:
         return "comm_op"
     if name in MICRO_BATCH_NAMES:
         return "micro_batch"
-    if name.startswith("enumerate(DataLoader)"):
+    if name.startswith(("enumerate(DataLoader)", "enumerate(DataPipe)")):
         return "data"
     if name.startswith(CLOSURE_PREFIX):
         return "closure"

@@ -17,6 +17,8 @@ TITLE = "GPU timeline"
 DETAIL_RANKS = 2
 #: At most this many per-step rows per rank in the table.
 TABLE_STEPS = 50
+#: At most this many devices' memory curves per rank.
+MEMORY_DEVICES = 4
 
 
 def build(session: Session) -> ReportSection | None:
@@ -59,6 +61,11 @@ def build(session: Session) -> ReportSection | None:
                 )
             )
     cpu_only = [r for r in ranks if not r.get("activities_in_window")][:2]
+    memory_figures = {
+        r["rank"]: _memory_charts(r["memory"], r["rank"])
+        for r in detail + cpu_only
+        if r.get("memory")
+    }
     html = render_template(
         "timeline.html.j2",
         tl=tl,
@@ -69,6 +76,7 @@ def build(session: Session) -> ReportSection | None:
         figures=figures,
         hta=tl.get("hta") or {},
         table_steps=TABLE_STEPS,
+        memory_figures=memory_figures,
     )
     if gpu:
         r = gpu[0]
@@ -79,4 +87,24 @@ def build(session: Session) -> ReportSection | None:
         )
     else:
         text = "no GPU kernels (CPU side only)"
-    return ReportSection(id="timeline", title=TITLE, html=html, summary=text, figures=list(figures))
+    names = [*figures, *(f"memory-rank-{k}" for k in memory_figures)]
+    return ReportSection(id="timeline", title=TITLE, html=html, summary=text, figures=names)
+
+
+def _memory_charts(memory: dict[str, Any], rank: int) -> list[Markup]:
+    """Allocated (and reserved) MiB over the trace, one chart per device, the steps marked."""
+    out = []
+    for d in memory["devices"][:MEMORY_DEVICES]:
+        series = {"allocated": [v / 2**20 for v in d["allocated"]]}
+        if d["reserved"] and any(d["reserved"]):
+            series["reserved"] = [v / 2**20 for v in d["reserved"]]
+        chart = charts.line(
+            d["t_ms"],
+            series,
+            "ms",
+            "MiB",
+            f"Memory, rank {rank}, {d['device']}",
+            marks=[s["start_ms"] for s in memory.get("steps", [])],
+        )
+        out.append(svg.inline(chart))
+    return out
