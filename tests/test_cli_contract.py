@@ -81,6 +81,22 @@ def test_demo_then_report_rerenders(tmp_path: Path) -> None:
     assert r.returncode == 0 and json.loads(r.stdout)["schema_version"] == 1
 
 
+def test_the_old_demo_dtype_command_line_still_runs_the_amp_demo(tmp_path: Path) -> None:
+    """``ampdiag demo --dtype bfloat16`` (0.1.0, before --scenario): the amp demo in BF16,
+    with one deprecation line on stderr naming the new form."""
+    out = tmp_path / "demo"
+    r = ampdiag_cli("demo", "--dtype", "bfloat16", "--out", str(out), "--steps", "2")
+    assert r.returncode == 0, r.stderr
+    deprecation = [line for line in r.stderr.splitlines() if "deprecated" in line]
+    assert len(deprecation) == 1 and "--scenario amp --dtype bfloat16" in deprecation[0]
+    session = json.loads((out / "session.json").read_text())
+    assert session["environment"]["autocast"] == "cpu:bfloat16"
+    assert len(session["steps"]) == 2
+    # An explicit conflict stays bad input.
+    r = ampdiag_cli("demo", "--scenario", "underflow", "--dtype", "bfloat16", "--out", str(out))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.slow
 def test_the_default_demo_shows_the_headline(tmp_path: Path) -> None:
     """`ampdiag demo` as a new user runs it: FP16 without a scaler, so its report shows the
