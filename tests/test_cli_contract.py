@@ -31,7 +31,7 @@ def ampdiag_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProc
         text=True,
         cwd=cwd,
         env=env,
-        timeout=300,
+        timeout=900,  # unblocks a hung run; a loaded machine's default demo took over 300 s
     )
 
 
@@ -61,10 +61,17 @@ def test_demo_then_report_rerenders(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(out / "report.html")
     assert "report:" in r.stderr  # the console summary
-    # Nothing but ampdiag's summary: no Kineto "USDT ... profiler_start", no CPUAllocator line.
-    lines = r.stderr.strip().splitlines()
-    assert lines[0].startswith("ampdiag: ") and all(line.startswith("  ") for line in lines[1:])
     session = json.loads((out / "session.json").read_text())
+    # Nothing but ampdiag's summary: no Kineto "USDT ... profiler_start", no CPUAllocator line.
+    # A run warning the session records (a loaded machine's 2 s step shortens the profiled
+    # window) is ampdiag's own, shown as logged and as a Python warning.
+    warned = session["run"]["warnings"]
+    lines = [
+        line
+        for line in r.stderr.strip().splitlines()
+        if line not in warned and not any(f"Warning: ampdiag: {w}" in line for w in warned)
+    ]
+    assert lines[0].startswith("ampdiag: ") and all(line.startswith("  ") for line in lines[1:])
     assert session["status"] == "ok" and len(session["steps"]) == 6
     assert session["environment"]["autocast"] == "cpu:float16"
     assert session["run"]["scaler"]["class"] == "GradScaler"
