@@ -66,11 +66,15 @@ def test_demo_then_report_rerenders(tmp_path: Path) -> None:
     # A run warning the session records (a loaded machine's 2 s step shortens the profiled
     # window) is ampdiag's own, shown as logged and as a Python warning.
     warned = session["run"]["warnings"]
-    lines = [
-        line
-        for line in r.stderr.strip().splitlines()
-        if line not in warned and not any(f"Warning: ampdiag: {w}" in line for w in warned)
-    ]
+    lines: list[str] = []
+    source_line_next = False  # a Python warning's line is followed by its source line
+    for line in r.stderr.strip().splitlines():
+        if source_line_next:
+            source_line_next = False
+        elif any(f"Warning: ampdiag: {w}" in line for w in warned):
+            source_line_next = True
+        elif line not in warned:
+            lines.append(line)
     assert lines[0].startswith("ampdiag: ") and all(line.startswith("  ") for line in lines[1:])
     assert session["status"] == "ok" and len(session["steps"]) == 6
     assert session["environment"]["autocast"] == "cpu:float16"
