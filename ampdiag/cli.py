@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--scenario",
         choices=("underflow", "amp"),
-        default="underflow",
+        default=None,
         help="underflow: FP16 autocast without a GradScaler, whose gradients underflow (the "
         "report shows where, the scale that fixes it and the precision A/B); amp: a correct "
         "setup in --dtype (a GradScaler in FP16) [underflow]",
@@ -52,9 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when present")
     demo.add_argument(
         "--dtype",
-        default="float16",
+        default=None,
         choices=("float16", "bfloat16", "float32"),
-        help="the autocast dtype of --scenario amp [float16]",
+        help="the autocast dtype of --scenario amp [float16]; without --scenario it selects "
+        "the amp demo (deprecated: the command line before --scenario existed)",
     )
     demo.add_argument("--steps", type=int, help="training steps [100 for underflow, 8 for amp]")
 
@@ -233,7 +234,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     if args.steps is not None and args.steps < 1:
         raise InputError("--steps must be at least 1")
-    if args.scenario == "underflow" and args.dtype != "float16":
+    if args.scenario is None and args.dtype is not None:
+        # `ampdiag demo --dtype X` ran the amp demo in X before --scenario existed (0.1.0):
+        # kept working for a release, with a deprecation warning (docs: compatibility policy).
+        print(
+            f"ampdiag: deprecated: 'ampdiag demo --dtype {args.dtype}' without --scenario runs "
+            f"the amp demo; write 'ampdiag demo --scenario amp --dtype {args.dtype}' (the old "
+            "form will be refused in a later release)",
+            file=sys.stderr,
+        )
+        args.scenario = "amp"
+    args.scenario = args.scenario or "underflow"
+    if args.scenario == "underflow" and args.dtype not in (None, "float16"):
         raise InputError("--dtype applies to --scenario amp (the underflow demo trains in FP16)")
     if args.device == "cuda":
         import torch
@@ -241,7 +253,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise InputError("--device cuda: no CUDA device is available")
     out = run_demo(
-        args.out, scenario=args.scenario, device=args.device, dtype=args.dtype, steps=args.steps
+        args.out,
+        scenario=args.scenario,
+        device=args.device,
+        dtype=args.dtype or "float16",
+        steps=args.steps,
     )
     print(out / REPORT_FILE)
     return EXIT_OK

@@ -16,7 +16,7 @@ import functools
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, Literal, TypedDict, Union
+from typing import Any, Literal, Required, TypedDict, Union
 
 #: Version of the session document. Bump it when a key changes meaning or type; readers
 #: accept every version up to this one.
@@ -53,6 +53,37 @@ class Environment(TypedDict, total=False):
     framework: dict[str, Any]  # the framework the run came through: name, precision, flags
     profiled_steps: dict[str, Any]  # a trace's ProfilerSteps: count, median/min/max_us
     kernel_precisions: dict[str, float]  # a trace's computation-kernel time share by precision
+
+
+class ErrorInfo(TypedDict, total=False):
+    """The user's exception that ended the block (``error``, status "error"/"interrupted")."""
+
+    type: str
+    message: str
+    traceback: str
+
+
+class FindingDoc(TypedDict, total=False):
+    """One finding (``findings[i]``), see `ampdiag.session.Finding` (rebuilt from this)."""
+
+    id: Required[str]
+    severity: Required[Literal["high", "medium", "low", "info"]]
+    title: Required[str]
+    evidence: dict[str, Any]
+    fix: str
+    section: str
+    impact: float
+
+
+class Origin(TypedDict, total=False):
+    """The first non-finite value of a phase (``sentinel.forward_origin``/``backward_origin``)."""
+
+    step: Required[int]
+    phase: str
+    module: Required[str]
+    kind: str
+    parent_code: bool
+    between: list[str | None]
 
 
 class Step(TypedDict, total=False):
@@ -302,7 +333,7 @@ class SentinelSection(TypedDict, total=False):
     """
 
     steps_watched: int
-    forward_origin: dict[str, Any] | None
+    forward_origin: dict[str, Any] | None  # an Origin (checked as one on loading: LOADED)
     backward_origin: dict[str, Any] | None
     nonfinite_steps: list[int]
     nonfinite_step_count: int
@@ -393,6 +424,13 @@ SECTIONS: dict[str, type] = {
 }
 
 
+#: Values a loaded document is checked against a stricter type than the section's own (its
+#: writer builds them as plain dicts): section -> key -> type.
+LOADED: dict[str, dict[str, Any]] = {
+    "sentinel": {"forward_origin": Origin | None, "backward_origin": Origin | None},
+}
+
+
 def check(value: Any, expected: Any, where: str, strict: bool = False) -> list[str]:
     """The places where ``value`` does not have the type ``expected`` (empty when it does).
 
@@ -415,7 +453,7 @@ def check(value: Any, expected: Any, where: str, strict: bool = False) -> list[s
         if not isinstance(value, dict):
             return [f"{where}: expected an object, got {type(value).__name__}"]
         hints = _hints(expected)
-        problems: list[str] = []
+        problems = [f"{where}.{k}: missing" for k in _required(expected) if k not in value]
         for key, item in value.items():
             if key in hints:
                 problems += check(item, hints[key], f"{where}.{key}", strict)
@@ -428,6 +466,10 @@ def check(value: Any, expected: Any, where: str, strict: bool = False) -> list[s
         options = [check(value, a, where, strict) for a in args]
         if any(not o for o in options):
             return []
+        # an object or list where one option is a container of that kind: what is wrong inside
+        inner = [o for a, o in zip(args, options, strict=True) if _container(a) is type(value)]
+        if len(inner) == 1:
+            return inner[0]
         return [f"{where}: expected {_name(expected)}, got {type(value).__name__}"]
     if origin is Literal:
         return [] if value in args else [f"{where}: expected one of {args}, got {value!r}"]
@@ -449,10 +491,19 @@ def check_document(doc: dict[str, Any], strict: bool = False) -> list[str]:
     problems = check(doc.get("environment", {}), Environment, "environment", strict)
     problems += check(doc.get("config", {}), dict[str, Any], "config", strict)
     problems += check(doc.get("steps", []), list[Step], "steps", strict)
-    problems += check(doc.get("findings", []), list[dict[str, Any]], "findings", strict)
+    problems += check(doc.get("error"), ErrorInfo | None, "error", strict)
+    problems += check(doc.get("findings", []), list[FindingDoc], "findings", strict)
+    for key in ("created", "ampdiag_version"):
+        problems += check(doc.get(key, ""), str, key, strict)
     for name, kind in SECTIONS.items():
         if name in doc:
             problems += check(doc[name], kind, name, strict)
+    for name, keys in LOADED.items():
+        section = doc.get(name)
+        if isinstance(section, dict):
+            for key, kind in keys.items():
+                if key in section:
+                    problems += check(section[key], kind, f"{name}.{key}", strict)
     return problems
 
 
@@ -483,8 +534,11 @@ def _predicate(expected: Any) -> Callable[[Any], bool]:
         return lambda v: True
     if _is_typeddict(expected):
         fields = {k: _predicate(t) for k, t in _hints(expected).items()}
+        required = _required(expected)
         return lambda v: (
-            isinstance(v, dict) and all(fields[k](x) for k, x in v.items() if k in fields)
+            isinstance(v, dict)
+            and all(k in v for k in required)
+            and all(fields[k](x) for k, x in v.items() if k in fields)
         )
     origin, args = typing.get_origin(expected), typing.get_args(expected)
     if origin in (Union, types.UnionType):
@@ -505,6 +559,26 @@ def _predicate(expected: Any) -> Callable[[Any], bool]:
 def _hints(kind: type) -> dict[str, Any]:
     # cached: a session's steps are checked one TypedDict at a time, thousands of them
     return typing.get_type_hints(kind)
+
+
+@functools.cache
+def _required(kind: type) -> tuple[str, ...]:
+    """The keys a TypedDict marks ``Required`` (a section's are all optional: total=False).
+
+    Read from the resolved annotations: with ``from __future__ import annotations`` Python
+    3.11's ``__required_keys__`` cannot see ``Required`` inside a string annotation.
+    """
+    hints = typing.get_type_hints(kind, include_extras=True)
+    return tuple(k for k, t in hints.items() if typing.get_origin(t) is Required)
+
+
+def _container(kind: Any) -> type | None:
+    """The JSON container type a schema type stands for (dict, list), None for a scalar."""
+    if _is_typeddict(kind) or typing.get_origin(kind) is dict or kind is dict:
+        return dict
+    if typing.get_origin(kind) is list or kind is list:
+        return list
+    return None
 
 
 def _is_typeddict(kind: Any) -> bool:

@@ -69,8 +69,14 @@ class Finding:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Finding:
-        """Builds a finding from its JSON form, ignoring keys it does not know."""
+        """Builds a finding from its JSON form, ignoring keys it does not know.
+
+        The form is checked first (`schema.check_document`); a non-finite ``impact`` saved as
+        text ("nan") is read back as the float it was.
+        """
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        if isinstance(known.get("impact"), str):
+            known["impact"] = float(known["impact"])
         return cls(**known)
 
 

@@ -32,14 +32,60 @@ _INTERNAL = ("/torch/", "<frozen", "/site-packages/", "/dist-packages/", "/lib/p
 """Path parts of Python frames that are not the user's (``\\`` read as ``/``)."""
 
 
+#: The integer fields the summary reads, per kind of record: sizes and addresses, which a
+#: real snapshot holds as integers in [0, 2^63).
+_SEGMENT_INTS = ("address", "total_size", "allocated_size")
+_BLOCK_INTS = ("address", "size")
+_TRACE_INTS = ("addr", "size", "device_free")
+
+
 def check_snapshot(snap: Any) -> dict[str, Any]:
-    """Returns the snapshot if it has torch's shape, else raises InputError."""
+    """Returns the snapshot if it has torch's shape, else raises InputError naming the key.
+
+    Every record the summary reads is checked first (one pass, bounded by what the safe
+    unpickler let through): segments, their blocks and the trace entries are objects, and the
+    sizes and addresses among their fields are integers in [0, 2^63). A field of another type
+    or out of that range is refused, never read as 0 into a report that looks right.
+    """
     if not isinstance(snap, dict) or not isinstance(snap.get("segments"), list):
         raise InputError("not a PyTorch CUDA memory snapshot: no 'segments' list")
     traces = snap.get("device_traces", [])
     if not isinstance(traces, list):
         raise InputError("not a PyTorch CUDA memory snapshot: 'device_traces' is not a list")
+    for i, segment in enumerate(snap["segments"]):
+        _check_record(segment, f"segments[{i}]", _SEGMENT_INTS)
+        blocks = segment.get("blocks", [])
+        if not isinstance(blocks, list):
+            _refuse(f"segments[{i}].blocks", "expected a list", blocks)
+        for j, block in enumerate(blocks):
+            _check_record(block, f"segments[{i}].blocks[{j}]", _BLOCK_INTS)
+    for d, trace in enumerate(traces):
+        if not isinstance(trace, list):
+            _refuse(f"device_traces[{d}]", "expected a list", trace)
+        for k, entry in enumerate(trace):
+            _check_record(entry, f"device_traces[{d}][{k}]", _TRACE_INTS)
     return snap
+
+
+def _check_record(record: Any, where: str, ints: tuple[str, ...]) -> None:
+    if not isinstance(record, dict):
+        _refuse(where, "expected an object", record)
+    for key in ints:
+        value = record.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int):
+            _refuse(f"{where}.{key}", "expected an integer", value)
+        if not 0 <= value < _INT_LIMIT:
+            digits = len(str(abs(value))) if abs(value) < 10**4000 else "over 4000"
+            raise InputError(
+                f"not a PyTorch CUDA memory snapshot: {where}.{key}: an integer out of range "
+                f"[0, 2^63) ({'-' if value < 0 else ''}{digits} digits)"
+            )
+
+
+def _refuse(where: str, expected: str, value: Any) -> None:
+    raise InputError(
+        f"not a PyTorch CUDA memory snapshot: {where}: {expected}, got {type(value).__name__}"
+    )
 
 
 def _int(value: Any) -> int:

@@ -71,7 +71,8 @@ def test_long_steps_record_one_step_and_a_warning_says_so(tmp_path: Path) -> Non
 
 def test_short_steps_record_the_configured_window(tmp_path: Path) -> None:
     d, took = run(tmp_path / "short", pause_s=0.0)
-    assert max(took[:2]) < LONG_S
+    if max(took[:2]) >= LONG_S:  # the premise, short steps, fails on a loaded machine
+        pytest.skip(f"steps before the window took {took[:2]} s, over {LONG_S} s")
     assert sorted(profiler_steps(tmp_path / "short")) == [f"ProfilerStep#{i}" for i in (2, 3, 4)]
     assert d.session.section("profiler")["recorded_steps"] == [2, 3, 4]
     assert not [w for w in d.run.warnings if "step recorded" in w]

@@ -253,6 +253,19 @@ def measured_precision_advice(run_precision: str) -> Callable[[Session], str | N
     return check
 
 
+def premise(holds: bool, what: str, measured: Any) -> None:
+    """Skips the scenario, with the measured figures, where its premise fails on this machine.
+
+    A scenario whose fault rests on the CPU (FP16 slow where it has no native FP16 kernels) or
+    on timing (a pass over a budget that grows with a loaded machine's slower block) cannot be
+    built on every machine: there it is skipped, saying why, never failed.
+    """
+    if not holds:
+        import pytest
+
+        pytest.skip(f"the premise fails on this machine: {what}: {measured}")
+
+
 def diagnose(out: Path, **settings: Any) -> ampdiag.Diagnosis:
     """``ampdiag.diagnose(out=out)`` with the quiet outputs (`QUIET`) and ``settings``."""
     return ampdiag.diagnose(out=out, **(QUIET | settings))

@@ -42,7 +42,15 @@ from torch.nn import functional as F
 
 from ampdiag.session import Session
 from tests.scenarios import models
-from tests.scenarios.harness import Scenario, Truth, diagnose, one_thread, seeded, session_of
+from tests.scenarios.harness import (
+    Scenario,
+    Truth,
+    diagnose,
+    one_thread,
+    premise,
+    seeded,
+    session_of,
+)
 
 STEPS = 150  # a block long enough that 10% of it pays for FP32 and BF16, not for FP16
 ROUNDS = 3
@@ -198,8 +206,12 @@ def _run(out: Path) -> tuple[Session, Truth]:
                 "ab_budget_s": budget}  # fmt: skip
     # the fault is real: FP16 is many times slower than FP32 on this CPU, and its observed run
     # and timing alone, at its true speed, are over the A/B's whole budget
-    assert timed["fp16"] >= SLOW * timed["fp32"], measured
-    assert budget is None or (observed + TIMING_PASSES * timed["fp16"]) / 1e3 > budget, measured
+    premise(timed["fp16"] >= SLOW * timed["fp32"], "FP16 many times slower than FP32", measured)
+    premise(
+        budget is None or (observed + TIMING_PASSES * timed["fp16"]) / 1e3 > budget,
+        "FP16's observed run and timing over the A/B's budget",
+        measured,
+    )
     return session, Truth(
         forbid={"prefer-fp16"},
         measured=measured,

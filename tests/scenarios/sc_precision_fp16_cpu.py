@@ -41,6 +41,7 @@ from tests.scenarios.harness import (
     Truth,
     diagnose,
     one_thread,
+    premise,
     seeded,
     session_of,
 )
@@ -177,7 +178,7 @@ def _run(out: Path) -> tuple[Session, Truth]:
     ok = acceptable(timed)
     measured = {"timed": timed, "acceptable": sorted(ok), "conv2": cause}
     # the fault is real: FP16 is not among the fastest safe precisions on this CPU
-    assert "fp16" not in ok, measured
+    premise("fp16" not in ok, "FP16 not among the fastest safe precisions on this CPU", measured)
     return session_of(d), Truth(
         expect=[Expect("autocast-slower", evidence={"cause": (cause["cause"], 0)})],
         forbid=set(),

@@ -34,6 +34,7 @@ from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
 from ampdiag.compat.autocast import in_backward
+from ampdiag.compat.hooks import register_global_forward_hook
 
 MODULE_PRE, MODULE_POST, OPTIMIZER_PRE, OPTIMIZER_POST = (
     "module_pre",
@@ -148,7 +149,7 @@ class _Shared:
         if self.kind == MODULE_PRE:
             self.handle = nn_module.register_module_forward_pre_hook(self.call_pre)
         elif self.kind == MODULE_POST:
-            self.handle = nn_module.register_module_forward_hook(
+            self.handle = register_global_forward_hook(
                 self.call_post, with_kwargs=True, always_call=True
             )
         elif self.kind == OPTIMIZER_PRE:
