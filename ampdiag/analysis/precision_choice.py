@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ampdiag import timing
+from ampdiag import timing, units
 from ampdiag.analysis import device as D
 from ampdiag.session import Session
 
@@ -289,7 +289,8 @@ def measured(session: Session) -> Measured:
     elif choice is not None and not choice.timed:
         budget = _num(ab.get("budget_s")) if isinstance(ab, Mapping) else None
         why = "each precision was timed once (no spread to compare)" + (
-            f": the A/B budget was {budget:.2g} s (precision_ab_budget_s, at most 10% of the block)"
+            f": the A/B budget was {units.micros(budget * 1e6)} "
+            "(precision_ab_budget_s, at most 10% of the block)"
             if budget is not None
             else ""
         )

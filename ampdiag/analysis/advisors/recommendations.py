@@ -27,6 +27,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from ampdiag import units
 from ampdiag.analysis import device, divergence
 from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.advisors import Advice, advisor, find, number, worst_severity
@@ -158,7 +159,11 @@ def consequence(session: Session, trouble: list[Finding]) -> str:
     fraction = number(under.evidence, "underflow_fraction") if under else None
     if fraction is not None:
         scaled = number(under.evidence, "scale_in_use") if under else None
-        how = "without loss scaling" if not scaled or scaled <= 1 else f"at loss scale {scaled:g}"
+        how = (
+            "without loss scaling"
+            if not scaled or scaled <= 1
+            else f"at loss scale {units.count(scaled)}"
+        )
         clauses.append(f"{fraction:.1%} of the gradient values are lost to underflow in FP16 {how}")
         flat = loss_flat(session)
         if flat:
@@ -171,7 +176,7 @@ def consequence(session: Session, trouble: list[Finding]) -> str:
         clauses.append(f"the GradScaler skipped {ev.get('skipped')} of {ev.get('steps')} steps")
     elif "loss-scale-collapse" in by_id:
         low = number(by_id["loss-scale-collapse"].evidence, "scale_min") or 0
-        clauses.append(f"the loss scale collapsed to {low:g}")
+        clauses.append(f"the loss scale collapsed to {units.count(low)}")
     elif "activation-overflow" in by_id:
         module = by_id["activation-overflow"].evidence.get("module")
         clauses.append(f"activations near FP16's limit in {module}")
@@ -446,7 +451,7 @@ def _switch(
         evidence["peak_saving_vs_run"] = round(peak, 4)
     lead = ""
     if numerics:
-        lead = _capital(consequence(session, numerics)) + ": "
+        lead = _capital(consequence(session, numerics)) + ". "
         evidence["consequence"] = "numerics"
         severity = worst_severity(numerics)  # the merge raises it to the speed claim's, if worse
     elif pc.is_safe(own) is False:
@@ -471,11 +476,7 @@ def _switch(
         if ab.choice.uncertain and target == ab.choice.precision
         else ""
     )
-    train = (
-        f"train in {name} instead of {run_name}"
-        if lead
-        else f"Train in {name} instead of {run_name}"
-    )
+    train = f"Train in {name} instead of {run_name}"
     return Finding(
         id=f"prefer-{'fp32' if target == 'tf32' else target}",
         severity=severity,  # type: ignore[arg-type]

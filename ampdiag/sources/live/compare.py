@@ -548,6 +548,13 @@ def compare(
     return result
 
 
+def _secs(seconds: float) -> str:
+    """Seconds in words, never in scientific notation ("7.2 ms", "4.1 s")."""
+    from ampdiag import units
+
+    return units.micros(seconds * 1e6)
+
+
 def _split_batch(
     batch: Any, kwargs: dict[str, Any] | None
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -615,9 +622,9 @@ def _fp8_within_budget(
     if spent + need + timing_s > budget_s:
         return {
             "skipped": (
-                f"it needs about {need:.2g} s ({fp8.FP8_PASSES:g} FP32 passes), and with the "
-                f"{spent:.2g} s spent and {timing_s:.2g} s for the timing rounds it would "
-                f"overrun the A/B's budget of {budget_s:.2g} s"
+                f"it needs about {_secs(need)} ({fp8.FP8_PASSES:g} FP32 passes), and with the "
+                f"{_secs(spent)} spent and {_secs(timing_s)} for the timing rounds it would "
+                f"overrun the A/B's budget of {_secs(budget_s)}"
             ),
             "estimated_s": need,
         }
@@ -701,8 +708,8 @@ def affordable(
             f"not timed: its observed pass took {observed_s[name] * 1e3:.0f} ms (the slowest "
             f"of those always timed {slowest * 1e3:.0f} ms), so timing it ({rounds} "
             f"round{'s' if rounds > 1 else ''} and the per-module forwards, about "
-            f"{cost(name):.2g} s) would overrun the A/B's budget of {budget_s:.2g} s "
-            f"({spent_s:.2g} s spent, {max(0.0, need - spent_s):.2g} s for the others)"
+            f"{_secs(cost(name))}) would overrun the A/B's budget of {_secs(budget_s)} "
+            f"({_secs(spent_s)} spent, {_secs(max(0.0, need - spent_s))} for the others)"
         )
     return dropped
 
