@@ -293,12 +293,14 @@ def budget_note(found: dict[str, Any], budget: float, need: float | None) -> str
     """
     parts = []
     spent = found.get("spent_s")
-    if need is not None and need > budget:
+    over = isinstance(spent, (int, float)) and spent > budget
+    if over or (need is not None and need > budget):
+        took = f"took {spent:.2f} s" if isinstance(spent, (int, float)) else "ran"
         parts.append(
-            f"the precision A/B's least version (about {need:.1f} s: one observed, two timed "
-            f"and the per-module passes of each precision) is over its budget of {budget:.1f} s "
-            "(precision_ab_budget_s, at most 10% of the block); it ran all the same, with no "
-            "extra rounds" + (f", in {spent:.1f} s" if isinstance(spent, (int, float)) else "")
+            f"the precision A/B {took}, over its budget of {budget:.2f} s "
+            "(precision_ab_budget_s, at most 10% of the block): its least version (one observed, "
+            "two timed and the per-module passes of each precision) ran all the same, with no "
+            "extra rounds"
         )
     untimed = [
         str(r.get("precision")).upper()
