@@ -200,19 +200,23 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
     """One precision advice, from the A/B measurements when there are any.
 
     **Measured** (the run's A/B timed its precisions, `precision_choice.measured`): the choice
-    is the fastest precision whose numerics are safe (`precision_choice.SAFETY`; the simplest,
-    least-memory one among those the spread cannot order).
+    is the A/B's own (`precision_choice.choose` with the run's precision kept unless a safe one
+    is measured clearly faster: the lower end of its speed-up interval at least
+    `precision_choice.SWITCH_SPEEDUP`), so the advice and the A/B's ``recommended`` agree.
 
-    - The run's own precision is among the tied fastest: no switch is advised (and
-      ``autocast-slower``, if the quick probe saw a slowdown, is reported as uncertain).
+    - The A/B keeps the run's precision: no switch is advised (and ``autocast-slower``, if the
+      quick probe saw a slowdown, is reported as uncertain).
     - Else ``prefer-<choice>`` (bf16, fp32 -- also for TF32 matmuls -- or fp16) with the
       measured speed-up over the run's precision (median and the range the spreads allow),
       the activation memory it saves and its error against FP32; it merges
-      ``autocast-slower`` and, when the run leaves FP16, the FP16 findings. Its own severity:
-      high when the whole speed-up interval is >= 1.5x, medium >= 1.1x, low above 1x, info
-      when the run's precision is unsafe but not measurably slower.
-    - An FP16 run with FP16 trouble, where the A/B measured FP16 (with a GradScaler's loss
-      scale) alone the fastest safe: ``tune-grad-scaler``.
+      ``autocast-slower`` and, when the run leaves FP16, the FP16 findings, whose measured
+      consequence then leads its title (`consequence`: "99.8% of the gradient values are lost
+      to underflow in FP16 without loss scaling; the loss did not fall in 100 steps ...") and
+      its ``evidence.consequence`` is "numerics" (else "speed": `ampdiag.analysis.verdict`).
+      Its own severity: high when the whole speed-up interval is >= 1.5x, medium >= 1.1x; at
+      least that of the FP16 findings it leaves.
+    - An FP16 run with FP16 trouble whose A/B keeps FP16 (measured safe with a GradScaler's
+      loss scale): ``tune-grad-scaler``.
 
     **Not precision** (`ampdiag.analysis.divergence`: the first non-finite step is
     non-finite in the FP32 replay too, or the loss was already exploding, or the run is
