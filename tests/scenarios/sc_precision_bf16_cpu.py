@@ -3,7 +3,8 @@
 The speed probe times FP32 and the run's BF16; the precision A/B's least version runs on every
 run, its budget (10% of the block at most, capped here below FP16's measured cost so that the
 fault holds on a loaded machine, whose slow block has a large 10%) bounding the rest. FP16,
-which the probe never timed, is assumed no slower than the slower of the two -- but on a CPU without native FP16 kernels a
+which the probe never timed, is assumed no slower than the slower of the two -- but on a CPU
+without native FP16 kernels a
 convolution's FP16 pass is tens of times slower. Before the fix the A/B timed it anyway: its
 observed pass, two timed passes and the per-module forwards, several times its budget.
 
