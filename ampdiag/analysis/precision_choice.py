@@ -5,20 +5,27 @@ batch; this module turns those rows into one choice, the same way wherever it is
 `compare` itself (its ``recommended``) and in the analysis (the precision advice and
 ``autocast-slower``), so that no two places can decide differently.
 
-The choice is **the fastest precision whose numerics are safe** (`SAFETY`):
+The choice is **the precision in use, unless a safe one is measured clearly faster**
+(`SAFETY`; `SWITCH_SPEEDUP`):
 
 - *safe*: nothing non-finite in the loss or the gradients; the loss within 1% of FP32's; at most
   1% of FP32's nonzero gradient values lost to zero (FP16 measured with the loss scale a
   GradScaler starts at, 2^16); the median gradient SQNR against FP32 at least 20 dB (noise
   power at most 1% of the signal's). FP32 is the reference and always safe.
-- *fastest*: by the median time of the interleaved rounds. Precisions whose intervals (median
-  ± its median absolute deviation, `ampdiag.timing`) overlap the fastest safe one's are *tied*
-  with it: the measurement cannot order them (so are medians within 10% of each other), and
-  the choice is marked ``uncertain``. Among tied precisions the one that keeps the least
-  activation memory is chosen, then the simplest -- FP32, TF32 matmuls (one flag), BF16
-  autocast (no scaler), FP16 autocast (needs a GradScaler).
+- *in use* (the incumbent): the run's own precision when it is safe (``keep``; FP32 for
+  ``ampdiag.compare`` on its own, and when the run's precision is not safe).
+- *clearly faster*: the lower end of the speed-up interval over the incumbent (median ± MAD
+  of interleaved rounds, `ampdiag.timing`) is at least `SWITCH_SPEEDUP` (1.10x). A decision
+  rests on that bound, never on a point estimate: identical runs whose intervals move a
+  little keep the same choice, and a precision measured 0.93x as fast is never chosen as a
+  "tie". Among several that clear it, the fastest; those it cannot be told from (intervals
+  that overlap) are *tied* with it, and the one that keeps the least activation memory wins,
+  then the simplest -- FP32, TF32 matmuls (one flag), BF16 autocast (no scaler), FP16
+  autocast (needs a GradScaler).
+- ``tied`` lists the precisions the choice was not measured clearly faster than (either
+  way): "as fast, within what a switch must clear".
 - A precision timed once has no interval: when no row has one, nothing is claimed about speed
-  and the choice is FP32 (``timed`` False).
+  and the choice is the incumbent (``timed`` False).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ampdiag import timing
+from ampdiag import timing, units
 from ampdiag.analysis import device as D
 from ampdiag.session import Session
 
@@ -103,23 +110,27 @@ def interval(row: Mapping[str, Any]) -> tuple[float, float] | None:
     return (est.low, est.high) if est is not None else None
 
 
-#: Medians closer than this ratio are tied whatever their spreads: a 10% difference is under
-#: what ``autocast-slower`` reports, and it moves between runs on a shared machine.
-TIE_RATIO = 1.10
+#: A change of precision is chosen only when the lower end of its speed-up interval over the
+#: precision in use is at least this: 10% is the least gain worth a change of setup, and a
+#: bound (not the median) near it does not move between identical runs on a shared machine.
+SWITCH_SPEEDUP = 1.10
 
 
 def overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Whether two rows' times cannot be ordered (see `TIE_RATIO`).
-
-    Their intervals overlap, one has none, or the medians are within `TIE_RATIO`.
-    """
+    """Whether two rows' times cannot be ordered: their intervals overlap, or one has none."""
     ia, ib = interval(a), interval(b)
     if ia is None or ib is None:
         return True
-    ta, tb = float(a["time_ms"]), float(b["time_ms"])
-    if min(ta, tb) > 0 and max(ta, tb) / min(ta, tb) < TIE_RATIO:
-        return True
     return not (ia[1] < ib[0] or ib[1] < ia[0])
+
+
+def clears(base: Mapping[str, Any], row: Mapping[str, Any]) -> bool:
+    """Whether ``row`` is measured clearly faster than ``base``.
+
+    Its speed-up's lower end (`speedup`) is at least `SWITCH_SPEEDUP`.
+    """
+    ratio = speedup(base, row)
+    return ratio is not None and ratio.get("low", 0.0) >= SWITCH_SPEEDUP
 
 
 def speedup(base: Mapping[str, Any], row: Mapping[str, Any]) -> dict[str, float] | None:
@@ -168,18 +179,23 @@ class Choice:
         return len(self.tied) > 1
 
 
-def choose(rows: Sequence[Mapping[str, Any]]) -> Choice | None:
-    """The fastest safe precision of the rows (None when none was timed and safe)."""
+def choose(rows: Sequence[Mapping[str, Any]], keep: str | None = "fp32") -> Choice | None:
+    """The precision to train in (None when none was timed and safe); see the module docstring.
+
+    ``keep`` is the precision in use (the run's own), kept unless a safe one clears
+    `SWITCH_SPEEDUP` over it.
+    """
     safe = [r for r in rows if is_safe(r) and _num(r.get("time_ms")) is not None]
     if not safe:
         return None
     unsafe = {str(r["precision"]): unsafe_reasons(r) for r in rows if is_safe(r) is False}
+    names = [str(r["precision"]) for r in safe]
+    incumbent = next((r for r in safe if r["precision"] == keep), None) or next(
+        (r for r in safe if r["precision"] == "fp32"), None
+    )
     if not any(interval(r) is not None for r in safe):
-        names = [str(r["precision"]) for r in safe]
-        first = "fp32" if "fp32" in names else names[0]
+        first = str(incumbent["precision"]) if incumbent is not None else names[0]
         return Choice(first, [first, *(n for n in names if n != first)], unsafe, timed=False)
-    fastest = min(safe, key=lambda r: float(r["time_ms"]))
-    tied = [r for r in safe if r is fastest or overlap(r, fastest)]
 
     def order(r: Mapping[str, Any]) -> tuple[float, int]:
         memory = _num(r.get("saved_bytes"))
@@ -187,15 +203,27 @@ def choose(rows: Sequence[Mapping[str, Any]]) -> Choice | None:
         rank = SIMPLICITY.index(p) if p in SIMPLICITY else len(SIMPLICITY)
         return (memory if memory is not None else math.inf, rank)
 
-    tied.sort(key=order)
+    better = [r for r in safe if incumbent is None or clears(incumbent, r)]
+    if incumbent is not None and not better:
+        pick = incumbent
+    else:
+        fastest = min(better, key=lambda r: float(r["time_ms"]))
+        pick = sorted((r for r in better if r is fastest or overlap(r, fastest)), key=order)[0]
+    alike = [r for r in safe if r is not pick and not clears(pick, r) and not clears(r, pick)]
+    tied = [pick, *sorted(alike, key=order)]
     memory = {str(r["precision"]): m for r in tied if (m := _num(r.get("saved_bytes"))) is not None}
-    return Choice(str(tied[0]["precision"]), [str(r["precision"]) for r in tied], unsafe,
+    return Choice(str(pick["precision"]), [str(r["precision"]) for r in tied], unsafe,
                   saved_bytes=memory)  # fmt: skip
 
 
-def tie_break(choice: Choice) -> str:
-    """Why the choice won among the precisions its spread ties with, in words."""
+def tie_break(choice: Choice, keep: str | None = "fp32") -> str:
+    """Why the choice won among the precisions it was not measured clearly faster than."""
     name = NAMES.get(choice.precision, choice.precision)
+    if choice.precision == keep:
+        return (
+            f"{name} is kept: none was measured at least {SWITCH_SPEEDUP:.2f}x faster "
+            "(the lower end of its interval)"
+        )
     own = choice.saved_bytes.get(choice.precision)
     if own is not None and any(v > own for p, v in choice.saved_bytes.items() if p in choice.tied):
         return f"{name} keeps the least activation memory"
@@ -255,13 +283,14 @@ def measured(session: Session) -> Measured:
         why = "this session has no precision A/B"
     elif ab.get("skipped") or ab.get("error"):
         why = f"the precision A/B did not run: {ab.get('skipped') or ab.get('error')}"
-    choice = choose(list(rows.values())) if why is None else None
+    choice = choose(list(rows.values()), keep=run) if why is None else None
     if why is None and choice is None:
         why = "no precision was both timed and numerically safe"
     elif choice is not None and not choice.timed:
         budget = _num(ab.get("budget_s")) if isinstance(ab, Mapping) else None
         why = "each precision was timed once (no spread to compare)" + (
-            f": the A/B budget was {budget:.2g} s (precision_ab_budget_s, at most 10% of the block)"
+            f": the A/B budget was {units.micros(budget * 1e6)} "
+            "(precision_ab_budget_s, at most 10% of the block)"
             if budget is not None
             else ""
         )

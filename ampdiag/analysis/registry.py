@@ -61,9 +61,16 @@ def rules() -> list[Rule]:
 
 
 def rank(findings: Iterable[Finding]) -> list[Finding]:
-    """Orders findings by severity, then expected impact, then id (stable for a given input)."""
+    """Orders findings by consequence, severity, expected impact, then id (stable).
+
+    Actionable findings (medium and above) come first, the most severe consequence leading
+    (`ampdiag.analysis.verdict.tier`: a run that failed to train, then lost numerics, then
+    speed), so the verdict sentence names what matters most; then by severity and impact.
+    """
+    from ampdiag.analysis.verdict import tier
+
     order = {s: i for i, s in enumerate(SEVERITIES)}
-    return sorted(findings, key=lambda f: (order.get(f.severity, 99), -f.impact, f.id))
+    return sorted(findings, key=lambda f: (tier(f), order.get(f.severity, 99), -f.impact, f.id))
 
 
 def run_rules(session: Session) -> list[Finding]:

@@ -1,19 +1,41 @@
-"""The run's verdict in one word: what a person must know first about it.
+"""The run's verdict in one word, and which finding leads: the most severe measured consequence.
 
-``healthy``, ``slow`` (the top problem is where the time goes), ``diverged`` / ``stalled``
-(`ampdiag.analysis.divergence`), ``out of memory``, ``nothing measured``, or ``at risk``
-(a problem at medium or above that is none of those: underflow, a misused GradScaler...).
-A separate field from the session's ``status`` (ok / error / interrupted: whether the
-block ran to its end): a run that ran to its end and diverged is ``status ok``, ``diverged``.
-Stored by `ampdiag.analysis.analyze` as ``derived.verdict``; every surface's status line
-reads it.
+Every finding at medium or above is one of three consequences (`consequence`), ranked:
+
+=================  ===========================================================================
+consequence        findings
+=================  ===========================================================================
+``broken``         diverged, stalled, out-of-memory, nothing-measured: the run failed to train
+``numerics``       everything that is neither: gradients lost to underflow, a misused
+                   GradScaler, overflow, inf/NaN origins, a broken accumulation, memory near
+                   capacity; a precision advice that leaves a precision for its numerics
+``speed``          where the time goes: the time and timeline sections, autocast that is not
+                   in effect, and a precision advice that rests on a measured speed-up alone
+=================  ===========================================================================
+
+The verdict word follows the worst consequence present: ``diverged`` / ``stalled`` /
+``out of memory`` / ``nothing measured`` for a broken run; ``at risk`` when a numerics (or
+memory) finding is at medium or above; ``slow`` when only speed findings are; ``healthy``
+when no finding reaches medium (a speed claim within the measured noise is info, so a run
+whose only speed figure cannot be told from a tie stays healthy). A separate field from the
+session's ``status`` (ok / error / interrupted: whether the block ran to its end): a run that
+ran to its end and diverged is ``status ok``, ``diverged``. Stored by
+`ampdiag.analysis.analyze` as ``derived.verdict``; every surface's status line reads it.
+
+The lead (the verdict sentence) is the first finding of `ampdiag.analysis.registry.rank`,
+which orders actionable findings by consequence first (`tier`), then severity and impact:
+a run whose gradients are lost to underflow leads with that, whatever speed-up a switch of
+precision also measured.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 from ampdiag.session import Finding, Session
+
+Consequence = Literal["broken", "numerics", "speed"]
 
 CATEGORIES = (
     "healthy",
@@ -26,6 +48,36 @@ CATEGORIES = (
 )
 #: Finding sections about where the time goes.
 TIME_SECTIONS = frozenset({"time", "timeline"})
+#: Findings that say the run failed to train, in the order the verdict names them.
+BROKEN = ("out-of-memory", "diverged", "stalled", "nothing-measured")
+#: Findings outside the time sections that are speed claims all the same: the low-precision
+#: speed-up is not in effect, or the work is done twice.
+SPEED_IDS = frozenset(
+    {"fp32-ops-in-autocast", "low-precision-inactive", "amp-off", "redundant-allreduce"}
+)
+#: Precision advice: a speed claim unless it says the run's precision loses numerics
+#: (``evidence.consequence``, set by `ampdiag.analysis.advisors.recommendations`).
+PRECISION_ADVICE = frozenset({"prefer-bf16", "prefer-fp32", "prefer-fp16"})
+TIERS: dict[Consequence, int] = {"broken": 0, "numerics": 1, "speed": 2}
+
+
+def consequence(finding: Finding) -> Consequence:
+    """What a finding's problem costs the run: its training, its numerics, or its time."""
+    if finding.id in BROKEN:
+        return "broken"
+    if finding.id in PRECISION_ADVICE:
+        kind = finding.evidence.get("consequence") if isinstance(finding.evidence, dict) else None
+        return "numerics" if kind == "numerics" else "speed"
+    if finding.section in TIME_SECTIONS or finding.id in SPEED_IDS:
+        return "speed"
+    return "numerics"
+
+
+def tier(finding: Finding) -> int:
+    """The rank of a finding's consequence (0 leads); info and low findings all rank last."""
+    if finding.severity not in ("high", "medium"):
+        return len(TIERS)
+    return TIERS[consequence(finding)]
 
 
 def category(session: Session, findings: Sequence[Finding]) -> str:
@@ -42,4 +94,4 @@ def category(session: Session, findings: Sequence[Finding]) -> str:
         return "nothing measured"
     if not actionable:
         return "healthy"
-    return "slow" if actionable[0].section in TIME_SECTIONS else "at risk"
+    return "slow" if all(consequence(f) == "speed" for f in actionable) else "at risk"

@@ -93,11 +93,13 @@ def _finding_lines(f: Finding, width: int) -> list[str]:
 
 def summary(session: Session, report: Path | None = None, top: int = TOP) -> str:
     """A short plain-text summary of a session and its findings."""
-    from ampdiag.render.sections.overview import counts, run_facts, verdict
+    from ampdiag.render.sections.overview import budget_notes, counts, run_facts, verdict
 
     lines = ["ampdiag: " + ", ".join(run_facts(session))]
     width = _width()
     lines.extend(_wrap(verdict(session), "  verdict: ", INDENT, width))
+    for note in budget_notes(session):
+        lines.extend(_wrap(note, "  budget: ", INDENT, width))
     share = session.section("profiler").get("breakdown", {}).get("share", {})
     if share:
         lines.append(

@@ -23,6 +23,7 @@ from markupsafe import Markup
 
 from ampdiag._layout import REPORT_FILE
 from ampdiag.render.sections import ReportSection, build_sections, registry
+from ampdiag.render.sections.overview import lead
 from ampdiag.render.templating import page, page_css, render_template
 from ampdiag.session import Finding, Session
 
@@ -98,6 +99,7 @@ def render_html(session: Session, sections: list[ReportSection] | None = None) -
     env = session.environment
     title = " · ".join(str(x) for x in (env.get("device_name"), env.get("autocast") or None) if x)
     folder = str(session.path) if session.path is not None else "DIR"
+    stated = lead(session)
     return str(
         render_template(
             "report.html.j2",
@@ -112,6 +114,7 @@ def render_html(session: Session, sections: list[ReportSection] | None = None) -
             script_src=script_src,
             title=title,
             folder=folder,
+            lead=stated,
         )
     )
 

@@ -74,4 +74,6 @@ def test_a_bf16_runs_underflow_figure_is_labelled_what_if(tmp_path: Path) -> Non
     assert d.session is not None
     section = numerics.build(d.session)
     assert section is not None
-    assert section.summary.startswith("if FP16: underflow "), section.summary
+    assert section.summary.startswith("if this run used FP16 without loss scaling: underflow "), (
+        section.summary
+    )

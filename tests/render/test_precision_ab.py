@@ -22,7 +22,9 @@ def test_the_section_states_the_rule_the_ties_and_where_time_goes() -> None:
     section = build(Session(sections={"speed_probe": {"precisions": ab}}))
     assert section is not None
     html = str(section.html)
-    assert "Recommended: BF16 autocast</strong> (uncertain: tied within the spread)" in html
+    assert (
+        "Recommended: BF16 autocast</strong> (no other measured clearly faster or slower)" in html
+    )
     assert "1.05x (within the noise, 0.86–1.29x)" in html
     assert "median gradient SQNR at least 20 dB" in html and "within 1% of FP32" in html
     assert "<td>conv2</td>" in html and "slow low-precision kernels" in html

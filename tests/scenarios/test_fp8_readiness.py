@@ -293,3 +293,29 @@ def test_amax_growth_is_shown_not_judged_under_current_scaling(tmp_path: Path) -
     assert out["layers"][0]["verdict"] == "fp8-safe"
     assert out["layers"][0]["amax_drift"]["input"]["growth"] == 4.0
     assert afp8.readiness({**row, "recipe": "delayed"}, amax)["keep"] == ["0"]
+
+
+def test_an_explicit_fp8_request_runs_whatever_the_budget(tmp_path: Path) -> None:
+    """``diagnose(fp8=True)`` on a 12-step run: its block's 10% (the A/B's budget) is a few
+    milliseconds, yet the FP8 readiness the user asked for runs, with every Linear's verdict,
+    and the report says what the budget decided."""
+    model, x = outlier_model(), torch.randn(32, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    with (
+        one_thread(),
+        ampdiag.diagnose(out=tmp_path, console=False, tensorboard=False, fp8=True) as d,
+    ):
+        for _ in range(12):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(x).float().pow(2).mean()
+            loss.backward()
+            opt.step()
+    assert d.session is not None
+    ab = d.session.section("speed_probe")["precisions"]
+    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert "layers" in ab["fp8"], ab["fp8"]
+    assert sorted(la["name"] for la in ab["fp8"]["layers"]) == sorted(linears)
+    # the 12 steps' 10% could not pay for the A/B: it ran all the same, and the page says so
+    assert ab["spent_s"] > ab["budget_s"] and "ran all the same" in ab["budget_note"]
+    assert "Budget: " in (tmp_path / "report.html").read_text()

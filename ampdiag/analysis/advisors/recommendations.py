@@ -27,6 +27,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from ampdiag import units
 from ampdiag.analysis import device, divergence
 from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.advisors import Advice, advisor, find, number, terms, worst_severity
@@ -126,6 +127,64 @@ def _fp16_evidence(merged: list[Finding]) -> dict[str, Any]:
     return out
 
 
+def loss_flat(session: Session) -> str | None:
+    """The words "the loss did not fall in N steps (A at the start, B at the end)", or None.
+
+    The median finite loss of the first and of the last tenth of the steps (20 steps at
+    least, so one noisy step decides nothing): flat when the end is above 98% of the start.
+    """
+    values = (s.get("loss") for s in session.steps)
+    losses = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    if len(losses) < 20:
+        return None
+    k = max(2, len(losses) // 10)
+    first, last = sorted(losses[:k])[k // 2], sorted(losses[-k:])[k // 2]
+    if first <= 0 or last < 0.98 * first:
+        return None
+    return (
+        f"the loss did not fall in {len(losses)} steps ({first:.2f} at the start, "
+        f"{last:.2f} at the end)"
+    )
+
+
+def consequence(session: Session, trouble: list[Finding]) -> str:
+    """The most severe measured consequence of the FP16 trouble, in words (the advice's lead).
+
+    Lost gradients first (with the flat loss when the run measured one), then inf/NaN, skipped
+    steps, a collapsed loss scale, overflowing activations, a missing GradScaler.
+    """
+    by_id = {f.id: f for f in trouble}
+    clauses: list[str] = []
+    under = by_id.get(FP16_UNDERFLOW)
+    fraction = number(under.evidence, "underflow_fraction") if under else None
+    if fraction is not None:
+        scaled = number(under.evidence, "scale_in_use") if under else None
+        how = (
+            "without loss scaling"
+            if not scaled or scaled <= 1
+            else f"at loss scale {units.count(scaled)}"
+        )
+        clauses.append(f"{fraction:.1%} of the gradient values are lost to underflow in FP16 {how}")
+        flat = loss_flat(session)
+        if flat:
+            clauses.append(flat)
+    elif "nonfinite-origin" in by_id:
+        module = by_id["nonfinite-origin"].evidence.get("module")
+        clauses.append("inf/NaN appeared" + (f" first in {module}" if module else ""))
+    elif "skipped-steps" in by_id:
+        ev = by_id["skipped-steps"].evidence
+        clauses.append(f"the GradScaler skipped {ev.get('skipped')} of {ev.get('steps')} steps")
+    elif "loss-scale-collapse" in by_id:
+        low = number(by_id["loss-scale-collapse"].evidence, "scale_min") or 0
+        clauses.append(f"the loss scale collapsed to {units.count(low)}")
+    elif "activation-overflow" in by_id:
+        module = by_id["activation-overflow"].evidence.get("module")
+        clauses.append(f"activations near FP16's limit in {module}")
+    elif SCALER_MISUSE[0] in by_id or SCALER_MISUSE[1] in by_id:
+        clauses.append("FP16 runs without a working GradScaler: small gradients become zero")
+    return "; ".join(clauses) or f"{len(trouble)} FP16 range problem(s)"
+
+
 def computes_fp16(session: Session) -> bool:
     """Whether the run computes in FP16 (autocast or parameters).
 
@@ -141,19 +200,23 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
     """One precision advice, from the A/B measurements when there are any.
 
     **Measured** (the run's A/B timed its precisions, `precision_choice.measured`): the choice
-    is the fastest precision whose numerics are safe (`precision_choice.SAFETY`; the simplest,
-    least-memory one among those the spread cannot order).
+    is the A/B's own (`precision_choice.choose` with the run's precision kept unless a safe one
+    is measured clearly faster: the lower end of its speed-up interval at least
+    `precision_choice.SWITCH_SPEEDUP`), so the advice and the A/B's ``recommended`` agree.
 
-    - The run's own precision is among the tied fastest: no switch is advised (and
-      ``autocast-slower``, if the quick probe saw a slowdown, is reported as uncertain).
+    - The A/B keeps the run's precision: no switch is advised (and ``autocast-slower``, if the
+      quick probe saw a slowdown, is reported as uncertain).
     - Else ``prefer-<choice>`` (bf16, fp32 -- also for TF32 matmuls -- or fp16) with the
       measured speed-up over the run's precision (median and the range the spreads allow),
       the activation memory it saves and its error against FP32; it merges
-      ``autocast-slower`` and, when the run leaves FP16, the FP16 findings. Its own severity:
-      high when the whole speed-up interval is >= 1.5x, medium >= 1.1x, low above 1x, info
-      when the run's precision is unsafe but not measurably slower.
-    - An FP16 run with FP16 trouble, where the A/B measured FP16 (with a GradScaler's loss
-      scale) alone the fastest safe: ``tune-grad-scaler``.
+      ``autocast-slower`` and, when the run leaves FP16, the FP16 findings, whose measured
+      consequence then leads its title (`consequence`: "99.8% of the gradient values are lost
+      to underflow in FP16 without loss scaling; the loss did not fall in 100 steps ...") and
+      its ``evidence.consequence`` is "numerics" (else "speed": `ampdiag.analysis.verdict`).
+      Its own severity: high when the whole speed-up interval is >= 1.5x, medium >= 1.1x; at
+      least that of the FP16 findings it leaves.
+    - An FP16 run with FP16 trouble whose A/B keeps FP16 (measured safe with a GradScaler's
+      loss scale): ``tune-grad-scaler``.
 
     **Not precision** (`ampdiag.analysis.divergence`: the first non-finite step is
     non-finite in the FP32 replay too, or the loss was already exploding, or the run is
@@ -214,12 +277,13 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
                 "\n# This CPU has no native BF16 (no AVX512_BF16/AMX): BF16 runs emulated and can"
                 "\n# be slower than FP32, the fast exact option here."
             )
+        evidence["consequence"] = "numerics"
         rec = Finding(
             id="prefer-bf16",
             severity=worst_severity(trouble),  # type: ignore[arg-type]
             title=(
-                f"Train in BF16 instead of FP16: this {dev} device runs BF16, whose FP32-sized "
-                f"exponent range removes the {len(trouble)} FP16 range problem(s) found."
+                f"{_capital(consequence(session, trouble))}: train in BF16 instead of FP16 "
+                f"(this {dev} device runs BF16, whose FP32-sized exponent range has no such loss)."
             ),
             evidence=evidence,
             fix=terms.precision_fix(session, "bf16", pc.training_step("bf16", dev)) + caveat,
@@ -287,27 +351,29 @@ def _unmeasured_switch(session: Session, ab: pc.Measured, slower: Finding) -> Fi
 def _measured_advice(
     session: Session, findings: list[Finding], ab: pc.Measured, trouble: list[Finding]
 ) -> Iterator[Advice]:
-    """The advice when the A/B measured the precisions (see `precision_advice`)."""
+    """The advice when the A/B measured the precisions (see `precision_advice`).
+
+    The A/B's own choice, never another: the top finding and the A/B's ``recommended`` agree.
+    An FP16 run with FP16 trouble whose A/B keeps FP16 (measured safe with a GradScaler's loss
+    scale, and nothing else clearly faster) gets ``tune-grad-scaler``; one that leaves FP16
+    leads with what FP16 costs it (`consequence`).
+    """
     choice, run = ab.choice, ab.run
     assert choice is not None and run is not None
     slower = find(findings, "autocast-slower")
     target = choice.precision
-    if trouble and run == "fp16":
-        # FP16 with range trouble: leave FP16 for the best other precision the spread allows
-        others = [p for p in choice.tied if p != "fp16"]
-        if not others:
+    if target == run:
+        if trouble and run == "fp16":
             merged = _actionable(findings, FP16_UNDERFLOW, *SCALER_MISUSE, *SCALE_TROUBLE)
             if merged:
                 rec = _grad_scaler_settings(session, merged, bf16_supported(session))
                 rec.evidence.update(_measured_evidence(ab, "fp16"))
                 rec.evidence["compared"] = _vs(ab, "fp16")
                 yield Advice(rec, merged)
-            return
-        target = others[0]
-    elif run in choice.tied:
         return
-    explains = [*slower, *(trouble if run == "fp16" and target != "fp16" else [])]
-    yield Advice(_switch(session, ab, target, explains), explains)
+    numerics = trouble if run == "fp16" else []
+    explains = [*slower, *numerics]
+    yield Advice(_switch(session, ab, target, explains, numerics), explains)
 
 
 def _vs(ab: pc.Measured, precision: str) -> str:
@@ -348,8 +414,19 @@ def _measured_evidence(ab: pc.Measured, target: str) -> dict[str, Any]:
     }
 
 
-def _switch(session: Session, ab: pc.Measured, target: str, explains: list[Finding]) -> Finding:
-    """``prefer-<target>``: the measured choice against the run's own precision."""
+def _switch(
+    session: Session,
+    ab: pc.Measured,
+    target: str,
+    explains: list[Finding],
+    numerics: list[Finding] | None = None,
+) -> Finding:
+    """``prefer-<target>``: the measured choice against the run's own precision.
+
+    Its lead is the numerics the run's precision loses (``numerics``, `consequence`) when
+    there are any, else the measured speed-up. Every number in the title points the way its
+    words say: "FP32 is 1.3x the time of FP16" is said as such, never as "0.76x the speed".
+    """
     assert ab.run is not None and ab.choice is not None
     dev = device_type(session)
     row, own = ab.rows[target], ab.rows.get(ab.run, {})
@@ -361,17 +438,10 @@ def _switch(session: Session, ab: pc.Measured, target: str, explains: list[Findi
     severity = "info"
     if ratio is not None:
         evidence["speedup_vs_run"] = {k: round(v, 3) for k, v in ratio.items()}
+        claims.append(_speed_words(ratio, name, run_name))
         low = ratio.get("low")
-        span = f" ({low:.2f}x-{ratio['high']:.2f}x)" if low is not None and "high" in ratio else ""
-        claims.append(f"{ratio['median']:.2f}x the speed of {run_name}{span}")
-        if low is not None and low > 1:
-            severity = (
-                "high"
-                if low >= THRESHOLDS["switch_speedup_high"]
-                else "medium"
-                if low >= THRESHOLDS["switch_speedup_medium"]
-                else "low"
-            )
+        if low is not None and low >= THRESHOLDS["switch_speedup_medium"]:
+            severity = "high" if low >= THRESHOLDS["switch_speedup_high"] else "medium"
     if saving is not None:
         evidence["activation_saving_vs_run"] = round(saving, 4)
         if abs(saving) >= 0.05:
@@ -379,10 +449,18 @@ def _switch(session: Session, ab: pc.Measured, target: str, explains: list[Findi
     peak = pc.saving(own, row, "peak_bytes")
     if peak is not None:
         evidence["peak_saving_vs_run"] = round(peak, 4)
-    if pc.is_safe(own) is False:
+    lead = ""
+    if numerics:
+        lead = _capital(consequence(session, numerics)) + ". "
+        evidence["consequence"] = "numerics"
+        severity = worst_severity(numerics)  # the merge raises it to the speed claim's, if worse
+    elif pc.is_safe(own) is False:
         reasons = ", ".join(pc.unsafe_reasons(own))
         claims.append(f"{run_name} is not numerically safe here ({reasons})")
         severity = "medium" if severity in ("info", "low") else severity
+        evidence["consequence"] = "numerics"
+    else:
+        evidence["consequence"] = "speed"
     for key in ("loss_rel_diff", "grad_sqnr_db_median", "grad_underflow"):
         if row.get(key) is not None:
             evidence[key] = row.get(key)
@@ -395,14 +473,15 @@ def _switch(session: Session, ab: pc.Measured, target: str, explains: list[Findi
     evidence["compared"] = _vs(ab, target)
     if ab.choice.uncertain and target == ab.choice.precision:
         evidence["tie"] = f"within the measured spread {', '.join(tied)} is as fast: " + (
-            pc.tie_break(ab.choice)
+            pc.tie_break(ab.choice, ab.run)
         )
+    train = f"Train in {name} instead of {run_name}"
     return Finding(
         id=f"prefer-{'fp32' if target == 'tf32' else target}",
         severity=severity,  # type: ignore[arg-type]
         title=(
-            f"Train in {name} instead of {run_name}: measured on this model and batch, "
-            + "; ".join(claims or ["as fast"])
+            f"{lead}{train}: measured on this model and batch, "
+            + "; ".join(claims or ["as fast, within the measured spread"])
             + "."
         ),
         evidence=evidence,
@@ -410,6 +489,25 @@ def _switch(session: Session, ab: pc.Measured, target: str, explains: list[Findi
         section="precision",
         impact=max(0.0, 1 - 1 / ratio["median"]) if ratio else 0.0,
     )
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _speed_words(ratio: dict[str, float], name: str, run_name: str) -> str:
+    """``name``'s measured speed against ``run_name``'s, in words that point its way.
+
+    Faster only when the whole interval is above 1, slower only when it is below; else "as
+    fast, within the measured spread", with the figures.
+    """
+    med, low, high = ratio["median"], ratio.get("low"), ratio.get("high")
+    span = f", {low:.2f}x-{high:.2f}x" if low is not None and high is not None else ""
+    if low is not None and low > 1:
+        return f"{name} {med:.2f}x the speed of {run_name}{span}"
+    if high is not None and high < 1:
+        return f"{name} {1 / med:.2f}x the time of {run_name} (slower{span} the speed)"
+    return f"{name} as fast as {run_name} within the measured spread ({med:.2f}x{span})"
 
 
 def _grad_scaler_settings(session: Session, merged: list[Finding], bf16: bool | None) -> Finding:
@@ -469,8 +567,9 @@ def _grad_scaler_settings(session: Session, merged: list[Finding], bf16: bool | 
         id="tune-grad-scaler",
         severity=worst_severity(merged),  # type: ignore[arg-type]
         title=(
-            f"Use a GradScaler with init_scale={init_scale:.0f} and growth_interval="
-            f"{evidence['growth_interval']}, computed from the measured FP16 gradient range."
+            f"{_capital(consequence(session, merged))}: use a GradScaler with init_scale="
+            f"{init_scale:.0f} and growth_interval={evidence['growth_interval']}, computed from "
+            "the measured FP16 gradient range."
         ),
         evidence=evidence,
         fix=terms.with_setting(

@@ -51,9 +51,9 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
     each slowed module against its low-precision kernels' -- ``"kernels"`` when the kernels
     themselves are slower than FP32's (a CPU without native FP16), ``"casts"`` when the
     conversions eat the gain. The fix follows the A/B's choice (`precision_choice`): switch to
-    the fastest safe precision it measured; when the A/B measured the run's own precision as
-    fast as the fastest within its spread, the slowdown is not confirmed and the finding is
-    info. Without an A/B the fix says the advice was not measured.
+    the precision it chose; when the A/B keeps the run's own precision (no safe precision
+    measured clearly faster, `precision_choice.SWITCH_SPEEDUP`), the slowdown is not confirmed
+    and the finding is info. Without an A/B the fix says the advice was not measured.
     """
     probe = session.section("speed_probe")
     speed = figures.stored(session).get("speed_vs_fp32")
@@ -107,8 +107,8 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
     if not confirmed:
         severity = "info"
         evidence["uncertain"] = (
-            "the precision A/B timed the run's precision as fast as the fastest safe one "
-            "within its spread"
+            "the precision A/B measured no safe precision clearly faster than the run's "
+            f"(a speed-up whose lower end is at least {pc.SWITCH_SPEEDUP:.2f}x)"
         )
     yield Finding(
         id="autocast-slower",
@@ -121,8 +121,8 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
             + (
                 "."
                 if confirmed
-                else ", but the precision A/B measured it as fast as the fastest safe precision"
-                " within its spread (uncertain)."
+                else ", but the precision A/B measured no safe precision clearly faster"
+                " (uncertain)."
             )
         ),
         evidence=evidence,
@@ -211,11 +211,11 @@ def _fix(
         f"# Autocast is {ratio:.1f}x slower here: {CAUSES.get(cause or '', 'cause not measured')}."
     )
     if ab.choice is not None and run is not None:
-        if run in ab.choice.tied:
+        if ab.choice.precision == run:
             return (
-                f"# No change: the precision A/B timed {pc.NAMES.get(run, run)} as fast as the "
-                "fastest safe precision\n# within its spread; this quicker probe's slowdown is "
-                "not confirmed.",
+                f"# No change: the precision A/B measured no safe precision at least "
+                f"{pc.SWITCH_SPEEDUP:.2f}x faster than {pc.NAMES.get(run, run)}\n# (the lower "
+                "end of its interval); this quicker probe's slowdown is not confirmed.",
                 False,
             )
         target = ab.choice.precision

@@ -95,7 +95,11 @@ def build(session: Session) -> ReportSection | None:
     )
     underflow = f"underflow {humanize.percent(u.get('underflow_fraction'))}"
     # Outside FP16 the figure is what FP16 would do, never this run's problem.
-    parts = [underflow if derived.get("fp16_in_use") is not False else f"if FP16: {underflow}"]
+    parts = [
+        underflow
+        if derived.get("fp16_in_use") is not False
+        else f"if this run used FP16 without loss scaling: {underflow}"
+    ]
     if history and skipped:
         parts.append(f"{skipped['skipped']}/{skipped['steps']} steps skipped")
     origin = first_nonfinite(session)

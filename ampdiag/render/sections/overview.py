@@ -17,6 +17,19 @@ from ampdiag.session import SEVERITIES, Finding, Session
 TITLE = "Overview"
 
 
+def lead(session: Session) -> Finding | None:
+    """The finding the verdict sentence states (None when none is at medium or above).
+
+    The first actionable one of the ranked findings (`ampdiag.analysis.registry.rank`: the most
+    severe consequence first); a diverged or stalled run's own finding whatever else ranks high.
+    The page states it once there, and the cards below refer to it instead of repeating it.
+    """
+    actionable = [f for f in session.findings if f.severity in ("high", "medium")]
+    broken = [f for f in actionable if f.id == session.section("derived").get("verdict")]
+    first = broken or actionable
+    return first[0] if first else None
+
+
 def verdict(session: Session) -> str:
     """One sentence: what is most wrong with this run (or that nothing was found)."""
     if session.status == "error" and session.error:
@@ -26,12 +39,9 @@ def verdict(session: Session) -> str:
     else:
         head = ""
     actionable = [f for f in session.findings if f.severity in ("high", "medium")]
-    if not actionable:
+    top = lead(session)
+    if top is None:
         return head + "No problem above the documented thresholds was found."
-    # A diverged or stalled run: that verdict first, whatever else ranks high.
-    broken = [f for f in actionable if f.id == session.section("derived").get("verdict")]
-    actionable = broken + [f for f in actionable if f not in broken]
-    top: Finding = actionable[0]
     explains = top.evidence.get("explains") if isinstance(top.evidence, dict) else None
     because = (
         f" (this explains {len(explains)} finding{'s' if len(explains) != 1 else ''})"
@@ -42,6 +52,18 @@ def verdict(session: Session) -> str:
     tail = f" {more} more finding{'s' if more != 1 else ''} below." if more else ""
     title = top.title.rstrip(".")
     return f"{head}{title}{because}.{tail}"
+
+
+def budget_notes(session: Session) -> list[str]:
+    """What a budget decided about this run's measurements, one sentence each.
+
+    The precision A/B's ``budget_note`` (its least version run over the budget, a precision
+    left untimed, an FP8 readiness skipped): shown beside the verdict on every surface, so a
+    measurement the user asked for and did not get is never silent.
+    """
+    ab = session.section("speed_probe").get("precisions")
+    note = ab.get("budget_note") if isinstance(ab, dict) else None
+    return [note[:1].upper() + note[1:] + "."] if isinstance(note, str) and note else []
 
 
 def _window(session: Session) -> str:
@@ -185,5 +207,6 @@ def build(session: Session) -> ReportSection:
         counts=counts(session),
         figures=uris,
         facts=run_facts(session),
+        budget=budget_notes(session),
     )
     return ReportSection(id="overview", title=TITLE, html=html, summary=text, figures=list(uris))

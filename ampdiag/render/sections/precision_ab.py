@@ -209,7 +209,7 @@ def build(session: Session) -> ReportSection | None:
     parts = [
         Markup("<p><strong>Recommended: {}</strong>{}. {}</p>").format(
             NAMES.get(str(ab.get("recommended")), ab.get("recommended")),
-            " (uncertain: tied within the spread)" if ab.get("uncertain") else "",
+            " (no other measured clearly faster or slower)" if ab.get("uncertain") else "",
             ab.get("reason", ""),
         ),
         Markup("<table><thead><tr>"),

@@ -25,8 +25,13 @@ def build(session: Session) -> ReportSection | None:
     changed = [k for k in config if k in defaults and config[k] != defaults[k]]
     rest = [k for k in config if k not in changed]
     row = Markup("<tr><th><code>{}</code></th><td>{}</td><td>{}</td></tr>")
-    rows = [row.format(k, config[k], f"default {defaults[k]}") for k in changed]
-    rows += [row.format(k, config[k], "") for k in rest]
+    rows = [row.format(k, _shown(config[k]), f"default {_shown(defaults[k])}") for k in changed]
+    rows += [row.format(k, _shown(config[k]), "") for k in rest]
     html = Markup("<table><tbody>") + Markup("").join(rows) + Markup("</tbody></table>")
     summary = f"{len(changed)} changed from the default" if changed else "all defaults"
     return ReportSection(id="settings", title=TITLE, html=html, summary=summary)
+
+
+def _shown(value: object) -> object:
+    """A setting as a reader reads it: ``None`` is "not set" (its documented automatic choice)."""
+    return "not set (automatic)" if value is None else value

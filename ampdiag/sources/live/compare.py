@@ -22,8 +22,10 @@ user's model on the user's batch:
   low precision, and how much of the latter the casts take (``_to_copy`` ops inside the
   module, timed in a separate pass): the rest is the low-precision kernels themselves.
 
-The recommendation is `analysis.precision_choice.choose`: the fastest precision that is
-numerically safe (its ``SAFETY`` criterion), the simplest of those the spread cannot order.
+The recommendation is `analysis.precision_choice.choose`: the precision in use (``keep``: FP32
+by default, the run's own under ``diagnose()``) unless a numerically safe one (its ``SAFETY``
+criterion) is measured clearly faster (the lower end of its speed-up interval at least
+``SWITCH_SPEEDUP``).
 
 Observe, never change: all of it runs on a deep copy of the model (parameters, buffers and any
 Python state the forward touches stay the user's), with the random number generators forked
@@ -449,6 +451,8 @@ def compare(
     copy_model: bool = True,
     droppable: Collection[str] = (),
     fp8_recipe: str = "tensorwise",
+    keep: str = "fp32",
+    fp8_required: bool = False,
 ) -> PrecisionComparison:
     """Measures FP32 against each low precision for this model and batch, changing nothing.
 
@@ -479,7 +483,11 @@ def compare(
         fp8_recipe: With ``"fp8"`` among ``precisions``: the scaling recipe of the FP8
             readiness (``tensorwise``, ``rowwise``, ``delayed``; see `sources.live.fp8`). It
             runs after the observed passes, inside the same budget, and is skipped with the
-            reason when its estimated cost would not fit.
+            reason when its estimated cost would not fit (unless ``fp8_required``).
+        keep: The precision in use: recommended unless a safe one is measured clearly
+            faster (`precision_choice.choose`).
+        fp8_required: FP8 was asked for explicitly (``diagnose(fp8=True)``): its readiness
+            runs whatever the budget, and the time it took is recorded.
 
     Returns:
         A `PrecisionComparison`: one row per precision, and the recommended one — the fastest
@@ -516,7 +524,9 @@ def compare(
     observed_s = _observe_all(runner, names, rows)
     ok = [n for n in names if rows[n].error is None]
     if want_fp8:
-        result.fp8 = _fp8_within_budget(runner, observed_s, ok, started, budget_s, fp8_recipe)
+        result.fp8 = _fp8_within_budget(
+            runner, observed_s, ok, started, math.inf if fp8_required else budget_s, fp8_recipe
+        )
     dropped = affordable(
         observed_s,
         {n for n in droppable if n != "fp32"},
@@ -533,9 +543,16 @@ def compare(
     except Exception as exc:  # the per-module split is evidence, never worth the comparison
         for name in ok:
             rows[name].modules = [{"error": f"{type(exc).__name__}: {exc}"}]
-    _recommend(result)
+    _recommend(result, keep)
     result.spent_s = time.perf_counter() - started
     return result
+
+
+def _secs(seconds: float) -> str:
+    """Seconds in words, never in scientific notation ("7.2 ms", "4.1 s")."""
+    from ampdiag import units
+
+    return units.micros(seconds * 1e6)
 
 
 def _split_batch(
@@ -605,9 +622,9 @@ def _fp8_within_budget(
     if spent + need + timing_s > budget_s:
         return {
             "skipped": (
-                f"it needs about {need:.2g} s ({fp8.FP8_PASSES:g} FP32 passes), and with the "
-                f"{spent:.2g} s spent and {timing_s:.2g} s for the timing rounds it would "
-                f"overrun the A/B's budget of {budget_s:.2g} s"
+                f"it needs about {_secs(need)} ({fp8.FP8_PASSES:g} FP32 passes), and with the "
+                f"{_secs(spent)} spent and {_secs(timing_s)} for the timing rounds it would "
+                f"overrun the A/B's budget of {_secs(budget_s)}"
             ),
             "estimated_s": need,
         }
@@ -691,8 +708,8 @@ def affordable(
             f"not timed: its observed pass took {observed_s[name] * 1e3:.0f} ms (the slowest "
             f"of those always timed {slowest * 1e3:.0f} ms), so timing it ({rounds} "
             f"round{'s' if rounds > 1 else ''} and the per-module forwards, about "
-            f"{cost(name):.2g} s) would overrun the A/B's budget of {budget_s:.2g} s "
-            f"({spent_s:.2g} s spent, {max(0.0, need - spent_s):.2g} s for the others)"
+            f"{_secs(cost(name))}) would overrun the A/B's budget of {_secs(budget_s)} "
+            f"({_secs(spent_s)} spent, {_secs(max(0.0, need - spent_s))} for the others)"
         )
     return dropped
 
@@ -810,8 +827,8 @@ def _module_costs(runner: _Runner, names: list[str], rows: dict[str, PrecisionRe
         rows[name].modules = modules[:TOP_MODULES]
 
 
-def _recommend(result: PrecisionComparison) -> None:
-    """The fastest precision whose numerics are safe (`precision_choice.choose`), with why."""
+def _recommend(result: PrecisionComparison, keep: str = "fp32") -> None:
+    """The precision `precision_choice.choose` picks (``keep`` unless one is clearly faster)."""
     ref = next((r for r in result.results if r.precision == "fp32"), None)
     for row in result.results:
         data = asdict(row)
@@ -825,7 +842,7 @@ def _recommend(result: PrecisionComparison) -> None:
             row.speedup_low, row.speedup_high = ratio.get("low"), ratio.get("high")
         row.activation_saving = precision_choice.saving(base, data, "saved_bytes")
         row.peak_saving = precision_choice.saving(base, data, "peak_bytes")
-    choice = precision_choice.choose([asdict(r) for r in result.results])
+    choice = precision_choice.choose([asdict(r) for r in result.results], keep=keep)
     if choice is None:
         result.recommended = "fp32" if ref is not None and ref.error is None else None
         result.reason = "nothing was timed" if result.recommended else "FP32 failed to run"
@@ -838,28 +855,29 @@ def _recommend(result: PrecisionComparison) -> None:
     best = result.result(choice.precision)
     names = precision_choice.NAMES
     parts = []
-    if best.precision != "fp32" and best.speedup is not None:
+    held = result.result(keep) if any(r.precision == keep for r in result.results) else ref
+    if best is not held and held is not None and held.time_ms and best.time_ms:
+        ratio = precision_choice.speedup(asdict(held), asdict(best)) or {}
         spread = (
-            f" (between {best.speedup_low:.2f}x and {best.speedup_high:.2f}x)"
-            if best.speedup_low is not None and best.speedup_high is not None
-            else ""
+            f" (between {ratio['low']:.2f}x and {ratio['high']:.2f}x)" if "low" in ratio else ""
         )
         parts.append(
-            f"{names.get(best.precision, best.precision)} is {best.speedup:.2f}x as fast as "
-            f"FP32{spread}"
+            f"{names.get(best.precision, best.precision)} is {held.time_ms / best.time_ms:.2f}x "
+            f"as fast as {names.get(held.precision, held.precision)}{spread}"
         )
-        if best.activation_saving is not None:
+        if best.activation_saving is not None and best.precision != "fp32":
             parts.append(f"saves {best.activation_saving:.0%} of the activation memory")
-    if choice.uncertain:
-        others = ", ".join(names.get(p, p) for p in choice.tied if p != choice.precision)
-        parts.append(
-            f"{others} {'is' if len(choice.tied) == 2 else 'are'} as fast within the measured "
-            f"spread ({precision_choice.tie_break(choice)})"
-            if choice.timed
-            else "each precision was timed once: no spread, so no speed claim"
-        )
-    elif best.precision == "fp32":
-        parts.append("no safe low precision measured faster than FP32")
+    if not choice.timed:
+        parts.append("each precision was timed once: no spread, so no speed claim")
+    elif best is held or choice.uncertain:
+        others = [names.get(p, p) for p in choice.tied if p != choice.precision]
+        if others:
+            parts.append(
+                f"{', '.join(others)} not measured clearly faster or slower "
+                f"({precision_choice.tie_break(choice, keep)})"
+            )
+        elif best is held:
+            parts.append(precision_choice.tie_break(choice, keep))
     if choice.unsafe:
         parts.append(
             "not numerically safe: "

@@ -209,28 +209,30 @@ class SpeedProbe(Collector):
         copy: torch.nn.Module,
         inputs: tuple[tuple[Any, ...], dict[str, Any]],
     ) -> dict[str, Any]:
-        """Every precision measured on the copy (`ampdiag.compare`), within its budget."""
-        budget = min(run.config.precision_ab_budget_s, 0.1 * (time.perf_counter() - self._began))
+        """Every precision measured on the copy (`ampdiag.compare`), its least version always.
+
+        Whether the A/B runs is a function of the run, never of the wall time of a noisy
+        block: it runs whenever the probe did (and ``precision_ab_budget_s`` > 0). Its least
+        version (per precision one observed pass, `compare.MIN_ROUNDS` timed rounds and the
+        per-module forwards) runs whatever the budget; the budget (``precision_ab_budget_s``,
+        at most 10% of the block) bounds only the rounds beyond it and the timing of a
+        precision the probe did not time. FP8 asked for explicitly (``fp8=True``) runs whatever
+        the budget. What the budget decided is stated (``budget_note``), and every surface
+        shows it beside the verdict.
+        """
         if run.config.precision_ab_budget_s <= 0:
             return {"skipped": "disabled (precision_ab_budget_s=0)"}
+        budget = min(
+            run.config.precision_ab_budget_s, BLOCK_SHARE * (time.perf_counter() - self._began)
+        )
         precisions = supported_precisions(model_device(copy))
         need = ab_cost_estimate_s(self._result, len(precisions))
         fp8 = run.config.fp8
         if fp8 or (fp8 is None and device_has_fp8(model_device(copy))):
-            precisions = [*precisions, "fp8"]  # inside compare's budget, or skipped with why
-        if need is not None and need > budget:
-            return {
-                "skipped": (
-                    f"it needs about {need:.2g} s (an observed, two timed and the per-module "
-                    f"passes of each precision, at the probe's measured speeds), over its "
-                    f"budget of {budget:.2g} s (precision_ab_budget_s, at most 10% of the block)"
-                ),
-                "budget_s": budget,
-                "estimated_s": need,
-            }
+            precisions = [*precisions, "fp8"]
         try:
             with internal_work():
-                return compare(
+                found = compare(
                     copy,
                     inputs[0],
                     budget_s=budget,
@@ -240,9 +242,15 @@ class SpeedProbe(Collector):
                     droppable=[p for p in precisions if p != run_precision(self._autocast)],
                     precisions=precisions,
                     fp8_recipe=run.config.fp8_recipe,
+                    keep=run_precision(self._autocast) or "fp32",
+                    fp8_required=fp8 is True,
                 ).to_dict()
         except Exception as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}
+        note = budget_note(found, budget, need)
+        if note:
+            found["budget_note"] = note
+        return found
 
     def section(self) -> SpeedProbeSection | None:
         """The timings (or why there are none) and the batch size seen."""
@@ -275,6 +283,36 @@ def widened(value: Any, depth: int = 4) -> Any:
     if isinstance(value, dict) and type(value) is dict:
         return {k: widened(v, depth - 1) for k, v in value.items()}
     return value
+
+
+def budget_note(found: dict[str, Any], budget: float, need: float | None) -> str | None:
+    """What the A/B's budget decided, in one sentence (None when it decided nothing).
+
+    The least version ran over a budget it did not fit; precisions left untimed; an FP8
+    readiness skipped, or run past the budget because it was asked for.
+    """
+    parts = []
+    spent = found.get("spent_s")
+    over = isinstance(spent, (int, float)) and spent > budget
+    if over or (need is not None and need > budget):
+        took = f"took {spent:.2f} s" if isinstance(spent, (int, float)) else "ran"
+        parts.append(
+            f"the precision A/B {took}, over its budget of {budget:.2f} s "
+            "(precision_ab_budget_s, at most 10% of the block): its least version (one observed, "
+            "two timed and the per-module passes of each precision) ran all the same, with no "
+            "extra rounds"
+        )
+    untimed = [
+        str(r.get("precision")).upper()
+        for r in found.get("results") or []
+        if isinstance(r, dict) and r.get("not_timed")
+    ]
+    if untimed:
+        parts.append(f"{', '.join(untimed)} not timed (over the budget; numerics measured)")
+    fp8 = found.get("fp8")
+    if isinstance(fp8, dict) and fp8.get("skipped"):
+        parts.append(f"FP8 readiness skipped: {fp8['skipped']}")
+    return "; ".join(parts) or None
 
 
 def ab_cost_estimate_s(timings: dict[str, Any], precisions: int) -> float | None:
