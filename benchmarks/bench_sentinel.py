@@ -6,12 +6,13 @@ pays for; the sampled collectors are measured by bench_numerics.py), interleaved
 block in one process with the order rotated each round. Prints per-step medians (wall and this
 thread's CPU time), the ratio of the medians and the median of per-round paired ratios.
 ``anomaly`` is torch's own answer to "where did the NaN come from",
-``torch.autograd.detect_anomaly(check_nan=True)``: the anchor. A third variant, ``window``, is the same steps outside a window of steps that never opens
-(``diagnose(steps=...)`` with every default collector): what a long run pays between its
-windows, the run-wide sentinel's block and the step watch.
+``torch.autograd.detect_anomaly(check_nan=True)``: the anchor. A third variant, ``window``,
+is the same steps outside a window of steps that never opens (``diagnose(steps=...)`` with
+every default collector): what a long run pays between its windows, the run-wide sentinel's
+block and the step watch. ``--model mlp``: bench_window's small MLP instead of TinyGPT.
 
     python -m benchmarks.bench_sentinel [--device cpu|cuda] [--blocks 12] [--steps 20]
-        [--dtype float16|bfloat16|float32]
+        [--dtype float16|bfloat16|float32] [--model tinygpt|mlp]
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: default)")
     ap.add_argument(
+        "--model",
+        default="tinygpt",
+        choices=["tinygpt", "mlp"],
+        help="mlp: bench_window's 0.7 ms MLP (256-512-10, batch 64), SGD, no scaler",
+    )
+    ap.add_argument(
         "--dtype",
         default="float16",
         choices=["float16", "bfloat16", "float32"],
@@ -51,16 +58,25 @@ def main() -> None:
     dev = torch.device(args.device)
     torch.manual_seed(0)
     cfg = GPTConfig()
-    model = TinyGPT(cfg).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    model: torch.nn.Module = TinyGPT(cfg).to(dev)
+    if args.model == "mlp":
+        model = torch.nn.Sequential(
+            torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+        ).to(dev)
+    opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    if args.model == "mlp":
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     dtype = getattr(torch, args.dtype)
     scaler = torch.amp.GradScaler(dev.type, init_scale=2.0**12, enabled=dtype == torch.float16)
     data = synthetic_batches(cfg, args.batch, 4, dev)
+    if args.model == "mlp":
+        data = [(torch.randn(64, 256, device=dev), torch.randint(0, 10, (64,), device=dev))]
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
         opt.zero_grad(set_to_none=True)
         with torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32):
-            loss = F.cross_entropy(model(x).view(-1, cfg.vocab), y.reshape(-1))
+            out = model(x)
+            loss = F.cross_entropy(out.view(-1, out.shape[-1]), y.reshape(-1))
         scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
         scaler.step(opt)
         scaler.update()
@@ -79,7 +95,8 @@ def main() -> None:
         step(x, y)
     modules = sum(1 for _ in model.modules())
     print(
-        f"device {dev}, TinyGPT {sum(p.numel() for p in model.parameters())} params, "
+        f"device {dev}, {args.model} ({args.dtype}) "
+        f"{sum(p.numel() for p in model.parameters())} params, "
         f"{modules} modules, batch {args.batch}, threads {torch.get_num_threads()}"
     )
     times: dict[str, list[tuple[float, float]]] = {
