@@ -5,11 +5,14 @@ steps inside ``ampdiag.diagnose()`` with only the sentinel attached (the collect
 pays for; the sampled collectors are measured by bench_numerics.py), interleaved block by
 block in one process with the order rotated each round. Prints per-step medians (wall and this
 thread's CPU time), the ratio of the medians and the median of per-round paired ratios.
-A third variant, ``window``, is the same steps outside a window of steps that never opens
-(``diagnose(steps=...)`` with every default collector): what a long run pays between its
-windows, the run-wide sentinel's block and the step watch.
+``anomaly`` is torch's own answer to "where did the NaN come from",
+``torch.autograd.detect_anomaly(check_nan=True)``: the anchor. A third variant, ``window``,
+is the same steps outside a window of steps that never opens (``diagnose(steps=...)`` with
+every default collector): what a long run pays between its windows, the run-wide sentinel's
+block and the step watch. ``--model mlp``: bench_window's small MLP instead of TinyGPT.
 
     python -m benchmarks.bench_sentinel [--device cpu|cuda] [--blocks 12] [--steps 20]
+        [--dtype float16|bfloat16|float32] [--model tinygpt|mlp]
 """
 
 from __future__ import annotations
@@ -36,21 +39,44 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20, help="timed steps per block")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: default)")
+    ap.add_argument(
+        "--model",
+        default="tinygpt",
+        choices=["tinygpt", "mlp"],
+        help="mlp: bench_window's 0.7 ms MLP (256-512-10, batch 64), SGD, no scaler",
+    )
+    ap.add_argument(
+        "--dtype",
+        default="float16",
+        choices=["float16", "bfloat16", "float32"],
+        help="autocast dtype (float32: no autocast; a CPU without fast FP16 takes ~25x longer "
+        "on an FP16 step, which hides the sentinel's cost)",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
     torch.manual_seed(0)
     cfg = GPTConfig()
-    model = TinyGPT(cfg).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    scaler = torch.amp.GradScaler(dev.type, init_scale=2.0**12)
+    model: torch.nn.Module = TinyGPT(cfg).to(dev)
+    if args.model == "mlp":
+        model = torch.nn.Sequential(
+            torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+        ).to(dev)
+    opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    if args.model == "mlp":
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    dtype = getattr(torch, args.dtype)
+    scaler = torch.amp.GradScaler(dev.type, init_scale=2.0**12, enabled=dtype == torch.float16)
     data = synthetic_batches(cfg, args.batch, 4, dev)
+    if args.model == "mlp":
+        data = [(torch.randn(64, 256, device=dev), torch.randint(0, 10, (64,), device=dev))]
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(dev.type, dtype=torch.float16):
-            loss = F.cross_entropy(model(x).view(-1, cfg.vocab), y.reshape(-1))
+        with torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32):
+            out = model(x)
+            loss = F.cross_entropy(out.view(-1, out.shape[-1]), y.reshape(-1))
         scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
         scaler.step(opt)
         scaler.update()
@@ -69,20 +95,32 @@ def main() -> None:
         step(x, y)
     modules = sum(1 for _ in model.modules())
     print(
-        f"device {dev}, TinyGPT {sum(p.numel() for p in model.parameters())} params, "
+        f"device {dev}, {args.model} ({args.dtype}) "
+        f"{sum(p.numel() for p in model.parameters())} params, "
         f"{modules} modules, batch {args.batch}, threads {torch.get_num_threads()}"
     )
-    times: dict[str, list[tuple[float, float]]] = {"plain": [], "sentinel": [], "window": []}
+    times: dict[str, list[tuple[float, float]]] = {
+        "plain": [],
+        "sentinel": [],
+        "window": [],
+        "anomaly": [],
+    }
     quiet = {"report": False, "tensorboard": False, "console": False}
     names = list(times)
     with tempfile.TemporaryDirectory() as tmp:
         for b in range(args.blocks):
-            for name in names[b % 3 :] + names[: b % 3]:  # the order rotated each round
+            for name in names[b % 4 :] + names[: b % 4]:  # the order rotated each round
                 gc.collect()
                 if name == "plain":
                     run(2)
                     gc.collect()
                     times[name].append(run(args.steps))
+                    continue
+                if name == "anomaly":  # torch's own answer: the anchor
+                    with torch.autograd.detect_anomaly(check_nan=True):
+                        run(2)
+                        gc.collect()
+                        times[name].append(run(args.steps))
                     continue
                 out = Path(tmp) / f"{name}{b}"
                 block = (
@@ -95,7 +133,7 @@ def main() -> None:
                     gc.collect()
                     times[name].append(run(args.steps))
     plain = times["plain"]
-    for name in ("sentinel", "window"):
+    for name in ("sentinel", "window", "anomaly"):
         watched = times[name]
         for label, i in (("wall", 0), ("CPU", 1)):
             p = statistics.median(t[i] for t in plain) / args.steps
@@ -103,8 +141,8 @@ def main() -> None:
             pair = statistics.median(a[i] / b[i] for a, b in zip(watched, plain, strict=True))
             print(
                 f"{name:8s} {label:4s}: plain {p * 1e3:.3f} ms/step, {name} {w * 1e3:.3f} "
-                f"ms/step: ratio {w / p:.3f}x (median of paired rounds {pair:.3f}x, "
-                f"n={args.blocks})"
+                f"ms/step ({(w - p) * 1e3:+.3f} ms): ratio {w / p:.3f}x (median of paired "
+                f"rounds {pair:.3f}x, n={args.blocks})"
             )
 
 
