@@ -29,6 +29,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: id -> (severity, fix): the two things a rule decides per run, summarised.
 NOTES: dict[str, tuple[str, str]] = {
+    "grad-scaler-config": (
+        "medium when ≥ 5% of the steps are skipped at a scale no lower than the largest that "
+        "held, after the scale grew again; high from 25%",
+        "`torch.amp.GradScaler(device, init_scale=<held scale>, growth_interval=2000, "
+        "growth_factor=2.0)`",
+    ),
+    "grads-not-zeroed": (
+        "high when ≥ 2 backwards, and half of those checked, began on the last step's gradients",
+        "`optimizer.zero_grad(set_to_none=True)` once per optimizer step",
+    ),
     "dataloader-bound": (
         "medium ≥ 10%, high ≥ 30% (the interval's lower end); info when the interval straddles "
         "10% or only one step of ≥ 5% was profiled",
