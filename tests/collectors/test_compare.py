@@ -171,8 +171,14 @@ class _Slow(nn.Module):
         return self.fc(x)
 
 
-def test_an_ab_that_cannot_fit_its_budget_is_skipped_with_the_reason(tmp_path: Path) -> None:
-    """Bounded cost: the A/B's least cost, from the probe's own timings, over 10% of the block."""
+def test_an_ab_over_its_budget_runs_its_least_version_and_says_so(tmp_path: Path) -> None:
+    """Bounded, stated cost: an A/B that cannot fit 10% of the block runs only its least version.
+
+    Whether the A/B runs must not hang on a noisy run's wall time (identical runs would get
+    different verdicts), so its least version (one observed and two timed passes per precision)
+    runs whatever the budget, with no extra rounds, and the budget's decision is stated. Truth:
+    every forward sleeps 40 ms whatever the precision, measured by the test's own clock.
+    """
     import ampdiag
 
     model = _Slow()
@@ -189,12 +195,13 @@ def test_an_ab_that_cannot_fit_its_budget_is_skipped_with_the_reason(tmp_path: P
         block_s = time.perf_counter() - began
     assert d.session is not None
     ab = d.session.section("speed_probe")["precisions"]
-    assert "results" not in ab and "over its budget" in ab["skipped"]
-    # three precisions, each at least three 40 ms forwards: far over 10% of a ~0.1-1 s block
-    assert ab["estimated_s"] >= 3 * 3 * 0.04 > ab["budget_s"]
     assert ab["budget_s"] <= 0.1 * (block_s + 5)  # the block as ampdiag saw it, setup included
-    advice = [f for f in d.session.all_findings() if f.id.startswith("prefer-")]
-    assert all(f.evidence.get("measured") is False for f in advice)
+    # two precisions timed, each at least three 40 ms forwards: over the budget all the same
+    timed = {r["precision"]: r for r in ab["results"] if r.get("time_ms") is not None}
+    assert {"fp32", "bf16"} <= set(timed)
+    assert all(r["time_ms"] >= 40 and r["samples"] == 2 for r in timed.values())
+    assert ab["spent_s"] >= 2 * 3 * 0.04 > ab["budget_s"]
+    assert "over its budget" in ab["budget_note"] and "ran all the same" in ab["budget_note"]
 
 
 def test_a_droppable_precision_whose_timing_would_overrun_is_left_untimed() -> None:
