@@ -34,8 +34,12 @@ def _forwards(step: dict[str, Any]) -> int:
 def _steps(session: Session) -> list[dict[str, Any]]:
     """Sampled steps that accumulate: two or more backward passes, each after its own forward.
 
-    Several losses of one forward, each backpropagated, are not micro-batches.
+    Several losses of one forward, each backpropagated, are not micro-batches; nor are the
+    backward passes of a run with several optimizers (a GAN's discriminator on real, then on
+    fake data: two losses summed by design, each for its own optimizer's update).
     """
+    if len(session.section("run").get("optimizers") or []) > 1:
+        return []
     steps = session.section("accumulation").get("steps") or []
     return [
         s
