@@ -301,8 +301,10 @@ def as_json(tl: Mapping[str, Any]) -> dict[str, Any]:
 
 # --- the memory view of any trace with [memory] events ------------------------------------------
 
-#: At most this many points of each device's curve are kept (the peak always among them).
-CURVE_POINTS = 1000
+#: At most this many points of each device's curve are kept: each stretch's lowest and highest
+#: (the peak always among them). Under the HTML chart's resolution (``render.charts.MAX_POINTS``),
+#: so the curve is drawn as kept, never averaged (an average would lower the peak drawn).
+CURVE_POINTS = 200
 TOP_OPS = 10
 _DEVICE_TYPES = {0: "CPU", 1: "cuda"}
 
@@ -352,9 +354,9 @@ def trace_memory(trace: RankTrace) -> dict[str, Any] | None:
                 "device": _device_name(dt, di),
                 "events": len(on),
                 "allocated_from": source,
-                "t_ms": [(float(t[k]) - t0) / 1000 for k in keep],
-                "allocated": [int(alloc[k]) for k in keep],
-                "reserved": [int(res[k]) for k in keep] if (res >= 0).all() else [],
+                "t_ms": ((t[keep] - t0) / 1000).tolist(),
+                "allocated": alloc[keep].tolist(),
+                "reserved": res[keep].tolist() if (res >= 0).all() else [],
                 "peak": {
                     "bytes": int(alloc[i]),
                     "t_ms": at / 1000,
@@ -379,19 +381,29 @@ def trace_memory(trace: RankTrace) -> dict[str, Any] | None:
     }
 
 
-def _curve_points(values: Any, limit: int) -> list[int]:
-    """Indices of at most about ``limit`` points: the first, the last and each run's maximum."""
+def _curve_points(values: Any, limit: int) -> Any:
+    """Indices of at most ``limit`` points: the first, the last, each stretch's min and max."""
     import numpy as np
 
     n = len(values)
     if n <= limit:
-        return list(range(n))
-    edges = np.linspace(0, n, limit + 1).astype(np.int64)
-    picks = {0, n - 1}
-    for a, b in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
-        if b > a:
-            picks.add(a + int(np.argmax(values[a:b])))
-    return sorted(picks)
+        return np.arange(n)
+    stretches = (limit - 2) // 2
+    edges = np.linspace(0, n, stretches + 1).astype(np.int64)  # n > stretches: none empty
+    of = np.repeat(np.arange(stretches), np.diff(edges))
+    picks = [np.array([0, n - 1])]
+    for extreme in (np.maximum, np.minimum):
+        at = np.flatnonzero(values == extreme.reduceat(values, edges[:-1])[of])
+        picks.append(at[_firsts(of[at])])  # each stretch's first
+    out = np.sort(np.concatenate(picks))
+    return out[_firsts(out)]
+
+
+def _firsts(sorted_keys: Any) -> Any:
+    """Where each run of equal keys starts (not np.unique, which imports numpy.ma: 10 ms)."""
+    import numpy as np
+
+    return np.flatnonzero(np.concatenate(([True], sorted_keys[1:] != sorted_keys[:-1])))
 
 
 def _allocating_ops(

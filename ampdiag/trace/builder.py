@@ -533,38 +533,41 @@ def innermost(start: Any, end: Any, thread: Any, t: Any, t_thread: Any) -> Any:
     """Index of the innermost span of the same thread holding each time (-1: none).
 
     Spans nest on a thread, so the innermost one holding ``t`` is the last, in order of start,
-    that starts at or before ``t`` and ends at or after it. Found for all times at once: a
-    binary search for the last span starting by ``t``, then a descent over block maxima of the
-    span ends (``log2(n)`` vectorised steps) to the last one not yet ended.
+    that starts at or before ``t`` and ends at or after it: most often the last to start by
+    ``t`` (an allocation is made inside the op that runs last). For the other times, a descent
+    over block maxima of the span ends (``log2(n)`` vectorised steps) to the last not yet ended.
     """
     n = len(start)
     out = np.full(len(t), -1, dtype=np.int64)
+    if not n:
+        return out
     order = np.lexsort((-end, start, thread))
     s, e, th = start[order], end[order], thread[order]
-    # block maxima: level k holds max(e[i - 2**k + 1 .. i])
-    levels = [e]
-    while (1 << len(levels)) <= n:
-        prev, w = levels[-1], 1 << (len(levels) - 1)
-        cur = prev.copy()
-        cur[w:] = np.maximum(prev[w:], prev[:-w])
-        levels.append(cur)
-    key_first = np.searchsorted(th, t_thread, side="left")
-    key_last = np.searchsorted(th, t_thread, side="right")
+    lo = np.searchsorted(th, t_thread, side="left")
     p = np.empty(len(t), dtype=np.int64)
     for thread_id in set(t_thread.tolist()):
         on = t_thread == thread_id
-        a, b = int(key_first[on][0]), int(key_last[on][0])
+        a, b = int(lo[on][0]), int(np.searchsorted(th, thread_id, side="right"))
         p[on] = a + np.searchsorted(s[a:b], t[on], side="right") - 1
-    lo = key_first
-    for k in range(len(levels) - 1, -1, -1):
-        w = 1 << k
-        ok = p - w + 1 >= lo
-        idx = np.clip(p, 0, max(n - 1, 0))
-        jump = ok & (levels[k][idx] < t)
-        p = np.where(jump, p - w, p)
-    idx = np.clip(p, 0, max(n - 1, 0))
-    found = (p >= lo) & (e[idx] >= t) if n else np.zeros(len(t), dtype=bool)
-    out[found] = order[p[found]]
+    started = p >= lo
+    hit = started & (e[np.clip(p, 0, n - 1)] >= t)
+    rest = np.flatnonzero(started & ~hit)
+    if len(rest):
+        # block maxima: level k holds max(e[i - 2**k + 1 .. i])
+        levels = [e]
+        while (1 << len(levels)) <= n:
+            prev, w = levels[-1], 1 << (len(levels) - 1)
+            cur = prev.copy()
+            cur[w:] = np.maximum(prev[w:], prev[:-w])
+            levels.append(cur)
+        q, tq, lq = p[rest], t[rest], lo[rest]
+        for k in range(len(levels) - 1, -1, -1):
+            w = 1 << k
+            jump = (q - w + 1 >= lq) & (levels[k][np.clip(q, 0, n - 1)] < tq)
+            q = np.where(jump, q - w, q)
+        p[rest] = q
+        hit[rest] = (q >= lq) & (e[np.clip(q, 0, n - 1)] >= tq)
+    out[hit] = order[p[hit]]
     return out
 
 
