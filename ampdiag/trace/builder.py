@@ -229,6 +229,7 @@ class ColumnBuilder:
         self.pids: dict[str, int] = {}
         self.pid_raw: dict[Any, int] = {}
         self.tid_raw: dict[Any, int] = {}
+        self.tids: dict[str, int] = {}
         self.events = 0
         self.skipped: dict[str, int] = {}
         # column name -> arrays, one per run: g_* GPU activities, l_* launch calls, h_* host
@@ -272,7 +273,7 @@ class ColumnBuilder:
     ) -> array[int]:
         """Dense ids of keys (an int64 array), new keys getting the next ones.
 
-        With ``text`` (pids), keys are told apart by their JSON text (1 and "1" are one pid):
+        With ``text`` (pids, tids), keys are told apart by their JSON text (1 and "1" are one):
         ``table`` maps the raw key, ``text`` the text, to the id.
         """
         try:
@@ -318,8 +319,9 @@ class ColumnBuilder:
                 self._put("m_device_id", array("q", [a.device_id for a in args]))
                 self._put("m_allocated", array("q", [a.allocated for a in args]))
                 self._put("m_reserved", array("q", [a.reserved for a in args]))
-                # threads by tid alone (a Linux tid is unique across processes)
-                self._put("m_tid", self._ids(self.tid_raw, [e.tid for e in mem]))
+                # threads by tid alone (a Linux tid is unique across processes), 123 and
+                # "123" one thread (the plugin's tests write ops' tids as strings, memory's not)
+                self._put("m_tid", self._ids(self.tid_raw, [e.tid for e in mem], self.tids))
         self._instants.clear()
         self._dropped.clear()
         names = self.names
@@ -352,7 +354,7 @@ class ColumnBuilder:
             put("h_pid", self._ids(self.pid_raw, [e.pid for e in host], self.pids))
             if kind == 0:
                 put("h_kind", array(i64, bytes(8 * len(host))))
-                put("o_tid", self._ids(self.tid_raw, [e.tid for e in host]))
+                put("o_tid", self._ids(self.tid_raw, [e.tid for e in host], self.tids))
             else:
                 put("h_kind", array(i64, [1 if e.cat in ANNOTATION_CATS else 2 for e in host]))
             host.clear()
