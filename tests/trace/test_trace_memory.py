@@ -178,6 +178,10 @@ def test_the_memory_chart_draws_the_replays_peak_and_low():
     html = render_html(session_from_traces(CUDA_TRACE))
     charts = [s for s in re.findall(r"<svg\b.*?</svg>", html, re.S) if ", cuda:" in s]
     assert charts
+    # the CPU's allocations (a few bytes at their peak, by the replay) get a row, not a chart
+    cpu_peak = max(v[0] for k, v in peaks.items() if k[0] == 0)
+    assert cpu_peak < 0.01 * max(v[0] for v in peaks.values())
+    assert "<td>CPU</td>" in html and not re.search(r"Memory, rank \d+, CPU", html)
     for svg in charts:
         device = int(re.search(r"Memory, rank \d+, cuda:(\d+)<", svg).group(1))  # type: ignore[union-attr]
         shown = [

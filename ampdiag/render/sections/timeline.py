@@ -19,6 +19,10 @@ DETAIL_RANKS = 2
 TABLE_STEPS = 50
 #: At most this many devices' memory curves per rank.
 MEMORY_DEVICES = 4
+#: A device's curve is drawn when its peak is at least this share of the rank's highest peak
+#: (the table states every device's peak): a GPU trace's CPU allocations (8 bytes at most in
+#: df_index_resolver) would take a chart of their own.
+MEMORY_CHART_SHARE = 0.01
 
 
 def build(session: Session) -> ReportSection | None:
@@ -94,7 +98,9 @@ def build(session: Session) -> ReportSection | None:
 def _memory_charts(memory: dict[str, Any], rank: int) -> list[Markup]:
     """Allocated (and reserved) MiB over the trace, one chart per device, the steps marked."""
     out = []
-    for d in memory["devices"][:MEMORY_DEVICES]:
+    top = max(d["peak"]["bytes"] for d in memory["devices"])
+    shown = [d for d in memory["devices"] if d["peak"]["bytes"] >= MEMORY_CHART_SHARE * top]
+    for d in shown[:MEMORY_DEVICES]:
         series = {"allocated": [v / 2**20 for v in d["allocated"]]}
         if d["reserved"] and any(d["reserved"]):
             series["reserved"] = [v / 2**20 for v in d["reserved"]]
