@@ -126,7 +126,7 @@ def analyze_trace(job: tuple[Path, int]) -> dict[str, Any]:
     """
     file, index = job
     # the [memory] allocator events: the trace's memory view (curve, peak, allocating ops)
-    rt = read_trace(file, index, memory=True)
+    rt = read_trace(file, index)
     rank = analyze_rank(rt)
     rank["collectives"] = rank_communication(rt)
     return {

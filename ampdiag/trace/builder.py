@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 from itertools import pairwise
+from operator import attrgetter
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Union
 
@@ -112,22 +113,6 @@ EVENTS_DECODER: Any = msgspec.json.Decoder(list[_EVENT])
 """Decodes a JSON array of trace events into the structs (fields not listed are skipped)."""
 
 
-class _InstantSkipped(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
-    """An instant event where the ``[memory]`` events are not wanted: dropped.
-
-    Its time is still checked, so an invalid one is counted in ``skipped`` as it is when they
-    are kept (the run goes to the standard library's path either way).
-    """
-
-    cat: ClassVar[str] = OTHER_PHASE
-    ts: _Finite = 0.0
-
-
-_EVENT_NO_MEMORY: Any = Union.__getitem__((Complete, _InstantSkipped, *_OTHER))
-EVENTS_DECODER_NO_MEMORY: Any = msgspec.json.Decoder(list[_EVENT_NO_MEMORY])
-"""The decoder when the ``[memory]`` allocator events are not wanted (a report of a trace does
-not read them: 28k of the 216k events of the shared 54 MB trace, decoded for nothing)."""
-
 _MTIA = 3  # a kernel once its stream is checked (``finish``)
 _KIND = {
     **dict.fromkeys(KERNEL_CATS, 0),
@@ -214,16 +199,9 @@ def event_from_dict(ev: Any, skip: dict[str, int]) -> Any:
 
 
 class ColumnBuilder:
-    """Accumulates the columns of decoded events, run by run, and makes the RankTrace.
+    """Accumulates the columns of decoded events, run by run, and makes the RankTrace."""
 
-    Args:
-        memory: Keep the ``[memory]`` allocator events (``RankTrace.memory``); without them,
-            ``decoder`` skips their fields.
-    """
-
-    def __init__(self, memory: bool = True) -> None:
-        self.keep_memory = memory
-        self.decoder: Any = EVENTS_DECODER if memory else EVENTS_DECODER_NO_MEMORY
+    def __init__(self) -> None:
         self.names: dict[str, int] = {}
         self.pids: dict[str, int] = {}
         self.pid_raw: dict[Any, int] = {}
@@ -301,7 +279,7 @@ class ColumnBuilder:
         other = self._rest.append
         for e in evs:
             route.get(e.cat, other)(e)
-        if self._instants and self.keep_memory:
+        if self._instants:
             mem = [
                 e
                 for e in self._instants
@@ -310,12 +288,8 @@ class ColumnBuilder:
             if mem:
                 args: list[Any] = [e.args for e in mem]
                 self._put("m_ts", _f64([e.ts for e in mem]))
-                self._put("m_addr", _i64([a.addr for a in args]))
-                self._put("m_size", _i64([a.size for a in args]))
-                self._put("m_device_type", _i64([a.device_type for a in args]))
-                self._put("m_device_id", _i64([a.device_id for a in args]))
-                self._put("m_allocated", _i64([a.allocated for a in args]))
-                self._put("m_reserved", _i64([a.reserved for a in args]))
+                for f in ("addr", "size", "device_type", "device_id", "allocated", "reserved"):
+                    self._put(f"m_{f}", _i64(map(attrgetter(f), args), len(args)))
                 # threads by tid alone (a Linux tid is unique across processes), 123 and
                 # "123" one thread (the plugin's tests write ops' tids as strings, memory's not)
                 self._put("m_tid", self._ids(self.tid_raw, [e.tid for e in mem], self.tids))
@@ -476,17 +450,13 @@ class ColumnBuilder:
         return out
 
 
-def _f64(values: Any, n: int | None = None) -> Any:
-    """A float64 array of the values.
-
-    numpy converts in C, where ``array.array`` parses each element as a call's argument (6% of
-    the instructions of ``ampdiag report`` on the 54 MB trace).
-    """
-    return np.fromiter(values, np.float64, len(values) if n is None else n)
+def _f64(values: Any) -> Any:
+    """A float64 array, converted in C (``array.array`` took 6% of a report's instructions)."""
+    return np.fromiter(values, np.float64, len(values))
 
 
 def _i64(values: Any, n: int | None = None) -> Any:
-    """An int64 array of the values (see `_f64`)."""
+    """An int64 array, converted in C (see `_f64`)."""
     return np.fromiter(values, np.int64, len(values) if n is None else n)
 
 

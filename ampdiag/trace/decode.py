@@ -26,7 +26,7 @@ from typing import IO, Any
 
 import msgspec
 
-from ampdiag.trace.builder import ColumnBuilder
+from ampdiag.trace.builder import EVENTS_DECODER, ColumnBuilder
 from ampdiag.trace.files import READ_ERRORS, open_binary
 from ampdiag.trace.records import Fallback, RankTrace, keep_meta
 
@@ -56,7 +56,7 @@ class _Utf8:
 def _take(build: ColumnBuilder, run: Any) -> None:
     """Decodes a run of events (a JSON array): by msgspec, else by the standard library."""
     try:
-        build.add(build.decoder.decode(run))
+        build.add(EVENTS_DECODER.decode(run))
         return
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         pass  # an odd event in this run: repaired or skipped one by one below
@@ -90,18 +90,17 @@ def _top_level(text: str, meta: dict[str, Any]) -> None:
         keep_meta(meta, key, val)
 
 
-def read_fast(path: Path, index: int = 0, memory: bool = True) -> RankTrace:
+def read_fast(path: Path, index: int = 0) -> RankTrace:
     """Reads one trace file with the decoder (see the module's docstring).
 
     Args:
         path: The trace file.
         index: The file's position among the ranks (the rank of last resort).
-        memory: Keep the ``[memory]`` allocator events.
 
     Raises:
         Fallback: Anything this path does not cut safely; read the file with the lenient reader.
     """
-    build = ColumnBuilder(memory)
+    build = ColumnBuilder()
     meta: dict[str, Any] = {}
     try:
         with open_binary(path) as fh:

@@ -121,16 +121,14 @@ def _read_events(stream: _Stream, build: ColumnBuilder) -> None:
     build.add_dicts(batch)
 
 
-def read_lenient(path: Path, index: int = 0, memory: bool = True) -> RankTrace:
+def read_lenient(path: Path, index: int = 0) -> RankTrace:
     """Reads one trace file with the standard-library stream (see the module's docstring).
-
-    ``memory``: keep the ``[memory]`` allocator events.
 
     Raises:
         InputError: Unreadable, not JSON, truncated, or not a Kineto trace.
     """
     label = repr(str(path))
-    build = ColumnBuilder(memory)
+    build = ColumnBuilder()
     meta: dict[str, Any] = {}
     seen_events = False
     try:

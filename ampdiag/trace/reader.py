@@ -26,14 +26,12 @@ from ampdiag.trace.lenient import read_lenient
 from ampdiag.trace.records import Fallback, RankTrace
 
 
-def read_trace(path: str | Path, index: int = 0, memory: bool = True) -> RankTrace:
+def read_trace(path: str | Path, index: int = 0) -> RankTrace:
     """Reads one Kineto trace file.
 
     Args:
         path: A ``.json`` or ``.json.gz`` trace (gzip is detected from the content).
         index: The file's position among the ranks (the rank of last resort).
-        memory: Keep the ``[memory]`` allocator events (``RankTrace.memory``, which only the
-            memory timeline reads); without them, their fields are not decoded.
 
     Returns:
         The RankTrace.
@@ -43,6 +41,6 @@ def read_trace(path: str | Path, index: int = 0, memory: bool = True) -> RankTra
     """
     p = Path(path)
     try:
-        return read_fast(p, index, memory)
+        return read_fast(p, index)
     except Fallback:
-        return read_lenient(p, index, memory)
+        return read_lenient(p, index)

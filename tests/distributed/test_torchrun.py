@@ -220,7 +220,7 @@ def _merged_the_old_way(folder: Path) -> list[dict[str, Any]]:
 
     ranks = []
     for i, f in enumerate(files):  # one after the other, in this process
-        rt = read_trace(f, i, memory=False)
+        rt = read_trace(f, i)
         ranks.append({**analyze_rank(rt), "collectives": rank_communication(rt)})
     together = Session(
         sections={"timeline": {"ranks": ranks, "communication": across_ranks(ranks)}}
