@@ -391,19 +391,13 @@ def _curve_points(values: Any, limit: int) -> Any:
     stretches = (limit - 2) // 2
     edges = np.linspace(0, n, stretches + 1).astype(np.int64)  # n > stretches: none empty
     of = np.repeat(np.arange(stretches), np.diff(edges))
-    picks = [np.array([0, n - 1])]
+    keep = np.zeros(n, dtype=bool)
+    keep[[0, n - 1]] = True
     for extreme in (np.maximum, np.minimum):
-        at = np.flatnonzero(values == extreme.reduceat(values, edges[:-1])[of])
-        picks.append(at[_firsts(of[at])])  # each stretch's first
-    out = np.sort(np.concatenate(picks))
-    return out[_firsts(out)]
-
-
-def _firsts(sorted_keys: Any) -> Any:
-    """Where each run of equal keys starts (not np.unique, which imports numpy.ma: 10 ms)."""
-    import numpy as np
-
-    return np.flatnonzero(np.concatenate(([True], sorted_keys[1:] != sorted_keys[:-1])))
+        hit = values == extreme.reduceat(values, edges[:-1])[of]
+        # each stretch's first point at its extreme (not np.unique: it imports numpy.ma, 10 ms)
+        keep[np.minimum.reduceat(np.where(hit, np.arange(n), n), edges[:-1])] = True
+    return np.flatnonzero(keep)
 
 
 def _allocating_ops(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 from itertools import pairwise
-from operator import attrgetter
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Union
 
@@ -288,8 +287,12 @@ class ColumnBuilder:
             if mem:
                 args: list[Any] = [e.args for e in mem]
                 self._put("m_ts", _f64([e.ts for e in mem]))
-                for f in ("addr", "size", "device_type", "device_id", "allocated", "reserved"):
-                    self._put(f"m_{f}", _i64(map(attrgetter(f), args), len(args)))
+                self._put("m_addr", _i64([a.addr for a in args]))
+                self._put("m_size", _i64([a.size for a in args]))
+                self._put("m_device_type", _i64([a.device_type for a in args]))
+                self._put("m_device_id", _i64([a.device_id for a in args]))
+                self._put("m_allocated", _i64([a.allocated for a in args]))
+                self._put("m_reserved", _i64([a.reserved for a in args]))
                 # threads by tid alone (a Linux tid is unique across processes), 123 and
                 # "123" one thread (the plugin's tests write ops' tids as strings, memory's not)
                 self._put("m_tid", self._ids(self.tid_raw, [e.tid for e in mem], self.tids))
