@@ -26,6 +26,7 @@ from typing import Any
 from ampdiag import timing
 from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.precision import summarize
+from ampdiag.schema import Figures, SpeedVsFp32, StepTime
 from ampdiag.session import Session
 
 
@@ -44,7 +45,7 @@ def step_walls_s(session: Session) -> list[float]:
     return times[1:] if len(times) >= 3 else times
 
 
-def step_time(session: Session) -> dict[str, Any] | None:
+def step_time(session: Session) -> StepTime | None:
     """Median wall time of a step with its spread (MAD), over `step_walls_s`."""
     times = step_walls_s(session)
     if not times:
@@ -146,8 +147,7 @@ def _low_precision_share(session: Session, measure: str) -> float | None:
     section = session.section("precision")
     if not section.get("audited"):
         return None
-    derived = session.section("derived").get("precision")
-    totals = (derived if isinstance(derived, Mapping) else summarize(section))[measure]
+    totals = (session.section("derived").get("precision") or summarize(section))[measure]  # type: ignore[literal-required]
     work = totals["low"] + totals["fp32"]
     return float(totals["low"] / work) if work > 0 else None
 
@@ -162,7 +162,7 @@ def low_precision_time_share(session: Session) -> float | None:
     return _low_precision_share(session, "time_us")
 
 
-def _ab_speed(session: Session) -> dict[str, Any] | None:
+def _ab_speed(session: Session) -> SpeedVsFp32 | None:
     probe = session.section("speed_probe")
     run = pc.run_precision(probe.get("autocast") or session.environment.get("autocast"))
     rows = pc.rows_of(probe.get("precisions"))
@@ -206,7 +206,7 @@ def probe_ratio(probe: Mapping[str, Any]) -> timing.Estimate | None:
     return timing.quotient(timing.estimate(a), timing.estimate(f))
 
 
-def _probe_speed(session: Session) -> dict[str, Any] | None:
+def _probe_speed(session: Session) -> SpeedVsFp32 | None:
     probe = session.section("speed_probe")
     fp32, amp = _number(probe.get("fp32_ms")), _number(probe.get("autocast_ms"))
     est = probe_ratio(probe)
@@ -226,7 +226,7 @@ def _probe_speed(session: Session) -> dict[str, Any] | None:
     }
 
 
-def speed_vs_fp32(session: Session) -> dict[str, Any] | None:
+def speed_vs_fp32(session: Session) -> SpeedVsFp32 | None:
     """The run's precision against FP32: time per forward + backward, their ratio and interval.
 
     From the precision A/B where it timed both (its medians are the tighter), else from the
@@ -249,7 +249,7 @@ def speed_estimate(speed: Mapping[str, Any]) -> timing.Estimate:
     )  # fmt: skip
 
 
-def compute(session: Session) -> dict[str, Any]:
+def compute(session: Session) -> Figures:
     """Every headline figure (the derive step stores it as ``derived.figures``)."""
     return {
         "step_time": step_time(session),
@@ -264,16 +264,13 @@ def compute(session: Session) -> dict[str, Any]:
     }
 
 
-def stored(session: Session) -> dict[str, Any]:
+def stored(session: Session) -> Figures:
     """The figures as the session holds them (``derived.figures``), else computed now.
 
     A session saved by an older ampdiag, or one not analysed, has no ``derived.figures``;
     computing them here gives the same values the derive step would have stored.
     """
-    found = session.section("derived").get("figures")
-    if isinstance(found, Mapping):
-        return dict(found)
-    return compute(session)
+    return session.section("derived").get("figures") or compute(session)
 
 
 def is_finite(value: Any) -> bool:

@@ -10,6 +10,7 @@ from ampdiag.analysis.advisors import terms
 from ampdiag.analysis.divergence import unfixed_by_precision
 from ampdiag.analysis.precision import reason_fixes, summarize
 from ampdiag.analysis.registry import rule
+from ampdiag.schema import PrecisionSummary
 from ampdiag.session import Finding, Session, Severity
 
 THRESHOLDS = {
@@ -25,8 +26,8 @@ THRESHOLDS = {
 }
 
 
-def _top(summary: dict[str, object], n: int = 5) -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = summary["top_fp32"][:n]  # type: ignore[index]
+def _top(summary: PrecisionSummary, n: int = 5) -> list[dict[str, object]]:
+    rows = summary["top_fp32"][:n]
     return [
         {
             "op": o["op"],
@@ -34,7 +35,7 @@ def _top(summary: dict[str, object], n: int = 5) -> list[dict[str, object]]:
             "reason": o["reason"],
             "phase": o["phase"],
             "flops": o["flops"],
-            "time_us": round(float(o["time_us"]), 1),  # type: ignore[arg-type]
+            "time_us": round(float(o["time_us"]), 1),
         }
         for o in rows
     ]
