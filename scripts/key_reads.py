@@ -20,27 +20,27 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "ampdiag"
 
 
 def _declared() -> set[str]:
-    keys: set[str] = set()
-    for path in ROOT.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ClassDef) and any(
-                (isinstance(b, ast.Name) and b.id == "TypedDict")
-                or (isinstance(b, ast.Attribute) and b.attr == "TypedDict")
-                or isinstance(b, ast.Name)
-                and b.id in _typeddict_names
-                for b in node.bases
-            ):
-                _typeddict_names.add(node.name)
-                for stmt in node.body:
-                    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-                        keys.add(stmt.target.id)
-            elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "TypedDict":
-                if len(node.args) > 1 and isinstance(node.args[1], ast.Dict):
-                    keys |= {k.value for k in node.args[1].keys if isinstance(k, ast.Constant)}
-    return keys
+    """Every field name of every TypedDict class (and subclass) in the package."""
+    classes = [
+        node
+        for path in ROOT.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+    ]
+    typed = {"TypedDict"}
+    for _ in range(3):  # a subclass may come before its base
+        typed |= {c.name for c in classes if any(_name(b) in typed for b in c.bases)}
+    return {
+        stmt.target.id
+        for c in classes
+        if c.name in typed and c.name != "TypedDict"
+        for stmt in c.body
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+    }
 
 
-_typeddict_names: set[str] = set()
+def _name(node: ast.expr) -> str:
+    return node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
 
 
 def _reads() -> list[str]:
@@ -68,7 +68,6 @@ def _reads() -> list[str]:
 
 
 def main() -> None:
-    _declared()  # twice: a subclass may come before its base in the walk
     declared = _declared()
     reads = _reads()
     for kind, label in (("get:", '.get("...")'), ("sub:", '["..."]'), ("", "both")):

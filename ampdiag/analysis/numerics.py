@@ -8,8 +8,6 @@ rules' (`ampdiag.analysis.rules.numerics`).
 
 from __future__ import annotations
 
-from typing import Any
-
 from ampdiag.analysis import fp16range
 from ampdiag.schema import UnderflowSummary
 from ampdiag.session import Session
