@@ -566,7 +566,7 @@ class SpeedVsFp32(TypedDict, total=False):
     verdict: str  # faster, slower, tied
 
 
-class Figures(TypedDict):
+class Figures(TypedDict, total=False):
     """``derived.figures``: the headline figures every surface states (`analysis.figures`)."""
 
     step_time: StepTime | None

@@ -76,16 +76,6 @@ REPLAY_KEYS = (
 CAUSES = ("precision", "not-precision", "unknown")
 
 
-def _loss_value(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str) and value in ("nan", "inf", "-inf"):
-        return float(value)
-    return None
-
-
 def _ints(values: Any) -> list[int]:
     return [int(v) for v in values if isinstance(v, int)] if isinstance(values, list) else []
 
@@ -94,7 +84,7 @@ def losses(session: Session) -> list[tuple[int, float]]:
     """(step, loss) of every step that recorded one, in order (non-finite ones as nan/inf)."""
     out = []
     for s in session.steps:
-        value = _loss_value(s.get("loss"))
+        value = units.number(s.get("loss"))
         if isinstance(s.get("index"), int) and value is not None:
             out.append((int(s["index"]), value))
     return out

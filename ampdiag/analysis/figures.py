@@ -18,7 +18,6 @@ Pure and torch-free.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Mapping
 from typing import Any
@@ -28,12 +27,7 @@ from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.precision import summarize
 from ampdiag.schema import Figures, SpeedVsFp32, StepTime
 from ampdiag.session import Session
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
+from ampdiag.units import number
 
 
 def step_walls_s(session: Session) -> list[float]:
@@ -41,7 +35,7 @@ def step_walls_s(session: Session) -> list[float]:
 
     The first step pays for lazy initialization (allocations, kernel selection, compilation).
     """
-    times = [w for w in (_number(s.get("wall_s")) for s in session.steps) if w is not None]
+    times = [w for w in (number(s.get("wall_s")) for s in session.steps) if w is not None]
     return times[1:] if len(times) >= 3 else times
 
 
@@ -63,24 +57,22 @@ def final_loss(session: Session) -> float | None:
     """The last step's loss, where the run recorded one (NaN or inf for a diverged run)."""
     for step in reversed(session.steps):
         loss = step.get("loss")
-        if _number(loss) is not None:
-            return float(loss)  # type: ignore[arg-type]
-        if isinstance(loss, str) and loss in ("nan", "inf", "-inf"):
-            return float(loss)
+        if (value := number(loss)) is not None:
+            return value
     return None
 
 
 def memory_peak_bytes(session: Session) -> float | None:
     """The memory peak over the profiled steps (the memory section's ``peak.bytes``)."""
     peak = session.section("memory").get("peak")
-    return _number(peak.get("bytes")) if isinstance(peak, Mapping) else None
+    return number(peak.get("bytes")) if isinstance(peak, Mapping) else None
 
 
 def fp16_in_use(session: Session) -> bool:
     """Whether the run computed in FP16 (the derive step's own answer where it gave one)."""
     derived = session.section("derived").get("numerics")
-    if isinstance(derived, Mapping) and isinstance(derived.get("fp16_in_use"), bool):
-        return bool(derived["fp16_in_use"])
+    if derived:
+        return derived["fp16_in_use"]
     from ampdiag.analysis import numerics
 
     return numerics.fp16_in_use(session)
@@ -93,9 +85,8 @@ def underflow_fraction(session: Session) -> float | None:
     ``fp16-grad-underflow`` states). For a run that did not compute in FP16 it is what FP16
     would do, not something the run lost: None here (the numerics section shows the what-if).
     """
-    derived = session.section("derived").get("numerics")
-    summary = derived.get("underflow") if isinstance(derived, Mapping) else None
-    if not isinstance(summary, Mapping):
+    summary = session.section("derived").get("numerics", {}).get("underflow")
+    if summary is None:
         if not (session.section("gradients") or session.section("activations")):
             return None
         from ampdiag.analysis import numerics
@@ -103,7 +94,7 @@ def underflow_fraction(session: Session) -> float | None:
         summary = numerics.underflow_summary(session)
     if not summary.get("measured", True) or not fp16_in_use(session):
         return None
-    return _number(summary.get("underflow_fraction"))
+    return summary["underflow_fraction"]
 
 
 def skipped_steps(session: Session) -> dict[str, int] | None:
@@ -132,12 +123,12 @@ def loss_scale(session: Session) -> dict[str, float] | None:
     history = [
         float(h["scale"])
         for h in scaler.get("history") or []
-        if isinstance(h, Mapping) and _number(h.get("scale")) is not None
+        if isinstance(h, Mapping) and number(h.get("scale")) is not None
     ]
     if not history:
         return None
     smallest = min(history)
-    every_step = _number(scaler.get("scale_min"))  # every step's, where the history is thinned
+    every_step = number(scaler.get("scale_min"))  # every step's, where the history is thinned
     if every_step is not None:
         smallest = min(smallest, every_step)
     return {"first": history[0], "last": history[-1], "min": smallest}
@@ -196,7 +187,7 @@ def probe_ratio(probe: Mapping[str, Any]) -> timing.Estimate | None:
     """
 
     def samples(values: Any) -> list[float]:
-        return [v for v in (_number(x) for x in values) if v is not None]
+        return [v for v in (number(x) for x in values) if v is not None]
 
     f_all, a_all = probe.get("fp32_ms_all"), probe.get("autocast_ms_all")
     f = samples(f_all if isinstance(f_all, list) else [probe.get("fp32_ms")])
@@ -208,7 +199,7 @@ def probe_ratio(probe: Mapping[str, Any]) -> timing.Estimate | None:
 
 def _probe_speed(session: Session) -> SpeedVsFp32 | None:
     probe = session.section("speed_probe")
-    fp32, amp = _number(probe.get("fp32_ms")), _number(probe.get("autocast_ms"))
+    fp32, amp = number(probe.get("fp32_ms")), number(probe.get("autocast_ms"))
     est = probe_ratio(probe)
     if fp32 is None or amp is None or est is None:
         return None
@@ -217,8 +208,8 @@ def _probe_speed(session: Session) -> SpeedVsFp32 | None:
         "precision": pc.run_precision(probe.get("autocast") or session.environment.get("autocast")),
         "fp32_ms": fp32,
         "run_ms": amp,
-        "fp32_spread_ms": _number(probe.get("fp32_ms_spread")),
-        "run_spread_ms": _number(probe.get("autocast_ms_spread")),
+        "fp32_spread_ms": number(probe.get("fp32_ms_spread")),
+        "run_spread_ms": number(probe.get("autocast_ms_spread")),
         "time_ratio": est.median,
         "low": est.low,
         "high": est.high,
@@ -271,9 +262,3 @@ def stored(session: Session) -> Figures:
     computing them here gives the same values the derive step would have stored.
     """
     return session.section("derived").get("figures") or compute(session)
-
-
-def is_finite(value: Any) -> bool:
-    """Whether a figure is a finite number (a diverged run's loss is not)."""
-    number = _number(value)
-    return number is not None and math.isfinite(number)
