@@ -53,6 +53,21 @@ def derive(session: Session) -> DerivedSection:
     return out
 
 
+def derived(session: Session) -> DerivedSection:
+    """The derive step's results: as the session holds them, else derived now.
+
+    Rules and advisors run after the derive step (`ampdiag.analysis.analyze`) and read its
+    results instead of computing them again; a session not analysed (a rule's own test, a
+    saved session from an older ampdiag) is derived here and left as it was.
+    """
+    if SECTION in session.sections:
+        return session.section("derived")
+    try:
+        return derive(session)
+    finally:
+        del session.sections[SECTION]
+
+
 def _precision(session: Session) -> PrecisionSummary | None:
     audit = session.section("precision")
     if not audit.get("audited"):

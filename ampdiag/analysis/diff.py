@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ampdiag.analysis import figures
+from ampdiag.analysis.derive import derived
 from ampdiag.session import SEVERITIES, Finding, Session, load
 from ampdiag.units import number
 
@@ -34,7 +34,7 @@ Verdict = Literal["better", "worse", "same", "changed", "not measured"]
 
 
 def _figure(session: Session, key: str) -> Any:
-    return figures.stored(session).get(key)
+    return derived(session).get("figures", {}).get(key)
 
 
 def step_time_s(session: Session) -> float | None:

@@ -326,16 +326,6 @@ def assess(session: Session) -> DivergenceResult | None:
     return result
 
 
-def stored(session: Session) -> DivergenceResult | None:
-    """The result as the derive step stored it (``derived.divergence``), else assessed now.
-
-    Rules and advisors run after the derive step and read its result; a session not
-    analysed (a rule's own test) has no ``derived`` section, and gets the same result here.
-    """
-    derived = session.section("derived")
-    return derived.get("divergence") if derived else assess(session)
-
-
 def _weights_went_bad(replay: dict[str, Any]) -> bool:
     """Whether the replayed step began with non-finite weights that the run began finite.
 

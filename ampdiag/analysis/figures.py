@@ -253,12 +253,3 @@ def compute(session: Session) -> Figures:
         "low_precision_time_share": low_precision_time_share(session),
         "speed_vs_fp32": speed_vs_fp32(session),
     }
-
-
-def stored(session: Session) -> Figures:
-    """The figures as the session holds them (``derived.figures``), else computed now.
-
-    A session saved by an older ampdiag, or one not analysed, has no ``derived.figures``;
-    computing them here gives the same values the derive step would have stored.
-    """
-    return session.section("derived").get("figures") or compute(session)

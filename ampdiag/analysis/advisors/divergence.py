@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ampdiag.analysis import device, divergence
+from ampdiag.analysis import device
 from ampdiag.analysis.advisors import Advice, advisor, find
+from ampdiag.analysis.derive import derived
 from ampdiag.schema import DivergenceCause, DivergenceResult, FirstNonfinite
 from ampdiag.session import Finding, Session
 
@@ -46,7 +47,7 @@ def divergence_advice(session: Session, findings: list[Finding]) -> Iterator[Adv
     cause (``precision`` / ``not-precision`` / ``unknown``) with why, the FP32/BF16 replay's
     figures and the loss trend before the step.
     """
-    result = divergence.stored(session)
+    result = derived(session).get("divergence")
     if not result:
         return
     if result["verdict"] not in ("diverged", "stalled"):

@@ -12,6 +12,7 @@ from typing import Any
 
 from ampdiag import units
 from ampdiag.analysis import divergence, fp16range
+from ampdiag.analysis.derive import derived
 from ampdiag.analysis.device import advisable, device_type
 from ampdiag.analysis.numerics import fp16_in_use, underflow_summary
 from ampdiag.analysis.registry import rule
@@ -59,9 +60,9 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
     dev = device_type(session.environment)
     if not fp16_in_use(session):
         return
-    u = underflow_summary(session)
-    frac = u["underflow_fraction"]
-    if not u["measured"] or frac < THRESHOLDS["underflow_medium"]:
+    u = derived(session).get("numerics", {}).get("underflow", {})
+    frac = u.get("underflow_fraction", 0.0)
+    if not u.get("measured") or frac < THRESHOLDS["underflow_medium"]:
         return
     sev: Severity = "high" if frac >= THRESHOLDS["underflow_high"] else "medium"
     rec = u["recommended_init_scale"]
@@ -128,9 +129,9 @@ def grad_scaler_missing(session: Session) -> Iterator[Finding]:
     fp16 = {k: v for k, v in autocast.items() if str(k).endswith(":float16")}
     if not fp16 or run.get("scaler") is not None or session.section("scaler").get("present"):
         return
-    u = underflow_summary(session)
+    u = derived(session).get("numerics", {}).get("underflow", {})
     device = str(next(iter(fp16))).split(":")[0]
-    rec = u["recommended_init_scale"]  # None: unmeasured (torch's default in the fix)
+    rec = u.get("recommended_init_scale")  # None: unmeasured (torch's default in the fix)
     yield Finding(
         id="grad-scaler-missing",
         severity="high",
@@ -618,7 +619,7 @@ def _origin_fix(
     not this op), and not in a run that computes in FP32.
     """
     module, step = origin["module"], origin["step"]
-    div: DivergenceResult = divergence.stored(session) or {"steps": 0}
+    div: DivergenceResult = derived(session).get("divergence", DivergenceResult(steps=0))
     why = div.get("cause", {})
     inspect = (
         f"Inspect {module} at step {step}: a division by ~0, log of 0, sqrt of 0 in the "
