@@ -76,7 +76,21 @@ class FindingDoc(TypedDict, total=False):
 
 
 class Origin(TypedDict, total=False):
-    """The first non-finite value of a phase (``sentinel.forward_origin``/``backward_origin``)."""
+    """The first non-finite value of a phase (``sentinel.forward_origin``/``backward_origin``).
+
+    ``phase``: forward, loss or backward. ``module`` is the deepest module whose input was
+    finite and whose output is not (forward; ``kind`` "output", or "input" for a model input
+    already non-finite), whose output gradient was finite and input gradient is not (backward;
+    "input gradient"), ``"(loss)"`` (the loss, or the gradient from it), or the module of the
+    first non-finite parameter gradient ("parameter gradient"). ``parent_code`` True (``kind``
+    "own code"): the value was made in that module's own code, not in a child: ``between`` is
+    ``[child before, child after]`` (module names, None at either end) -- forward, the last
+    child that returned finite values and the first that received a non-finite input;
+    backward, the child whose output gradient was the first non-finite one (the code lies
+    after it in the forward) and the child whose backward ran just before (after the code), or
+    ``[None, child]`` when the module's input gradient is the first non-finite one though its
+    children's came back finite. ``between`` is present only when ``parent_code`` is True.
+    """
 
     step: Required[int]
     phase: str
@@ -314,27 +328,11 @@ class Fp8AmaxSection(TypedDict, total=False):
 
 
 class SentinelSection(TypedDict, total=False):
-    """The divergence sentinel (``sentinel``): the first inf/NaN by phase, on every step.
-
-    ``forward_origin`` / ``backward_origin``: ``{step, phase ("forward", "loss",
-    "backward"), module, kind, parent_code, between}``. ``module`` is the deepest module
-    whose input was finite and whose output is not (forward; ``kind`` "output", or "input"
-    for a model input already non-finite), whose output gradient was finite and input
-    gradient is not (backward; "input gradient"), ``"(loss)"`` (the loss, or the gradient
-    from it), or the module of the first non-finite parameter gradient ("parameter
-    gradient"). ``parent_code`` True (``kind`` "own code"): the value was made in that
-    module's own code, not in a child: ``between`` is ``[child before, child after]``
-    (module names, None at either end) -- forward, the last child that returned finite
-    values and the first that received a non-finite input; backward, the child whose output
-    gradient was the first non-finite one (the code lies after it in the forward) and the
-    child whose backward ran just before (after the code), or ``[None, child]`` when the
-    module's input gradient is the first non-finite one though its children's came back
-    finite. ``between`` is present only when ``parent_code`` is True.
-    """
+    """The divergence sentinel (``sentinel``): the first inf/NaN by phase, on every step."""
 
     steps_watched: int
-    forward_origin: dict[str, Any] | None  # an Origin (checked as one on loading: LOADED)
-    backward_origin: dict[str, Any] | None
+    forward_origin: Origin | None
+    backward_origin: Origin | None
     nonfinite_steps: list[int]
     nonfinite_step_count: int
     backward_only_steps: list[int]
@@ -380,25 +378,223 @@ class RanksSection(TypedDict, total=False):
     warnings: list[str]
 
 
+class PrecisionSummary(TypedDict, total=False):
+    """``derived.precision``: the audited step by precision (`analysis.precision.summarize`).
+
+    ``flops``/``time_us``: ``{low, fp32, cast}``; ``matmul``: ``{low_flops, fp32_flops,
+    fp32_share, autocast_share}``; ``casts``: cast kind -> ``{count, bytes, time_us}`` with a
+    ``total``; ``reason_fixes``: each FP32 reason seen -> its fix.
+    """
+
+    flops: dict[str, int]
+    time_us: dict[str, float]
+    fp32_flops_share: float
+    fp32_time_share: float
+    cast_time_share: float
+    matmul: dict[str, float]
+    top_fp32_by_flops: list[dict[str, Any]]
+    top_fp32_by_time: list[dict[str, Any]]
+    top_fp32: list[dict[str, Any]]  # one row per (op, module, reason, phase)
+    reasons: dict[str, Any]
+    casts: dict[str, dict[str, float]]
+    modules: dict[str, Any]
+    device_differences: list[dict[str, Any]]
+    reason_fixes: dict[str, str]
+
+
+class WhatIfRow(TypedDict):
+    """One row of the memory what-if table: what, its bytes, and what it rests on."""
+
+    scenario: str
+    bytes: int | None
+    basis: str
+
+
+class MemoryWhatIf(TypedDict, total=False):
+    """``derived.memory``: the what-if estimates (`analysis.memory_estimates.whatif`)."""
+
+    model_state_bytes: int | None
+    activation_bytes_at_peak: int
+    capacity_bytes: int | None
+    capacity_source: str | None
+    activation_fit: dict[str, Any]  # bytes = fixed + per_sample * batch, fitted to the probes
+    amp: dict[str, Any]  # activations in FP32 against low precision at one batch
+    plan: dict[str, Any] | None  # the micro-batch x accumulation steps for the target batch
+    rows: list[WhatIfRow]
+
+
+class UnderflowSummary(TypedDict, total=False):
+    """``derived.numerics.underflow``: what FP16 loses (`analysis.numerics.underflow_summary`)."""
+
+    underflow_fraction: float
+    boundary_lost_fraction: float
+    activation_grad_subnormal_fraction: float | None
+    activation_grad_flush_fraction: float | None
+    param_grad_subnormal_fraction: float
+    param_grad_flush_fraction: float
+    param_grad_zero_fraction: float
+    worst_module: str | None
+    worst_module_fraction: float | None
+    module_lost_fraction: dict[str, float]  # the modules that lose the largest shares
+    recommended_init_scale: float | None
+    recommended_at_step: int | None
+    scale_reaches_target: bool | None
+    measured: bool
+    unmeasured: dict[str, str]  # figure -> why it was not measured
+
+
+class NumericsDerived(TypedDict, total=False):
+    """``derived.numerics``: whether FP16 ran, its underflow, and FP16's limits (log2)."""
+
+    fp16_in_use: bool
+    underflow: UnderflowSummary
+    fp16_limits_log2: dict[str, float]  # flush, subnormal, overflow
+
+
+class FirstNonfinite(TypedDict, total=False):
+    """``derived.divergence.first``: the first non-finite step that matters, what held it."""
+
+    step: Required[int]
+    held: Required[list[str]]  # loss, activation, gradient, parameter
+    module: Required[str | None]
+    weights_nonfinite_before: bool  # an earlier update made the step's weights non-finite
+
+
+class LossTrend(TypedDict, total=False):
+    """``derived.divergence.trend``: the finite loss before the first non-finite step."""
+
+    steps: Required[int]
+    first_loss: float
+    last_finite_loss: float
+    last_finite_step: int
+    start_median_abs: float
+    growth: float  # the last losses over the start's median
+    exploding: bool
+    weights_growth: float  # the replayed step's weights over the first step's
+    weights_held: bool  # the loss grew but the weights did not: not exploding
+
+
+class DivergenceCause(TypedDict, total=False):
+    """``derived.divergence.cause``: whether precision made the first non-finite step.
+
+    ``cause``: precision, not-precision or unknown, with ``why``; ``kind``/``text``: which
+    range the precision left (forward-overflow, gradient-overflow, fp16-range, rounding,
+    low-precision-update, update); ``replay``: each replayed precision's figures.
+    """
+
+    run_precision: str
+    replay_step: int | None
+    micro_batch: int | None
+    replay: dict[str, dict[str, Any]]
+    backward_not_replayed: Any
+    loss_scale: float
+    upcast: str
+    cause: str
+    why: str
+    module: str | None
+    kind: str
+    text: str
+    max_abs: float
+    grad_max_abs: float
+    bf16_finite: bool | None
+    eps_below_fp16: float | None
+
+
+class DivergenceResult(TypedDict, total=False):
+    """``derived.divergence`` (`analysis.divergence.assess`): diverged, stalled or healthy."""
+
+    steps: Required[int]
+    verdict: str  # diverged, stalled, healthy
+    first: FirstNonfinite
+    loss_nonfinite_steps: int
+    skipped_steps: int
+    scale_min: float
+    scale_collapsed: bool
+    skipped_to_end_from: int | None
+    recovered_steps: list[int]  # non-finite steps the run recovered from (at most 20)
+    trend: LossTrend
+    cause: DivergenceCause
+
+
+class Fp8Readiness(TypedDict, total=False):
+    """``derived.fp8``: the A/B's FP8 row with each layer's amax movement (`analysis.fp8`).
+
+    The A/B row's own keys (recipe, time and loss figures, ``layers``) and the verdicts:
+    ``convert``/``keep`` (layer names), ``filter`` (the module filter in the recipe's terms).
+    """
+
+    recipe: str
+    recipes: list[str]
+    layers: list[dict[str, Any]]  # each with amax_drift, reasons and verdict
+    loss_fp32: float | None
+    loss_bf16: float | None
+    loss_fp8: float | None
+    speedup: float | None
+    speed: str  # why the speed was not measured, where it was not
+    spent_s: float
+    convert: list[str]
+    keep: list[str]
+    filter: str
+    loss_measured_for: list[str]  # the batch's own verdicts, before the drift
+    loss_rel_diff_vs_bf16: float | None
+    amax_drift: str
+    thresholds: dict[str, float]
+
+
+class StepTime(TypedDict):
+    """``derived.figures.step_time``: median wall time of a step, with its spread (MAD)."""
+
+    median_s: float
+    spread_s: float | None
+    steps: int
+    first_left_out: bool
+
+
+class SpeedVsFp32(TypedDict, total=False):
+    """``derived.figures.speed_vs_fp32``: the run's time per step against FP32's."""
+
+    source: str  # precision A/B, speed probe
+    precision: str | None
+    fp32_ms: float
+    run_ms: float
+    fp32_spread_ms: float | None
+    run_spread_ms: float | None
+    time_ratio: float  # the run's over FP32's (below 1: faster), with its interval
+    low: float
+    high: float
+    samples: int
+    verdict: str  # faster, slower, tied
+
+
+class Figures(TypedDict, total=False):
+    """``derived.figures``: the headline figures every surface states (`analysis.figures`)."""
+
+    step_time: StepTime | None
+    final_loss: float | None
+    memory_peak_bytes: float | None
+    underflow_fraction: float | None
+    skipped_steps: dict[str, int] | None
+    loss_scale: dict[str, float] | None
+    low_precision_flops_share: float | None
+    low_precision_time_share: float | None
+    speed_vs_fp32: SpeedVsFp32 | None
+
+
 class DerivedSection(TypedDict, total=False):
     """What analysis derives for the reports (``derived``, `ampdiag.analysis.derive`).
 
-    ``precision``: the audited step's summary (shares, top FP32 ops, casts, per module, and
-    ``reason_fixes``); ``memory``: the what-if estimates (``rows``, model state, capacity, plan);
-    ``numerics``: ``fp16_in_use``, ``underflow`` and ``fp16_limits_log2``; ``divergence``:
-    diverged, stalled or healthy, the first non-finite step and its measured cause; ``fp8``:
-    the FP8 readiness with each layer's amax movement and the final verdicts (`analysis.fp8`);
-    ``figures``: the headline figures every surface states (`ampdiag.analysis.figures`);
-    ``verdict``: the run's one-word category; ``errors``: part -> why it could not be derived.
+    Each part is computed once there and read by rules, advisors and renderers; a part whose
+    input is missing is left out. ``verdict``: the run's one-word category (healthy, slow,
+    diverged, stalled...); ``errors``: part -> why it could not be derived.
     """
 
-    precision: dict[str, Any]
-    memory: dict[str, Any]
-    numerics: dict[str, Any]
-    divergence: dict[str, Any]  # ampdiag.analysis.divergence.assess: verdict, first, cause
-    fp8: dict[str, Any]
-    figures: dict[str, Any]  # ampdiag.analysis.figures.compute: the headline figures
-    verdict: str  # ampdiag.analysis.verdict.category: healthy, slow, diverged, stalled, ...
+    precision: PrecisionSummary
+    memory: MemoryWhatIf
+    numerics: NumericsDerived
+    divergence: DivergenceResult
+    fp8: Fp8Readiness
+    figures: Figures
+    verdict: str
     errors: dict[str, str]
 
 
@@ -421,13 +617,6 @@ SECTIONS: dict[str, type] = {
     "accumulation": AccumulationSection,
     "weight_updates": WeightUpdatesSection,
     "derived": DerivedSection,
-}
-
-
-#: Values a loaded document is checked against a stricter type than the section's own (its
-#: writer builds them as plain dicts): section -> key -> type.
-LOADED: dict[str, dict[str, Any]] = {
-    "sentinel": {"forward_origin": Origin | None, "backward_origin": Origin | None},
 }
 
 
@@ -498,12 +687,6 @@ def check_document(doc: dict[str, Any], strict: bool = False) -> list[str]:
     for name, kind in SECTIONS.items():
         if name in doc:
             problems += check(doc[name], kind, name, strict)
-    for name, keys in LOADED.items():
-        section = doc.get(name)
-        if isinstance(section, dict):
-            for key, kind in keys.items():
-                if key in section:
-                    problems += check(section[key], kind, f"{name}.{key}", strict)
     return problems
 
 

@@ -16,10 +16,16 @@ from typing import Any
 NOT_MEASURED = "not measured"
 
 
-def _number(value: Any) -> float | None:
+def number(value: Any, finite: bool = False) -> float | None:
+    """A value as a float, or None where it is no number (None, text, a bool).
+
+    The one "is this a number" check of the package: a loaded session holds NaN and inf as the
+    floats they were, like a live one. ``finite``: None for NaN and inf too.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    v = float(value)
+    return None if finite and not math.isfinite(v) else v
 
 
 def _not_finite(value: Any) -> str | None:
@@ -27,7 +33,7 @@ def _not_finite(value: Any) -> str | None:
 
     Every formatter starts here, so ``None``, NaN, infinities and text read the same in all.
     """
-    v = _number(value)
+    v = number(value)
     if v is None:
         return NOT_MEASURED if value is None else str(value)
     if math.isnan(v):
@@ -121,7 +127,7 @@ def scalar(value: Any) -> str:
         return NOT_MEASURED
     if isinstance(value, bool):
         return "yes" if value else "no"
-    return count(value) if _number(value) is not None else str(value)
+    return count(value) if number(value) is not None else str(value)
 
 
 #: Words a key is made of that read better otherwise (acronyms, abbreviations).
@@ -183,7 +189,7 @@ def by_key(key: str, value: Any) -> str:
         if not value:
             return "none"
         return ", ".join(by_key(key, v) for v in value)
-    if _number(value) is None:
+    if number(value) is None:
         return scalar(value)
     k = key.lower()
     if k.endswith("bytes") or k.endswith("_b"):

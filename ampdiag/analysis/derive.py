@@ -10,7 +10,7 @@ against FP32). A part whose input is missing is left out; a renderer says "not m
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ampdiag.analysis import (
@@ -22,7 +22,13 @@ from ampdiag.analysis import (
     numerics,
     precision,
 )
-from ampdiag.schema import DerivedSection
+from ampdiag.schema import (
+    DerivedSection,
+    Fp8Readiness,
+    MemoryWhatIf,
+    NumericsDerived,
+    PrecisionSummary,
+)
 from ampdiag.session import Session
 
 SECTION = "derived"
@@ -47,7 +53,22 @@ def derive(session: Session) -> DerivedSection:
     return out
 
 
-def _precision(session: Session) -> dict[str, Any] | None:
+def derived(session: Session) -> DerivedSection:
+    """The derive step's results: as the session holds them, else derived now.
+
+    Rules and advisors run after the derive step (`ampdiag.analysis.analyze`) and read its
+    results instead of computing them again; a session not analysed (a rule's own test, a
+    saved session from an older ampdiag) is derived here and left as it was.
+    """
+    if SECTION in session.sections:
+        return session.section("derived")
+    try:
+        return derive(session)
+    finally:
+        del session.sections[SECTION]
+
+
+def _precision(session: Session) -> PrecisionSummary | None:
     audit = session.section("precision")
     if not audit.get("audited"):
         return None
@@ -57,12 +78,12 @@ def _precision(session: Session) -> dict[str, Any] | None:
     return summary
 
 
-def _memory(session: Session) -> dict[str, Any] | None:
+def _memory(session: Session) -> MemoryWhatIf | None:
     memory = session.section("memory")
     return memory_estimates.whatif(memory) if memory else None
 
 
-def _numerics(session: Session) -> dict[str, Any] | None:
+def _numerics(session: Session) -> NumericsDerived | None:
     seen = session.section("gradients") or session.section("activations")
     if not seen and not session.section("scaler").get("present"):
         return None
@@ -77,7 +98,7 @@ def _numerics(session: Session) -> dict[str, Any] | None:
     }
 
 
-def _fp8(session: Session) -> dict[str, Any] | None:
+def _fp8(session: Session) -> Fp8Readiness | None:
     ab = session.section("speed_probe").get("precisions")
     row = ab.get("fp8") if isinstance(ab, dict) else None
     if not isinstance(row, dict):
@@ -86,7 +107,7 @@ def _fp8(session: Session) -> dict[str, Any] | None:
 
 
 #: Part name -> what computes it (None when the session has no input for it).
-PARTS: dict[str, Callable[[Session], dict[str, Any] | None]] = {
+PARTS: dict[str, Callable[[Session], Mapping[str, Any] | None]] = {
     "precision": _precision,
     "memory": _memory,
     "numerics": _numerics,

@@ -22,8 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ampdiag.analysis import figures
+from ampdiag.analysis.derive import derived
 from ampdiag.session import SEVERITIES, Finding, Session, load
+from ampdiag.units import number
 
 Unit = Literal["s", "per_s", "bytes", "fraction", "count", "value"]
 #: Which way a figure improves: "none" for a figure that is a description, not a goal (the
@@ -33,7 +34,7 @@ Verdict = Literal["better", "worse", "same", "changed", "not measured"]
 
 
 def _figure(session: Session, key: str) -> Any:
-    return figures.stored(session).get(key)
+    return derived(session).get("figures", {}).get(key)
 
 
 def step_time_s(session: Session) -> float | None:
@@ -285,7 +286,7 @@ def _step_ms(session: Session) -> list[tuple[int, float]]:
     return [
         (int(s["index"]), float(s["wall_s"]) * 1000)
         for s in session.steps
-        if isinstance(s.get("index"), int) and figures.is_finite(s.get("wall_s"))
+        if isinstance(s.get("index"), int) and number(s.get("wall_s"), finite=True) is not None
     ]
 
 
@@ -293,7 +294,7 @@ def _losses(session: Session) -> list[tuple[int, float]]:
     return [
         (int(s["index"]), float(s["loss"]))  # type: ignore[arg-type]
         for s in session.steps
-        if isinstance(s.get("index"), int) and figures.is_finite(s.get("loss"))
+        if isinstance(s.get("index"), int) and number(s.get("loss"), finite=True) is not None
     ]
 
 

@@ -36,6 +36,7 @@ from typing import Any
 from ampdiag import units
 from ampdiag.analysis import fp16range
 from ampdiag.analysis.numerics import fp16_in_use
+from ampdiag.schema import DivergenceCause, DivergenceResult, LossTrend
 from ampdiag.session import Session
 
 THRESHOLDS: dict[str, float] = {
@@ -75,16 +76,6 @@ REPLAY_KEYS = (
 CAUSES = ("precision", "not-precision", "unknown")
 
 
-def _loss_value(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str) and value in ("nan", "inf", "-inf"):
-        return float(value)
-    return None
-
-
 def _ints(values: Any) -> list[int]:
     return [int(v) for v in values if isinstance(v, int)] if isinstance(values, list) else []
 
@@ -93,7 +84,7 @@ def losses(session: Session) -> list[tuple[int, float]]:
     """(step, loss) of every step that recorded one, in order (non-finite ones as nan/inf)."""
     out = []
     for s in session.steps:
-        value = _loss_value(s.get("loss"))
+        value = units.number(s.get("loss"))
         if isinstance(s.get("index"), int) and value is not None:
             out.append((int(s["index"]), value))
     return out
@@ -120,14 +111,14 @@ def with_history(points: list[tuple[int, float]], history: Any) -> list[tuple[in
     return sorted([*points, *extra])
 
 
-def trend(points: list[tuple[int, float]], before: int) -> dict[str, Any]:
+def trend(points: list[tuple[int, float]], before: int) -> LossTrend:
     """The finite loss up to step ``before``: its start, its last values, how much it grew.
 
     Step ``before``'s own loss counts where it is finite (its gradients or weights went
     non-finite first, its forward did not).
     """
     finite = [(i, v) for i, v in points if i <= before and math.isfinite(v)]
-    out: dict[str, Any] = {"steps": len(finite)}
+    out: LossTrend = {"steps": len(finite)}
     if not finite:
         return out
     # the start: the first three losses, never the last one (a jump is measured against it)
@@ -175,8 +166,8 @@ def unfixed_by_precision(session: Session) -> bool:
     A precision recommendation (autocast, a faster dtype) is then not the run's problem now:
     the rules that make one lower it below high, so the divergence's own fix leads.
     """
-    div = session.section("derived").get("divergence") or {}
-    cause = (div.get("cause") or {}).get("cause")
+    div: DivergenceResult = session.section("derived").get("divergence") or {"steps": 0}
+    cause = div.get("cause", {}).get("cause")
     return div.get("verdict") in ("diverged", "stalled") and cause == "not-precision"
 
 
@@ -230,7 +221,7 @@ def _is_wrapper_name(module: Any) -> bool:
     return isinstance(module, str) and module.startswith("(") and module != "(loss)"
 
 
-def assess(session: Session) -> dict[str, Any] | None:
+def assess(session: Session) -> DivergenceResult | None:
     """The divergence result (see the module doc), or None when no step was watched."""
     sentinel = session.section("sentinel")
     points = losses(session)
@@ -266,7 +257,7 @@ def assess(session: Session) -> dict[str, Any] | None:
     excused = enabled and all(s in skipped for s in backward_only)
     if bwd and not excused:
         candidates.append((int(bwd["step"]), "gradient", bwd.get("module")))
-    result: dict[str, Any] = {"steps": n_steps}
+    result: DivergenceResult = {"steps": n_steps}
     # Stall: skipped to the end (or the scale collapsed) with the loss finite.
     tail = 0
     for i in range(skips_last, -1, -1):
@@ -353,13 +344,13 @@ def _weights_went_bad(replay: dict[str, Any]) -> bool:
 
 
 def cause(
-    session: Session, result: dict[str, Any], replay: dict[str, Any] | None
-) -> dict[str, Any]:
+    session: Session, result: DivergenceResult, replay: dict[str, Any] | None
+) -> DivergenceCause:
     """Whether precision caused the first non-finite step, and the numbers that say so."""
     first = result["first"]
     # the lower of what the live run saw and what the session recorded (an FSDP2 policy)
     precision = _lowest((replay or {}).get("run_precision"), run_precision(session))
-    out: dict[str, Any] = {"run_precision": precision}
+    out: DivergenceCause = {"run_precision": precision}
     if replay:
         out["replay_step"] = replay.get("step")
         out["micro_batch"] = replay.get("micro_batch")
@@ -374,7 +365,7 @@ def cause(
         if replay.get("upcast"):
             out["upcast"] = replay["upcast"]
     fp32 = ((replay or {}).get("results") or {}).get("fp32") or {}
-    trend_ = result.get("trend") or {}
+    trend_: LossTrend = result.get("trend") or {"steps": 0}
     if precision == "fp32":
         grew = (
             f"; the finite loss grew {_times(trend_['growth'])} over its start first"
@@ -407,23 +398,23 @@ def cause(
     in_stall = (
         result.get("verdict") == "stalled"
         and replay.get("trigger") == "backward"
-        and int(replay.get("step", -1)) >= int(result.get("skipped_to_end_from", 1 << 62))
+        and int(replay.get("step", -1)) >= int(result.get("skipped_to_end_from", 1 << 62))  # type: ignore[arg-type]
     )  # every step of a skipped stretch starts from the same weights
     if replay.get("step") != first["step"] and not in_stall:
-        return out | {
-            "cause": "unknown",
-            "why": f"the replayed step {replay.get('step')} is not step {first['step']}",
-        }
+        return out | DivergenceCause(
+            cause="unknown",
+            why=f"the replayed step {replay.get('step')} is not step {first['step']}",
+        )
     if fp32["finite"] is False:
         where = fp32.get("origin") or {}
-        return out | {
-            "cause": "not-precision",
-            "why": (
+        return out | DivergenceCause(
+            cause="not-precision",
+            why=(
                 f"step {first['step']} is non-finite in FP32 too (the {where.get('kind')} of "
                 f"{where.get('module')}, {where.get('phase')})" + _held(trend_, first["step"])
             ),
-            "module": where.get("module"),
-        }
+            module=where.get("module"),
+        )
     if first["held"] == ["loss"]:
         return out | {
             "cause": "unknown",
@@ -434,7 +425,7 @@ def cause(
         }
     detail = _precision_detail(fp32, precision, out.get("loss_scale"))
     bf16 = ((replay.get("results") or {}).get("bf16") or {}).get("finite")
-    return out | {
+    return out | {  # type: ignore[no-any-return]
         "cause": "precision",
         "why": (
             f"step {replay.get('step')} is finite in the FP32 replay"
@@ -450,7 +441,7 @@ def cause(
     }
 
 
-def _update_cause(session: Session, step: int, replay: dict[str, Any]) -> dict[str, Any]:
+def _update_cause(session: Session, step: int, replay: dict[str, Any]) -> DivergenceCause:
     """The cause where an optimizer update made the weights non-finite (`_weights_went_bad`).
 
     A replay from those weights is non-finite in any precision and proves nothing. Where the
@@ -498,7 +489,7 @@ def _update_cause(session: Session, step: int, replay: dict[str, Any]) -> dict[s
     }
 
 
-def _held(trend_: dict[str, Any], step: int) -> str:
+def _held(trend_: LossTrend, step: int) -> str:
     """Why a loss that grew is not read as the updates' (`weights_held`), or ""."""
     if not trend_.get("weights_held"):
         return ""
@@ -514,7 +505,7 @@ def _times(growth: float) -> str:
     return "over 1,000,000x" if growth > 1e6 else f"{units.count(round(growth, 1))}x"
 
 
-def _precision_detail(fp32: dict[str, Any], precision: str, scale: Any) -> dict[str, Any]:
+def _precision_detail(fp32: dict[str, Any], precision: str, scale: Any) -> DivergenceCause:
     """Which range the run's precision left: a forward value, or a (scaled) gradient."""
     if precision != "fp16":
         return {"kind": "rounding", "text": f"{precision} rounding made it"}

@@ -18,7 +18,6 @@ Pure and torch-free.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Mapping
 from typing import Any
@@ -26,13 +25,9 @@ from typing import Any
 from ampdiag import timing
 from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.precision import summarize
+from ampdiag.schema import Figures, SpeedVsFp32, StepTime
 from ampdiag.session import Session
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
+from ampdiag.units import number
 
 
 def step_walls_s(session: Session) -> list[float]:
@@ -40,11 +35,11 @@ def step_walls_s(session: Session) -> list[float]:
 
     The first step pays for lazy initialization (allocations, kernel selection, compilation).
     """
-    times = [w for w in (_number(s.get("wall_s")) for s in session.steps) if w is not None]
+    times = [w for w in (number(s.get("wall_s")) for s in session.steps) if w is not None]
     return times[1:] if len(times) >= 3 else times
 
 
-def step_time(session: Session) -> dict[str, Any] | None:
+def step_time(session: Session) -> StepTime | None:
     """Median wall time of a step with its spread (MAD), over `step_walls_s`."""
     times = step_walls_s(session)
     if not times:
@@ -62,24 +57,22 @@ def final_loss(session: Session) -> float | None:
     """The last step's loss, where the run recorded one (NaN or inf for a diverged run)."""
     for step in reversed(session.steps):
         loss = step.get("loss")
-        if _number(loss) is not None:
-            return float(loss)  # type: ignore[arg-type]
-        if isinstance(loss, str) and loss in ("nan", "inf", "-inf"):
-            return float(loss)
+        if (value := number(loss)) is not None:
+            return value
     return None
 
 
 def memory_peak_bytes(session: Session) -> float | None:
     """The memory peak over the profiled steps (the memory section's ``peak.bytes``)."""
     peak = session.section("memory").get("peak")
-    return _number(peak.get("bytes")) if isinstance(peak, Mapping) else None
+    return number(peak.get("bytes")) if isinstance(peak, Mapping) else None
 
 
 def fp16_in_use(session: Session) -> bool:
     """Whether the run computed in FP16 (the derive step's own answer where it gave one)."""
     derived = session.section("derived").get("numerics")
-    if isinstance(derived, Mapping) and isinstance(derived.get("fp16_in_use"), bool):
-        return bool(derived["fp16_in_use"])
+    if derived:
+        return derived["fp16_in_use"]
     from ampdiag.analysis import numerics
 
     return numerics.fp16_in_use(session)
@@ -92,9 +85,8 @@ def underflow_fraction(session: Session) -> float | None:
     ``fp16-grad-underflow`` states). For a run that did not compute in FP16 it is what FP16
     would do, not something the run lost: None here (the numerics section shows the what-if).
     """
-    derived = session.section("derived").get("numerics")
-    summary = derived.get("underflow") if isinstance(derived, Mapping) else None
-    if not isinstance(summary, Mapping):
+    summary = session.section("derived").get("numerics", {}).get("underflow")
+    if summary is None:
         if not (session.section("gradients") or session.section("activations")):
             return None
         from ampdiag.analysis import numerics
@@ -102,7 +94,7 @@ def underflow_fraction(session: Session) -> float | None:
         summary = numerics.underflow_summary(session)
     if not summary.get("measured", True) or not fp16_in_use(session):
         return None
-    return _number(summary.get("underflow_fraction"))
+    return summary["underflow_fraction"]
 
 
 def skipped_steps(session: Session) -> dict[str, int] | None:
@@ -131,12 +123,12 @@ def loss_scale(session: Session) -> dict[str, float] | None:
     history = [
         float(h["scale"])
         for h in scaler.get("history") or []
-        if isinstance(h, Mapping) and _number(h.get("scale")) is not None
+        if isinstance(h, Mapping) and number(h.get("scale")) is not None
     ]
     if not history:
         return None
     smallest = min(history)
-    every_step = _number(scaler.get("scale_min"))  # every step's, where the history is thinned
+    every_step = number(scaler.get("scale_min"))  # every step's, where the history is thinned
     if every_step is not None:
         smallest = min(smallest, every_step)
     return {"first": history[0], "last": history[-1], "min": smallest}
@@ -146,8 +138,7 @@ def _low_precision_share(session: Session, measure: str) -> float | None:
     section = session.section("precision")
     if not section.get("audited"):
         return None
-    derived = session.section("derived").get("precision")
-    totals = (derived if isinstance(derived, Mapping) else summarize(section))[measure]
+    totals = (session.section("derived").get("precision") or summarize(section))[measure]  # type: ignore[literal-required]
     work = totals["low"] + totals["fp32"]
     return float(totals["low"] / work) if work > 0 else None
 
@@ -162,7 +153,7 @@ def low_precision_time_share(session: Session) -> float | None:
     return _low_precision_share(session, "time_us")
 
 
-def _ab_speed(session: Session) -> dict[str, Any] | None:
+def _ab_speed(session: Session) -> SpeedVsFp32 | None:
     probe = session.section("speed_probe")
     run = pc.run_precision(probe.get("autocast") or session.environment.get("autocast"))
     rows = pc.rows_of(probe.get("precisions"))
@@ -196,7 +187,7 @@ def probe_ratio(probe: Mapping[str, Any]) -> timing.Estimate | None:
     """
 
     def samples(values: Any) -> list[float]:
-        return [v for v in (_number(x) for x in values) if v is not None]
+        return [v for v in (number(x) for x in values) if v is not None]
 
     f_all, a_all = probe.get("fp32_ms_all"), probe.get("autocast_ms_all")
     f = samples(f_all if isinstance(f_all, list) else [probe.get("fp32_ms")])
@@ -206,9 +197,9 @@ def probe_ratio(probe: Mapping[str, Any]) -> timing.Estimate | None:
     return timing.quotient(timing.estimate(a), timing.estimate(f))
 
 
-def _probe_speed(session: Session) -> dict[str, Any] | None:
+def _probe_speed(session: Session) -> SpeedVsFp32 | None:
     probe = session.section("speed_probe")
-    fp32, amp = _number(probe.get("fp32_ms")), _number(probe.get("autocast_ms"))
+    fp32, amp = number(probe.get("fp32_ms")), number(probe.get("autocast_ms"))
     est = probe_ratio(probe)
     if fp32 is None or amp is None or est is None:
         return None
@@ -217,8 +208,8 @@ def _probe_speed(session: Session) -> dict[str, Any] | None:
         "precision": pc.run_precision(probe.get("autocast") or session.environment.get("autocast")),
         "fp32_ms": fp32,
         "run_ms": amp,
-        "fp32_spread_ms": _number(probe.get("fp32_ms_spread")),
-        "run_spread_ms": _number(probe.get("autocast_ms_spread")),
+        "fp32_spread_ms": number(probe.get("fp32_ms_spread")),
+        "run_spread_ms": number(probe.get("autocast_ms_spread")),
         "time_ratio": est.median,
         "low": est.low,
         "high": est.high,
@@ -226,7 +217,7 @@ def _probe_speed(session: Session) -> dict[str, Any] | None:
     }
 
 
-def speed_vs_fp32(session: Session) -> dict[str, Any] | None:
+def speed_vs_fp32(session: Session) -> SpeedVsFp32 | None:
     """The run's precision against FP32: time per forward + backward, their ratio and interval.
 
     From the precision A/B where it timed both (its medians are the tighter), else from the
@@ -249,7 +240,7 @@ def speed_estimate(speed: Mapping[str, Any]) -> timing.Estimate:
     )  # fmt: skip
 
 
-def compute(session: Session) -> dict[str, Any]:
+def compute(session: Session) -> Figures:
     """Every headline figure (the derive step stores it as ``derived.figures``)."""
     return {
         "step_time": step_time(session),
@@ -262,21 +253,3 @@ def compute(session: Session) -> dict[str, Any]:
         "low_precision_time_share": low_precision_time_share(session),
         "speed_vs_fp32": speed_vs_fp32(session),
     }
-
-
-def stored(session: Session) -> dict[str, Any]:
-    """The figures as the session holds them (``derived.figures``), else computed now.
-
-    A session saved by an older ampdiag, or one not analysed, has no ``derived.figures``;
-    computing them here gives the same values the derive step would have stored.
-    """
-    found = session.section("derived").get("figures")
-    if isinstance(found, Mapping):
-        return dict(found)
-    return compute(session)
-
-
-def is_finite(value: Any) -> bool:
-    """Whether a figure is a finite number (a diverged run's loss is not)."""
-    number = _number(value)
-    return number is not None and math.isfinite(number)

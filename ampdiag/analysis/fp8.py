@@ -20,7 +20,9 @@ place the verdicts are final: the rule and the report read them from ``derived.f
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
+
+from ampdiag.schema import Fp8Readiness
 
 THRESHOLDS: dict[str, float] = {
     # delayed recipe: the factor by which a step's amax may exceed its history's largest; at
@@ -74,9 +76,9 @@ def movement(values: list[Any], steps: list[int]) -> dict[str, Any] | None:
     }
 
 
-def readiness(ab_fp8: Mapping[str, Any], amax: Mapping[str, Any]) -> dict[str, Any]:
+def readiness(ab_fp8: Mapping[str, Any], amax: Mapping[str, Any]) -> Fp8Readiness:
     """The A/B's FP8 readiness with each layer's ``amax_drift`` and the final verdicts."""
-    out = dict(ab_fp8)
+    out = cast(Fp8Readiness, dict(ab_fp8))
     recipe = str(out.get("recipe") or "")
     steps = list(amax.get("steps") or [])
     series = amax.get("layers") or {}

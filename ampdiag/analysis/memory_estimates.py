@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ampdiag import units
+from ampdiag.schema import MemoryWhatIf, WhatIfRow
 
 #: Fraction of the capacity a plan may use (the rest is left for the allocator and spikes).
 HEADROOM = 0.90
@@ -187,14 +188,14 @@ def amp_comparison(section: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def whatif(section: Mapping[str, Any]) -> dict[str, Any]:
+def whatif(section: Mapping[str, Any]) -> MemoryWhatIf:
     """Every estimate the section supports, as rows a table shows, plus the raw numbers."""
     state = section.get("model_state") or {}
     by_cat = (section.get("peak") or {}).get("by_category") or {}
     act_peak = int(by_cat.get("activations", 0))
     rows = _measured_rows(section, act_peak)
     cap, cap_source = capacity(section)
-    out: dict[str, Any] = {
+    out: MemoryWhatIf = {
         "model_state_bytes": model_state_bytes(section) if state else None,
         "activation_bytes_at_peak": act_peak,
         "capacity_bytes": cap,
@@ -228,12 +229,12 @@ def whatif(section: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _row(scenario: str, nbytes: int | None, basis: str) -> dict[str, Any]:
+def _row(scenario: str, nbytes: int | None, basis: str) -> WhatIfRow:
     """One row of the what-if table."""
     return {"scenario": scenario, "bytes": nbytes, "basis": basis}
 
 
-def _measured_rows(section: Mapping[str, Any], act_peak: int) -> list[dict[str, Any]]:
+def _measured_rows(section: Mapping[str, Any], act_peak: int) -> list[WhatIfRow]:
     """The rows measured as they are: model state, the peak, activations at their most."""
     state = section.get("model_state") or {}
     peak = section.get("peak") or {}
@@ -276,7 +277,7 @@ def _measured_rows(section: Mapping[str, Any], act_peak: int) -> list[dict[str, 
     return rows
 
 
-def _fit_rows(section: Mapping[str, Any], fit: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _fit_rows(section: Mapping[str, Any], fit: Mapping[str, Any]) -> list[WhatIfRow]:
     """The per-sample activations, and the peak they predict at 2x and 4x the batch."""
     rows = [
         _row(

@@ -8,9 +8,8 @@ rules' (`ampdiag.analysis.rules.numerics`).
 
 from __future__ import annotations
 
-from typing import Any
-
 from ampdiag.analysis import fp16range
+from ampdiag.schema import UnderflowSummary
 from ampdiag.session import Session
 
 #: Modules named in the underflow evidence, largest share first.
@@ -28,7 +27,7 @@ def fp16_in_use(session: Session) -> bool:
     return any("float16" in (m.get("param_dtypes") or []) for m in run.get("models") or [])
 
 
-def underflow_summary(session: Session) -> dict[str, Any]:
+def underflow_summary(session: Session) -> UnderflowSummary:
     """The measured underflow figures.
 
     ``underflow_fraction`` is the largest of: the share of nonzero FP32 gradient values that
@@ -95,7 +94,7 @@ def underflow_summary(session: Session) -> dict[str, Any]:
         )
         act_fraction, per_module, worst, rec = 0.0, [], (0.0, ""), None
     act_flush_fraction = round(act_flush / act_nz if act_nz else 0.0, 6)
-    summary: dict[str, Any] = {
+    summary: UnderflowSummary = {
         "underflow_fraction": round(max(bnd_fraction, act_fraction, grad_fraction), 6),
         "boundary_lost_fraction": round(bnd_fraction, 6),
         "activation_grad_subnormal_fraction": None if failed else round(act_fraction, 6),

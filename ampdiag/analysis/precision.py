@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from ampdiag.schema import PrecisionSection
+from ampdiag.schema import PrecisionSection, PrecisionSummary
 
 #: CUDA autocast policies that run an op in FP32 whatever its input dtype.
 FP32_POLICIES = frozenset({"fp32", "fp32_set_opt_dtype", "fp32_append_dtype"})
@@ -123,7 +123,7 @@ def _share(part: float, whole: float) -> float:
     return part / whole if whole > 0 else 0.0
 
 
-def summarize(section: PrecisionSection, top: int = 10) -> dict[str, Any]:
+def summarize(section: PrecisionSection, top: int = 10) -> PrecisionSummary:
     """The precision summary of an audit section.
 
     Returns:

@@ -38,6 +38,7 @@ from typing import Any
 from ampdiag import timing, units
 from ampdiag.analysis import device as D
 from ampdiag.session import Session
+from ampdiag.units import number
 
 #: The numerical-safety criterion (documented in the module docstring).
 SAFETY: dict[str, float] = {
@@ -53,12 +54,6 @@ NAMES = {"fp32": "FP32", "tf32": "TF32", "bf16": "BF16", "fp16": "FP16"}
 DTYPE_PRECISION = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def is_safe(row: Mapping[str, Any]) -> bool | None:
     """Whether a measured precision meets `SAFETY` (None when it failed to run)."""
     if row.get("error"):
@@ -67,9 +62,9 @@ def is_safe(row: Mapping[str, Any]) -> bool | None:
         return False
     if row.get("precision") == "fp32":
         return True
-    loss = _num(row.get("loss_rel_diff"))
-    under = _num(row.get("grad_underflow"))
-    sqnr = _num(row.get("grad_sqnr_db_median"))
+    loss = number(row.get("loss_rel_diff"), finite=True)
+    under = number(row.get("grad_underflow"), finite=True)
+    sqnr = number(row.get("grad_sqnr_db_median"), finite=True)
     return (
         (loss is None or loss <= SAFETY["loss_rel_diff_max"])
         and (under is None or under <= SAFETY["grad_underflow_max"])
@@ -82,13 +77,13 @@ def unsafe_reasons(row: Mapping[str, Any]) -> list[str]:
     out = []
     if row.get("nonfinite"):
         out.append("inf/NaN in the loss or gradients")
-    loss = _num(row.get("loss_rel_diff"))
+    loss = number(row.get("loss_rel_diff"), finite=True)
     if loss is not None and loss > SAFETY["loss_rel_diff_max"]:
         out.append(f"loss {loss:.1%} off FP32's")
-    under = _num(row.get("grad_underflow"))
+    under = number(row.get("grad_underflow"), finite=True)
     if under is not None and under > SAFETY["grad_underflow_max"]:
         out.append(f"{under:.1%} of gradient values lost")
-    sqnr = _num(row.get("grad_sqnr_db_median"))
+    sqnr = number(row.get("grad_sqnr_db_median"), finite=True)
     if sqnr is not None and sqnr < SAFETY["grad_sqnr_db_median_min"]:
         out.append(f"gradient SQNR {sqnr:.0f} dB")
     return out
@@ -96,7 +91,7 @@ def unsafe_reasons(row: Mapping[str, Any]) -> list[str]:
 
 def estimate(row: Mapping[str, Any]) -> timing.Estimate | None:
     """The row's time in ms as a `timing.Estimate`: median ± its spread (None without one)."""
-    t, s = _num(row.get("time_ms")), _num(row.get("time_spread_ms"))
+    t, s = number(row.get("time_ms"), finite=True), number(row.get("time_spread_ms"), finite=True)
     if t is None or s is None:
         return None
     n = row.get("samples")
@@ -135,7 +130,7 @@ def clears(base: Mapping[str, Any], row: Mapping[str, Any]) -> bool:
 
 def speedup(base: Mapping[str, Any], row: Mapping[str, Any]) -> dict[str, float] | None:
     """``base`` time / ``row`` time: the median ratio and its range from the two spreads."""
-    tb, tr = _num(base.get("time_ms")), _num(row.get("time_ms"))
+    tb, tr = number(base.get("time_ms"), finite=True), number(row.get("time_ms"), finite=True)
     if not tb or not tr:
         return None
     out = {"median": tb / tr}
@@ -148,7 +143,7 @@ def speedup(base: Mapping[str, Any], row: Mapping[str, Any]) -> dict[str, float]
 
 def saving(base: Mapping[str, Any], row: Mapping[str, Any], key: str) -> float | None:
     """The share of ``base``'s memory figure (``saved_bytes``, ``peak_bytes``) ``row`` saves."""
-    b, r = _num(base.get(key)), _num(row.get(key))
+    b, r = number(base.get(key), finite=True), number(row.get(key), finite=True)
     if not b or r is None:
         return None
     return 1.0 - r / b
@@ -185,7 +180,7 @@ def choose(rows: Sequence[Mapping[str, Any]], keep: str | None = "fp32") -> Choi
     ``keep`` is the precision in use (the run's own), kept unless a safe one clears
     `SWITCH_SPEEDUP` over it.
     """
-    safe = [r for r in rows if is_safe(r) and _num(r.get("time_ms")) is not None]
+    safe = [r for r in rows if is_safe(r) and number(r.get("time_ms"), finite=True) is not None]
     if not safe:
         return None
     unsafe = {str(r["precision"]): unsafe_reasons(r) for r in rows if is_safe(r) is False}
@@ -198,7 +193,7 @@ def choose(rows: Sequence[Mapping[str, Any]], keep: str | None = "fp32") -> Choi
         return Choice(first, [first, *(n for n in names if n != first)], unsafe, timed=False)
 
     def order(r: Mapping[str, Any]) -> tuple[float, int]:
-        memory = _num(r.get("saved_bytes"))
+        memory = number(r.get("saved_bytes"), finite=True)
         p = str(r["precision"])
         rank = SIMPLICITY.index(p) if p in SIMPLICITY else len(SIMPLICITY)
         return (memory if memory is not None else math.inf, rank)
@@ -211,7 +206,11 @@ def choose(rows: Sequence[Mapping[str, Any]], keep: str | None = "fp32") -> Choi
         pick = sorted((r for r in better if r is fastest or overlap(r, fastest)), key=order)[0]
     alike = [r for r in safe if r is not pick and not clears(pick, r) and not clears(r, pick)]
     tied = [pick, *sorted(alike, key=order)]
-    memory = {str(r["precision"]): m for r in tied if (m := _num(r.get("saved_bytes"))) is not None}
+    memory = {
+        str(r["precision"]): m
+        for r in tied
+        if (m := number(r.get("saved_bytes"), finite=True)) is not None
+    }
     return Choice(str(pick["precision"]), [str(r["precision"]) for r in tied], unsafe,
                   saved_bytes=memory)  # fmt: skip
 
@@ -287,7 +286,7 @@ def measured(session: Session) -> Measured:
     if why is None and choice is None:
         why = "no precision was both timed and numerically safe"
     elif choice is not None and not choice.timed:
-        budget = _num(ab.get("budget_s")) if isinstance(ab, Mapping) else None
+        budget = number(ab.get("budget_s"), finite=True) if isinstance(ab, Mapping) else None
         why = "each precision was timed once (no spread to compare)" + (
             f": the A/B budget was {units.micros(budget * 1e6)} "
             "(precision_ab_budget_s, at most 10% of the block)"

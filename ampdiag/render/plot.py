@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from ampdiag.errors import InputError
 from ampdiag.render import charts
+from ampdiag.schema import NumericsDerived
 from ampdiag.session import Session
 
 if TYPE_CHECKING:
@@ -50,8 +51,8 @@ def session_charts(session: Session) -> dict[str, list[charts.Chart]]:
     ]
     if steps:
         out["steps"] = steps
-    numerics = session.section("derived").get("numerics") or {}
-    lost = (numerics.get("underflow") or {}).get("module_lost_fraction") or {}
+    numerics: NumericsDerived = session.section("derived").get("numerics") or {}
+    lost = numerics.get("underflow", {}).get("module_lost_fraction") or {}
     if lost:
         ranked = sorted(lost.items(), key=lambda kv: -float(kv[1]))
         out["underflow"] = [

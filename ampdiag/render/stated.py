@@ -9,13 +9,10 @@ surfaces then state no such figure rather than compute their own.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
+from ampdiag.schema import Figures
 from ampdiag.session import Session
 
 
-def figures(session: Session) -> Mapping[str, Any]:
+def figures(session: Session) -> Figures:
     """The session's ``derived.figures`` (empty when it was not analysed)."""
-    found = session.section("derived").get("figures")
-    return found if isinstance(found, Mapping) else {}
+    return session.section("derived").get("figures") or {}

@@ -260,10 +260,12 @@ def summary_rows(session: Session) -> list[tuple[str, str]]:
             f"{speed['verdict']}): FP32 {humanize.micros(speed['fp32_ms'] * 1e3)}, "
             f"{speed.get('precision') or 'autocast'} {humanize.micros(speed['run_ms'] * 1e3)}",
         ))  # fmt: skip
-    for key, name in (("low_precision_flops_share", "FLOPs in low precision"),
-                      ("low_precision_time_share", "Op time in low precision")):  # fmt: skip
-        if fig.get(key) is not None:
-            rows.append((name, humanize.percent(fig[key])))
+    for share, name in (
+        (fig.get("low_precision_flops_share"), "FLOPs in low precision"),
+        (fig.get("low_precision_time_share"), "Op time in low precision"),
+    ):
+        if share is not None:
+            rows.append((name, humanize.percent(share)))
     share = session.section("profiler").get("breakdown", {}).get("share", {})
     if share:
         rows.append(("Step time by phase", ", ".join(

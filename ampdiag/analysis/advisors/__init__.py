@@ -25,6 +25,7 @@ from typing import Any
 
 from ampdiag.analysis.registry import rank
 from ampdiag.session import SEVERITIES, Finding, Session
+from ampdiag.units import number as _number
 
 log = logging.getLogger("ampdiag")
 
@@ -156,8 +157,4 @@ def find(findings: Iterable[Finding], *ids: str) -> list[Finding]:
 
 def number(evidence: dict[str, Any], key: str) -> float | None:
     """A finite number from evidence, or None when absent or not a number."""
-    value = evidence.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    v = float(value)
-    return v if v == v and abs(v) != float("inf") else None
+    return _number(evidence.get(key), finite=True)

@@ -20,8 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ampdiag.analysis import device, divergence
+from ampdiag.analysis import device
 from ampdiag.analysis.advisors import Advice, advisor, find
+from ampdiag.analysis.derive import derived
+from ampdiag.schema import DivergenceCause, DivergenceResult, FirstNonfinite
 from ampdiag.session import Finding, Session
 
 #: One event's symptoms: the weights blowing up overflow FP16, the scaler backs off to a scale
@@ -45,7 +47,7 @@ def divergence_advice(session: Session, findings: list[Finding]) -> Iterator[Adv
     cause (``precision`` / ``not-precision`` / ``unknown``) with why, the FP32/BF16 replay's
     figures and the loss trend before the step.
     """
-    result = divergence.assess(session)
+    result = derived(session).get("divergence")
     if not result:
         return
     if result["verdict"] not in ("diverged", "stalled"):
@@ -70,9 +72,10 @@ def divergence_advice(session: Session, findings: list[Finding]) -> Iterator[Adv
     for key in ("scale_min", "scale_collapsed", "skipped_to_end_from"):
         if key in result:
             evidence[key] = result[key]
+    cited = dict(why)
     for key in ("replay", "replay_step", "loss_scale", "backward_not_replayed", "kind"):
-        if key in why:
-            evidence[key] = why[key]
+        if key in cited:
+            evidence[key] = cited[key]
     what = "diverged" if verdict == "diverged" else "stalled"
     held = " and ".join(first["held"])
     where = f" ({first['module']})" if first.get("module") else ""
@@ -99,7 +102,7 @@ def divergence_advice(session: Session, findings: list[Finding]) -> Iterator[Adv
     yield Advice(rec, symptoms)
 
 
-def _recovered(result: dict[str, Any], findings: list[Finding]) -> Iterator[Advice]:
+def _recovered(result: DivergenceResult, findings: list[Finding]) -> Iterator[Advice]:
     """A non-finite step the run recovered from, not caused by precision: its skips are its.
 
     The GradScaler skipped the steps whose loss was non-finite (no more skips than those):
@@ -128,7 +131,7 @@ def _outside_window(session: Session, step: int) -> str:
     )
 
 
-def _fix(session: Session, result: dict[str, Any], dev: str) -> str:
+def _fix(session: Session, result: DivergenceResult, dev: str) -> str:
     """The fix that fits the cause, with code for the run's device."""
     first, why = result["first"], result["cause"]
     step = first["step"]
@@ -136,7 +139,7 @@ def _fix(session: Session, result: dict[str, Any], dev: str) -> str:
         # The local fix only: which precision to train in is the precision advice's (one
         # recommendation, measured by the A/B where it ran), never a second opinion here.
         # where the run's first inf/NaN appeared (the sentinel), else the replay's largest value
-        module = first.get("module") or why.get("module") or "that module"
+        module: str | None = first.get("module") or why.get("module") or "that module"
         if why.get("upcast"):  # the weights are stored in low precision, outside autocast
             lines = [
                 f"{why.get('upcast')} weights cannot hold step {step}: "
@@ -162,7 +165,7 @@ def _fix(session: Session, result: dict[str, Any], dev: str) -> str:
             lines.append("# The BF16 replay of this step is finite: BF16's range holds it.")
         lines.append("# Or change the run's precision: see the precision recommendation.")
         return "\n".join(lines)
-    exploding = bool((result.get("trend") or {}).get("exploding"))
+    exploding = bool(result.get("trend", {"steps": 0}).get("exploding"))
     fp32 = (why.get("replay") or {}).get("fp32") or {}
     if why["cause"] == "unknown":
         return _unknown_fix(step, why, dev, _fsdp_policy(session))
@@ -206,7 +209,7 @@ def _fsdp_policy(session: Session) -> bool:
     )
 
 
-def _unknown_fix(step: int, why: dict[str, Any], dev: str, fsdp: bool = False) -> str:
+def _unknown_fix(step: int, why: DivergenceCause, dev: str, fsdp: bool = False) -> str:
     """The cause was not measured: how to measure it, never a guess at it.
 
     A replay that did not run (or failed) is no evidence either way: the fix is the
@@ -248,7 +251,7 @@ def _unknown_fix(step: int, why: dict[str, Any], dev: str, fsdp: bool = False) -
     )
 
 
-def _op_module(first: dict[str, Any], why: dict[str, Any], fp32: dict[str, Any]) -> str | None:
+def _op_module(first: FirstNonfinite, why: DivergenceCause, fp32: dict[str, Any]) -> str | None:
     """The module whose op to guard when the step is non-finite whatever the precision.
 
     The sentinel's origin (the run's own step, where a parent's own code between two children

@@ -28,12 +28,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from ampdiag import units
-from ampdiag.analysis import device, divergence
+from ampdiag.analysis import device
 from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.advisors import Advice, advisor, find, number, terms, worst_severity
+from ampdiag.analysis.derive import derived
 from ampdiag.analysis.numerics import fp16_in_use
 from ampdiag.analysis.rules.accumulation import accumulation_broken
 from ampdiag.analysis.rules.memory import accumulation_fix
+from ampdiag.schema import DivergenceResult
 from ampdiag.session import Finding, Session
 
 THRESHOLDS: dict[str, float] = {
@@ -244,8 +246,8 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
     scaler_ids = (FP16_UNDERFLOW, *SCALER_MISUSE, *SCALE_TROUBLE)
     fp16_run = computes_fp16(session)
     trouble = _actionable(findings, *scaler_ids, *RANGE_TROUBLE) if fp16_run else []
-    div = divergence.assess(session) or {}
-    if (div.get("cause") or {}).get("cause") == "not-precision":
+    div = derived(session).get("divergence", DivergenceResult(steps=0))
+    if div.get("cause", {}).get("cause") == "not-precision":
         if div.get("verdict") in ("diverged", "stalled"):
             return  # no precision fixes it, and the A/B ran on weights the run lost
         trouble = _not_that_event(trouble, div)
@@ -302,7 +304,7 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
     yield Advice(rec, merged)
 
 
-def _not_that_event(trouble: list[Finding], div: dict[str, Any]) -> list[Finding]:
+def _not_that_event(trouble: list[Finding], div: DivergenceResult) -> list[Finding]:
     """The FP16 trouble less what a non-finite step precision did not cause explains.
 
     Its ``nonfinite-origin``, and the GradScaler's skips when they are no more than the steps

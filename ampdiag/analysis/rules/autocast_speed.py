@@ -8,6 +8,7 @@ from typing import Any
 from ampdiag import timing, units
 from ampdiag.analysis import figures
 from ampdiag.analysis import precision_choice as pc
+from ampdiag.analysis.derive import derived
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
 
@@ -56,7 +57,7 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
     and the finding is info. Without an A/B the fix says the advice was not measured.
     """
     probe = session.section("speed_probe")
-    speed = figures.stored(session).get("speed_vs_fp32")
+    speed = derived(session).get("figures", {}).get("speed_vs_fp32")
     if not isinstance(speed, dict):
         return
     fp32, amp = float(speed["fp32_ms"]), float(speed["run_ms"])

@@ -20,7 +20,7 @@ THRESHOLDS: dict[str, float] = {}  # the verdicts' own are in the section (``fp8
 def fp8_readiness(session: Session) -> Iterator[Finding]:
     """Which layers to convert to FP8 and which to keep in BF16, with the recipe and filter."""
     fp8 = session.section("derived").get("fp8")
-    if not isinstance(fp8, Mapping) or not fp8.get("layers"):
+    if fp8 is None or not fp8.get("layers"):
         return
     layers = [la for la in fp8["layers"] if isinstance(la, Mapping)]
     convert, keep = list(fp8.get("convert") or []), list(fp8.get("keep") or [])

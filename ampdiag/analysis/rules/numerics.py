@@ -12,9 +12,11 @@ from typing import Any
 
 from ampdiag import units
 from ampdiag.analysis import divergence, fp16range
+from ampdiag.analysis.derive import derived
 from ampdiag.analysis.device import advisable, device_type
 from ampdiag.analysis.numerics import fp16_in_use, underflow_summary
 from ampdiag.analysis.registry import rule
+from ampdiag.schema import DivergenceResult
 from ampdiag.session import Finding, Session, Severity
 
 THRESHOLDS: dict[str, float] = {
@@ -58,9 +60,9 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
     dev = device_type(session.environment)
     if not fp16_in_use(session):
         return
-    u = underflow_summary(session)
-    frac = u["underflow_fraction"]
-    if not u["measured"] or frac < THRESHOLDS["underflow_medium"]:
+    u = derived(session).get("numerics", {}).get("underflow", {})
+    frac = u.get("underflow_fraction", 0.0)
+    if not u.get("measured") or frac < THRESHOLDS["underflow_medium"]:
         return
     sev: Severity = "high" if frac >= THRESHOLDS["underflow_high"] else "medium"
     rec = u["recommended_init_scale"]
@@ -127,9 +129,9 @@ def grad_scaler_missing(session: Session) -> Iterator[Finding]:
     fp16 = {k: v for k, v in autocast.items() if str(k).endswith(":float16")}
     if not fp16 or run.get("scaler") is not None or session.section("scaler").get("present"):
         return
-    u = underflow_summary(session)
+    u = derived(session).get("numerics", {}).get("underflow", {})
     device = str(next(iter(fp16))).split(":")[0]
-    rec = u["recommended_init_scale"]  # None: unmeasured (torch's default in the fix)
+    rec = u.get("recommended_init_scale")  # None: unmeasured (torch's default in the fix)
     yield Finding(
         id="grad-scaler-missing",
         severity="high",
@@ -496,14 +498,14 @@ def _nonfinite_origin(session: Session) -> tuple[dict[str, Any], int] | None:
     sentinel = session.section("sentinel")
     if sentinel:
         count = int(sentinel.get("nonfinite_step_count") or 0)
-        found = []
+        found: list[dict[str, Any]] = []
         forward = sentinel.get("forward_origin")
         if forward:
             found.append(dict(forward))
-        origin = sentinel.get("backward_origin")
+        backward = sentinel.get("backward_origin")
         bad = sentinel.get("backward_only_steps") or []
-        if origin and not (enabled and all(s in skipped for s in bad)):
-            found.append(dict(origin))
+        if backward and not (enabled and all(s in skipped for s in bad)):
+            found.append(dict(backward))
         if not found:
             return None
         first = min(found, key=lambda o: int(o["step"]))
@@ -617,15 +619,15 @@ def _origin_fix(
     not this op), and not in a run that computes in FP32.
     """
     module, step = origin["module"], origin["step"]
-    div = session.section("derived").get("divergence") or divergence.assess(session) or {}
-    why = div.get("cause") or {}
+    div: DivergenceResult = derived(session).get("divergence", DivergenceResult(steps=0))
+    why = div.get("cause", {})
     inspect = (
         f"Inspect {module} at step {step}: a division by ~0, log of 0, sqrt of 0 in the "
         "backward, exp/softmax of large values, or a non-finite input."
     )
     guard = "Guard the op:\ny = x / d.clamp_min(1e-6); y = torch.log(x.clamp_min(1e-6))"
     if why.get("cause") == "not-precision":
-        if (div.get("trend") or {}).get("exploding"):
+        if div.get("trend", {"steps": 0}).get("exploding"):
             return (
                 f"{module} is where the run's growing values first left the range "
                 f"({why.get('why')}): not this op's fault -- the updates are too large. "

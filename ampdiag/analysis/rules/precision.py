@@ -7,9 +7,11 @@ from collections.abc import Iterator
 from ampdiag.analysis import device as D
 from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.advisors import terms
+from ampdiag.analysis.derive import derived
 from ampdiag.analysis.divergence import unfixed_by_precision
-from ampdiag.analysis.precision import reason_fixes, summarize
+from ampdiag.analysis.precision import reason_fixes
 from ampdiag.analysis.registry import rule
+from ampdiag.schema import PrecisionSummary
 from ampdiag.session import Finding, Session, Severity
 
 THRESHOLDS = {
@@ -25,8 +27,8 @@ THRESHOLDS = {
 }
 
 
-def _top(summary: dict[str, object], n: int = 5) -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = summary["top_fp32"][:n]  # type: ignore[index]
+def _top(summary: PrecisionSummary, n: int = 5) -> list[dict[str, object]]:
+    rows = summary["top_fp32"][:n]
     return [
         {
             "op": o["op"],
@@ -34,7 +36,7 @@ def _top(summary: dict[str, object], n: int = 5) -> list[dict[str, object]]:
             "reason": o["reason"],
             "phase": o["phase"],
             "flops": o["flops"],
-            "time_us": round(float(o["time_us"]), 1),  # type: ignore[arg-type]
+            "time_us": round(float(o["time_us"]), 1),
         }
         for o in rows
     ]
@@ -55,7 +57,7 @@ def fp32_ops_in_autocast(session: Session) -> Iterator[Finding]:
         return
     if not any(r.get("autocast") for r in sec.get("ops", [])):
         return
-    s = summarize(sec)
+    s = derived(session)["precision"]
     fshare, tshare = float(s["fp32_flops_share"]), float(s["fp32_time_share"])
     if (
         fshare < THRESHOLDS["fp32_flops_share_medium"]
@@ -141,7 +143,7 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
     sec = session.section("precision")
     if not sec.get("audited"):
         return
-    mm = summarize(sec)["matmul"]
+    mm = derived(session)["precision"]["matmul"]
     total = mm["low_flops"] + mm["fp32_flops"]
     if total <= 0:
         return

@@ -15,9 +15,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ampdiag.analysis import device as D
-from ampdiag.analysis import divergence
 from ampdiag.analysis import precision_choice as pc
+from ampdiag.analysis.derive import derived
 from ampdiag.analysis.registry import rule
+from ampdiag.schema import DivergenceResult
 from ampdiag.session import Finding, Session, Severity
 
 THRESHOLDS: dict[str, float] = {
@@ -180,12 +181,12 @@ def _update_made_nonfinite(session: Session) -> dict[str, Any] | None:
     From the divergence's ``low-precision-update`` cause: the first non-finite step and the
     optimizer's eps that FP16 rounds to 0.
     """
-    div = session.section("derived").get("divergence") or divergence.assess(session) or {}
-    why = div.get("cause") or {}
+    div: DivergenceResult = derived(session).get("divergence", DivergenceResult(steps=0))
+    why = div.get("cause", {})
     if why.get("kind") != "low-precision-update":
         return None
     return {
-        "step": (div.get("first") or {}).get("step"),
+        "step": div["first"]["step"] if "first" in div else None,
         "eps_below_fp16": why.get("eps_below_fp16"),
     }
 

@@ -13,6 +13,7 @@ from ampdiag import units as humanize
 from ampdiag.render import charts, stated, svg
 from ampdiag.render.sections import ReportSection
 from ampdiag.render.templating import render_template
+from ampdiag.schema import NumericsDerived
 from ampdiag.session import Session
 
 TITLE = "Numerics"
@@ -51,7 +52,7 @@ def build(session: Session) -> ReportSection | None:
     sc = session.section("scaler")
     if not grads and not acts and not sc.get("present"):
         return None
-    derived = session.section("derived").get("numerics") or {}
+    derived: NumericsDerived = session.section("derived").get("numerics") or {}
     figures: dict[str, Markup] = {}
     history = sc.get("history") or []
     series: dict[str, dict[int, float]] = {}

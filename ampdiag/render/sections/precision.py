@@ -42,7 +42,7 @@ def build(session: Session) -> ReportSection | None:
     if not sec:
         return None
     s = session.section("derived").get("precision")
-    if not sec.get("audited") or not isinstance(s, dict):
+    if not sec.get("audited") or s is None:
         reason = sec.get("not_audited_reason") or "the session was not analysed"
         html = render_template("precision.html.j2", sec=sec, s=None, figures={}, reason=reason)
         return ReportSection(id="precision", title=TITLE, html=html, summary="not audited")

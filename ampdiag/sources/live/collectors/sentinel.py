@@ -41,13 +41,13 @@ import weakref
 from collections import deque
 from functools import partial
 from itertools import chain
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from ampdiag.compat.autograd import version
 from ampdiag.compat.dtensor import local_tensor
-from ampdiag.schema import SentinelSection
+from ampdiag.schema import Origin, SentinelSection
 from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors import origin
 from ampdiag.sources.live.collectors._finite import max_abs_token
@@ -125,8 +125,8 @@ class Sentinel(Collector):
             ]
         ] = []
         self._steps = 0
-        self._forward_origin: dict[str, Any] | None = None
-        self._backward_origin: dict[str, Any] | None = None
+        self._forward_origin: Origin | None = None
+        self._backward_origin: Origin | None = None
         self._nonfinite: list[int] = []
         self._backward_only: list[int] = []
         self._loss_bad: list[int] = []
@@ -427,7 +427,7 @@ class Sentinel(Collector):
                     found = origin.forward(calls, owners, finite[:k].tolist(), self._names)
                 if found is None:
                     found = {"phase": "loss", "module": LOSS, "kind": "value", "parent_code": False}
-                self._forward_origin = {"step": step, **found}
+                self._forward_origin = cast(Origin, {"step": step, **found})
             return
         self._backward_only.append(step)
         if self._backward_origin is None:
@@ -441,7 +441,7 @@ class Sentinel(Collector):
                     "kind": "parameter gradient",
                     "parent_code": False,
                 }
-            self._backward_origin = {"step": step, **found}
+            self._backward_origin = cast(Origin, {"step": step, **found})
 
     def _keep_loss(self, step: int, values: list[float], scaled: list[bool]) -> None:
         """Keeps the step's loss (as `steps.StepLog` sums it) when it is finite."""
