@@ -71,6 +71,7 @@ REPLAY_KEYS = (
     "grad_max_abs_module",
     "backward_replayed",
     "error",
+    "op",
 )
 CAUSES = ("precision", "not-precision", "unknown")
 
@@ -433,6 +434,9 @@ def cause(
             ),
         }
     detail = _precision_detail(fp32, precision, out.get("loss_scale"))
+    op = ((replay.get("results") or {}).get("run") or {}).get("op") or {}
+    if op.get("constant") is not None or op.get("function"):
+        detail = _op_detail(op)
     bf16 = ((replay.get("results") or {}).get("bf16") or {}).get("finite")
     return out | {
         "cause": "precision",
@@ -512,6 +516,27 @@ def _held(trend_: dict[str, Any], step: int) -> str:
 def _times(growth: float) -> str:
     """A growth factor in words, without scientific notation ("61.1x", "over 1,000,000x")."""
     return "over 1,000,000x" if growth > 1e6 else f"{units.count(round(growth, 1))}x"
+
+
+def _op_detail(op: dict[str, Any]) -> dict[str, Any]:
+    """What the op that made the value says (the replay in the run's precision).
+
+    A constant beyond the dtype's range (a -1e9 mask in FP16), or a custom autograd Function
+    fed low precision: each has its own fix, not the module's float32.
+    """
+    where = f" in {op['module']}" if op.get("module") else ""
+    dtype = str(op.get("dtype") or "float16")
+    if op.get("constant") is not None:
+        text = (
+            f"the {op.get('op')}{where} uses the constant {op['constant']:g}, beyond "
+            f"{dtype}'s range, which makes it inf (a mask filled with a large negative number)"
+        )
+        return {"kind": "mask-constant", "module": op.get("module"), "op": op, "text": text}
+    text = (
+        f"the custom autograd Function {op['function']}{where} computes in {dtype} (autocast "
+        f"feeds it {dtype} inputs): its {op.get('op')} went non-finite"
+    )
+    return {"kind": "custom-function", "module": op.get("module"), "op": op, "text": text}
 
 
 def _precision_detail(fp32: dict[str, Any], precision: str, scale: Any) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ampdiag.analysis import device, divergence
-from ampdiag.analysis.advisors import Advice, advisor, find
+from ampdiag.analysis.advisors import Advice, advisor, find, terms
 from ampdiag.session import Finding, Session
 
 #: One event's symptoms: the weights blowing up overflow FP16, the scaler backs off to a scale
@@ -33,6 +33,9 @@ SYMPTOMS = (
     "activation-overflow",
     "fp16-grad-underflow",
 )
+
+#: Causes the replay in the run's precision traced to one op (`divergence._op_detail`).
+OP_KINDS = ("mask-constant", "custom-function")
 
 
 @advisor("diverged", "stalled", "nonfinite-origin")
@@ -96,6 +99,8 @@ def divergence_advice(session: Session, findings: list[Finding]) -> Iterator[Adv
         impact=1.0,
     )
     symptoms = find(findings, *SYMPTOMS) if why["cause"] != "precision" else []
+    if why.get("kind") in OP_KINDS:  # the op's own fix replaces the module's "float32"
+        symptoms = find(findings, "nonfinite-origin", "activation-overflow")
     yield Advice(rec, symptoms)
 
 
@@ -152,6 +157,11 @@ def _fix(session: Session, result: dict[str, Any], dev: str) -> str:
                     "torch.optim.Adam(model.parameters(), eps=1e-4)"
                 )
             return "\n".join(lines)
+        if why.get("kind") == "mask-constant":  # the op replayed in the run's precision
+            return f"{terms.mask_fill_fix()}\n# in {module}"
+        if why.get("kind") == "custom-function":
+            name = (why.get("op") or {}).get("function") or "MyFunction"
+            return terms.custom_function_fix(dev).replace("MyFunction", name, 1)
         lines = [
             f"FP16 cannot hold step {step}: {why.get('text', why.get('why'))}.",
             f"Keep {module} in float32 (its forward and backward):",

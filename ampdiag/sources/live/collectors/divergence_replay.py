@@ -29,6 +29,7 @@ the step and halves the scale): it triggers the replay only when it persists
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -319,7 +320,9 @@ class ReplayKeeper:
         targets = ["fp32", "bf16"] if precision == "fp16" else ["fp32"]
         if compiled:
             record["compiled"] = True
-            targets.append("run")  # the run's own precision, eagerly: which submodule made it
+        if compiled or precision != "fp32":
+            # the run's own precision, eagerly: which submodule made it, and which op (`_FirstOp`)
+            targets.append("run")
         for target in targets:
             try:
                 with internal_work():
@@ -451,6 +454,9 @@ def replay_step(
             rows.append((origin[id(module)], t, x))
 
         handles = [m.register_forward_hook(keep) for m in replica.modules()]
+        watch = _FirstOp(names, origin) if precision == "run" else None
+        if watch is not None:
+            handles += watch.hooks(replica)
         try:
             if precision == "fp32":
                 held_off = AutocastHeldOff()
@@ -458,13 +464,17 @@ def replay_step(
                     out = next(tensors_in(replica(*args, **kwargs)), None)
                 if held_off.low is not None:
                     raise ValueError(f"the FP32 replay is not FP32: {held_off.low}")
-            elif precision == "run":
-                with torch.autocast(
-                    device_type,
-                    dtype=autocast_dtype or torch.float32,
-                    enabled=autocast_dtype is not None,
+            elif precision == "run" and watch is not None:
+                with (
+                    torch.autocast(
+                        device_type,
+                        dtype=autocast_dtype or torch.float32,
+                        enabled=autocast_dtype is not None,
+                    ),
+                    watch,
                 ):
                     out = next(tensors_in(replica(*args, **kwargs)), None)
+                watch.carried(out)
             else:
                 with torch.autocast(device_type, dtype=torch.bfloat16):
                     out = next(tensors_in(replica(*args, **kwargs)), None)
@@ -479,6 +489,8 @@ def replay_step(
         result: dict[str, Any] = {"precision": precision, "forward_finite": True}
         if upcast:
             result["upcast"] = True
+        if watch is not None and watch.found is not None:
+            result["op"] = watch.result()
         origin_at: dict[str, Any] | None = None
         finite_vals = [(v, m) for v, (m, _, _) in zip(fwd, rows, strict=True) if math.isfinite(v)]
         for v, (m, _, _) in zip(fwd, rows, strict=True):
@@ -501,6 +513,114 @@ def replay_step(
     result["origin"] = origin_at
     result["finite"] = origin_at is None
     return result
+
+
+class _FirstOp(torch.overrides.TorchFunctionMode):
+    """The replay's first op whose output is non-finite from finite inputs: what made it.
+
+    Runs only in the replay of the first non-finite step, in the run's own precision (a read
+    per op until that op is found; nothing on the steps the run trains). It records the op,
+    the module it ran in, its dtype and:
+
+    * ``constant``: a finite number among its arguments beyond the output dtype's range (a mask
+      filled with -1e9 in FP16, whose max is 65504): the constant became inf;
+    * ``function``: the custom ``torch.autograd.Function`` the value came out of, where the
+      op ran with grad mode off (inside a Function's forward) and the first non-finite tensor
+      that carries a custom Function's node is that Function's output.
+
+    An inf from an inf constant (a mask filled with ``float("-inf")``) or from inputs already
+    non-finite is not an origin.
+    """
+
+    def __init__(self, names: dict[int, str], origin: dict[int, torch.nn.Module]) -> None:
+        super().__init__()
+        self._names, self._origin = names, origin
+        self._where: list[str] = []
+        self._custom: dict[int, tuple[str, torch.Tensor]] = {}  # custom Functions' outputs
+        self.found: dict[str, Any] | None = None
+
+    def hooks(self, replica: torch.nn.Module) -> list[Any]:
+        """Hooks that keep the name of the module each op runs in."""
+
+        def enter(m: torch.nn.Module, args: Any) -> None:
+            self._where.append(self._names.get(id(self._origin.get(id(m))), "?"))
+
+        def leave(m: torch.nn.Module, args: Any, out: Any) -> None:
+            if self._where:
+                self._where.pop()
+
+        return [
+            h
+            for m in replica.modules()
+            for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))
+        ]
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        with contextlib.suppress(Exception):  # observing must never break the replay
+            self._see(func, args, kwargs, out)
+        return out
+
+    def carried(self, value: Any) -> None:
+        """Notes the custom Functions' outputs among ``value`` (the replay's output)."""
+        for t in tensors_in(value, max_depth=2):
+            node = t.grad_fn
+            if isinstance(node, torch.autograd.function.BackwardCFunction):
+                self._custom.setdefault(id(node), (type(node).__name__, t))
+
+    def _see(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        inputs = [t for t in tensors_in((args, kwargs), max_depth=3) if t.is_floating_point()]
+        self.carried(inputs)
+        outs = [t for t in tensors_in(out, max_depth=2) if t.is_floating_point()]
+        if self.found is not None or not outs:
+            return
+        nan, inf = _nan_inf(outs)
+        if not (nan or inf):
+            return
+        in_nan, in_inf = _nan_inf(inputs)
+        numbers = [
+            float(v)
+            for v in (*args, *kwargs.values())
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        ]
+        if not (
+            (nan and not in_nan)
+            or (inf and not (in_nan or in_inf) and all(math.isfinite(v) for v in numbers))
+        ):
+            return
+        dtype = outs[0].dtype
+        self.found = {
+            "op": getattr(func, "__name__", str(func)).strip("_"),
+            "module": self._where[-1] if self._where else None,
+            "dtype": str(dtype).removeprefix("torch."),
+            "grad_enabled": torch.is_grad_enabled(),
+        }
+        big = [v for v in numbers if abs(v) > torch.finfo(dtype).max]
+        if big:
+            self.found["constant"] = big[0]
+
+    def result(self) -> dict[str, Any]:
+        """The op found, with the custom Function it ran in (``function``) where one did."""
+        found = dict(self.found or {})
+        if found.get("grad_enabled") is False:
+            bad = [name for name, t in self._custom.values() if not bool(torch.isfinite(t).all())]
+            if bad:
+                found["function"] = bad[0].removesuffix("Backward")
+        self._custom.clear()
+        return found
+
+
+def _nan_inf(tensors: list[torch.Tensor]) -> tuple[bool, bool]:
+    """Whether any of ``tensors`` holds a NaN, and whether any holds an inf (one read)."""
+    if not tensors:
+        return False, False
+    device = tensors[0].device
+    flags = torch.stack(
+        [torch.stack([t.isnan().any(), t.isinf().any()]).to(device) for t in tensors]
+    ).any(0)
+    nan, inf = flags.tolist()
+    return bool(nan), bool(inf)
 
 
 def _backward(
