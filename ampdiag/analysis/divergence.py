@@ -374,6 +374,8 @@ def cause(
             out["loss_scale"] = replay["loss_scale"]
         if replay.get("upcast"):
             out["upcast"] = replay["upcast"]
+        if replay.get("state_restored"):
+            out["state_restored"] = replay["state_restored"]
     fp32 = ((replay or {}).get("results") or {}).get("fp32") or {}
     trend_ = result.get("trend") or {}
     if precision == "fp32":

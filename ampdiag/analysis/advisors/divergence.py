@@ -73,7 +73,14 @@ def divergence_advice(session: Session, findings: list[Finding]) -> Iterator[Adv
     for key in ("scale_min", "scale_collapsed", "skipped_to_end_from"):
         if key in result:
             evidence[key] = result[key]
-    for key in ("replay", "replay_step", "loss_scale", "backward_not_replayed", "kind"):
+    for key in (
+        "replay",
+        "replay_step",
+        "loss_scale",
+        "backward_not_replayed",
+        "kind",
+        "state_restored",
+    ):
         if key in why:
             evidence[key] = why[key]
     what = "diverged" if verdict == "diverged" else "stalled"

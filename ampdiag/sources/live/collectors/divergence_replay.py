@@ -40,7 +40,13 @@ import torch
 from ampdiag.compat import scaler as compat_scaler
 from ampdiag.compat.autocast import AutocastHeldOff
 from ampdiag.compat.dtensor import fsdp_mixed_precision, is_dtensor, local_tensor
-from ampdiag.compat.modules import uncompiled
+from ampdiag.compat.modules import (
+    State,
+    changed_state,
+    keep_state,
+    state_attributes,
+    uncompiled,
+)
 from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors._finite import max_abs_token
 from ampdiag.sources.live.collectors.base import RunContext, internal_work, tensors_in
@@ -70,6 +76,7 @@ class _Call:
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    state: State = field(default_factory=list)  # the model's own state as the forward began
     grad: torch.Tensor | None = None
     scale: torch.Tensor | None = None
     # `Token`s of its output and 0-dim losses: each finite exactly when what it stands for is
@@ -94,6 +101,11 @@ class ReplayKeeper:
         self._run: RunContext | None = None
         self._not_checked: str | None = None  # why this run is not watched (a GPU, no scaler)
         self._weights_start: dict[str, Any] | None = None  # `_weights` at the first check
+        # attributes holding tensors (a recurrent state kept between steps): found at the
+        # model and again after the first step (one created by the first forward)
+        self._state_at: list[tuple[torch.nn.Module, str]] | None = None
+        self._state_seen = False
+        self._state_then: State = []  # `keep_state` as the root's forward began
 
     @property
     def done(self) -> bool:
@@ -117,7 +129,9 @@ class ReplayKeeper:
         for name, m in model.named_modules():
             self._names.setdefault(id(m), name or f"({type(m).__name__})")
         self._params = [p for p in model.parameters() if p.requires_grad]
+        self._state_at = state_attributes(model)
         self._handles = [
+            global_hooks.on_module(model, global_hooks.MODULE_PRE, self._began),
             global_hooks.on_module(model, global_hooks.MODULE_INPUTS, self._inputs),
             global_hooks.on_module(model, global_hooks.MODULE_POST, self._output),
         ]
@@ -135,7 +149,13 @@ class ReplayKeeper:
             return
         if self._not_checked is not None:
             return
-        self._calls.append(_Call(tuple(args), dict(kwargs or {})))
+        state, self._state_then = self._state_then, []
+        self._calls.append(_Call(tuple(args), dict(kwargs or {}), state))
+
+    def _began(self, module: torch.nn.Module, args: Any) -> None:
+        # MODULE_INPUTS runs after the forward: the state the forward began with is kept here
+        if self._state_at and not self.done and self._not_checked is None:
+            self._state_then = keep_state(self._state_at)
 
     def _output(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         # global_hooks calls a module's MODULE_INPUTS callbacks before its MODULE_POST ones:
@@ -186,6 +206,9 @@ class ReplayKeeper:
             self._check(run, step, "at the step's end (no optimizer step ran)")
         self._calls = []
         self._checked = False
+        if not self._state_seen and self._root is not None:  # made by the first forward
+            self._state_seen = True
+            self._state_at = state_attributes(self._root)
         record = self._records.get("forward")
         if record is not None and record.get("step") == step and "error" not in record:
             record["parameters_finite_after"] = self._parameters_finite()
@@ -298,6 +321,20 @@ class ReplayKeeper:
             self._records[trigger] = record
             self._calls = []
             return
+        # the model's own state (an RNN's hidden state kept on a module) as the step began
+        restore, in_place, kept = changed_state(call.state, self._names)
+        if in_place:
+            record["error"] = (
+                f"the model's state {', '.join(in_place[:3])} was written in place during the "
+                f"step: the replay cannot start from the state step {step} began with"
+            )
+            self._records[trigger] = record
+            self._calls = []
+            return
+        if restore:
+            record["state_restored"] = sorted(
+                f"{self._names.get(i, '?')}.{a}" for i, attrs in restore.items() for a in attrs
+            )
         grad = call.grad
         if grad is not None and call.scale is not None:
             grad = grad.float() / call.scale.to(grad.device)
@@ -336,6 +373,7 @@ class ReplayKeeper:
                         self._names,
                         upcast=stored is not None and target != "run",
                         autocast_dtype=_autocast_dtype(run) if target == "run" else None,
+                        state=kept,
                     )
             except Exception as exc:  # never the user's problem: the record says why
                 record["results"][target] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
@@ -419,6 +457,7 @@ def replay_step(
     *,
     upcast: bool = False,
     autocast_dtype: torch.dtype | None = None,
+    state: dict[int, dict[str, object]] | None = None,
 ) -> dict[str, Any]:
     """The step's forward (and backward from ``grad_output``) in ``precision``: what it holds.
 
@@ -427,7 +466,10 @@ def replay_step(
     ``torch.autocast(device_type, autocast_dtype)`` where given), eagerly -- a compiled
     model's submodules each seen (`fp32_replay.replaying`): which one made the value.
     ``upcast``: the model's FP16/BF16 parameters (``model.half()``) and floating inputs are
-    replayed as FP32 copies (``result["upcast"]``), the model's own left alone.
+    replayed as FP32 copies (``result["upcast"]``), the model's own left alone. ``state``:
+    ``{id(module): {attribute: value}}`` set on the replica's modules (the model's own state
+    as the step began, `compat.modules.changed_state`; FP16/BF16 tensors as FP32 copies but in
+    the run's own precision), the model's left alone.
 
     Returns ``finite`` (every module output,
     and where replayed every gradient, finite), ``origin`` ({module, phase, kind} of the first
@@ -445,6 +487,11 @@ def replay_step(
     if upcast:
         args, kwargs = upcast_inputs(args), upcast_inputs(kwargs)
     with replaying(model, device, upcast=upcast) as (replica, origin):
+        for copied in replica.modules():
+            then = (state or {}).get(id(origin[id(copied)]))
+            if then:  # into the copy's own dict: the model's is untouched
+                low = precision != "run"  # an FP16 state, replayed in FP32 (BF16: autocast)
+                copied.__dict__.update({k: upcast_inputs(v) if low else v for k, v in then.items()})
 
         def keep(module: torch.nn.Module, inputs: Any, output: Any) -> None:
             t = next(tensors_in(output), None)
