@@ -221,6 +221,8 @@ def replayed_origin(replay: dict[str, Any] | None) -> dict[str, Any] | None:
     each submodule seen (`divergence_replay`: the ``run`` result), and names the one that
     made the value. None where no such replay ran or it stayed finite.
     """
+    if not (replay or {}).get("compiled"):  # a run replay of an eager model: its op only
+        return None
     run = ((replay or {}).get("results") or {}).get("run") or {}
     origin = run.get("origin")
     return dict(origin) if isinstance(origin, dict) and origin.get("module") else None
