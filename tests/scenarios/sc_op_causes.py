@@ -253,7 +253,6 @@ def run_custom_function(out: Path) -> tuple[Session, Truth]:
             )
         ],
         checks={"diverged": _fix_check("custom_fwd(device_type='cpu', cast_inputs=torch.float32)")},
-        forbid={"prefer-fp32"},
         measured=measured,
     )
 
