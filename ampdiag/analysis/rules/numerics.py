@@ -346,7 +346,7 @@ def grad_scaler_config(session: Session) -> Iterator[Finding]:
             f"{ev['skips_after_growth']} times the scale grew back to "
             f"{units.count(ev['overflow_scale'])}, overflowed and backed off, while steps held "
             f"at scales up to {units.count(ev['held_scale'])}. FP16 holds this model's "
-            "gradients at such a scale: the scaler's settings are the cause, not the precision."
+            "gradients at such a scale: the scaler's settings make these skips."
         ),
         evidence=ev,
         fix=(
