@@ -479,7 +479,9 @@ class DivergenceCause(TypedDict, total=False):
 
     ``cause``: precision, not-precision or unknown, with ``why``; ``kind``/``text``: which
     range the precision left (forward-overflow, gradient-overflow, fp16-range, rounding,
-    low-precision-update, update); ``replay``: each replayed precision's figures.
+    low-precision-update, update, mask-constant, custom-function); ``op``: the op the replay in
+    the run's precision saw make it; ``state_restored``: the recurrent state put back for the
+    replay; ``replay``: each replayed precision's figures.
     """
 
     run_precision: str
@@ -498,6 +500,8 @@ class DivergenceCause(TypedDict, total=False):
     grad_max_abs: float
     bf16_finite: bool | None
     eps_below_fp16: float | None
+    op: dict[str, Any]
+    state_restored: list[str]
 
 
 class DivergenceResult(TypedDict, total=False):

@@ -72,6 +72,7 @@ REPLAY_KEYS = (
     "grad_max_abs_module",
     "backward_replayed",
     "error",
+    "op",
 )
 CAUSES = ("precision", "not-precision", "unknown")
 
@@ -211,6 +212,8 @@ def replayed_origin(replay: dict[str, Any] | None) -> dict[str, Any] | None:
     each submodule seen (`divergence_replay`: the ``run`` result), and names the one that
     made the value. None where no such replay ran or it stayed finite.
     """
+    if not (replay or {}).get("compiled"):  # a run replay of an eager model: its op only
+        return None
     run = ((replay or {}).get("results") or {}).get("run") or {}
     origin = run.get("origin")
     return dict(origin) if isinstance(origin, dict) and origin.get("module") else None
@@ -364,6 +367,8 @@ def cause(
             out["loss_scale"] = replay["loss_scale"]
         if replay.get("upcast"):
             out["upcast"] = replay["upcast"]
+        if replay.get("state_restored"):
+            out["state_restored"] = replay["state_restored"]
     fp32 = ((replay or {}).get("results") or {}).get("fp32") or {}
     trend_: LossTrend = result.get("trend") or {"steps": 0}
     if precision == "fp32":
@@ -424,6 +429,9 @@ def cause(
             ),
         }
     detail = _precision_detail(fp32, precision, out.get("loss_scale"))
+    op = ((replay.get("results") or {}).get("run") or {}).get("op") or {}
+    if op.get("constant") is not None or op.get("function"):
+        detail = _op_detail(op)
     bf16 = ((replay.get("results") or {}).get("bf16") or {}).get("finite")
     return out | {  # type: ignore[no-any-return]
         "cause": "precision",
@@ -503,6 +511,27 @@ def _held(trend_: LossTrend, step: int) -> str:
 def _times(growth: float) -> str:
     """A growth factor in words, without scientific notation ("61.1x", "over 1,000,000x")."""
     return "over 1,000,000x" if growth > 1e6 else f"{units.count(round(growth, 1))}x"
+
+
+def _op_detail(op: dict[str, Any]) -> DivergenceCause:
+    """What the op that made the value says (the replay in the run's precision).
+
+    A constant beyond the dtype's range (a -1e9 mask in FP16), or a custom autograd Function
+    fed low precision: each has its own fix, not the module's float32.
+    """
+    where = f" in {op['module']}" if op.get("module") else ""
+    dtype = str(op.get("dtype") or "float16")
+    if op.get("constant") is not None:
+        text = (
+            f"the {op.get('op')}{where} uses the constant {op['constant']:g}, beyond "
+            f"{dtype}'s range, which makes it inf (a mask filled with a large negative number)"
+        )
+        return {"kind": "mask-constant", "module": op.get("module"), "op": op, "text": text}
+    text = (
+        f"the custom autograd Function {op['function']}{where} computes in {dtype} (autocast "
+        f"feeds it {dtype} inputs): its {op.get('op')} went non-finite"
+    )
+    return {"kind": "custom-function", "module": op.get("module"), "op": op, "text": text}
 
 
 def _precision_detail(fp32: dict[str, Any], precision: str, scale: Any) -> DivergenceCause:

@@ -107,3 +107,69 @@ def upcast_copy(replica: torch.nn.Module) -> None:
     for m in replica.modules():
         m.__dict__["_parameters"] = {k: up(v, True) for k, v in m._parameters.items()}
         m.__dict__["_buffers"] = {k: up(v, False) for k, v in m._buffers.items()}
+
+
+#: A module's state kept as plain attributes: (module, attribute, value, the tensors' versions).
+State = list[tuple[torch.nn.Module, str, object, tuple[int, ...]]]
+
+
+def state_attributes(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
+    """The (module, attribute) pairs of ``model`` holding tensors as plain attributes.
+
+    Outside its parameters and buffers: an RNN LM's detached hidden state kept between steps
+    (TBPTT), a cache. The replay of a step starts from their values as the step began.
+    """
+    found = []
+    for m in model.modules():
+        for name, value in m.__dict__.items():
+            if not name.startswith("_") and _tensors(value) is not None:
+                found.append((m, name))
+    return found
+
+
+def keep_state(attributes: list[tuple[torch.nn.Module, str]]) -> State:
+    """The attributes' values now, by reference, with their tensors' versions (no copy)."""
+    kept: State = []
+    for m, name in attributes:
+        value = m.__dict__.get(name)
+        tensors = _tensors(value)
+        if tensors is not None:
+            kept.append((m, name, value, tuple(t._version for t in tensors)))
+    return kept
+
+
+def changed_state(
+    kept: State, names: dict[int, str]
+) -> tuple[dict[int, dict[str, object]], list[str], dict[int, dict[str, object]]]:
+    """What changed since `keep_state`: ``(rebound, written in place, every value then)``.
+
+    ``rebound``/``every value then``: ``{id(module): {attribute: value then}}``. A value the
+    module rebound (``self.h = h.detach()``) is restored from the reference kept; one written
+    in place (``self.h.copy_(...)``) cannot be: its name (``names``: the modules' names) is in
+    the list.
+    """
+    restore: dict[int, dict[str, object]] = {}
+    every: dict[int, dict[str, object]] = {}
+    in_place: list[str] = []
+    for m, name, value, versions in kept:
+        now = m.__dict__.get(name)
+        tensors = _tensors(value) or []
+        every.setdefault(id(m), {})[name] = value
+        if now is not value:
+            restore.setdefault(id(m), {})[name] = value
+        if tuple(t._version for t in tensors) != versions:
+            in_place.append(f"{names.get(id(m), type(m).__name__)}.{name}")
+    return restore, in_place, every
+
+
+def _tensors(value: object) -> list[torch.Tensor] | None:
+    """The tensors of a tensor or a tuple/list of tensors (an LSTM's (h, c)), else None."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if (
+        isinstance(value, (tuple, list))
+        and value
+        and all(isinstance(v, torch.Tensor) for v in value)
+    ):
+        return list(value)
+    return None

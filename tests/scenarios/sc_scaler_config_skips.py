@@ -1,4 +1,10 @@
-"""A GradScaler that skips by its own settings, told apart from a model that overflows.
+"""A GradScaler that skips (or underflows) by its own settings, told apart from a model
+that overflows.
+
+A growth_factor of 256 every 3 steps overshoots by 8 halvings each time: skips, named
+``grad-scaler-config`` with its growth_factor. A scale fixed tiny (``init_scale=2**-20,
+growth_interval=10**6``) was measured to skip nothing and flush the gradients to zero: it is
+``fp16-grad-underflow`` naming the growth_interval that holds it, never a collapse or skips.
 
 The scenarios' MLP in FP16 autocast with ``GradScaler(init_scale=2**14, growth_interval=1)``:
 the scale doubles every finite step until the scaled gradients overflow, backs off, and grows
@@ -25,18 +31,24 @@ STEPS = 26
 INIT_SCALE = 2.0**14
 
 
-def skipped_run(out: Path, **settings: Any) -> tuple[Session, int]:
+def skipped_run(out: Path, **settings: Any) -> tuple[Session, int, float]:
     """The MLP's FP16 loop with a GradScaler of ``settings`` under diagnose(); the steps whose
-    optimizer step left every weight unchanged (counted by the scenario itself)."""
+    optimizer step left every weight unchanged, and the share of parameter-gradient values
+    that are exactly 0 (both counted by the scenario itself)."""
     with seeded(0):
         setup = models.make("mlp")
         data = models.batches(setup, STEPS)
-        scaler = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE, **settings)
+        scaler = torch.amp.GradScaler("cpu", **{"init_scale": INIT_SCALE, **settings})
         kept: list[list[torch.Tensor]] = []
         skipped: list[int] = []
+        zeros = [0, 0]  # zero values, all values
 
         def after_backward(step: int) -> None:
             kept[:] = [[p.detach().clone() for p in setup.model.parameters()]]
+            for p in setup.model.parameters():
+                if p.grad is not None:
+                    zeros[0] += int((p.grad == 0).sum())
+                    zeros[1] += p.grad.numel()
 
         def step_hook(step: int) -> None:
             if kept and all(
@@ -54,12 +66,12 @@ def skipped_run(out: Path, **settings: Any) -> tuple[Session, int]:
                 step_hook=step_hook,
             )
             step_hook(STEPS)
-    return session_of(d), len(skipped)
+    return session_of(d), len(skipped), zeros[0] / max(zeros[1], 1)
 
 
 def run(out: Path) -> tuple[Session, Truth]:
-    _, control = skipped_run(out / "control")
-    session, skips = skipped_run(out / "interval-1", growth_interval=1)
+    _, control, _ = skipped_run(out / "control")
+    session, skips, _ = skipped_run(out / "interval-1", growth_interval=1)
     measured = {"skipped_growth_interval_1": skips, "skipped_default_interval": control}
     assert skips >= 5 and control <= 1, measured
     return session, Truth(
@@ -75,8 +87,67 @@ def run(out: Path) -> tuple[Session, Truth]:
     )
 
 
+def run_growth_factor(out: Path) -> tuple[Session, Truth]:
+    """growth_factor=256 every 3 steps: each growth overshoots by 8 halvings, each a skip."""
+    _, control, _ = skipped_run(out / "factor-2", growth_interval=3)
+    session, skips, _ = skipped_run(out / "factor-256", growth_interval=3, growth_factor=256.0)
+    measured = {"skipped_growth_factor_256": skips, "skipped_growth_factor_2": control}
+    assert skips >= 4 * max(control, 1), measured
+    return session, Truth(
+        expect=[
+            Expect(
+                "grad-scaler-config",
+                evidence={"skipped": (skips, 0), "growth_factor": (256.0, 0)},
+                severities=frozenset({"medium", "high"}),
+            )
+        ],
+        forbid={"nonfinite-origin", "skipped-steps", "stalled", "diverged", "prefer-fp32"},
+        measured=measured,
+    )
+
+
+def run_fixed_tiny(out: Path) -> tuple[Session, Truth]:
+    """A scale fixed at 2^-20 (growth_interval=10^6): it skips nothing, it underflows.
+
+    Measured: no step skipped (every update changed the weights) and the share of parameter
+    gradients that are exactly 0, against the same loop with torch's default scaler.
+    """
+    _, _, zero_default = skipped_run(out / "default", init_scale=2.0**16)
+    session, skips, zero = skipped_run(
+        out / "fixed-tiny", init_scale=2.0**-20, growth_interval=10**6
+    )
+    measured = {"skipped": skips, "zero_grad_share": zero, "zero_grad_share_default": zero_default}
+    assert skips == 0 and zero > 0.9 and zero_default < 0.5, measured
+
+    def named(session: Session) -> str | None:
+        found = [f for f in session.all_findings() if f.id == "fp16-grad-underflow"]
+        if not found or "growth_interval=2000" not in found[0].fix:
+            return "fp16-grad-underflow's fix does not let the scale grow (growth_interval=2000)"
+        return None
+
+    return session, Truth(
+        expect=[
+            Expect(
+                "fp16-grad-underflow",
+                evidence={"scale_held_by": ({"growth_interval": 10**6}, 0)},
+                severities=frozenset({"high"}),
+            )
+        ],
+        checks={"fp16-grad-underflow": named},
+        forbid={
+            "loss-scale-collapse",
+            "skipped-steps",
+            "grad-scaler-config",
+            "nonfinite-origin",
+            "stalled",
+            "diverged",
+        },
+        measured=measured,
+    )
+
+
 def run_control(out: Path) -> tuple[Session, Truth]:
-    session, skips = skipped_run(out)
+    session, skips, _ = skipped_run(out)
     assert skips <= 1, skips
     return session, Truth(
         forbid={"grad-scaler-config", "nonfinite-origin", "stalled", "diverged"},
@@ -89,6 +160,16 @@ SCENARIOS = [
         "scaler-config-growth-interval-1",
         "GradScaler(growth_interval=1) skips every other step by itself: its settings.",
         run,
+    ),
+    Scenario(
+        "scaler-config-growth-factor-256",
+        "GradScaler(growth_factor=256, growth_interval=3) overshoots and skips by itself.",
+        run_growth_factor,
+    ),
+    Scenario(
+        "scaler-fixed-tiny-scale",
+        "A GradScaler fixed at 2^-20 (growth_interval=10^6): no skip, the gradients underflow.",
+        run_fixed_tiny,
     ),
     Scenario(
         "scaler-config-default-control",

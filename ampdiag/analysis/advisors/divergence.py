@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ampdiag.analysis import device
-from ampdiag.analysis.advisors import Advice, advisor, find
+from ampdiag.analysis.advisors import Advice, advisor, find, terms
 from ampdiag.analysis.derive import derived
 from ampdiag.schema import DivergenceCause, DivergenceResult, FirstNonfinite
 from ampdiag.session import Finding, Session
@@ -35,6 +35,9 @@ SYMPTOMS = (
     "activation-overflow",
     "fp16-grad-underflow",
 )
+
+#: Causes the replay in the run's precision traced to one op (`divergence._op_detail`).
+OP_KINDS = ("mask-constant", "custom-function")
 
 
 @advisor("diverged", "stalled", "nonfinite-origin")
@@ -73,7 +76,14 @@ def divergence_advice(session: Session, findings: list[Finding]) -> Iterator[Adv
         if key in result:
             evidence[key] = result[key]
     cited = dict(why)
-    for key in ("replay", "replay_step", "loss_scale", "backward_not_replayed", "kind"):
+    for key in (
+        "replay",
+        "replay_step",
+        "loss_scale",
+        "backward_not_replayed",
+        "kind",
+        "state_restored",
+    ):
         if key in cited:
             evidence[key] = cited[key]
     what = "diverged" if verdict == "diverged" else "stalled"
@@ -99,6 +109,8 @@ def divergence_advice(session: Session, findings: list[Finding]) -> Iterator[Adv
         impact=1.0,
     )
     symptoms = find(findings, *SYMPTOMS) if why["cause"] != "precision" else []
+    if why.get("kind") in OP_KINDS:  # the op's own fix replaces the module's "float32"
+        symptoms = find(findings, "nonfinite-origin", "activation-overflow")
     yield Advice(rec, symptoms)
 
 
@@ -155,6 +167,11 @@ def _fix(session: Session, result: DivergenceResult, dev: str) -> str:
                     "torch.optim.Adam(model.parameters(), eps=1e-4)"
                 )
             return "\n".join(lines)
+        if why.get("kind") == "mask-constant":  # the op replayed in the run's precision
+            return f"{terms.mask_fill_fix()}\n# in {module}"
+        if why.get("kind") == "custom-function":
+            name = (why.get("op") or {}).get("function") or "MyFunction"
+            return terms.custom_function_fix(dev).replace("MyFunction", name, 1)
         lines = [
             f"FP16 cannot hold step {step}: {why.get('text', why.get('why'))}.",
             f"Keep {module} in float32 (its forward and backward):",

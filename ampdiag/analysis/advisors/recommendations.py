@@ -163,8 +163,8 @@ def consequence(session: Session, trouble: list[Finding]) -> str:
         scaled = number(under.evidence, "scale_in_use") if under else None
         how = (
             "without loss scaling"
-            if not scaled or scaled <= 1
-            else f"at loss scale {units.count(scaled)}"
+            if not scaled or scaled == 1
+            else f"at loss scale {units.count(scaled) if scaled > 1 else f'{scaled:g}'}"
         )
         clauses.append(f"{fraction:.1%} of the gradient values are lost to underflow in FP16 {how}")
         flat = loss_flat(session)

@@ -70,6 +70,7 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
     ev = {k: v for k, v in u.items() if k != "measured"}
     ev |= {"scale_in_use": scale if scale is not None else 1.0, "threshold": 0.05}
     bf16 = advisable(session.environment, "bf16")
+    held = None
     if u["scale_reaches_target"] is False and not bf16:
         fix = (
             "No loss scale keeps FP16's underflow under 1% without overflowing other "
@@ -94,10 +95,14 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
             if rec
             else "the scale needed is unmeasured; torch's default, grown by the scaler"
         )
+        held = _scale_held(session, rec)
+        if held is not None:
+            ev["scale_held_by"] = {"growth_interval": held}
         fix = (
             f"Scale the loss so small gradients stay representable ({needs}):\n"
-            f'scaler = torch.amp.GradScaler("{dev}", init_scale={rec_txt})\n'
-            "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()"
+            f'scaler = torch.amp.GradScaler("{dev}", init_scale={rec_txt}'
+            + (", growth_interval=2000)   # it grows; the scale is not fixed\n" if held else ")\n")
+            + "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()"
             + (
                 "\nor train in bfloat16 (same exponent range as float32): "
                 f"torch.autocast('{dev}', dtype=torch.bfloat16)"
@@ -112,6 +117,11 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
             f"{'At least ' if 'unmeasured' in u else ''}{frac:.1%} of nonzero gradient values "
             f"fall below FP16's normal range (zero or subnormal) at loss scale "
             f"{ev['scale_in_use']:g}"
+            + (
+                f", where the GradScaler's growth_interval={held} holds it (it never grows)"
+                if held is not None
+                else ""
+            )
             + (" (inside the model unmeasured: no FP32 replay)." if "unmeasured" in u else ".")
         ),
         evidence=ev,
@@ -119,6 +129,24 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
         section=SECTION,
         impact=min(1.0, frac),
     )
+
+
+def _scale_held(session: Session, needed: float | None) -> int | None:
+    """The GradScaler's growth_interval where it holds a scale too small fixed, else None.
+
+    A scaler grows only every ``growth_interval`` finite steps: set beyond torch's default
+    (2000) and beyond the run's steps, a scale below the one underflow needs never grows --
+    the setting, not the model, keeps the gradients lost.
+    """
+    sc = session.section("scaler")
+    info = sc.get("scaler") or {}
+    interval = info.get("growth_interval")
+    scale = _scale_in_use(session)
+    steps = int(sc.get("steps_total", len(sc.get("history") or [])))
+    if not (info.get("enabled") and isinstance(interval, (int, float)) and needed and scale):
+        return None
+    fixed = interval > max(SCALER_DEFAULTS["growth_interval"], steps)
+    return int(interval) if fixed and scale < needed else None
 
 
 @rule("grad-scaler-missing")
@@ -202,6 +230,8 @@ def _scale_collapse(sc: Mapping[str, Any]) -> tuple[Severity, float, float] | No
     every_step_min = sc.get("scale_min")  # every step's, where the history is thinned
     if isinstance(every_step_min, (int, float)):
         smin = min(smin, float(every_step_min))
+    if smin >= initial:  # it never fell: a scale set small (fixed) underflows, never collapses
+        return None
     if smin < THRESHOLDS["scale_collapse_abs"]:
         return "high", initial, smin
     if smin <= initial * THRESHOLDS["scale_collapse_ratio"]:
@@ -318,7 +348,7 @@ def grad_scaler_config(session: Session) -> Iterator[Finding]:
             f"{ev['skips_after_growth']} times the scale grew back to "
             f"{units.count(ev['overflow_scale'])}, overflowed and backed off, while steps held "
             f"at scales up to {units.count(ev['held_scale'])}. FP16 holds this model's "
-            "gradients at such a scale: the scaler's settings are the cause, not the precision."
+            "gradients at such a scale: the scaler's settings make these skips."
         ),
         evidence=ev,
         fix=(

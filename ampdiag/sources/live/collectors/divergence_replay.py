@@ -29,6 +29,7 @@ the step and halves the scale): it triggers the replay only when it persists
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,7 +40,13 @@ import torch
 from ampdiag.compat import scaler as compat_scaler
 from ampdiag.compat.autocast import AutocastHeldOff
 from ampdiag.compat.dtensor import fsdp_mixed_precision, is_dtensor, local_tensor
-from ampdiag.compat.modules import uncompiled
+from ampdiag.compat.modules import (
+    State,
+    changed_state,
+    keep_state,
+    state_attributes,
+    uncompiled,
+)
 from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors._finite import max_abs_token
 from ampdiag.sources.live.collectors.base import RunContext, internal_work, tensors_in
@@ -69,6 +76,7 @@ class _Call:
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    state: State = field(default_factory=list)  # the model's own state as the forward began
     grad: torch.Tensor | None = None
     scale: torch.Tensor | None = None
     # `Token`s of its output and 0-dim losses: each finite exactly when what it stands for is
@@ -93,6 +101,11 @@ class ReplayKeeper:
         self._run: RunContext | None = None
         self._not_checked: str | None = None  # why this run is not watched (a GPU, no scaler)
         self._weights_start: dict[str, Any] | None = None  # `_weights` at the first check
+        # attributes holding tensors (a recurrent state kept between steps): found at the
+        # model and again after the first step (one created by the first forward)
+        self._state_at: list[tuple[torch.nn.Module, str]] | None = None
+        self._state_seen = False
+        self._state_then: State = []  # `keep_state` as the root's forward began
 
     @property
     def done(self) -> bool:
@@ -116,7 +129,9 @@ class ReplayKeeper:
         for name, m in model.named_modules():
             self._names.setdefault(id(m), name or f"({type(m).__name__})")
         self._params = [p for p in model.parameters() if p.requires_grad]
+        self._state_at = state_attributes(model)
         self._handles = [
+            global_hooks.on_module(model, global_hooks.MODULE_PRE, self._began),
             global_hooks.on_module(model, global_hooks.MODULE_INPUTS, self._inputs),
             global_hooks.on_module(model, global_hooks.MODULE_POST, self._output),
         ]
@@ -134,7 +149,13 @@ class ReplayKeeper:
             return
         if self._not_checked is not None:
             return
-        self._calls.append(_Call(tuple(args), dict(kwargs or {})))
+        state, self._state_then = self._state_then, []
+        self._calls.append(_Call(tuple(args), dict(kwargs or {}), state))
+
+    def _began(self, module: torch.nn.Module, args: Any) -> None:
+        # MODULE_INPUTS runs after the forward: the state the forward began with is kept here
+        if self._state_at and not self.done and self._not_checked is None:
+            self._state_then = keep_state(self._state_at)
 
     def _output(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         # global_hooks calls a module's MODULE_INPUTS callbacks before its MODULE_POST ones:
@@ -185,6 +206,9 @@ class ReplayKeeper:
             self._check(run, step, "at the step's end (no optimizer step ran)")
         self._calls = []
         self._checked = False
+        if not self._state_seen and self._root is not None:  # made by the first forward
+            self._state_seen = True
+            self._state_at = state_attributes(self._root)
         record = self._records.get("forward")
         if record is not None and record.get("step") == step and "error" not in record:
             record["parameters_finite_after"] = self._parameters_finite()
@@ -297,6 +321,20 @@ class ReplayKeeper:
             self._records[trigger] = record
             self._calls = []
             return
+        # the model's own state (an RNN's hidden state kept on a module) as the step began
+        restore, in_place, kept = changed_state(call.state, self._names)
+        if in_place:
+            record["error"] = (
+                f"the model's state {', '.join(in_place[:3])} was written in place during the "
+                f"step: the replay cannot start from the state step {step} began with"
+            )
+            self._records[trigger] = record
+            self._calls = []
+            return
+        if restore:
+            record["state_restored"] = sorted(
+                f"{self._names.get(i, '?')}.{a}" for i, attrs in restore.items() for a in attrs
+            )
         grad = call.grad
         if grad is not None and call.scale is not None:
             grad = grad.float() / call.scale.to(grad.device)
@@ -319,7 +357,9 @@ class ReplayKeeper:
         targets = ["fp32", "bf16"] if precision == "fp16" else ["fp32"]
         if compiled:
             record["compiled"] = True
-            targets.append("run")  # the run's own precision, eagerly: which submodule made it
+        if compiled or precision != "fp32":
+            # the run's own precision, eagerly: which submodule made it, and which op (`_FirstOp`)
+            targets.append("run")
         for target in targets:
             try:
                 with internal_work():
@@ -333,6 +373,7 @@ class ReplayKeeper:
                         self._names,
                         upcast=stored is not None and target != "run",
                         autocast_dtype=_autocast_dtype(run) if target == "run" else None,
+                        state=kept,
                     )
             except Exception as exc:  # never the user's problem: the record says why
                 record["results"][target] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
@@ -416,6 +457,7 @@ def replay_step(
     *,
     upcast: bool = False,
     autocast_dtype: torch.dtype | None = None,
+    state: dict[int, dict[str, object]] | None = None,
 ) -> dict[str, Any]:
     """The step's forward (and backward from ``grad_output``) in ``precision``: what it holds.
 
@@ -424,7 +466,10 @@ def replay_step(
     ``torch.autocast(device_type, autocast_dtype)`` where given), eagerly -- a compiled
     model's submodules each seen (`fp32_replay.replaying`): which one made the value.
     ``upcast``: the model's FP16/BF16 parameters (``model.half()``) and floating inputs are
-    replayed as FP32 copies (``result["upcast"]``), the model's own left alone.
+    replayed as FP32 copies (``result["upcast"]``), the model's own left alone. ``state``:
+    ``{id(module): {attribute: value}}`` set on the replica's modules (the model's own state
+    as the step began, `compat.modules.changed_state`; FP16/BF16 tensors as FP32 copies but in
+    the run's own precision), the model's left alone.
 
     Returns ``finite`` (every module output,
     and where replayed every gradient, finite), ``origin`` ({module, phase, kind} of the first
@@ -442,6 +487,11 @@ def replay_step(
     if upcast:
         args, kwargs = upcast_inputs(args), upcast_inputs(kwargs)
     with replaying(model, device, upcast=upcast) as (replica, origin):
+        for copied in replica.modules():
+            then = (state or {}).get(id(origin[id(copied)]))
+            if then:  # into the copy's own dict: the model's is untouched
+                low = precision != "run"  # an FP16 state, replayed in FP32 (BF16: autocast)
+                copied.__dict__.update({k: upcast_inputs(v) if low else v for k, v in then.items()})
 
         def keep(module: torch.nn.Module, inputs: Any, output: Any) -> None:
             t = next(tensors_in(output), None)
@@ -451,6 +501,9 @@ def replay_step(
             rows.append((origin[id(module)], t, x))
 
         handles = [m.register_forward_hook(keep) for m in replica.modules()]
+        watch = _FirstOp(names, origin) if precision == "run" else None
+        if watch is not None:
+            handles += watch.hooks(replica)
         try:
             if precision == "fp32":
                 held_off = AutocastHeldOff()
@@ -458,13 +511,17 @@ def replay_step(
                     out = next(tensors_in(replica(*args, **kwargs)), None)
                 if held_off.low is not None:
                     raise ValueError(f"the FP32 replay is not FP32: {held_off.low}")
-            elif precision == "run":
-                with torch.autocast(
-                    device_type,
-                    dtype=autocast_dtype or torch.float32,
-                    enabled=autocast_dtype is not None,
+            elif precision == "run" and watch is not None:
+                with (
+                    torch.autocast(
+                        device_type,
+                        dtype=autocast_dtype or torch.float32,
+                        enabled=autocast_dtype is not None,
+                    ),
+                    watch,
                 ):
                     out = next(tensors_in(replica(*args, **kwargs)), None)
+                watch.carried(out)
             else:
                 with torch.autocast(device_type, dtype=torch.bfloat16):
                     out = next(tensors_in(replica(*args, **kwargs)), None)
@@ -479,6 +536,8 @@ def replay_step(
         result: dict[str, Any] = {"precision": precision, "forward_finite": True}
         if upcast:
             result["upcast"] = True
+        if watch is not None and watch.found is not None:
+            result["op"] = watch.result()
         origin_at: dict[str, Any] | None = None
         finite_vals = [(v, m) for v, (m, _, _) in zip(fwd, rows, strict=True) if math.isfinite(v)]
         for v, (m, _, _) in zip(fwd, rows, strict=True):
@@ -501,6 +560,114 @@ def replay_step(
     result["origin"] = origin_at
     result["finite"] = origin_at is None
     return result
+
+
+class _FirstOp(torch.overrides.TorchFunctionMode):
+    """The replay's first op whose output is non-finite from finite inputs: what made it.
+
+    Runs only in the replay of the first non-finite step, in the run's own precision (a read
+    per op until that op is found; nothing on the steps the run trains). It records the op,
+    the module it ran in, its dtype and:
+
+    * ``constant``: a finite number among its arguments beyond the output dtype's range (a mask
+      filled with -1e9 in FP16, whose max is 65504): the constant became inf;
+    * ``function``: the custom ``torch.autograd.Function`` the value came out of, where the
+      op ran with grad mode off (inside a Function's forward) and the first non-finite tensor
+      that carries a custom Function's node is that Function's output.
+
+    An inf from an inf constant (a mask filled with ``float("-inf")``) or from inputs already
+    non-finite is not an origin.
+    """
+
+    def __init__(self, names: dict[int, str], origin: dict[int, torch.nn.Module]) -> None:
+        super().__init__()
+        self._names, self._origin = names, origin
+        self._where: list[str] = []
+        self._custom: dict[int, tuple[str, torch.Tensor]] = {}  # custom Functions' outputs
+        self.found: dict[str, Any] | None = None
+
+    def hooks(self, replica: torch.nn.Module) -> list[Any]:
+        """Hooks that keep the name of the module each op runs in."""
+
+        def enter(m: torch.nn.Module, args: Any) -> None:
+            self._where.append(self._names.get(id(self._origin.get(id(m))), "?"))
+
+        def leave(m: torch.nn.Module, args: Any, out: Any) -> None:
+            if self._where:
+                self._where.pop()
+
+        return [
+            h
+            for m in replica.modules()
+            for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))
+        ]
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        with contextlib.suppress(Exception):  # observing must never break the replay
+            self._see(func, args, kwargs, out)
+        return out
+
+    def carried(self, value: Any) -> None:
+        """Notes the custom Functions' outputs among ``value`` (the replay's output)."""
+        for t in tensors_in(value, max_depth=2):
+            node = t.grad_fn
+            if isinstance(node, torch.autograd.function.BackwardCFunction):
+                self._custom.setdefault(id(node), (type(node).__name__, t))
+
+    def _see(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        inputs = [t for t in tensors_in((args, kwargs), max_depth=3) if t.is_floating_point()]
+        self.carried(inputs)
+        outs = [t for t in tensors_in(out, max_depth=2) if t.is_floating_point()]
+        if self.found is not None or not outs:
+            return
+        nan, inf = _nan_inf(outs)
+        if not (nan or inf):
+            return
+        in_nan, in_inf = _nan_inf(inputs)
+        numbers = [
+            float(v)
+            for v in (*args, *kwargs.values())
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        ]
+        if not (
+            (nan and not in_nan)
+            or (inf and not (in_nan or in_inf) and all(math.isfinite(v) for v in numbers))
+        ):
+            return
+        dtype = outs[0].dtype
+        self.found = {
+            "op": getattr(func, "__name__", str(func)).strip("_"),
+            "module": self._where[-1] if self._where else None,
+            "dtype": str(dtype).removeprefix("torch."),
+            "grad_enabled": torch.is_grad_enabled(),
+        }
+        big = [v for v in numbers if abs(v) > torch.finfo(dtype).max]
+        if big:
+            self.found["constant"] = big[0]
+
+    def result(self) -> dict[str, Any]:
+        """The op found, with the custom Function it ran in (``function``) where one did."""
+        found = dict(self.found or {})
+        if found.get("grad_enabled") is False:
+            bad = [name for name, t in self._custom.values() if not bool(torch.isfinite(t).all())]
+            if bad:
+                found["function"] = bad[0].removesuffix("Backward")
+        self._custom.clear()
+        return found
+
+
+def _nan_inf(tensors: list[torch.Tensor]) -> tuple[bool, bool]:
+    """Whether any of ``tensors`` holds a NaN, and whether any holds an inf (one read)."""
+    if not tensors:
+        return False, False
+    device = tensors[0].device
+    flags = torch.stack(
+        [torch.stack([t.isnan().any(), t.isinf().any()]).to(device) for t in tensors]
+    ).any(0)
+    nan, inf = flags.tolist()
+    return bool(nan), bool(inf)
 
 
 def _backward(
