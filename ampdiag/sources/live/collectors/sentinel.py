@@ -50,13 +50,14 @@ import torch
 
 from ampdiag.compat.autograd import version
 from ampdiag.compat.dtensor import local_tensor
+from ampdiag.compat.modules import uncompiled
 from ampdiag.schema import SentinelSection
 from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors import origin
 from ampdiag.sources.live.collectors._finite import max_abs_token
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
-from ampdiag.sources.live.collectors.divergence_replay import ReplayKeeper
+from ampdiag.sources.live.collectors.divergence_replay import ReplayKeeper, _gathers_across_ranks
 from ampdiag.sources.live.collectors.fp32_replay import MAX_OUTPUT_VALUES, replaying
 
 #: The pseudo-module named when the loss (forward) or its backward holds the first inf/NaN.
@@ -204,7 +205,10 @@ class Sentinel(Collector):
         """Hooks every module of the model, for the whole run."""
         prefix = "" if len(run.models) <= 1 else f"model{len(run.models) - 1}."
         if self._exact is None:
-            self._exact = any(p.is_cuda for p in model.parameters())
+            # exact where the step's check is read later (a GPU) or no replay can run
+            self._exact = any(p.is_cuda for p in model.parameters()) or bool(
+                _gathers_across_ranks(model)
+            )
             if not self._exact:
                 self._root = model
                 self._handles.append(
@@ -213,7 +217,9 @@ class Sentinel(Collector):
                 self._handles.append(
                     global_hooks.on_module(model, global_hooks.MODULE_POST_KWARGS, self._root_post)
                 )
-        for name, module in model.named_modules():
+        # a compiled model's submodules by the names the user knows (no "_orig_mod.")
+        inner = uncompiled(model)[0]
+        for name, module in chain(inner.named_modules(), model.named_modules()):
             if id(module) in self._index:
                 continue
             idx = len(self._names)
@@ -228,7 +234,7 @@ class Sentinel(Collector):
                 global_hooks.on_module(module, global_hooks.MODULE_POST_KWARGS, hook)
             )
         known = {id(p) for _, p in self._params}
-        for name, p in model.named_parameters():
+        for name, p in inner.named_parameters():
             if p.requires_grad and id(p) not in known:
                 self._params.append((prefix + name, p))
                 known.add(id(p))
@@ -623,8 +629,8 @@ class Sentinel(Collector):
         scale it carried included), by ``torch.autograd.grad`` (no ``.grad`` touched). The
         module hooks record what they record on every step in the exact mode, and
         `origin.py` reads it. Where no replay makes a non-finite value, the origin says
-        ``reproduced: False`` (the forward: the root's output; the backward: None, the
-        parameter gradient's owner).
+        ``reproduced: False`` and names what the step's check saw (the forward: the root's
+        output; the backward: the first non-finite parameter gradient's module).
         """
         model = self._root
         if model is None:
@@ -638,16 +644,16 @@ class Sentinel(Collector):
             finally:
                 self._reset_recording()
             if found is not None:
-                return {**found, "localized": "replay"}
+                return found
         if backward:
-            return None
-        root = self._names[self._index[id(model)]] if id(model) in self._index else "?"
+            module, kind = self._grad_owner(), "parameter gradient"
+        else:
+            module, kind = self._names[self._index.get(id(model), 0)], "output"
         return {
-            "phase": "forward",
-            "module": root,
-            "kind": "output",
+            "phase": "backward" if backward else "forward",
+            "module": module,
+            "kind": kind,
             "parent_code": False,
-            "localized": "replay",
             "reproduced": False,
         }
 
