@@ -52,6 +52,11 @@ def main() -> None:
         help="autocast dtype (float32: no autocast; a CPU without fast FP16 takes ~25x longer "
         "on an FP16 step, which hides the sentinel's cost)",
     )
+    ap.add_argument(
+        "--variants",
+        default="sentinel,window,anomaly",
+        help="what is timed against plain steps (comma-separated: sentinel, window, anomaly)",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -99,17 +104,14 @@ def main() -> None:
         f"{sum(p.numel() for p in model.parameters())} params, "
         f"{modules} modules, batch {args.batch}, threads {torch.get_num_threads()}"
     )
-    times: dict[str, list[tuple[float, float]]] = {
-        "plain": [],
-        "sentinel": [],
-        "window": [],
-        "anomaly": [],
-    }
+    watched = [v for v in args.variants.split(",") if v]
+    times: dict[str, list[tuple[float, float]]] = {v: [] for v in ["plain", *watched]}
     quiet = {"report": False, "tensorboard": False, "console": False}
     names = list(times)
     with tempfile.TemporaryDirectory() as tmp:
         for b in range(args.blocks):
-            for name in names[b % 4 :] + names[: b % 4]:  # the order rotated each round
+            k = b % len(names)
+            for name in names[k:] + names[:k]:  # the order rotated each round
                 gc.collect()
                 if name == "plain":
                     run(2)
@@ -133,16 +135,17 @@ def main() -> None:
                     gc.collect()
                     times[name].append(run(args.steps))
     plain = times["plain"]
-    for name in ("sentinel", "window", "anomaly"):
-        watched = times[name]
+    for name in watched:
         for label, i in (("wall", 0), ("CPU", 1)):
             p = statistics.median(t[i] for t in plain) / args.steps
-            w = statistics.median(t[i] for t in watched) / args.steps
-            pair = statistics.median(a[i] / b[i] for a, b in zip(watched, plain, strict=True))
+            w = statistics.median(t[i] for t in times[name]) / args.steps
+            pairs = [a[i] / b[i] for a, b in zip(times[name], plain, strict=True)]
+            pair = statistics.median(pairs)
+            q = statistics.quantiles(pairs, n=4) if len(pairs) > 1 else [pair, pair, pair]
             print(
                 f"{name:8s} {label:4s}: plain {p * 1e3:.3f} ms/step, {name} {w * 1e3:.3f} "
                 f"ms/step ({(w - p) * 1e3:+.3f} ms): ratio {w / p:.3f}x (median of paired "
-                f"rounds {pair:.3f}x, n={args.blocks})"
+                f"rounds {pair:.3f}x, IQR {q[0]:.3f}-{q[2]:.3f}x, n={args.blocks})"
             )
 
 

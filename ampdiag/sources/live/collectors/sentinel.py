@@ -85,7 +85,20 @@ def finite_token(t: torch.Tensor) -> torch.Tensor:
             if math.isfinite(float(quick)):
                 return quick.float()
         return torch.sum(t, dtype=torch.float32)
-    return t.sum().float()
+    return _as_float32(t.sum())
+
+
+def _as_float32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 (itself when it is: no call into torch on every step)."""
+    return t if t.dtype == torch.float32 else t.float()
+
+
+def _stacked(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The step's 0-dim float32 values as one tensor (on the first one's device)."""
+    device = parts[0].device
+    if any(p.device != device for p in parts):
+        parts = [p.to(device) for p in parts]
+    return torch.stack(parts)
 
 
 def _when_training(hook: Callable[..., None], idx: int, *args: Any) -> None:
@@ -113,7 +126,27 @@ def _first_tensor(value: Any, max_depth: int = 2) -> torch.Tensor | None:
     return next(tensors_in(value, max_depth=max_depth), None)
 
 
-@dataclass(eq=False)  # compared by identity (its fields hold tensors)
+class _Seen:
+    """What the step knows of one tensor, looked up by its id.
+
+    A weak reference (nothing is kept alive), its version counter when seen (changed in place
+    since: a new entry), its token's position (-1: not reduced) and the roles its gradient
+    hook reports (None: no hook).
+    """
+
+    __slots__ = ("ref", "roles", "token", "version")
+
+    def __init__(self, t: torch.Tensor, v: int) -> None:
+        self.ref, self.version = weakref.ref(t), v
+        self.token = -1
+        self.roles: list[int] | None = None
+
+    def holds(self, t: torch.Tensor, v: int) -> bool:
+        """Whether this entry is ``t`` as it is now (same object, unchanged in place)."""
+        return self.ref() is t and self.version == v
+
+
+@dataclass(eq=False, slots=True)  # compared by identity (its fields hold tensors)
 class _RootCall:
     """One forward of the root model in a step, kept until the step's check.
 
@@ -152,16 +185,14 @@ class Sentinel(Collector):
         self._index: dict[int, int] = {}
         self._handles: list[Any] = []
         self._params: list[tuple[str, torch.nn.Parameter]] = []
-        # This step's calls ([module, parent call, input token, output token, tokens before
-        # it started or -1]), the role that computed each forward token, the calls running
-        # now, and the tensors seen by id: [weak reference, version, token or -1, roles of its
-        # gradient hook or None]. Keyword input tokens, read after their call: token ->
-        # (tokens before the call started, call) -- where they belong in the order.
-        self._calls: list[list[int]] = []
+        # This step's calls, the role that computed each forward token, the calls running
+        # now, and the tensors seen by id. Keyword input tokens, read after their call:
+        # token -> (tokens before the call started, call) -- where they belong in the order.
+        self._calls: list[origin.Call] = []
         self._fwd_idx: list[int] = []
         self._early: dict[int, tuple[int, int]] = {}
         self._stack: list[int] = []
-        self._seen: dict[int, list[Any]] = {}
+        self._seen: dict[int, _Seen] = {}
         self._fwd: list[torch.Tensor] = []
         self._bwd_idx: list[list[int]] = []
         self._bwd: list[torch.Tensor] = []
@@ -169,7 +200,12 @@ class Sentinel(Collector):
         self._loss_scaled: list[bool] = []  # each loss: given to GradScaler.scale (unscaled)
         self._pending: list[
             tuple[
-                int, tuple[list[list[int]], list[int]], list[list[int]], list[bool], bool, Deferred
+                int,
+                tuple[list[origin.Call], list[int]],
+                list[list[int]],
+                list[bool],
+                bool,
+                Deferred,
             ]
         ] = []
         self._steps = 0
@@ -287,40 +323,40 @@ class Sentinel(Collector):
     def _pre(self, idx: int, module: torch.nn.Module, args: Any) -> None:
         try:
             call, stack = len(self._calls), self._stack
-            record = [idx, stack[-1] if stack else -1, -1, -1, len(self._fwd)]
+            record = origin.Call(idx, stack[-1] if stack else -1, len(self._fwd))
             self._calls.append(record)
             stack.append(call)
             a = _first_tensor(args)
             if a is not None and a.is_floating_point():
-                record[2] = self._token(a, call * 2 + origin.INPUT)
+                record.inp = self._token(a, call * 2 + origin.INPUT)
         except Exception as exc:  # observing must never break the user's step
             self._error(exc)
 
-    def _entry(self, t: torch.Tensor) -> list[Any]:
+    def _entry(self, t: torch.Tensor) -> _Seen:
         """What is known of ``t`` this step (a new entry when it is new or changed in place)."""
         entry = self._seen.get(id(t))
         v = version(t)
-        if entry is None or entry[0]() is not t or entry[1] != v:
-            entry = self._seen[id(t)] = [weakref.ref(t), v, -1, None]
+        if entry is None or not entry.holds(t, v):
+            entry = self._seen[id(t)] = _Seen(t, v)
         return entry
 
     def _token(self, t: torch.Tensor, role: int) -> int:
         """The position of ``t``'s finiteness token, reduced now unless it already was."""
         entry = self._entry(t)
-        if entry[2] < 0:
+        if entry.token < 0:
             with internal_work():
                 token = finite_token(t.detach())
-            entry[2] = len(self._fwd)
+            entry.token = len(self._fwd)
             self._fwd.append(token)
             self._fwd_idx.append(role)
-        return int(entry[2])
+        return entry.token
 
     def _role(self, t: torch.Tensor, role: int) -> None:
         """Adds a role to ``t``'s gradient hook (registered with its first role)."""
         entry = self._entry(t)
-        roles: list[int] | None = entry[3]
+        roles = entry.roles
         if roles is None:
-            roles = entry[3] = []
+            roles = entry.roles = []
             t.register_hook(partial(self._grad, roles))  # type: ignore[no-untyped-call]
         roles.append(role)
 
@@ -328,12 +364,12 @@ class Sentinel(Collector):
         """The call of module ``idx`` that ends now (popped from the running calls)."""
         stack = self._stack
         for i in range(len(stack) - 1, -1, -1):
-            if self._calls[stack[i]][0] == idx:
+            if self._calls[stack[i]].module == idx:
                 call = stack[i]
                 del stack[i:]
                 return call
         # no pre-hook seen (hooked while it ran): a call with no input token
-        self._calls.append([idx, stack[-1] if stack else -1, -1, -1, -1])
+        self._calls.append(origin.Call(idx, stack[-1] if stack else -1, -1))
         return len(self._calls) - 1
 
     def _forward(
@@ -352,12 +388,12 @@ class Sentinel(Collector):
         self, idx: int, module: torch.nn.Module, args: Any, kwargs: Any, output: Any
     ) -> None:
         call = self._close(idx)
-        if kwargs and self._calls[call][2] < 0:
+        if kwargs and self._calls[call].inp < 0:
             self._keyword_input(call, kwargs)
         t = _first_tensor(output, 4)
         floating = t is not None and t.is_floating_point()
         if t is not None and floating:
-            self._calls[call][3] = self._token(t, call * 2 + origin.OUTPUT)
+            self._calls[call].out = self._token(t, call * 2 + origin.OUTPUT)
         if not torch.is_grad_enabled():
             return
         inputs = tensors_in(args, max_depth=2)
@@ -383,7 +419,7 @@ class Sentinel(Collector):
         design (and a non-finite keyword input the call absorbed is not one, `_absorbed`).
         """
         record = self._calls[call]
-        start = record[4]
+        start = record.start
         if start < 0:
             return
         for key, t in kwargs.items():
@@ -391,20 +427,19 @@ class Sentinel(Collector):
                 continue
             entry = self._seen.get(id(t))
             v = version(t)
-            known = entry is not None and entry[0]() is t and entry[1] == v and entry[2] >= 0
-            if known and self._key(entry[2]) < (start, 0, call):  # type: ignore[index]
-                record[2] = int(entry[2])  # type: ignore[index]
+            known = entry if entry is not None and entry.holds(t, v) and entry.token >= 0 else None
+            if known is not None and self._key(known.token) < (start, 0, call):
+                record.inp = known.token
                 continue
             if v != 0:
                 continue
-            if known:
-                token = self._fwd[entry[2]]  # type: ignore[index]
+            if known is not None:
+                token = self._fwd[known.token]
             else:
                 with internal_work():
                     token = finite_token(t.detach())
-                entry = self._entry(t)
-                entry[2] = len(self._fwd)
-            record[2] = len(self._fwd)
+                self._entry(t).token = len(self._fwd)
+            record.inp = len(self._fwd)
             self._early[len(self._fwd)] = (start, call)
             self._fwd.append(token)
             self._fwd_idx.append(call * 2 + origin.INPUT)
@@ -427,7 +462,7 @@ class Sentinel(Collector):
         """
         with internal_work():
             for token, (_, call) in self._early.items():
-                out = self._calls[call][3]
+                out = self._calls[call].out
                 if out >= 0:
                     t = self._fwd[token]
                     self._fwd[token] = torch.where(
@@ -458,29 +493,31 @@ class Sentinel(Collector):
         """Keeps the loss (one value) for the step's check."""
         self._seen = {}  # the forward is over: what it saw is not looked up again
         if loss.is_floating_point():
-            self._loss.append(loss.detach().reshape(()).float())
+            t = loss.detach()
+            self._loss.append(_as_float32(t if t.dim() == 0 else t.reshape(())))
             self._loss_scaled.append(from_scaler)
         self._replay.on_loss(loss)
 
     def before_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
         """Replays the step in FP32 when it is the first non-finite one (weights unchanged)."""
-        self._replay.before_optimizer_step(run)
+        finite = False
         if not self._exact and not self._checked:
             self._checked = True
-            self._check(run, run.step)
+            finite = self._check(run, run.step)
+        self._replay.before_optimizer_step(run, finite)
 
     # --- steps ------------------------------------------------------------------------------
 
     def on_step_end(self, run: RunContext, step: int) -> None:
         """Stacks the step's values with the gradients' max |g| and sends them to the host."""
-        self._replay.on_step_end(run, step)
         if not self._exact:
-            if not self._checked:
-                self._check(run, step)
+            finite = not self._checked and self._check(run, step)
+            self._replay.on_step_end(run, step, finite)
             self._steps += 1
             self._checked = False
             self._root_calls, self._loss, self._loss_scaled = [], [], []
             return
+        self._replay.on_step_end(run, step)
         if self._early:
             self._in_start_order()
         with internal_work():
@@ -490,10 +527,7 @@ class Sentinel(Collector):
             if grads:
                 parts.append(max_abs_token(grads))
             if parts:
-                device = parts[0].device
-                if any(p.device != device for p in parts):
-                    parts = [p.to(device) for p in parts]
-                deferred = Deferred(torch.stack(parts), copy=False)
+                deferred = Deferred(_stacked(parts), copy=False)
                 fwd = (self._calls, self._fwd_idx)
                 self._pending.append(
                     (step, fwd, self._bwd_idx, self._loss_scaled, bool(grads), deferred)
@@ -511,7 +545,7 @@ class Sentinel(Collector):
     def _absorb(
         self,
         step: int,
-        fwd: tuple[list[list[int]], list[int]],
+        fwd: tuple[list[origin.Call], list[int]],
         bwd: list[list[int]],
         scaled: list[bool],
         grads: bool,
@@ -583,12 +617,13 @@ class Sentinel(Collector):
 
     # --- the step's check without module hooks, and the replay that localizes ---------------
 
-    def _check(self, run: RunContext, step: int) -> None:
+    def _check(self, run: RunContext, step: int) -> bool:
         """The step's check from the root's outputs, the losses and the gradients (one read).
 
         Before the optimizer step (the weights still the step's own) or, where none ran (a
         GradScaler's skip: the weights unchanged), at the step's end. The first non-finite
-        forward (and backward) is then localized by `_localize`.
+        forward (and backward) is then localized by `_localize`. Returns whether every value
+        was finite (the replay keeper then reads nothing again).
         """
         calls, losses, scaled = self._root_calls, self._loss, self._loss_scaled
         with internal_work():
@@ -599,9 +634,8 @@ class Sentinel(Collector):
             if grads:
                 parts.append(max_abs_token(grads))
             if not parts:
-                return
-            device = parts[0].device
-            values: list[float] = torch.stack([p.to(device) for p in parts]).tolist()
+                return False
+            values: list[float] = _stacked(parts).tolist()
         a, b, c = len(outs), len(outs) + len(losses), len(outs) + len(losses) + len(ogs)
         if scaled and self._forward_origin is None:
             self._keep_loss(step, values[a:b], scaled)
@@ -618,6 +652,7 @@ class Sentinel(Collector):
             return self._localize(run, backward=True)
 
         self._record(step, bad_out, bad_loss, bad_bwd, zero, fwd_origin, bwd_origin)
+        return not (bad_out or bad_loss or bad_bwd)
 
     def _localize(self, run: RunContext, backward: bool) -> dict[str, Any] | None:
         """The origin, from the step's forwards (and backwards) replayed with module hooks.
