@@ -4,15 +4,22 @@ Plain FP16-autocast + GradScaler training steps of the demo model (TinyGPT) agai
 steps inside ``ampdiag.diagnose()`` with only the sentinel attached (the collector every step
 pays for; the sampled collectors are measured by bench_numerics.py), interleaved block by
 block in one process with the order rotated each round. Prints per-step medians (wall and this
-thread's CPU time), the ratio of the medians and the median of per-round paired ratios.
+thread's CPU time), the ratio of the medians and the median (and quartiles) of per-round
+paired ratios.
 ``anomaly`` is torch's own answer to "where did the NaN come from",
 ``torch.autograd.detect_anomaly(check_nan=True)``: the anchor. A third variant, ``window``,
 is the same steps outside a window of steps that never opens (``diagnose(steps=...)`` with
 every default collector): what a long run pays between its windows, the run-wide sentinel's
 block and the step watch. ``--model mlp``: bench_window's small MLP instead of TinyGPT.
 
+``--origins``: the corpus's NaN scenarios (``tests/scenarios/sc_nan_*``), each run under
+ampdiag and again under the anchor, with the step and module each names beside the truth the
+scenario measured itself. The anchor's step is the step whose backward raised; it names a
+backward op and the forward line that made its input, never a module.
+
     python -m benchmarks.bench_sentinel [--device cpu|cuda] [--blocks 12] [--steps 20]
-        [--dtype float16|bfloat16|float32] [--model tinygpt|mlp]
+        [--dtype float16|bfloat16|float32] [--model tinygpt|mlp] [--variants sentinel,...]
+    python -m benchmarks.bench_sentinel --origins
 """
 
 from __future__ import annotations
@@ -20,9 +27,15 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+import sys
 import tempfile
 import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 from torch.nn import functional as F
@@ -57,7 +70,11 @@ def main() -> None:
         default="sentinel,window,anomaly",
         help="what is timed against plain steps (comma-separated: sentinel, window, anomaly)",
     )
+    ap.add_argument("--origins", action="store_true", help="the origin table (see the doc)")
     args = ap.parse_args()
+    if args.origins:
+        origins()
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
@@ -147,6 +164,81 @@ def main() -> None:
                 f"ms/step ({(w - p) * 1e3:+.3f} ms): ratio {w / p:.3f}x (median of paired "
                 f"rounds {pair:.3f}x, IQR {q[0]:.3f}-{q[2]:.3f}x, n={args.blocks})"
             )
+
+
+def origins() -> None:
+    """Prints, per NaN scenario: the truth, ampdiag's origin, and the anchor's."""
+    from tests.scenarios import harness
+
+    scenarios = [s for s in harness.all_scenarios() if s.name.startswith("nan-")]
+    print(f"{'scenario':36s} {'truth (step, module)':28s} {'ampdiag':30s} anomaly mode")
+    with tempfile.TemporaryDirectory() as tmp:
+        for sc in scenarios:
+            session, truth = sc.run(Path(tmp, sc.name))
+            want = next((e for e in truth.expect if e.id == "nonfinite-origin"), None)
+            if want is None:
+                continue
+            got = next((f for f in session.all_findings() if f.id == "nonfinite-origin"), None)
+            ours = (got.evidence.get("step"), got.evidence.get("module")) if got else None
+            ok = ours == (want.step, want.module) if want.module else ours and ours[0] == want.step
+            caught = _under_anomaly(sc, Path(tmp, sc.name + "-anomaly"))
+            theirs = "no error raised"
+            if caught:
+                right = "right step" if caught["step"] == want.step else "wrong step"
+                theirs = f"step {caught['step']} ({right}): {caught['op']} at {caught['line']}"
+            mark = "right" if ok else "WRONG"
+            print(
+                f"{sc.name:36s} {(want.step, want.module)!s:28s} "
+                f"{mark + ' ' + str(ours):30s} {theirs}"
+            )
+
+
+def _under_anomaly(sc: Any, out: Path) -> dict[str, Any] | None:
+    """The scenario's run with ``detect_anomaly(check_nan=True)`` in place of ``diagnose``."""
+    from tests.scenarios import harness
+
+    caught: dict[str, Any] = {}
+    backwards = [0]
+    plain_backward = torch.autograd.backward
+
+    def counted(*a: Any, **k: Any) -> Any:
+        backwards[0] += 1
+        return plain_backward(*a, **k)
+
+    @contextmanager
+    def anchor(out: Path, **settings: Any) -> Iterator[Any]:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            try:
+                with torch.autograd.detect_anomaly(check_nan=True):
+                    yield SimpleNamespace(session=None)
+            except RuntimeError as exc:
+                trace = "\n".join(str(w.message) for w in seen)
+                lines = [  # the innermost frame of the user's code (not torch's)
+                    ln.strip()
+                    for ln in trace.splitlines()
+                    if ln.strip().startswith("File") and "/torch/" not in ln
+                ]
+                caught["step"] = backwards[0] - 1
+                caught["op"] = str(exc).split("'")[1] if "'" in str(exc) else str(exc)[:40]
+                where = lines[-1].split('"')[1].rsplit("/", 1)[-1] if lines else "?"
+                line = lines[-1].split("line ")[1].split(",")[0] if lines else "?"
+                caught["line"] = f"{where}:{line}"
+
+    plain = harness.diagnose
+    patched = [m for m in list(sys.modules.values()) if getattr(m, "diagnose", None) is plain]
+    for m in patched:
+        m.diagnose = anchor  # type: ignore[attr-defined]
+    torch.autograd.backward = counted
+    try:
+        sc.run(out)
+    except Exception:  # the run stopped where the anchor raised: what it said is kept
+        pass
+    finally:
+        torch.autograd.backward = plain_backward
+        for m in patched:
+            m.diagnose = plain  # type: ignore[attr-defined]
+    return caught or None
 
 
 if __name__ == "__main__":
