@@ -98,6 +98,7 @@ class Origin(TypedDict, total=False):
     kind: str
     parent_code: bool
     between: list[str | None]
+    reproduced: bool  # False: localized by a replay of the step that stayed finite
 
 
 class Step(TypedDict, total=False):

@@ -1,10 +1,12 @@
-"""Re-runs every cost benchmark the README names and prints each figure beside the README's.
+"""Re-runs every cost benchmark the docs name and prints each figure beside the stated one.
 
-The README's benchmark table rows read ``| `command` | what | figure | target |``: this
-parses them (README.md, read-only here), runs each command (``python -m benchmarks.X`` or
-``python benchmarks/X.py``, through this interpreter; a ``flock ...`` prefix kept off) and
-prints the README's figure (its bold parts), the target and the fresh output's last lines.
-Timing is the benchmarks' own (CPU time, paired interleaved rounds); say the machine's load.
+The benchmark table rows of ``docs/benchmarks.md`` read ``| `command` | what | figure |
+target |``: this parses them (read-only here), with the README's lines that cite the same
+benchmark (its front page states the sentinel's figure in prose), runs each command
+(``python -m benchmarks.X`` or ``python benchmarks/X.py``, through this interpreter; a
+``flock ...`` prefix kept off) and prints the stated figure (its bold parts), the target and
+the fresh output's last lines. Timing is the benchmarks' own (CPU time, paired interleaved
+rounds); say the machine's load.
 
     python -m benchmarks.bench_readme [--list] [--only bench_sentinel,bench_window]
         [--timeout 1800]
@@ -21,6 +23,7 @@ import sys
 from pathlib import Path
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+TABLE = README.parent / "docs" / "benchmarks.md"
 _ROW = re.compile(
     r"^\| `(?P<cmd>[^`]*benchmarks[^`]*)` \|(?P<what>[^|]*)\|(?P<fig>.*)\|(?P<goal>[^|]*)\|$"
 )
@@ -63,10 +66,14 @@ def main() -> None:
     args = ap.parse_args()
     only = {n for n in args.only.split(",") if n}
     print(f"load average: {os.getloadavg()}")
-    for name, argv, figure, goal in rows(README.read_text()):
+    readme = README.read_text().splitlines()
+    for name, argv, figure, goal in rows(TABLE.read_text()):
         if only and name not in only:
             continue
-        print(f"== {name}: {' '.join(argv[1:])}\n   README: {figure}\n   target: {goal}")
+        print(f"== {name}: {' '.join(argv[1:])}\n   docs: {figure}\n   target: {goal}")
+        for i, line in enumerate(readme):
+            if f"{name} " in line or f"{name}`" in line:  # the sentence that states it
+                print(f"   README: {' '.join(x.strip() for x in readme[max(i - 1, 0) : i + 1])}")
         if args.list:
             continue
         try:

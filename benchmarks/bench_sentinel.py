@@ -4,15 +4,22 @@ Plain FP16-autocast + GradScaler training steps of the demo model (TinyGPT) agai
 steps inside ``ampdiag.diagnose()`` with only the sentinel attached (the collector every step
 pays for; the sampled collectors are measured by bench_numerics.py), interleaved block by
 block in one process with the order rotated each round. Prints per-step medians (wall and this
-thread's CPU time), the ratio of the medians and the median of per-round paired ratios.
+thread's CPU time), the ratio of the medians and the median (and quartiles) of per-round
+paired ratios.
 ``anomaly`` is torch's own answer to "where did the NaN come from",
 ``torch.autograd.detect_anomaly(check_nan=True)``: the anchor. A third variant, ``window``,
 is the same steps outside a window of steps that never opens (``diagnose(steps=...)`` with
 every default collector): what a long run pays between its windows, the run-wide sentinel's
 block and the step watch. ``--model mlp``: bench_window's small MLP instead of TinyGPT.
 
+``--origins``: the corpus's NaN scenarios (``tests/scenarios/sc_nan_*``), each run under
+ampdiag and again under the anchor, with the step and module each names beside the truth the
+scenario measured itself. The anchor's step is the step whose backward raised; it names a
+backward op and the forward line that made its input, never a module.
+
     python -m benchmarks.bench_sentinel [--device cpu|cuda] [--blocks 12] [--steps 20]
-        [--dtype float16|bfloat16|float32] [--model tinygpt|mlp]
+        [--dtype float16|bfloat16|float32] [--model tinygpt|mlp] [--variants sentinel,...]
+    python -m benchmarks.bench_sentinel --origins
 """
 
 from __future__ import annotations
@@ -20,9 +27,15 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+import sys
 import tempfile
 import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 from torch.nn import functional as F
@@ -52,7 +65,16 @@ def main() -> None:
         help="autocast dtype (float32: no autocast; a CPU without fast FP16 takes ~25x longer "
         "on an FP16 step, which hides the sentinel's cost)",
     )
+    ap.add_argument(
+        "--variants",
+        default="sentinel,window,anomaly",
+        help="what is timed against plain steps (comma-separated: sentinel, window, anomaly)",
+    )
+    ap.add_argument("--origins", action="store_true", help="the origin table (see the doc)")
     args = ap.parse_args()
+    if args.origins:
+        origins()
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
@@ -99,17 +121,14 @@ def main() -> None:
         f"{sum(p.numel() for p in model.parameters())} params, "
         f"{modules} modules, batch {args.batch}, threads {torch.get_num_threads()}"
     )
-    times: dict[str, list[tuple[float, float]]] = {
-        "plain": [],
-        "sentinel": [],
-        "window": [],
-        "anomaly": [],
-    }
+    watched = [v for v in args.variants.split(",") if v]
+    times: dict[str, list[tuple[float, float]]] = {v: [] for v in ["plain", *watched]}
     quiet = {"report": False, "tensorboard": False, "console": False}
     names = list(times)
     with tempfile.TemporaryDirectory() as tmp:
         for b in range(args.blocks):
-            for name in names[b % 4 :] + names[: b % 4]:  # the order rotated each round
+            k = b % len(names)
+            for name in names[k:] + names[:k]:  # the order rotated each round
                 gc.collect()
                 if name == "plain":
                     run(2)
@@ -133,17 +152,93 @@ def main() -> None:
                     gc.collect()
                     times[name].append(run(args.steps))
     plain = times["plain"]
-    for name in ("sentinel", "window", "anomaly"):
-        watched = times[name]
+    for name in watched:
         for label, i in (("wall", 0), ("CPU", 1)):
             p = statistics.median(t[i] for t in plain) / args.steps
-            w = statistics.median(t[i] for t in watched) / args.steps
-            pair = statistics.median(a[i] / b[i] for a, b in zip(watched, plain, strict=True))
+            w = statistics.median(t[i] for t in times[name]) / args.steps
+            pairs = [a[i] / b[i] for a, b in zip(times[name], plain, strict=True)]
+            pair = statistics.median(pairs)
+            q = statistics.quantiles(pairs, n=4) if len(pairs) > 1 else [pair, pair, pair]
             print(
                 f"{name:8s} {label:4s}: plain {p * 1e3:.3f} ms/step, {name} {w * 1e3:.3f} "
                 f"ms/step ({(w - p) * 1e3:+.3f} ms): ratio {w / p:.3f}x (median of paired "
-                f"rounds {pair:.3f}x, n={args.blocks})"
+                f"rounds {pair:.3f}x, IQR {q[0]:.3f}-{q[2]:.3f}x, n={args.blocks})"
             )
+
+
+def origins() -> None:
+    """Prints, per NaN scenario: the truth, ampdiag's origin, and the anchor's."""
+    from tests.scenarios import harness
+
+    scenarios = [s for s in harness.all_scenarios() if s.name.startswith("nan-")]
+    print(f"{'scenario':36s} {'truth (step, module)':28s} {'ampdiag':30s} anomaly mode")
+    with tempfile.TemporaryDirectory() as tmp:
+        for sc in scenarios:
+            session, truth = sc.run(Path(tmp, sc.name))
+            want = next((e for e in truth.expect if e.id == "nonfinite-origin"), None)
+            if want is None:
+                continue
+            got = next((f for f in session.all_findings() if f.id == "nonfinite-origin"), None)
+            ours = (got.evidence.get("step"), got.evidence.get("module")) if got else None
+            ok = ours == (want.step, want.module) if want.module else ours and ours[0] == want.step
+            caught = _under_anomaly(sc, Path(tmp, sc.name + "-anomaly"))
+            theirs = "no error raised"
+            if caught:
+                right = "right step" if caught["step"] == want.step else "wrong step"
+                theirs = f"step {caught['step']} ({right}): {caught['op']} at {caught['line']}"
+            mark = "right" if ok else "WRONG"
+            print(
+                f"{sc.name:36s} {(want.step, want.module)!s:28s} "
+                f"{mark + ' ' + str(ours):30s} {theirs}"
+            )
+
+
+def _under_anomaly(sc: Any, out: Path) -> dict[str, Any] | None:
+    """The scenario's run with ``detect_anomaly(check_nan=True)`` in place of ``diagnose``."""
+    from tests.scenarios import harness
+
+    caught: dict[str, Any] = {}
+    backwards = [0]
+    plain_backward = torch.autograd.backward
+
+    def counted(*a: Any, **k: Any) -> Any:
+        backwards[0] += 1
+        return plain_backward(*a, **k)
+
+    @contextmanager
+    def anchor(out: Path, **settings: Any) -> Iterator[Any]:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            try:
+                with torch.autograd.detect_anomaly(check_nan=True):
+                    yield SimpleNamespace(session=None)
+            except RuntimeError as exc:
+                trace = "\n".join(str(w.message) for w in seen)
+                lines = [  # the innermost frame of the user's code (not torch's)
+                    ln.strip()
+                    for ln in trace.splitlines()
+                    if ln.strip().startswith("File") and "/torch/" not in ln
+                ]
+                caught["step"] = backwards[0] - 1
+                caught["op"] = str(exc).split("'")[1] if "'" in str(exc) else str(exc)[:40]
+                where = lines[-1].split('"')[1].rsplit("/", 1)[-1] if lines else "?"
+                line = lines[-1].split("line ")[1].split(",")[0] if lines else "?"
+                caught["line"] = f"{where}:{line}"
+
+    plain = harness.diagnose
+    patched = [m for m in list(sys.modules.values()) if getattr(m, "diagnose", None) is plain]
+    for m in patched:
+        m.diagnose = anchor  # type: ignore[attr-defined]
+    torch.autograd.backward = counted
+    try:
+        sc.run(out)
+    except Exception:  # the run stopped where the anchor raised: what it said is kept
+        pass
+    finally:
+        torch.autograd.backward = plain_backward
+        for m in patched:
+            m.diagnose = plain  # type: ignore[attr-defined]
+    return caught or None
 
 
 if __name__ == "__main__":

@@ -199,3 +199,36 @@ def test_a_backward_op_between_two_children_is_the_parents(tmp_path: Path) -> No
     assert origin is not None
     assert (origin["step"], origin["module"], origin["parent_code"]) == (1, "1", True)
     assert origin["between"] == ["1.a", "1.b"]
+
+
+class _NaNOnThirdCall(nn.Module):
+    """NaN on its third forward only: the live step's state, which no replay carries."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x * float("nan") if self.calls == 3 else x
+
+
+def test_a_replay_that_stays_finite_is_stated_not_passed_off_as_an_origin(
+    tmp_path: Path,
+) -> None:
+    torch.manual_seed(0)
+    nan = _NaNOnThirdCall()
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nan, nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with ampdiag.diagnose(out=tmp_path, collectors=[Sentinel()], **QUIET) as d:
+        for _ in range(5):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+    assert nan.calls >= 5  # the live module ran every step (the replay ran a copy of it)
+    assert d.session is not None
+    found = next(f for f in d.session.all_findings() if f.id == "nonfinite-origin")
+    assert found.evidence["step"] == 2  # the third call: step 2
+    assert found.evidence.get("reproduced") is False, found.evidence
+    assert "replay stayed finite" in found.title, found.title
+    assert found.evidence["module"] != "2"  # it claims no module it did not see make it

@@ -539,6 +539,9 @@ def _nonfinite_origin(session: Session) -> tuple[dict[str, Any], int] | None:
         if not found:
             return None
         first = min(found, key=lambda o: int(o["step"]))
+        exact = session.section("activations").get("nonfinite_origin")
+        if first.get("reproduced") is False and exact and exact.get("step") == first["step"]:
+            first = dict(exact)  # the replay stayed finite; that step was sampled: hooks saw it
         replay = sentinel.get("replay") or {}
         located = divergence.replayed_origin(replay)
         if (
@@ -619,6 +622,10 @@ def nonfinite_origin(session: Session) -> Iterator[Finding]:
     }
     if parent_code:
         evidence["between"] = list(origin.get("between") or [None, None])
+    title = f"inf/NaN first appears at step {origin['step']} in {where}."
+    if origin.get("reproduced") is False:
+        evidence["reproduced"] = False
+        title += " Its replay stayed finite: the module that made it is not known."
     if origin.get("located_by"):
         evidence["located_by"] = origin["located_by"]
     if fp32:
@@ -629,7 +636,7 @@ def nonfinite_origin(session: Session) -> Iterator[Finding]:
     yield Finding(
         id="nonfinite-origin",
         severity=sev,
-        title=f"inf/NaN first appears at step {origin['step']} in {where}.",
+        title=title,
         evidence=evidence,
         fix=_origin_fix(session, origin, fp32, dev),
         section=SECTION,

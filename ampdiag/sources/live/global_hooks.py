@@ -64,6 +64,18 @@ def training_forward() -> bool:
     return torch.is_grad_enabled() and not in_backward()
 
 
+def _compiling() -> bool:
+    """Whether torch.compile traces now (noted for `compiled_region_seen`).
+
+    Asked before anything else is read: what a hook reads while dynamo traces it becomes a
+    guard of the compiled graph (a table of callbacks that changes: a recompilation).
+    """
+    if torch.compiler.is_compiling():
+        _COMPILED[0] = True
+        return True
+    return False
+
+
 def compiled_region_seen() -> bool:
     """Whether a forward ran inside a torch.compile region since `reset_compiled_region`."""
     return _COMPILED[0]
@@ -101,11 +113,15 @@ class _Shared:
             self.calling -= 1
 
     def call_pre(self, module: Any, args: Any) -> None:
-        if not training_forward():
+        if _compiling():
             return
         # Read first: a module's callbacks added by a callback below (a model just found)
         # start with its next forward, as a hook registered on the module would.
         own = self.by_module.get(id(module), ())
+        if not (own or self.callbacks):  # nothing to call: every module's forward pays this
+            return
+        if not training_forward():
+            return
         for callback in self.callbacks:
             callback(module, args)
         for callback in own:
@@ -114,11 +130,17 @@ class _Shared:
     def call_post(self, module: Any, args: Any, *rest: Any) -> None:
         # (kwargs, output); torch passes (output) alone when the forward raised (always_call).
         kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
+        if _compiling():
+            return
+        key = id(module)
+        own = self.by_module.get(key, ())
+        own_kwargs = self.with_kwargs.get(key, ())
+        own_inputs = self.inputs.get(key, ())
+        if not (own or own_kwargs or own_inputs or self.callbacks):
+            return
         if not training_forward():
             return
-        own = self.by_module.get(id(module), ())
-        own_kwargs = self.with_kwargs.get(id(module), ())
-        for callback in self.inputs.get(id(module), ()):
+        for callback in own_inputs:
             callback(module, args, kwargs)
         for callback in self.callbacks:
             callback(module, args, output)

@@ -22,16 +22,16 @@ _FP32_MAX = torch.finfo(torch.float32).max
 def max_abs_token(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """A 0-dim float32 tensor, non-finite exactly when a value is, zero exactly when all are.
 
-    On the CPU the 2-norm (one fused pass) is read first -- no device to wait for -- and it
-    decides when it is finite and not zero; otherwise (a real inf/NaN, all zeros, or finite
-    values whose squares overflow or underflow the dtype) the largest |x| decides. On a GPU
-    the largest |x| is cheap and needs no read.
+    On the CPU the 2-norm (one fused pass, the per-tensor norms combined in Python's float64
+    ``math.hypot``) is read first -- no device to wait for -- and it decides when it is finite
+    and not zero; otherwise (a real inf/NaN, all zeros, or finite values whose squares
+    overflow or underflow the dtype) the largest |x| decides. On a GPU the largest |x| is
+    cheap and needs no read.
     """
     tensors = list(tensors)
     if all(t.device.type == "cpu" for t in tensors):
-        norms = [n.double() for n in foreach_norm(tensors)]
-        quick: torch.Tensor = torch.linalg.vector_norm(torch.stack(norms))
-        value = float(quick)
+        norms = [n if n.dtype == torch.float32 else n.float() for n in foreach_norm(tensors)]
+        value = math.hypot(*torch.stack(norms).tolist())
         if math.isfinite(value) and value > 0:
             return torch.tensor(min(value, _FP32_MAX), dtype=torch.float32)
     largest: torch.Tensor = torch.nn.utils.get_total_norm(tensors, math.inf).double()

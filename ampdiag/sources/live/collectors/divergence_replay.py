@@ -194,16 +194,19 @@ class ReplayKeeper:
 
     # --- the check --------------------------------------------------------------------------
 
-    def before_optimizer_step(self, run: RunContext) -> None:
-        """Checks the step before its weights change; replays it when non-finite."""
+    def before_optimizer_step(self, run: RunContext, finite: bool = False) -> None:
+        """Checks the step before its weights change; replays it when non-finite.
+
+        ``finite``: the sentinel's own check of this step found it finite (not read again).
+        """
         if not self._checked and not self.done and self._calls:
             self._checked = True
-            self._check(run, run.step, "before the optimizer step")
+            self._check(run, run.step, "before the optimizer step", finite)
 
-    def on_step_end(self, run: RunContext, step: int) -> None:
+    def on_step_end(self, run: RunContext, step: int, finite: bool = False) -> None:
         """Checks a step that ran no optimizer step (a GradScaler skip); drops the inputs."""
         if not self._checked and not self.done and self._calls:
-            self._check(run, step, "at the step's end (no optimizer step ran)")
+            self._check(run, step, "at the step's end (no optimizer step ran)", finite)
         self._calls = []
         self._checked = False
         if not self._state_seen and self._root is not None:  # made by the first forward
@@ -246,13 +249,16 @@ class ReplayKeeper:
         except Exception:  # a refinement: unmeasured, never the user's problem
             return {}
 
-    def _check(self, run: RunContext, step: int, when: str) -> None:
+    def _check(self, run: RunContext, step: int, when: str, finite: bool = False) -> None:
         if any(p.is_cuda for p in self._params[:1]) and not _scaler_enabled(run):
             self._not_checked = NOT_CHECKED_ON_GPU
             self._calls = []
             return
         if self._weights_start is None:
             self._weights_start = {"step": step, **self._weights()}
+        if finite:
+            self._skips_in_row = 0
+            return
         try:
             self._check_step(run, step, when)
         except Exception as exc:  # a broken check costs the replay, never the sentinel's step

@@ -1,8 +1,8 @@
 """Where a step's first inf/NaN was made, from what the sentinel recorded in that step.
 
-The sentinel (`sentinel.py`) records, per step, every module *call* (``[module index, parent
-call, input token, output token]``: the parent is the call running when it started, -1 for a
-root) and one finiteness token per distinct tensor it saw: the first floating input of each
+The sentinel (`sentinel.py`) records, per step, every module *call* (a `Call`: its module,
+its parent -- the call running when it started, -1 for a root --, its input and output tokens)
+and one finiteness token per distinct tensor it saw: the first floating input of each
 call (before the module runs) and its first floating output (after). In the backward, one
 event per hooked tensor's gradient, with the *roles* that tensor played in the forward: the
 input or the output of which calls. A role is ``call * 2 + OUTPUT`` (or ``+ INPUT``); a token
@@ -37,10 +37,25 @@ INPUT, OUTPUT = 0, 1
 LOSS = "(loss)"
 
 
-def _depths(calls: Sequence[Sequence[int]]) -> list[int]:
+class Call:
+    """One module call of the step (or of its replay): forward tokens' positions, -1: none.
+
+    ``module``: the module's index; ``parent``: the call running when it started; ``inp``,
+    ``out``: its input's and output's tokens; ``start``: the tokens made before it started
+    (-1: its pre-hook never ran).
+    """
+
+    __slots__ = ("inp", "module", "out", "parent", "start")
+
+    def __init__(self, module: int, parent: int, start: int) -> None:
+        self.module, self.parent, self.start = module, parent, start
+        self.inp = self.out = -1
+
+
+def _depths(calls: Sequence[Call]) -> list[int]:
     depth: list[int] = []
     for c in calls:
-        parent = c[1]
+        parent = c.parent
         depth.append(depth[parent] + 1 if 0 <= parent < len(depth) else 0)
     return depth
 
@@ -54,7 +69,7 @@ def _origin(phase: str, module: str, kind: str, between: list[str | None] | None
 
 
 def forward(
-    calls: Sequence[Sequence[int]],
+    calls: Sequence[Call],
     owners: Sequence[int],
     finite: Sequence[bool],
     names: Sequence[str],
@@ -62,8 +77,7 @@ def forward(
     """The forward origin (phase, module, kind, parent_code[, between]), or None if all finite.
 
     Args:
-        calls: ``[module index, parent call, input token, output token]`` per call, in the
-            order the calls started (token -1: none).
+        calls: Per call, in the order the calls started.
         owners: Per token, the role (``call * 2 + INPUT/OUTPUT``) whose hook computed it.
         finite: Per token, whether it is finite.
         names: Module index -> name.
@@ -78,20 +92,20 @@ def forward(
     if role == OUTPUT:
         # Its children ran one after another before its output, all finite (earlier tokens):
         # with any, the value was made in its own code after the last of them.
-        kids = [c for c in calls[call + 1 :] if c[1] == call]
+        kids = [c for c in calls[call + 1 :] if c.parent == call]
         if not kids:
-            return _origin("forward", names[here[0]], "output", None)
-        return _origin("forward", names[here[0]], "own code", [names[kids[-1][0]], None])
-    parent = here[1]
+            return _origin("forward", names[here.module], "output", None)
+        return _origin("forward", names[here.module], "own code", [names[kids[-1].module], None])
+    parent = here.parent
     if parent < 0:  # the value entered the model already non-finite
-        return _origin("forward", names[here[0]], "input", None)
-    prev = [c for c in calls[parent + 1 : call] if c[1] == parent]
-    before = names[prev[-1][0]] if prev else None
-    return _origin("forward", names[calls[parent][0]], "own code", [before, names[here[0]]])
+        return _origin("forward", names[here.module], "input", None)
+    prev = [c for c in calls[parent + 1 : call] if c.parent == parent]
+    before = names[prev[-1].module] if prev else None
+    return _origin("forward", names[calls[parent].module], "own code", [before, names[here.module]])
 
 
 def backward(
-    calls: Sequence[Sequence[int]],
+    calls: Sequence[Call],
     roles: Sequence[Sequence[int]],
     finite: Sequence[bool],
     names: Sequence[str],
@@ -120,24 +134,24 @@ def backward(
     made = [r // 2 for r in here if r % 2 == INPUT and r // 2 in arrived]
     if made:
         call = max(made, key=lambda c: depth[c])
-        kids = [c for c in last_event if 0 <= c < len(calls) and calls[c][1] == call]
+        kids = [c for c in last_event if 0 <= c < len(calls) and calls[c].parent == call]
         between = None
         if kids:  # its children's gradients came back finite: its own code before them
-            between = [None, names[calls[max(kids, key=lambda c: last_event[c])][0]]]
+            between = [None, names[calls[max(kids, key=lambda c: last_event[c])].module]]
         kind = "own code" if between else "input gradient"
-        return _origin("backward", names[calls[call][0]], kind, between)
+        return _origin("backward", names[calls[call].module], kind, between)
     outs = [r // 2 for r in here if r % 2 == OUTPUT]
     if outs:
         child = min(outs, key=lambda c: depth[c])  # the outermost call returning this tensor
-        parent = calls[child][1]
+        parent = calls[child].parent
         if parent < 0:
             return _origin("backward", LOSS, "gradient from the loss", None)
-        after = [c for c in last_event if 0 <= c < len(calls) and calls[c][1] == parent]
-        nxt = names[calls[max(after, key=lambda c: last_event[c])][0]] if after else None
-        between = [names[calls[child][0]], nxt]
-        return _origin("backward", names[calls[parent][0]], "own code", between)
+        after = [c for c in last_event if 0 <= c < len(calls) and calls[c].parent == parent]
+        nxt = names[calls[max(after, key=lambda c: last_event[c])].module] if after else None
+        between = [names[calls[child].module], nxt]
+        return _origin("backward", names[calls[parent].module], "own code", between)
     ins = [r // 2 for r in here]
     if not ins:
         return None
     call = max(ins, key=lambda c: depth[c])
-    return _origin("backward", names[calls[call][0]], "input gradient", None)
+    return _origin("backward", names[calls[call].module], "input gradient", None)

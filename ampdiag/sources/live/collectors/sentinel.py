@@ -39,6 +39,9 @@ from __future__ import annotations
 import math
 import weakref
 from collections import deque
+from collections.abc import Callable
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain
 from typing import Any, cast
@@ -47,13 +50,15 @@ import torch
 
 from ampdiag.compat.autograd import version
 from ampdiag.compat.dtensor import local_tensor
+from ampdiag.compat.modules import uncompiled
 from ampdiag.schema import Origin, SentinelSection
 from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors import origin
 from ampdiag.sources.live.collectors._finite import max_abs_token
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
-from ampdiag.sources.live.collectors.divergence_replay import ReplayKeeper
+from ampdiag.sources.live.collectors.divergence_replay import ReplayKeeper, _gathers_across_ranks
+from ampdiag.sources.live.collectors.fp32_replay import MAX_OUTPUT_VALUES, replaying
 
 #: The pseudo-module named when the loss (forward) or its backward holds the first inf/NaN.
 LOSS = origin.LOSS
@@ -80,7 +85,36 @@ def finite_token(t: torch.Tensor) -> torch.Tensor:
             if math.isfinite(float(quick)):
                 return quick.float()
         return torch.sum(t, dtype=torch.float32)
-    return t.sum().float()
+    return _as_float32(t.sum())
+
+
+def _as_float32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 (itself when it is: no call into torch on every step)."""
+    return t if t.dtype == torch.float32 else t.float()
+
+
+def _stacked(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The step's 0-dim float32 values as one tensor (on the first one's device)."""
+    device = parts[0].device
+    if any(p.device != device for p in parts):
+        parts = [p.to(device) for p in parts]
+    return torch.stack(parts)
+
+
+def _when_training(hook: Callable[..., None], idx: int, *args: Any) -> None:
+    """``hook(idx, ...)`` on the forwards the module callbacks see (`global_hooks`)."""
+    if global_hooks.training_forward():
+        hook(idx, *args)
+
+
+def _autocast(states: list[tuple[str, torch.dtype]]) -> Any:
+    """Enters the autocast states a forward ran under (none: a null context)."""
+    if not states:
+        return nullcontext()
+    stack = ExitStack()
+    for dev, dtype in states:
+        stack.enter_context(torch.autocast(dev, dtype=dtype))
+    return stack
 
 
 def _first_tensor(value: Any, max_depth: int = 2) -> torch.Tensor | None:
@@ -90,6 +124,53 @@ def _first_tensor(value: Any, max_depth: int = 2) -> torch.Tensor | None:
     if type(value) is tuple and value and isinstance(value[0], torch.Tensor):
         return value[0]
     return next(tensors_in(value, max_depth=max_depth), None)
+
+
+class _Seen:
+    """What the step knows of one tensor, looked up by its id.
+
+    A weak reference (nothing is kept alive), its version counter when seen (changed in place
+    since: a new entry), its token's position (-1: not reduced) and the roles its gradient
+    hook reports (None: no hook).
+    """
+
+    __slots__ = ("ref", "roles", "token", "version")
+
+    def __init__(self, t: torch.Tensor, v: int) -> None:
+        self.ref, self.version = weakref.ref(t), v
+        self.token = -1
+        self.roles: list[int] | None = None
+
+    def holds(self, t: torch.Tensor, v: int) -> bool:
+        """Whether this entry is ``t`` as it is now (same object, unchanged in place)."""
+        return self.ref() is t and self.version == v
+
+
+@dataclass(eq=False, slots=True)  # compared by identity (its fields hold tensors)
+class _RootCall:
+    """One forward of the root model in a step, kept until the step's check.
+
+    What a replay of it needs (references to its inputs and to the gradient at its output,
+    the autocast state and the RNG state it started with) and its tokens (output, output
+    gradient).
+    """
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    autocast: list[tuple[str, torch.dtype]]
+    rng: torch.Tensor | None
+    out: list[torch.Tensor] = field(default_factory=list)
+    grads: list[torch.Tensor] = field(default_factory=list)
+    grad: torch.Tensor | None = None
+
+
+def _autocast_now() -> list[tuple[str, torch.dtype]]:
+    """The autocast states enabled now (device type, dtype): what a replay enters again."""
+    return [
+        (dev, torch.get_autocast_dtype(dev))
+        for dev in ("cpu", "cuda")
+        if torch.is_autocast_enabled(dev)
+    ]
 
 
 class Sentinel(Collector):
@@ -104,16 +185,14 @@ class Sentinel(Collector):
         self._index: dict[int, int] = {}
         self._handles: list[Any] = []
         self._params: list[tuple[str, torch.nn.Parameter]] = []
-        # This step's calls ([module, parent call, input token, output token, tokens before
-        # it started or -1]), the role that computed each forward token, the calls running
-        # now, and the tensors seen by id: [weak reference, version, token or -1, roles of its
-        # gradient hook or None]. Keyword input tokens, read after their call: token ->
-        # (tokens before the call started, call) -- where they belong in the order.
-        self._calls: list[list[int]] = []
+        # This step's calls, the role that computed each forward token, the calls running
+        # now, and the tensors seen by id. Keyword input tokens, read after their call:
+        # token -> (tokens before the call started, call) -- where they belong in the order.
+        self._calls: list[origin.Call] = []
         self._fwd_idx: list[int] = []
         self._early: dict[int, tuple[int, int]] = {}
         self._stack: list[int] = []
-        self._seen: dict[int, list[Any]] = {}
+        self._seen: dict[int, _Seen] = {}
         self._fwd: list[torch.Tensor] = []
         self._bwd_idx: list[list[int]] = []
         self._bwd: list[torch.Tensor] = []
@@ -121,7 +200,12 @@ class Sentinel(Collector):
         self._loss_scaled: list[bool] = []  # each loss: given to GradScaler.scale (unscaled)
         self._pending: list[
             tuple[
-                int, tuple[list[list[int]], list[int]], list[list[int]], list[bool], bool, Deferred
+                int,
+                tuple[list[origin.Call], list[int]],
+                list[list[int]],
+                list[bool],
+                bool,
+                Deferred,
             ]
         ] = []
         self._steps = 0
@@ -142,18 +226,43 @@ class Sentinel(Collector):
         self._loss_tail: deque[tuple[int, float]] = deque(maxlen=LOSS_TAIL)
         self._errors: list[str] = []
         self._replay = ReplayKeeper(finite_token)  # the first non-finite step, replayed
+        # Every-step module hooks (``exact``: a model on a GPU, where the step's check is
+        # read at a later step) or the root model's forwards alone, the origin localized by
+        # replaying the first non-finite step with the module hooks (`_localize`).
+        self._exact: bool | None = None
+        self._root: torch.nn.Module | None = None
+        self._root_calls: list[_RootCall] = []
+        self._pre_rng: torch.Tensor | None = None
+        self._checked = False
 
     # --- lifecycle --------------------------------------------------------------------------
 
     def on_model(self, run: RunContext, model: torch.nn.Module) -> None:
         """Hooks every module of the model, for the whole run."""
         prefix = "" if len(run.models) <= 1 else f"model{len(run.models) - 1}."
-        for name, module in model.named_modules():
+        if self._exact is None:
+            # exact where the step's check is read later (a GPU) or no replay can run
+            self._exact = any(p.is_cuda for p in model.parameters()) or bool(
+                _gathers_across_ranks(model)
+            )
+            if not self._exact:
+                self._root = model
+                self._handles.append(
+                    global_hooks.on_module(model, global_hooks.MODULE_PRE, self._root_pre)
+                )
+                self._handles.append(
+                    global_hooks.on_module(model, global_hooks.MODULE_POST_KWARGS, self._root_post)
+                )
+        # a compiled model's submodules by the names the user knows (no "_orig_mod.")
+        inner = uncompiled(model)[0]
+        for name, module in chain(inner.named_modules(), model.named_modules()):
             if id(module) in self._index:
                 continue
             idx = len(self._names)
             self._index[id(module)] = idx
             self._names.append(prefix + name if name else prefix + f"({type(module).__name__})")
+            if not self._exact:
+                continue
             pre = partial(self._pre, idx)
             self._handles.append(global_hooks.on_module(module, global_hooks.MODULE_PRE, pre))
             hook = partial(self._forward, idx)
@@ -161,7 +270,7 @@ class Sentinel(Collector):
                 global_hooks.on_module(module, global_hooks.MODULE_POST_KWARGS, hook)
             )
         known = {id(p) for _, p in self._params}
-        for name, p in model.named_parameters():
+        for name, p in inner.named_parameters():
             if p.requires_grad and id(p) not in known:
                 self._params.append((prefix + name, p))
                 known.add(id(p))
@@ -175,45 +284,79 @@ class Sentinel(Collector):
         self._replay.stop()
         self._resolve(wait=True)
 
+    # --- the root model's forwards (every step, without module hooks) -----------------------
+
+    def _root_pre(self, module: torch.nn.Module, args: Any) -> None:
+        try:
+            self._pre_rng = torch.get_rng_state()  # what its dropout draws from, replayed
+        except Exception as exc:  # observing must never break the user's step
+            self._error(exc)
+
+    def _root_post(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        try:
+            call = _RootCall(tuple(args), dict(kwargs or {}), _autocast_now(), self._pre_rng)
+            self._pre_rng = None
+            self._root_calls.append(call)
+            t = _first_tensor(output, 4)
+            if t is None or not t.is_floating_point():
+                return
+            with internal_work():
+                call.out.append(finite_token(t.detach()))
+            if t.requires_grad:
+                t.register_hook(partial(self._root_grad, call))  # type: ignore[no-untyped-call]
+        except Exception as exc:  # observing must never break the user's step
+            self._error(exc)
+
+    def _root_grad(self, call: _RootCall, grad: torch.Tensor) -> None:
+        if grad is None:
+            return
+        try:
+            with internal_work():
+                if call.grad is None and grad.numel() <= MAX_OUTPUT_VALUES:
+                    call.grad = grad.detach()  # a reference: nothing writes into it
+                call.grads.append(finite_token(grad.detach()))
+        except Exception as exc:  # observing must never break the user's backward
+            self._error(exc)
+
     # --- hooks ------------------------------------------------------------------------------
 
     def _pre(self, idx: int, module: torch.nn.Module, args: Any) -> None:
         try:
             call, stack = len(self._calls), self._stack
-            record = [idx, stack[-1] if stack else -1, -1, -1, len(self._fwd)]
+            record = origin.Call(idx, stack[-1] if stack else -1, len(self._fwd))
             self._calls.append(record)
             stack.append(call)
             a = _first_tensor(args)
             if a is not None and a.is_floating_point():
-                record[2] = self._token(a, call * 2 + origin.INPUT)
+                record.inp = self._token(a, call * 2 + origin.INPUT)
         except Exception as exc:  # observing must never break the user's step
             self._error(exc)
 
-    def _entry(self, t: torch.Tensor) -> list[Any]:
+    def _entry(self, t: torch.Tensor) -> _Seen:
         """What is known of ``t`` this step (a new entry when it is new or changed in place)."""
         entry = self._seen.get(id(t))
         v = version(t)
-        if entry is None or entry[0]() is not t or entry[1] != v:
-            entry = self._seen[id(t)] = [weakref.ref(t), v, -1, None]
+        if entry is None or not entry.holds(t, v):
+            entry = self._seen[id(t)] = _Seen(t, v)
         return entry
 
     def _token(self, t: torch.Tensor, role: int) -> int:
         """The position of ``t``'s finiteness token, reduced now unless it already was."""
         entry = self._entry(t)
-        if entry[2] < 0:
+        if entry.token < 0:
             with internal_work():
                 token = finite_token(t.detach())
-            entry[2] = len(self._fwd)
+            entry.token = len(self._fwd)
             self._fwd.append(token)
             self._fwd_idx.append(role)
-        return int(entry[2])
+        return entry.token
 
     def _role(self, t: torch.Tensor, role: int) -> None:
         """Adds a role to ``t``'s gradient hook (registered with its first role)."""
         entry = self._entry(t)
-        roles: list[int] | None = entry[3]
+        roles = entry.roles
         if roles is None:
-            roles = entry[3] = []
+            roles = entry.roles = []
             t.register_hook(partial(self._grad, roles))  # type: ignore[no-untyped-call]
         roles.append(role)
 
@@ -221,12 +364,12 @@ class Sentinel(Collector):
         """The call of module ``idx`` that ends now (popped from the running calls)."""
         stack = self._stack
         for i in range(len(stack) - 1, -1, -1):
-            if self._calls[stack[i]][0] == idx:
+            if self._calls[stack[i]].module == idx:
                 call = stack[i]
                 del stack[i:]
                 return call
         # no pre-hook seen (hooked while it ran): a call with no input token
-        self._calls.append([idx, stack[-1] if stack else -1, -1, -1, -1])
+        self._calls.append(origin.Call(idx, stack[-1] if stack else -1, -1))
         return len(self._calls) - 1
 
     def _forward(
@@ -245,12 +388,12 @@ class Sentinel(Collector):
         self, idx: int, module: torch.nn.Module, args: Any, kwargs: Any, output: Any
     ) -> None:
         call = self._close(idx)
-        if kwargs and self._calls[call][2] < 0:
+        if kwargs and self._calls[call].inp < 0:
             self._keyword_input(call, kwargs)
         t = _first_tensor(output, 4)
         floating = t is not None and t.is_floating_point()
         if t is not None and floating:
-            self._calls[call][3] = self._token(t, call * 2 + origin.OUTPUT)
+            self._calls[call].out = self._token(t, call * 2 + origin.OUTPUT)
         if not torch.is_grad_enabled():
             return
         inputs = tensors_in(args, max_depth=2)
@@ -276,7 +419,7 @@ class Sentinel(Collector):
         design (and a non-finite keyword input the call absorbed is not one, `_absorbed`).
         """
         record = self._calls[call]
-        start = record[4]
+        start = record.start
         if start < 0:
             return
         for key, t in kwargs.items():
@@ -284,20 +427,19 @@ class Sentinel(Collector):
                 continue
             entry = self._seen.get(id(t))
             v = version(t)
-            known = entry is not None and entry[0]() is t and entry[1] == v and entry[2] >= 0
-            if known and self._key(entry[2]) < (start, 0, call):  # type: ignore[index]
-                record[2] = int(entry[2])  # type: ignore[index]
+            known = entry if entry is not None and entry.holds(t, v) and entry.token >= 0 else None
+            if known is not None and self._key(known.token) < (start, 0, call):
+                record.inp = known.token
                 continue
             if v != 0:
                 continue
-            if known:
-                token = self._fwd[entry[2]]  # type: ignore[index]
+            if known is not None:
+                token = self._fwd[known.token]
             else:
                 with internal_work():
                     token = finite_token(t.detach())
-                entry = self._entry(t)
-                entry[2] = len(self._fwd)
-            record[2] = len(self._fwd)
+                self._entry(t).token = len(self._fwd)
+            record.inp = len(self._fwd)
             self._early[len(self._fwd)] = (start, call)
             self._fwd.append(token)
             self._fwd_idx.append(call * 2 + origin.INPUT)
@@ -320,7 +462,7 @@ class Sentinel(Collector):
         """
         with internal_work():
             for token, (_, call) in self._early.items():
-                out = self._calls[call][3]
+                out = self._calls[call].out
                 if out >= 0:
                     t = self._fwd[token]
                     self._fwd[token] = torch.where(
@@ -351,18 +493,30 @@ class Sentinel(Collector):
         """Keeps the loss (one value) for the step's check."""
         self._seen = {}  # the forward is over: what it saw is not looked up again
         if loss.is_floating_point():
-            self._loss.append(loss.detach().reshape(()).float())
+            t = loss.detach()
+            self._loss.append(_as_float32(t if t.dim() == 0 else t.reshape(())))
             self._loss_scaled.append(from_scaler)
         self._replay.on_loss(loss)
 
     def before_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
         """Replays the step in FP32 when it is the first non-finite one (weights unchanged)."""
-        self._replay.before_optimizer_step(run)
+        finite = False
+        if not self._exact and not self._checked:
+            self._checked = True
+            finite = self._check(run, run.step)
+        self._replay.before_optimizer_step(run, finite)
 
     # --- steps ------------------------------------------------------------------------------
 
     def on_step_end(self, run: RunContext, step: int) -> None:
         """Stacks the step's values with the gradients' max |g| and sends them to the host."""
+        if not self._exact:
+            finite = not self._checked and self._check(run, step)
+            self._replay.on_step_end(run, step, finite)
+            self._steps += 1
+            self._checked = False
+            self._root_calls, self._loss, self._loss_scaled = [], [], []
+            return
         self._replay.on_step_end(run, step)
         if self._early:
             self._in_start_order()
@@ -373,10 +527,7 @@ class Sentinel(Collector):
             if grads:
                 parts.append(max_abs_token(grads))
             if parts:
-                device = parts[0].device
-                if any(p.device != device for p in parts):
-                    parts = [p.to(device) for p in parts]
-                deferred = Deferred(torch.stack(parts), copy=False)
+                deferred = Deferred(_stacked(parts), copy=False)
                 fwd = (self._calls, self._fwd_idx)
                 self._pending.append(
                     (step, fwd, self._bwd_idx, self._loss_scaled, bool(grads), deferred)
@@ -394,7 +545,7 @@ class Sentinel(Collector):
     def _absorb(
         self,
         step: int,
-        fwd: tuple[list[list[int]], list[int]],
+        fwd: tuple[list[origin.Call], list[int]],
         bwd: list[list[int]],
         scaled: list[bool],
         grads: bool,
@@ -408,32 +559,53 @@ class Sentinel(Collector):
         k, n = len(owners), len(owners) + len(scaled)
         if scaled and self._forward_origin is None:
             self._keep_loss(step, values[k:n].tolist(), scaled)
-        bad_fwd = np.flatnonzero(~finite[:k])
+        bad_fwd = bool((~finite[:k]).any())
+        bad_bwd = bool((~finite[n : n + len(bwd)]).any())
+        zero = bool(grads and finite[-1] and values[-1] == 0)
+
+        def fwd_origin() -> dict[str, Any] | None:
+            if not bad_fwd:
+                return None
+            return origin.forward(calls, owners, finite[:k].tolist(), self._names)
+
+        def bwd_origin() -> dict[str, Any] | None:
+            if not bad_bwd:
+                return None
+            return origin.backward(calls, bwd, finite[n : n + len(bwd)].tolist(), self._names)
+
         bad_loss = not finite[k:n].all()
-        bad_bwd = np.flatnonzero(~finite[n : n + len(bwd)])
-        bad_grads = grads and not finite[-1]
-        if grads and finite[-1] and values[-1] == 0:
+        bad_grads = bool(grads and not finite[-1])
+        self._record(step, bad_fwd, bad_loss, bad_bwd or bad_grads, zero, fwd_origin, bwd_origin)
+
+    def _record(
+        self,
+        step: int,
+        bad_fwd: bool,
+        bad_loss: bool,
+        bad_bwd: bool,
+        zero_grads: bool,
+        fwd_origin: Callable[[], dict[str, Any] | None],
+        bwd_origin: Callable[[], dict[str, Any] | None],
+    ) -> None:
+        """Notes a checked step; the first non-finite forward's (and backward's) origin."""
+        if zero_grads:
             self._zero_grads.append(step)
         if bad_loss:
             self._loss_bad.append(step)
         self._last_step, self._last_loss_bad = step, bool(bad_loss)
-        if not (len(bad_fwd) or bad_loss or len(bad_bwd) or bad_grads):
+        if not (bad_fwd or bad_loss or bad_bwd):
             return
         self._nonfinite.append(step)
-        if len(bad_fwd) or bad_loss:
+        if bad_fwd or bad_loss:
             if self._forward_origin is None:
-                found = None
-                if len(bad_fwd):
-                    found = origin.forward(calls, owners, finite[:k].tolist(), self._names)
+                found = fwd_origin()
                 if found is None:
                     found = {"phase": "loss", "module": LOSS, "kind": "value", "parent_code": False}
                 self._forward_origin = cast(Origin, {"step": step, **found})
             return
         self._backward_only.append(step)
         if self._backward_origin is None:
-            found = None
-            if len(bad_bwd):
-                found = origin.backward(calls, bwd, finite[n : n + len(bwd)].tolist(), self._names)
+            found = bwd_origin()
             if found is None:
                 found = {
                     "phase": "backward",
@@ -442,6 +614,131 @@ class Sentinel(Collector):
                     "parent_code": False,
                 }
             self._backward_origin = cast(Origin, {"step": step, **found})
+
+    # --- the step's check without module hooks, and the replay that localizes ---------------
+
+    def _check(self, run: RunContext, step: int) -> bool:
+        """The step's check from the root's outputs, the losses and the gradients (one read).
+
+        Before the optimizer step (the weights still the step's own) or, where none ran (a
+        GradScaler's skip: the weights unchanged), at the step's end. The first non-finite
+        forward (and backward) is then localized by `_localize`. Returns whether every value
+        was finite (the replay keeper then reads nothing again).
+        """
+        calls, losses, scaled = self._root_calls, self._loss, self._loss_scaled
+        with internal_work():
+            grads = [local_tensor(p.grad) for _, p in self._params if p.grad is not None]
+            outs = [t for c in calls for t in c.out]
+            ogs = [t for c in calls for t in c.grads]
+            parts = [*outs, *losses, *ogs]
+            if grads:
+                parts.append(max_abs_token(grads))
+            if not parts:
+                return False
+            values: list[float] = _stacked(parts).tolist()
+        a, b, c = len(outs), len(outs) + len(losses), len(outs) + len(losses) + len(ogs)
+        if scaled and self._forward_origin is None:
+            self._keep_loss(step, values[a:b], scaled)
+        bad_out = not all(math.isfinite(v) for v in values[:a])
+        bad_loss = not all(math.isfinite(v) for v in values[a:b])
+        bad_grads = bool(grads) and not math.isfinite(values[-1])
+        bad_bwd = not all(math.isfinite(v) for v in values[b:c]) or bad_grads
+        zero = bool(grads) and values[-1] == 0
+
+        def fwd_origin() -> dict[str, Any] | None:
+            return self._localize(run, backward=False) if bad_out else None
+
+        def bwd_origin() -> dict[str, Any] | None:
+            return self._localize(run, backward=True)
+
+        self._record(step, bad_out, bad_loss, bad_bwd, zero, fwd_origin, bwd_origin)
+        return not (bad_out or bad_loss or bad_bwd)
+
+    def _localize(self, run: RunContext, backward: bool) -> dict[str, Any] | None:
+        """The origin, from the step's forwards (and backwards) replayed with module hooks.
+
+        Each of the step's root forwards (micro-batches) in turn, from its own inputs, with
+        the autocast state and the RNG state it started with, on a hook-free replica sharing
+        the weights (`fp32_replay.replaying`: RNG forked, buffers restored), before the
+        weights change; the backward from the gradient that arrived at its output (the loss
+        scale it carried included), by ``torch.autograd.grad`` (no ``.grad`` touched). The
+        module hooks record what they record on every step in the exact mode, and
+        `origin.py` reads it. Where no replay makes a non-finite value, the origin says
+        ``reproduced: False`` and names what the step's check saw (the forward: the root's
+        output; the backward: the first non-finite parameter gradient's module).
+        """
+        model = self._root
+        if model is None:
+            return None
+        for call in self._root_calls:
+            try:
+                found = self._replay_call(model, call, backward)
+            except Exception as exc:  # a failed replay costs the origin, never the user's run
+                self._error(exc)
+                found = None
+            finally:
+                self._reset_recording()
+            if found is not None:
+                return found
+        if backward:
+            module, kind = self._grad_owner(), "parameter gradient"
+        else:
+            module, kind = self._names[self._index.get(id(model), 0)], "output"
+        return {
+            "phase": "backward" if backward else "forward",
+            "module": module,
+            "kind": kind,
+            "parent_code": False,
+            "reproduced": False,
+        }
+
+    def _reset_recording(self) -> None:
+        self._fwd, self._fwd_idx, self._bwd, self._bwd_idx = [], [], [], []
+        self._calls, self._stack, self._seen, self._early = [], [], {}, {}
+
+    def _replay_call(
+        self, model: torch.nn.Module, call: _RootCall, backward: bool
+    ) -> dict[str, Any] | None:
+        grad = call.grad if backward else None
+        if backward and grad is None:
+            return None
+        device = grad.device if grad is not None else torch.device("cpu")
+        self._reset_recording()
+        with replaying(model, device) as (replica, originals):
+            handles = []
+            for m in replica.modules():
+                idx = self._index.get(id(originals[id(m)]))
+                if idx is None:
+                    continue
+                handles.append(m.register_forward_pre_hook(partial(_when_training, self._pre, idx)))
+                hook = partial(_when_training, self._forward, idx)
+                handles.append(m.register_forward_hook(hook, with_kwargs=True))
+            try:
+                if call.rng is not None:
+                    torch.set_rng_state(call.rng)
+                with _autocast(call.autocast):
+                    out = _first_tensor(replica(*call.args, **call.kwargs), 4)
+                self._seen = {}
+                if grad is not None and out is not None and out.requires_grad:
+                    if out.shape != grad.shape:
+                        return None
+                    wrt = [p for p in replica.parameters() if p.requires_grad]
+                    torch.autograd.grad(out, wrt, grad_outputs=grad, allow_unused=True)
+            finally:
+                for h in handles:
+                    h.remove()
+        if self._early:
+            self._in_start_order()
+        with internal_work():
+            fwd = torch.stack(self._fwd).tolist() if self._fwd else []
+            bwd = torch.stack(self._bwd).tolist() if self._bwd else []
+        fwd_ok = [math.isfinite(v) for v in fwd]
+        if not all(fwd_ok):
+            return origin.forward(self._calls, self._fwd_idx, fwd_ok, self._names)
+        if not backward:
+            return None
+        bwd_ok = [math.isfinite(v) for v in bwd]
+        return origin.backward(self._calls, self._bwd_idx, bwd_ok, self._names)
 
     def _keep_loss(self, step: int, values: list[float], scaled: list[bool]) -> None:
         """Keeps the step's loss (as `steps.StepLog` sums it) when it is finite."""
