@@ -1,9 +1,10 @@
 """Re-runs every cost benchmark the README names and prints each figure beside the README's.
 
-The README's benchmark table rows read ``| `command` | what | figure | target |``: this
-parses them (README.md, read-only here), runs each command (``python -m benchmarks.X`` or
-``python benchmarks/X.py``, through this interpreter; a ``flock ...`` prefix kept off) and
-prints the README's figure (its bold parts), the target and the fresh output's last lines.
+The benchmark table rows (README.md's and docs/benchmarks.md's, where the figures live) read
+``| `command` | what | figure | target |``: this parses them (read-only here), runs each
+command (``python -m benchmarks.X`` or ``python benchmarks/X.py``, through this interpreter; a
+``flock ...`` prefix kept off) and prints the figure (its bold parts), the target and the fresh
+output's last lines.
 Timing is the benchmarks' own (CPU time, paired interleaved rounds); say the machine's load.
 
     python -m benchmarks.bench_readme [--list] [--only bench_sentinel,bench_window]
@@ -21,6 +22,7 @@ import sys
 from pathlib import Path
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+DOCS = (README, README.parent / "docs" / "benchmarks.md")
 _ROW = re.compile(
     r"^\| `(?P<cmd>[^`]*benchmarks[^`]*)` \|(?P<what>[^|]*)\|(?P<fig>.*)\|(?P<goal>[^|]*)\|$"
 )
@@ -63,7 +65,7 @@ def main() -> None:
     args = ap.parse_args()
     only = {n for n in args.only.split(",") if n}
     print(f"load average: {os.getloadavg()}")
-    for name, argv, figure, goal in rows(README.read_text()):
+    for name, argv, figure, goal in rows("\n".join(d.read_text() for d in DOCS)):
         if only and name not in only:
             continue
         print(f"== {name}: {' '.join(argv[1:])}\n   README: {figure}\n   target: {goal}")
