@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
 
         def m(xs: list[dict[str, Any]], k: str) -> float:
-            return statistics.median(x[k] for x in xs)
+            return float(statistics.median(x[k] for x in xs))
 
         same = {x["digest"] for x in plain} == {x["digest"] for x in diag}
         print(
