@@ -21,7 +21,9 @@ the whole exit printed beside it), and any stderr line that names a native profi
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,6 +37,9 @@ ROOT = HERE.parent
 SCRIPTS = {
     "mingpt": (HERE / "realscripts" / "mingpt_like.py", ["--iters", "30", "--gen-every", "10"]),
     "nanogpt": (HERE / "realscripts" / "nanogpt_like.py", ["--iters", "20"]),
+    "accelerate_ema": (HERE / "realscripts" / "accelerate_ema_like.py", ["--steps", "20"]),
+    "timm": (HERE / "realscripts" / "timm_like.py", []),
+    "hf_trainer": (HERE / "realscripts" / "hf_trainer_like.py", ["--steps", "20"]),
 }
 NATIVE = ("CPUAllocator", "USDT:", "STAGE:", "SyncActivityProfilerHandler")
 
@@ -47,18 +52,35 @@ def _once(
         cmd += ["-m", "ampdiag", "run", "--out", str(out), *flags]
     cmd += [str(script), *args]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
     t1 = time.time()
+    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    marks = {}
+    marks: dict[str, float] = {}
+    steps: list[float] = []
+    digest = ""
     for line in proc.stdout.splitlines():
-        if line.startswith(("BLOCK_START ", "BLOCK_END ")):
+        if line.startswith(("BLOCK_START ", "BLOCK_END ", "LOOP_START ")):
             key, value = line.split()
             marks[key] = float(value)
+        elif line.startswith("STEP "):
+            steps.append(float(line.split()[2]))
+        elif line.startswith("DIGEST "):
+            digest = line.split()[1]
+    # the scripts that print LOOP_START and STEP lines: the first step (loop start to the
+    # first optimizer step's end) and the median later step
+    first = steps[0] - marks["LOOP_START"] if steps and "LOOP_START" in marks else float("nan")
+    later = [b - a for a, b in itertools.pairwise(steps)]
     return {
         "wall_s": t1 - t0,
+        "cpu_s": (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime),
+        "first_s": first,
+        "later_s": statistics.median(later) if later else float("nan"),
+        "loop_s": steps[-1] - marks["LOOP_START"] if steps and "LOOP_START" in marks else 0.0,
+        "digest": digest,
         "block_s": marks["BLOCK_END"] - marks["BLOCK_START"],
         "exit_s": t1 - marks["BLOCK_END"],
         "native_lines": [ln for ln in proc.stderr.splitlines() if any(n in ln for n in NATIVE)],
@@ -71,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--script", action="append", choices=sorted(SCRIPTS))
     p.add_argument("--flags", default="", help="ampdiag run's settings, e.g. '--no-speed-probe'")
     a = p.parse_args(argv)
-    names = a.script or sorted(SCRIPTS)
+    names = a.script or ["mingpt", "nanogpt"]  # the others: --script (docs/benchmarks.md)
     runs: dict[tuple[str, bool], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
@@ -82,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
                     out = Path(tmp) / f"{name}-{r}"
                     got = _once(script, args, diagnosed, out, a.flags.split())
                     runs.setdefault((name, diagnosed), []).append(got)
+    print(f"load average at the end: {os.getloadavg()}")
     for name in names:
         plain, diag = runs[(name, False)], runs[(name, True)]
         med = {k: statistics.median(x[k] for x in diag) for k in ("wall_s", "block_s", "exit_s")}
@@ -106,6 +129,21 @@ def main(argv: list[str] | None = None) -> None:
             f"(the whole exit, teardown included: "
             f"{'holds' if med['exit_s'] <= exit_budget else 'over'}); "
             f"native log lines on stderr: {native}"
+        )
+        if not any(x["first_s"] == x["first_s"] for x in plain):  # no STEP lines
+            continue
+
+        def m(xs: list[dict[str, Any]], k: str) -> float:
+            return float(statistics.median(x[k] for x in xs))
+
+        same = {x["digest"] for x in plain} == {x["digest"] for x in diag}
+        print(
+            f"  first step {m(plain, 'first_s'):.3f} s plain, {m(diag, 'first_s'):.3f} s "
+            f"diagnosed; later steps {1e3 * m(plain, 'later_s'):.1f} ms plain, "
+            f"{1e3 * m(diag, 'later_s'):.1f} ms diagnosed "
+            f"({m(diag, 'later_s') / m(plain, 'later_s'):.2f}x); process CPU "
+            f"{m(plain, 'cpu_s'):.2f} s plain, {m(diag, 'cpu_s'):.2f} s diagnosed; "
+            f"weights digest {'identical' if same else 'DIFFERENT'}"
         )
 
 
