@@ -1,17 +1,19 @@
 """The rule registry: pure functions Session -> findings, registered by decorator.
 
 A rule module lives in ``ampdiag/analysis/rules/`` and is listed in that package's
-``RULE_MODULES``; each rule declares the finding ids it may emit, so ids stay unique and
-documented. Rules never touch a live model: they read the Session only.
+``RULE_MODULES`` (`RULES`, an `ampdiag.registry.Registry`); each rule declares the finding ids
+it may emit, so ids stay unique and documented. Rules never touch a live model: they read the
+Session only.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from ampdiag.analysis.rules import RULE_MODULES
+from ampdiag.registry import Registry
 from ampdiag.session import SEVERITIES, Finding, Session
 
 log = logging.getLogger("ampdiag")
@@ -34,30 +36,23 @@ class Rule:
     doc: str
 
 
-_RULES: list[Rule] = []
+RULES: Registry[Rule] = Registry("ampdiag.analysis.rules", RULE_MODULES, ids=lambda r: r.ids)
 
 
 def rule(*ids: str) -> Callable[[RuleFunc], RuleFunc]:
     """Registers a rule that may emit findings with the given ids."""
 
     def register(func: RuleFunc) -> RuleFunc:
-        taken = {i for r in _RULES for i in r.ids if r.func is not func}
-        clash = taken.intersection(ids)
-        if clash:
-            raise ValueError(f"finding ids {sorted(clash)} are already emitted by another rule")
-        _RULES.append(Rule(ids=tuple(ids), func=func, doc=(func.__doc__ or "").strip()))
+        doc = (func.__doc__ or "").strip()
+        RULES.add(Rule(ids=tuple(ids), func=func, doc=doc), func.__module__)
         return func
 
     return register
 
 
 def rules() -> list[Rule]:
-    """Every registered rule (importing the rule modules on first use)."""
-    from ampdiag.analysis.rules import RULE_MODULES
-
-    for name in RULE_MODULES:
-        importlib.import_module(f"ampdiag.analysis.rules.{name}")
-    return list(_RULES)
+    """Every registered rule, in `RULE_MODULES` order (importing the rule modules)."""
+    return RULES.entries()
 
 
 def rank(findings: Iterable[Finding]) -> list[Finding]:

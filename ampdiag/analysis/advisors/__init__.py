@@ -17,13 +17,13 @@ order, each on what the previous ones left.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ampdiag.analysis.registry import rank
+from ampdiag.registry import Registry
 from ampdiag.session import SEVERITIES, Finding, Session
 
 log = logging.getLogger("ampdiag")
@@ -65,15 +65,15 @@ class Advisor:
     doc: str
 
 
-_ADVISORS: list[Advisor] = []
+ADVISORS: Registry[Advisor] = Registry(__name__, ADVISOR_MODULES)
 
 
 def advisor(*ids: str) -> Callable[[AdvisorFunc], AdvisorFunc]:
     """Registers an advisor that may emit recommendations with the given ids."""
 
     def register(func: AdvisorFunc) -> AdvisorFunc:
-        if not any(a.func is func for a in _ADVISORS):
-            _ADVISORS.append(Advisor(ids=tuple(ids), func=func, doc=(func.__doc__ or "").strip()))
+        doc = (func.__doc__ or "").strip()
+        ADVISORS.add(Advisor(ids=tuple(ids), func=func, doc=doc), func.__module__)
         return func
 
     return register
@@ -81,9 +81,7 @@ def advisor(*ids: str) -> Callable[[AdvisorFunc], AdvisorFunc]:
 
 def advisors() -> list[Advisor]:
     """Every registered advisor, in `ADVISOR_MODULES` order (importing them on first use)."""
-    for name in ADVISOR_MODULES:
-        importlib.import_module(f"{__name__}.{name}")
-    return list(_ADVISORS)
+    return ADVISORS.entries()
 
 
 def worst_severity(findings: Iterable[Finding]) -> str:

@@ -49,7 +49,7 @@ from ampdiag.compat.autograd import version
 from ampdiag.compat.dtensor import local_tensor
 from ampdiag.schema import SentinelSection
 from ampdiag.sources.live import global_hooks
-from ampdiag.sources.live.collectors import origin
+from ampdiag.sources.live.collectors import COLLECTORS, origin
 from ampdiag.sources.live.collectors._finite import max_abs_token
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
@@ -92,6 +92,7 @@ def _first_tensor(value: Any, max_depth: int = 2) -> torch.Tensor | None:
     return next(tensors_in(value, max_depth=max_depth), None)
 
 
+@COLLECTORS.register
 class Sentinel(Collector):
     """First inf/NaN per step: module outputs, the loss, input gradients, parameter grads."""
 
