@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Registry(Generic[T]):
@@ -59,3 +61,29 @@ class Registry(Generic[T]):
         order = {f"{self.package}.{name}": i for i, name in enumerate(self.modules)}
         ranked = sorted(enumerate(self._entries), key=lambda p: (order.get(p[1][0], 1 << 30), p[0]))
         return [entry for _, (_, entry) in ranked]
+
+
+@dataclass(frozen=True)
+class Registered(Generic[F]):
+    """A registered function: a rule (`ampdiag.analysis.registry.Rule`) or an advisor.
+
+    Attributes:
+        ids: The finding ids it may emit (an advisor may re-emit a rule's).
+        func: The function; it reads its inputs and never modifies them.
+        doc: Its docstring (what it detects or recommends, from which evidence, thresholds).
+    """
+
+    ids: tuple[str, ...]
+    func: F
+    doc: str
+
+
+def registering(registry: Registry[Registered[F]], ids: Sequence[str]) -> Callable[[F], F]:
+    """The decorator that registers a function with ``ids`` in ``registry`` (`rule`, `advisor`)."""
+
+    def register(func: F) -> F:
+        doc = (func.__doc__ or "").strip()
+        registry.add(Registered(tuple(ids), func, doc), func.__module__)
+        return func
+
+    return register

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from ampdiag.analysis.rules import RULE_MODULES
-from ampdiag.registry import Registry
+from ampdiag.registry import Registered, Registry, registering
 from ampdiag.session import SEVERITIES, Finding, Session
 
 log = logging.getLogger("ampdiag")
@@ -21,33 +20,14 @@ log = logging.getLogger("ampdiag")
 RuleFunc = Callable[[Session], Iterable[Finding]]
 
 
-@dataclass(frozen=True)
-class Rule:
-    """A registered rule.
-
-    Attributes:
-        ids: The finding ids it may emit.
-        func: The rule itself.
-        doc: Its docstring (what it detects and its thresholds).
-    """
-
-    ids: tuple[str, ...]
-    func: RuleFunc
-    doc: str
-
-
+#: A registered rule: the finding ids it may emit, the rule, its docstring.
+Rule = Registered[RuleFunc]
 RULES: Registry[Rule] = Registry("ampdiag.analysis.rules", RULE_MODULES, ids=lambda r: r.ids)
 
 
 def rule(*ids: str) -> Callable[[RuleFunc], RuleFunc]:
     """Registers a rule that may emit findings with the given ids."""
-
-    def register(func: RuleFunc) -> RuleFunc:
-        doc = (func.__doc__ or "").strip()
-        RULES.add(Rule(ids=tuple(ids), func=func, doc=doc), func.__module__)
-        return func
-
-    return register
+    return registering(RULES, ids)
 
 
 def rules() -> list[Rule]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ampdiag.analysis.registry import rank
-from ampdiag.registry import Registry
+from ampdiag.registry import Registered, Registry, registering
 from ampdiag.session import SEVERITIES, Finding, Session
 
 log = logging.getLogger("ampdiag")
@@ -50,33 +50,14 @@ class Advice:
 AdvisorFunc = Callable[[Session, list[Finding]], Iterable[Advice]]
 
 
-@dataclass(frozen=True)
-class Advisor:
-    """A registered advisor.
-
-    Attributes:
-        ids: The recommendation ids it may emit (or re-emit, when a rule already did).
-        func: ``func(session, findings) -> Iterable[Advice]``; must not modify its inputs.
-        doc: Its docstring (what it recommends, from which evidence, with which thresholds).
-    """
-
-    ids: tuple[str, ...]
-    func: AdvisorFunc
-    doc: str
-
-
+#: A registered advisor: the ids it may emit (or re-emit), ``func(session, findings)``, its doc.
+Advisor = Registered[AdvisorFunc]
 ADVISORS: Registry[Advisor] = Registry(__name__, ADVISOR_MODULES)
 
 
 def advisor(*ids: str) -> Callable[[AdvisorFunc], AdvisorFunc]:
     """Registers an advisor that may emit recommendations with the given ids."""
-
-    def register(func: AdvisorFunc) -> AdvisorFunc:
-        doc = (func.__doc__ or "").strip()
-        ADVISORS.add(Advisor(ids=tuple(ids), func=func, doc=doc), func.__module__)
-        return func
-
-    return register
+    return registering(ADVISORS, ids)
 
 
 def advisors() -> list[Advisor]:
