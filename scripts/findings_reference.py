@@ -3,7 +3,7 @@
 An MkDocs hook (mkdocs.yml ``hooks:``): the page holds the marker ``<!-- findings -->`` and
 the build replaces it with one entry per registered rule and advisor -- its ids, severity,
 what it measures (the rule's docstring), the thresholds it reads (each module's
-``THRESHOLDS`` values with the comment written above them) and its fix -- then every
+``THRESHOLDS`` record's fields with the comment written above them) and its fix -- then every
 module's thresholds in full. What the code holds is read from the code; only the severity
 and the fix, which rules compute per run, are summarised here in ``NOTES``, and
 tests/test_docs.py fails when a registered id has no note (or a note names no registered id).
@@ -14,6 +14,7 @@ Run it alone to print the generated Markdown: ``python scripts/findings_referenc
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import inspect
 import io
@@ -178,53 +179,48 @@ def _threshold_tables() -> dict[str, dict[str, tuple[Any, str]]]:
         if "\nTHRESHOLDS" not in source:
             continue
         name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-        values = getattr(importlib.import_module(name), "THRESHOLDS", None)
+        record = getattr(importlib.import_module(name), "THRESHOLDS", None)
+        values = dataclasses.asdict(record) if dataclasses.is_dataclass(record) else None
         if not values:
             continue
-        comments = _comments_above_keys(source)
+        comments = _comments_above_fields(source)
         tables[name] = {k: (v, comments.get(k, "")) for k, v in values.items()}
     return tables
 
 
-def _comments_above_keys(source: str) -> dict[str, str]:
-    """The comment lines written right above each key of the module's THRESHOLDS dict."""
-    tree = ast.parse(source)
+def _comments_above_fields(source: str) -> dict[str, str]:
+    """The comment lines written right above each field of the module's `Thresholds` record."""
     node = next(
-        n
-        for n in tree.body
-        if isinstance(n, (ast.Assign, ast.AnnAssign))
-        and "THRESHOLDS" in ast.unparse(n.targets[0] if isinstance(n, ast.Assign) else n.target)
+        n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "Thresholds"
     )
-    assert node.value is not None and isinstance(node.value, ast.Dict)
     comments: dict[int, str] = {}
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
             comments[tok.start[0]] = tok.string.lstrip("#").strip()
     out: dict[str, str] = {}
-    for key in node.value.keys:
-        if not isinstance(key, ast.Constant):
+    for field in node.body:
+        if not isinstance(field, ast.AnnAssign) or not isinstance(field.target, ast.Name):
             continue
-        lines, line = [], key.lineno - 1
+        lines, line = [], field.lineno - 1
         while line in comments:
             lines.insert(0, comments[line])
             line -= 1
-        out[str(key.value)] = " ".join(lines)
+        out[field.target.id] = " ".join(lines)
     return out
 
 
 def _keys_read(func: Callable[..., Any]) -> list[str]:
-    """The THRESHOLDS keys a function reads by name (``THRESHOLDS["key"]``)."""
+    """The thresholds a function reads by name (``THRESHOLDS.name``)."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
     keys = []
     for n in ast.walk(tree):
         if (
-            isinstance(n, ast.Subscript)
+            isinstance(n, ast.Attribute)
             and isinstance(n.value, ast.Name)
             and n.value.id == "THRESHOLDS"
-            and isinstance(n.slice, ast.Constant)
-            and n.slice.value not in keys
+            and n.attr not in keys
         ):
-            keys.append(str(n.slice.value))
+            keys.append(n.attr)
     return keys
 
 

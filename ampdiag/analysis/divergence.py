@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
 from ampdiag import units
@@ -39,27 +40,33 @@ from ampdiag.analysis.numerics import fp16_in_use
 from ampdiag.schema import DivergenceCause, DivergenceResult, LossTrend
 from ampdiag.session import Session
 
-THRESHOLDS: dict[str, float] = {
+
+@dataclass(frozen=True)
+class Thresholds:
+    """This module's thresholds, by name: a typo is a type error, not a run-time KeyError."""
+
     # The finite loss is "exploding" before the first non-finite step when its last values
     # reach this many times its first ones (median of the first three).
-    "loss_growth": 10.0,
+    loss_growth: float = 10.0
     # Finite losses needed before the first non-finite step to judge a trend.
-    "trend_min_steps": 3,
+    trend_min_steps: int = 3
     # ... or one jump: the last finite loss this many times its start, from two finite losses
     # (the first non-finite step's own loss counts where finite: its gradients went first).
-    "loss_jump": 100.0,
+    loss_jump: float = 100.0
     # ... unless the weights the first non-finite step ran with are finite and within this
     # factor (max |w| and L2 norm) of the run's first step's (the replay measures both): a
     # learning rate too high blows the loss up through the weights, which grow many times
     # over (46x to over 10^20x in the corpus' runs); one batch's huge loss leaves them where
     # they were (1.01x), and the non-finite step is then that step's own fault.
-    "weights_held": 2.0,
+    weights_held: float = 2.0
     # Skipped steps in a row, to the run's end, that make a stall (fewer: the scaler searching
     # its scale), unless every step of a shorter run was skipped.
-    "stall_skips": 8,
+    stall_skips: int = 8
     # A loss scale below this has collapsed (numerics' loss-scale-collapse agrees).
-    "scale_collapse_abs": 1.0,
-}
+    scale_collapse_abs: float = 1.0
+
+
+THRESHOLDS = Thresholds()
 
 FP16_MAX = units.count(fp16range.FP16_MAX)
 #: What the result cites of each replay (`divergence_replay.replay_step`).
@@ -135,8 +142,8 @@ def trend(points: list[tuple[int, float]], before: int) -> LossTrend:
         out["growth"] = last / start
     growth = out.get("growth", 0.0)
     out["exploding"] = bool(
-        (len(finite) >= THRESHOLDS["trend_min_steps"] and growth >= THRESHOLDS["loss_growth"])
-        or (len(finite) >= 2 and growth >= THRESHOLDS["loss_jump"])
+        (len(finite) >= THRESHOLDS.trend_min_steps and growth >= THRESHOLDS.loss_growth)
+        or (len(finite) >= 2 and growth >= THRESHOLDS.loss_jump)
     )
     return out
 
@@ -274,12 +281,11 @@ def assess(session: Session) -> DivergenceResult | None:
     collapsed = (
         enabled
         and isinstance(scale_min, (int, float))
-        and scale_min < THRESHOLDS["scale_collapse_abs"]
+        and scale_min < THRESHOLDS.scale_collapse_abs
     )
     stall_from = skips_last - tail + 1 if tail else None
     stalled = enabled and (
-        (tail >= THRESHOLDS["stall_skips"] or (tail and tail == n_steps and n_steps >= 2))
-        or collapsed
+        (tail >= THRESHOLDS.stall_skips or (tail and tail == n_steps and n_steps >= 2)) or collapsed
     )
     ends_bad = (bool(loss_bad) and loss_bad[-1] == last_step) or (
         watched_last == last_step and bool(sentinel.get("last_loss_nonfinite"))
@@ -322,7 +328,7 @@ def assess(session: Session) -> DivergenceResult | None:
     grown = weights_growth(replay, step)
     if grown is not None:
         result["trend"]["weights_growth"] = grown
-        if result["trend"].get("exploding") and grown < THRESHOLDS["weights_held"]:
+        if result["trend"].get("exploding") and grown < THRESHOLDS.weights_held:
             result["trend"]["exploding"] = False
             result["trend"]["weights_held"] = True
     result["cause"] = cause(session, result, sentinel.get("replay"))

@@ -11,7 +11,7 @@ output gradient on each sampled step (the ``fp8_amax`` section) gives, per opera
   sampled steps before it (below 1: it never did);
 - ``range``: the largest over the smallest amax of the sampled steps.
 
-Under the delayed recipe a layer whose ``growth`` exceeds ``THRESHOLDS["amax_growth_max"]``
+Under the delayed recipe a layer whose ``growth`` exceeds ``THRESHOLDS.amax_growth_max``
 is kept in BF16 with that reason; under current scaling (``tensorwise``, ``rowwise``) the
 scale follows the amax every step, and the movement is shown, not judged. This is the one
 place the verdicts are final: the rule and the report read them from ``derived.fp8``.
@@ -20,15 +20,22 @@ place the verdicts are final: the rule and the report read them from ``derived.f
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any, cast
 
 from ampdiag.schema import Fp8Readiness
 
-THRESHOLDS: dict[str, float] = {
+
+@dataclass(frozen=True)
+class Thresholds:
+    """This module's thresholds, by name: a typo is a type error, not a run-time KeyError."""
+
     # delayed recipe: the factor by which a step's amax may exceed its history's largest; at
     # 2x every value in the top half of the step's range saturates.
-    "amax_growth_max": 2.0,
-}
+    amax_growth_max: float = 2.0
+
+
+THRESHOLDS = Thresholds()
 #: The recipes whose scale comes from earlier steps' amax.
 HISTORY_RECIPES = ("delayed",)
 OPERANDS = ("input", "weight", "grad_output")
@@ -96,7 +103,7 @@ def readiness(ab_fp8: Mapping[str, Any], amax: Mapping[str, Any]) -> Fp8Readines
         layer["amax_drift"] = drift
         reasons = list(layer.get("reasons") or [])
         if recipe in HISTORY_RECIPES and drift:
-            limit = THRESHOLDS["amax_growth_max"]
+            limit = THRESHOLDS.amax_growth_max
             for op in OPERANDS:
                 m = drift.get(op)
                 if m and m["growth"] > limit:
@@ -122,5 +129,5 @@ def readiness(ab_fp8: Mapping[str, Any], amax: Mapping[str, Any]) -> Fp8Readines
         if len(steps) >= 2
         else "not measured: fewer than two sampled steps saw the Linear layers"
     )
-    out["thresholds"] = {**dict(out.get("thresholds") or {}), **THRESHOLDS}
+    out["thresholds"] = {**dict(out.get("thresholds") or {}), **asdict(THRESHOLDS)}
     return out

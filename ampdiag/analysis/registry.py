@@ -1,17 +1,18 @@
 """The rule registry: pure functions Session -> findings, registered by decorator.
 
 A rule module lives in ``ampdiag/analysis/rules/`` and is listed in that package's
-``RULE_MODULES``; each rule declares the finding ids it may emit, so ids stay unique and
-documented. Rules never touch a live model: they read the Session only.
+``RULE_MODULES`` (`RULES`, an `ampdiag.registry.Registry`); each rule declares the finding ids
+it may emit, so ids stay unique and documented. Rules never touch a live model: they read the
+Session only.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
+from ampdiag.analysis.rules import RULE_MODULES
+from ampdiag.registry import Registered, Registry, registering
 from ampdiag.session import SEVERITIES, Finding, Session
 
 log = logging.getLogger("ampdiag")
@@ -19,45 +20,19 @@ log = logging.getLogger("ampdiag")
 RuleFunc = Callable[[Session], Iterable[Finding]]
 
 
-@dataclass(frozen=True)
-class Rule:
-    """A registered rule.
-
-    Attributes:
-        ids: The finding ids it may emit.
-        func: The rule itself.
-        doc: Its docstring (what it detects and its thresholds).
-    """
-
-    ids: tuple[str, ...]
-    func: RuleFunc
-    doc: str
-
-
-_RULES: list[Rule] = []
+#: A registered rule: the finding ids it may emit, the rule, its docstring.
+Rule = Registered[RuleFunc]
+RULES: Registry[Rule] = Registry("ampdiag.analysis.rules", RULE_MODULES, ids=lambda r: r.ids)
 
 
 def rule(*ids: str) -> Callable[[RuleFunc], RuleFunc]:
     """Registers a rule that may emit findings with the given ids."""
-
-    def register(func: RuleFunc) -> RuleFunc:
-        taken = {i for r in _RULES for i in r.ids if r.func is not func}
-        clash = taken.intersection(ids)
-        if clash:
-            raise ValueError(f"finding ids {sorted(clash)} are already emitted by another rule")
-        _RULES.append(Rule(ids=tuple(ids), func=func, doc=(func.__doc__ or "").strip()))
-        return func
-
-    return register
+    return registering(RULES, ids)
 
 
 def rules() -> list[Rule]:
-    """Every registered rule (importing the rule modules on first use)."""
-    from ampdiag.analysis.rules import RULE_MODULES
-
-    for name in RULE_MODULES:
-        importlib.import_module(f"ampdiag.analysis.rules.{name}")
-    return list(_RULES)
+    """Every registered rule, in `RULE_MODULES` order (importing the rule modules)."""
+    return RULES.entries()
 
 
 def rank(findings: Iterable[Finding]) -> list[Finding]:

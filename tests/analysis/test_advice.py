@@ -93,7 +93,7 @@ def test_grad_scaler_settings_from_underflow_without_bf16() -> None:
     assert ev["init_scale"] == 8192.0
     # 2 skips = log2(65536 / 16384) start-up backoffs, no steady overflow -> faster growth.
     assert ev["startup_skips"] == 2
-    assert ev["growth_interval"] == THRESHOLDS["growth_interval_underflow"]
+    assert ev["growth_interval"] == THRESHOLDS.growth_interval_underflow
     assert "range_conflict" not in ev
     assert "init_scale=8192, growth_interval=500" in rec.fix
     assert "GradScaler('cuda'" in rec.fix
@@ -110,7 +110,7 @@ def test_grad_scaler_settings_conflict_and_steady_skips() -> None:
     assert ev["range_conflict"] is True
     assert ev["init_scale"] == 16384.0
     assert ev["steady_skip_rate"] == 0.28
-    assert ev["growth_interval"] == math.ceil(1 / THRESHOLDS["target_skip_rate"])
+    assert ev["growth_interval"] == math.ceil(1 / THRESHOLDS.target_skip_rate)
     assert "FP32" in rec.fix
 
 
@@ -262,8 +262,8 @@ def test_increase_batch_size_from_idle_share() -> None:
     k = rec.evidence["batch_multiplier"]
     assert k == 4
     # The formula's promise, checked directly: idle s/(s+(1-s)k) reaches the 10% target.
-    assert 0.3 / (0.3 + 0.7 * k) <= THRESHOLDS["target_idle_share"]
-    assert 0.3 / (0.3 + 0.7 * (k - 1)) > THRESHOLDS["target_idle_share"]
+    assert 0.3 / (0.3 + 0.7 * k) <= THRESHOLDS.target_idle_share
+    assert 0.3 / (0.3 + 0.7 * (k - 1)) > THRESHOLDS.target_idle_share
     assert rec.evidence["suggested_batch_size"] == 64
     assert rec.evidence["explains"] == ["gpu-idle", "launch-bound"]
 
@@ -284,7 +284,7 @@ def test_a_failing_advisor_keeps_the_findings_and_says_so(monkeypatch: pytest.Mo
         raise RuntimeError("boom")
 
     advice_mod.advisors()  # import the real ones first
-    monkeypatch.setattr(advice_mod, "_ADVISORS", [Advisor(("x",), broken, "")])
+    monkeypatch.setattr(advice_mod, "advisors", lambda: [Advisor(("x",), broken, "")])
     out = advise(Session(), fp16_findings())
     assert "analysis-error" in ids(out)
     assert {f.id for f in fp16_findings()} <= set(ids(out))

@@ -79,7 +79,7 @@ def test_fragmentation_and_oom_from_the_snapshot() -> None:
     )
     frag = found["allocator-fragmentation"]
     assert frag.evidence["fragmentation_bytes"] == 896 * MiB
-    assert frag.evidence["fragmentation_share"] >= THRESHOLDS["fragmentation_share"]
+    assert frag.evidence["fragmentation_share"] >= THRESHOLDS.fragmentation_share
     oom = found["out-of-memory"]
     assert oom.severity == "high"
     assert oom.evidence["requested_bytes"] == 2048 * MiB

@@ -43,7 +43,7 @@ def test_loss_scale_collapse_below_one_is_high_with_the_scales_as_evidence() -> 
     assert f.severity == "high"
     assert f.evidence["scale_initial"] == 2.0**16
     assert f.evidence["scale_min"] == 2.0**-4
-    assert f.evidence["scale_min"] < THRESHOLDS["scale_collapse_abs"]
+    assert f.evidence["scale_min"] < THRESHOLDS.scale_collapse_abs
     assert f.evidence["backoffs"] == 20
     assert f.evidence["steps"] == 21
 
@@ -95,7 +95,7 @@ def test_activation_overflow_in_an_fp16_run_is_high_and_names_the_module() -> No
     assert f.evidence["modules_near_limit"] == ["blocks.0.mlp", "head"]
 
 
-@pytest.mark.parametrize("peak", [1e6, THRESHOLDS["activation_near"] + 1.0])
+@pytest.mark.parametrize("peak", [1e6, THRESHOLDS.activation_near + 1.0])
 def test_activation_overflow_in_a_bf16_run_is_an_info_what_if(peak: float) -> None:
     """BF16 holds 1e6: an FP16 overflow is a what-if for switching, never the run's problem."""
     sections = {
@@ -110,7 +110,7 @@ def test_activation_overflow_in_a_bf16_run_is_an_info_what_if(peak: float) -> No
 
 
 def test_activation_within_4x_of_fp16_max_is_low() -> None:
-    near = THRESHOLDS["activation_near"] + 1.0
+    near = THRESHOLDS.activation_near + 1.0
     sections = {"activations": activations_section({"m": near}), "run": run_section("cpu:float16")}
     f = findings(sections)["activation-overflow"]
     assert f.severity == "low"
@@ -118,7 +118,7 @@ def test_activation_within_4x_of_fp16_max_is_low() -> None:
 
 
 def test_no_activation_overflow_in_range_or_unmeasured() -> None:
-    in_range = THRESHOLDS["activation_near"] - 1.0
+    in_range = THRESHOLDS.activation_near - 1.0
     sections = {
         "activations": activations_section({"a": in_range, "b": 1.0}),
         "run": run_section("cpu:float16"),

@@ -100,7 +100,7 @@ def test_summary_shares_casts_and_modules() -> None:
 
 
 def test_fp32_rule_thresholds() -> None:
-    just_below = THRESHOLDS["fp32_flops_share_medium"] - 0.01
+    just_below = THRESHOLDS.fp32_flops_share_medium - 0.01
     rows = [
         row(flops=int(1000 * (1 - just_below)), time_us=100.0),
         row(precision="fp32", reason="promotion", flops=int(1000 * just_below), time_us=1.0),

@@ -81,7 +81,7 @@ def test_speed_probe_measures_both_precisions_on_a_real_run(tmp_path: Path, one_
     assert names <= {"0", "1", "2", "3"} and names
     session.findings = analyze(session)
     found = [f for f in session.all_findings() if f.id == "autocast-slower"]
-    threshold = THRESHOLDS["slowdown_medium"]
+    threshold = THRESHOLDS.slowdown_medium
     # the A/B's least version runs on every run: where it timed both precisions its medians
     # (the tighter figures) are the ones the finding states, else the probe's
     rows = {r["precision"]: r for r in (probe.get("precisions") or {}).get("results", [])}

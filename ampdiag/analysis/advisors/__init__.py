@@ -17,13 +17,13 @@ order, each on what the previous ones left.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ampdiag.analysis.registry import rank
+from ampdiag.registry import Registered, Registry, registering
 from ampdiag.session import SEVERITIES, Finding, Session
 from ampdiag.units import number as _number
 
@@ -51,40 +51,19 @@ class Advice:
 AdvisorFunc = Callable[[Session, list[Finding]], Iterable[Advice]]
 
 
-@dataclass(frozen=True)
-class Advisor:
-    """A registered advisor.
-
-    Attributes:
-        ids: The recommendation ids it may emit (or re-emit, when a rule already did).
-        func: ``func(session, findings) -> Iterable[Advice]``; must not modify its inputs.
-        doc: Its docstring (what it recommends, from which evidence, with which thresholds).
-    """
-
-    ids: tuple[str, ...]
-    func: AdvisorFunc
-    doc: str
-
-
-_ADVISORS: list[Advisor] = []
+#: A registered advisor: the ids it may emit (or re-emit), ``func(session, findings)``, its doc.
+Advisor = Registered[AdvisorFunc]
+ADVISORS: Registry[Advisor] = Registry(__name__, ADVISOR_MODULES)
 
 
 def advisor(*ids: str) -> Callable[[AdvisorFunc], AdvisorFunc]:
     """Registers an advisor that may emit recommendations with the given ids."""
-
-    def register(func: AdvisorFunc) -> AdvisorFunc:
-        if not any(a.func is func for a in _ADVISORS):
-            _ADVISORS.append(Advisor(ids=tuple(ids), func=func, doc=(func.__doc__ or "").strip()))
-        return func
-
-    return register
+    return registering(ADVISORS, ids)
 
 
 def advisors() -> list[Advisor]:
     """Every registered advisor, in `ADVISOR_MODULES` order (importing them on first use)."""
-    for name in ADVISOR_MODULES:
-        importlib.import_module(f"{__name__}.{name}")
-    return list(_ADVISORS)
+    return ADVISORS.entries()
 
 
 def worst_severity(findings: Iterable[Finding]) -> str:

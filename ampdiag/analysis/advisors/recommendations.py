@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ampdiag import units
@@ -38,28 +39,34 @@ from ampdiag.analysis.rules.memory import accumulation_fix
 from ampdiag.schema import DivergenceResult
 from ampdiag.session import Finding, Session
 
-THRESHOLDS: dict[str, float] = {
+
+@dataclass(frozen=True)
+class Thresholds:
+    """This module's thresholds, by name: a typo is a type error, not a run-time KeyError."""
+
     # tune-grad-scaler: skips per step beyond the start-up backoff that are tolerated; the
     # recommended growth_interval keeps growth-caused skips at this rate (1 / rate).
-    "target_skip_rate": 0.0005,
+    target_skip_rate: float = 0.0005
     # tune-grad-scaler: growth_interval when gradients underflow and nothing overflows, so the
     # scale follows gradients that shrink during training 4x faster than the default 2000.
-    "growth_interval_underflow": 500,
+    growth_interval_underflow: int = 500
     # use-grad-accumulation: activations must be at least this share of the peak.
-    "activation_share_min": 0.5,
+    activation_share_min: float = 0.5
     # use-grad-accumulation / increase-batch-size: keep the peak under (1 - headroom) x capacity.
-    "memory_headroom": 0.15,
+    memory_headroom: float = 0.15
     # prefer-<precision> from the A/B (not merged with worse findings): the measured speed-up
     # over the run's own precision (whole interval above 1) from which it is medium / high.
-    "switch_speedup_medium": 1.10,
-    "switch_speedup_high": 1.50,
+    switch_speedup_medium: float = 1.10
+    switch_speedup_high: float = 1.50
     # tune-input-pipeline: worker count bounds.
-    "num_workers_min": 2,
-    "num_workers_max": 16,
+    num_workers_min: int = 2
+    num_workers_max: int = 16
     # increase-batch-size: the idle share to reach, and the largest batch multiplier advised.
-    "target_idle_share": 0.10,
-    "batch_multiplier_max": 8,
-}
+    target_idle_share: float = 0.10
+    batch_multiplier_max: int = 8
+
+
+THRESHOLDS = Thresholds()
 
 FP16_UNDERFLOW = "fp16-grad-underflow"
 SCALER_MISUSE = ("grad-scaler-missing", "grad-scaler-disabled")
@@ -442,8 +449,8 @@ def _switch(
         evidence["speedup_vs_run"] = {k: round(v, 3) for k, v in ratio.items()}
         claims.append(_speed_words(ratio, name, run_name))
         low = ratio.get("low")
-        if low is not None and low >= THRESHOLDS["switch_speedup_medium"]:
-            severity = "high" if low >= THRESHOLDS["switch_speedup_high"] else "medium"
+        if low is not None and low >= THRESHOLDS.switch_speedup_medium:
+            severity = "high" if low >= THRESHOLDS.switch_speedup_high else "medium"
     if saving is not None:
         evidence["activation_saving_vs_run"] = round(saving, 4)
         if abs(saving) >= 0.05:
@@ -540,13 +547,13 @@ def _grad_scaler_settings(session: Session, merged: list[Finding], bf16: bool | 
         "bf16_supported": bf16,
     }
     evidence.update(_fp16_evidence(merged))
-    rate = THRESHOLDS["target_skip_rate"]
+    rate = THRESHOLDS.target_skip_rate
     if steps and steady / steps > rate:
         evidence["growth_interval"] = math.ceil(1 / rate)
         evidence["steady_skip_rate"] = round(steady / steps, 4)
         evidence["implied_growth_interval"] = max(1, round(steps / steady) - 1)
     elif under is not None and not conflict:
-        evidence["growth_interval"] = int(THRESHOLDS["growth_interval_underflow"])
+        evidence["growth_interval"] = int(THRESHOLDS.growth_interval_underflow)
     if startup:
         evidence["startup_skips"] = startup
     if conflict:
@@ -618,9 +625,9 @@ def memory_advice(session: Session, findings: list[Finding]) -> Iterator[Advice]
     ev = mnc.evidence
     peak, cap = number(ev, "peak_bytes"), number(ev, "capacity_bytes")
     act = number(ev, "activation_bytes")
-    if not (peak and cap and act) or act / peak < THRESHOLDS["activation_share_min"]:
+    if not (peak and cap and act) or act / peak < THRESHOLDS.activation_share_min:
         return
-    target = cap * (1 - THRESHOLDS["memory_headroom"])
+    target = cap * (1 - THRESHOLDS.memory_headroom)
     fixed = peak - act
     budget = target - fixed
     if budget <= 0 or peak <= target:
@@ -684,10 +691,10 @@ def throughput_advice(session: Session, findings: list[Finding]) -> Iterator[Adv
         return
     gi = idle[0]
     s = number(gi.evidence, "idle_share")
-    t = THRESHOLDS["target_idle_share"]
+    t = THRESHOLDS.target_idle_share
     if s is None or s <= t or s >= 1:
         return
-    k = min(int(THRESHOLDS["batch_multiplier_max"]), math.ceil(s * (1 - t) / (t * (1 - s))))
+    k = min(int(THRESHOLDS.batch_multiplier_max), math.ceil(s * (1 - t) / (t * (1 - s))))
     if k < 2:
         return
     batch = batch_size(session, gi)
@@ -730,7 +737,7 @@ def _input_pipeline(dl: Finding, idle: list[Finding], dev: str) -> Advice:
         ratio = data_ms / (step_ms - data_ms)
     else:
         ratio = share / max(1e-9, 1 - share)
-    lo, hi = int(THRESHOLDS["num_workers_min"]), int(THRESHOLDS["num_workers_max"])
+    lo, hi = int(THRESHOLDS.num_workers_min), int(THRESHOLDS.num_workers_max)
     workers = max(lo, min(hi, math.ceil(ratio) + 1))
     pin = dev == "cuda"
     evidence: dict[str, Any] = {

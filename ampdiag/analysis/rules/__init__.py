@@ -1,7 +1,8 @@
 """Rule modules, one per concern.
 
 Add a module here and list it in RULE_MODULES; each module documents its
-thresholds in a module-level ``THRESHOLDS`` dict that the README's findings table reflects.
+thresholds in a module-level ``THRESHOLDS`` record (a frozen dataclass ``Thresholds``) that the
+findings reference (scripts/findings_reference.py) lists.
 """
 
 RULE_MODULES: tuple[str, ...] = (

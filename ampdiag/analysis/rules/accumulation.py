@@ -7,6 +7,7 @@ Both read the ``accumulation`` section (sampled steps with two or more backward 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
@@ -14,15 +15,21 @@ from ampdiag.analysis.advisors import terms
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session
 
-THRESHOLDS = {
+
+@dataclass(frozen=True)
+class Thresholds:
+    """This module's thresholds, by name: a typo is a type error, not a run-time KeyError."""
+
     # grad-accumulation-broken: share of the sampled accumulating steps whose gradients were
     # reset between two backward passes of the step.
-    "broken_step_share": 0.5,
+    broken_step_share: float = 0.5
     # accumulation-loss-not-averaged: the micro-batches' loss weights (d root / d loss of each
     # backward, GradScaler's scale removed) sum, in the median sampled step, to at least this:
     # averaged micro-batches sum to 1, summed ones to N (N >= 2), so 1.5 separates them.
-    "loss_weight_sum": 1.5,
-}
+    loss_weight_sum: float = 1.5
+
+
+THRESHOLDS = Thresholds()
 
 
 def _forwards(step: dict[str, Any]) -> int:
@@ -57,7 +64,7 @@ def broken_steps(session: Session) -> list[dict[str, Any]]:
     """
     steps = _steps(session)
     broken = [s for s in steps if s.get("zeroed_before")]
-    if not steps or len(broken) / len(steps) < THRESHOLDS["broken_step_share"]:
+    if not steps or len(broken) / len(steps) < THRESHOLDS.broken_step_share:
         return []
     return broken
 
@@ -101,7 +108,7 @@ def grad_accumulation_broken(session: Session) -> Iterator[Finding]:
             "how": how,
             "steps": [int(s["step"]) for s in broken],
             "sampled_accumulating_steps": len(_steps(session)),
-            "threshold": THRESHOLDS["broken_step_share"],
+            "threshold": THRESHOLDS.broken_step_share,
         },
         fix=terms.with_setting(
             session,
@@ -132,7 +139,7 @@ def accumulation_loss_not_averaged(session: Session) -> Iterator[Finding]:
     if not steps:
         return
     total = median(float(s["loss_weight_sum"]) for s in steps)
-    if total < THRESHOLDS["loss_weight_sum"]:
+    if total < THRESHOLDS.loss_weight_sum:
         return
     n = int(median(int(s["micro_batches"]) for s in steps))
     ratios = [float(s["grad_norm_ratio"]) for s in steps if s.get("grad_norm_ratio") is not None]
@@ -149,7 +156,7 @@ def accumulation_loss_not_averaged(session: Session) -> Iterator[Finding]:
             "loss_weights": steps[0].get("loss_weights"),
             "grad_norm_ratio": round(median(ratios), 4) if ratios else None,
             "steps": [int(s["step"]) for s in steps],
-            "threshold": THRESHOLDS["loss_weight_sum"],
+            "threshold": THRESHOLDS.loss_weight_sum,
         },
         fix=terms.with_setting(
             session,

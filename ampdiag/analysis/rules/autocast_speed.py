@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ampdiag import timing, units
@@ -12,11 +13,17 @@ from ampdiag.analysis.derive import derived
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
 
-THRESHOLDS = {
+
+@dataclass(frozen=True)
+class Thresholds:
+    """This module's thresholds, by name: a typo is a type error, not a run-time KeyError."""
+
     # Autocast time / FP32 time of the probe's forward + backward (speed_probe section).
-    "slowdown_medium": 1.10,
-    "slowdown_high": 1.50,
-}
+    slowdown_medium: float = 1.10
+    slowdown_high: float = 1.50
+
+
+THRESHOLDS = Thresholds()
 
 
 def step_ms(session: Session) -> timing.Estimate | None:
@@ -63,7 +70,7 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
     fp32, amp = float(speed["fp32_ms"]), float(speed["run_ms"])
     est = figures.speed_estimate(speed)
     by_ab = speed.get("source") == "precision A/B"
-    side = est.versus(THRESHOLDS["slowdown_medium"])
+    side = est.versus(THRESHOLDS.slowdown_medium)
     if side == "below":
         return
     env = session.environment
@@ -74,7 +81,7 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
         "slowdown_low": round(est.low, 3),
         "slowdown_high": round(est.high, 3),
         "pairs": est.samples,
-        "threshold": THRESHOLDS["slowdown_medium"],
+        "threshold": THRESHOLDS.slowdown_medium,
     }
     measured = f"{probe.get('measured', 'forward + backward')}, " + (
         f"the precision A/B's medians (each over at least {est.samples} interleaved rounds)"
@@ -85,7 +92,7 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
         yield _uncertain(autocast, est, {**interval, "measured": measured})
         return
     ratio = est.median
-    severity: Severity = "high" if est.low >= THRESHOLDS["slowdown_high"] else "medium"
+    severity: Severity = "high" if est.low >= THRESHOLDS.slowdown_high else "medium"
     evidence: dict[str, Any] = {
         "autocast": autocast,
         "fp32_ms": fp32,
@@ -135,7 +142,7 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
 
 def _uncertain(autocast: str, est: timing.Estimate, interval: dict[str, Any]) -> Finding:
     """The info finding for a ratio whose interval straddles the threshold."""
-    why = timing.why_uncertain(est, THRESHOLDS["slowdown_medium"], "timed pair", "{:.2f}x")
+    why = timing.why_uncertain(est, THRESHOLDS.slowdown_medium, "timed pair", "{:.2f}x")
     return Finding(
         id="autocast-slower",
         severity="info",

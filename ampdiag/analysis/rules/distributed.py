@@ -7,29 +7,36 @@ folder of the ranks' traces, or the merged report of a ``diagnose()`` run on sev
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
 
+
 #: The straggler and redundant-all-reduce thresholds (here, not beside the numpy analysis in
 #: `ampdiag.analysis.communication`, so that a session's report imports no numpy).
-THRESHOLDS = {
+@dataclass(frozen=True)
+class Thresholds:
+    """This module's thresholds, by name: a typo is a type error, not a run-time KeyError."""
+
     # A straggler is the last to arrive in at least this share of the matched collectives ...
-    "last_share_min": 0.75,
+    last_share_min: float = 0.75
     # ... and on every step the others wait for it at least this share of the median step
     # (the least late step counts: CPU scheduling noise on a loaded machine makes single steps
     # late by a third of a step and more, never all of them by a quarter) ...
-    "lateness_share_medium": 0.25,
-    "lateness_share_high": 0.50,
+    lateness_share_medium: float = 0.25
+    lateness_share_high: float = 0.50
     # ... and at least this long (below, transfer time differences dominate).
-    "lateness_min_us": 1000.0,
+    lateness_min_us: float = 1000.0
     # redundant-allreduce: all-reduces in more than one micro-batch on at least this share of
     # the steps with two or more micro-batches.
-    "redundant_step_share": 0.5,
+    redundant_step_share: float = 0.5
     # ... high when the redundant all-reduces take this share of the step.
-    "redundant_time_share_high": 0.20,
-}
+    redundant_time_share_high: float = 0.20
+
+
+THRESHOLDS = Thresholds()
 
 _WHERE = {
     "data": "data loading (enumerate(DataLoader))",
@@ -48,10 +55,10 @@ def straggler(session: Session) -> dict[str, Any] | None:
     step = float(s.get("step_us_median") or 0.0)
     least = float(s.get("lateness_us_min", 0.0))
     if (
-        float(s.get("last_share", 0.0)) < THRESHOLDS["last_share_min"]
+        float(s.get("last_share", 0.0)) < THRESHOLDS.last_share_min
         or step <= 0
-        or least < THRESHOLDS["lateness_min_us"]
-        or least / step < THRESHOLDS["lateness_share_medium"]
+        or least < THRESHOLDS.lateness_min_us
+        or least / step < THRESHOLDS.lateness_share_medium
     ):
         return None
     return s
@@ -79,7 +86,7 @@ def straggler_rank(session: Session) -> Iterator[Finding]:
     if isinstance(gpu_extra, (int, float)) and gpu_extra > 0.25 * late:
         where.append(f"GPU computation (+{gpu_extra / 1000:.1f} ms per step)")
     where += [f"{_WHERE[k]} (+{v / 1000:.1f} ms per step)" for v, k in causes[:2] if v > 0.1 * late]
-    severity: Severity = "high" if share >= THRESHOLDS["lateness_share_high"] else "medium"
+    severity: Severity = "high" if share >= THRESHOLDS.lateness_share_high else "medium"
     rank = s["rank"]
     fix_by_cause = {
         "data": "Load data ahead on that rank: DataLoader(num_workers=4, pin_memory=True,\n"
@@ -128,7 +135,7 @@ def straggler_rank(session: Session) -> Iterator[Finding]:
                 round(float(gpu_extra), 1) if isinstance(gpu_extra, (int, float)) else None
             ),
             "where": where,
-            "threshold": THRESHOLDS["lateness_share_medium"],
+            "threshold": THRESHOLDS.lateness_share_medium,
         },
         fix=fix,
         section="timeline",
@@ -154,7 +161,7 @@ def redundant_allreduce(session: Session) -> Iterator[Finding]:
         if not steps:
             continue
         redundant = [s for s in steps if sum(1 for n in s["allreduces_per_micro_batch"] if n) > 1]
-        if len(redundant) < THRESHOLDS["redundant_step_share"] * len(steps):
+        if len(redundant) < THRESHOLDS.redundant_step_share * len(steps):
             continue
         n = len(redundant)
         allreduces = sum(s["allreduces"] for s in redundant) / n
@@ -182,7 +189,7 @@ def redundant_allreduce(session: Session) -> Iterator[Finding]:
         return
     saved, ev = best
     share = saved / ev["step_us"] if ev["step_us"] else 0.0
-    severity: Severity = "high" if share >= THRESHOLDS["redundant_time_share_high"] else "medium"
+    severity: Severity = "high" if share >= THRESHOLDS.redundant_time_share_high else "medium"
     yield Finding(
         id="redundant-allreduce",
         severity=severity,

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session
 
-THRESHOLDS: dict[str, float] = {}  # the verdicts' own are in the section (``fp8.thresholds``)
+# No thresholds of its own: the verdicts' are in the section (``fp8.thresholds``).
 
 
 @rule("fp8-readiness")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ampdiag.analysis import memory_estimates as estimates
@@ -13,18 +14,24 @@ from ampdiag.analysis.rules.accumulation import accumulation_broken
 from ampdiag.schema import MemorySection
 from ampdiag.session import Finding, Session, Severity
 
-THRESHOLDS = {
+
+@dataclass(frozen=True)
+class Thresholds:
+    """This module's thresholds, by name: a typo is a type error, not a run-time KeyError."""
+
     # Peak (CUDA: reserved peak) over capacity (or the limit given).
-    "near_capacity_medium": 0.85,
-    "near_capacity_high": 0.95,
+    near_capacity_medium: float = 0.85
+    near_capacity_high: float = 0.95
     # Model state share of the peak above which AMP cannot reduce memory much.
-    "model_state_share": 0.50,
+    model_state_share: float = 0.50
     # Activation bytes under autocast over FP32 above which AMP "did not reduce" them.
-    "amp_activation_ratio": 0.80,
+    amp_activation_ratio: float = 0.80
     # Reserved-but-unallocated share of reserved at the peak, and its minimum size.
-    "fragmentation_share": 0.25,
-    "fragmentation_min_bytes": 256 * 1024**2,
-}
+    fragmentation_share: float = 0.25
+    fragmentation_min_bytes: int = 256 * 1024**2
+
+
+THRESHOLDS = Thresholds()
 
 MiB = 1024**2
 
@@ -58,9 +65,9 @@ def near_capacity(session: Session) -> Iterator[Finding]:
     if not cap or not peak:
         return
     share = peak / cap
-    if share < THRESHOLDS["near_capacity_medium"]:
+    if share < THRESHOLDS.near_capacity_medium:
         return
-    severity: Severity = "high" if share >= THRESHOLDS["near_capacity_high"] else "medium"
+    severity: Severity = "high" if share >= THRESHOLDS.near_capacity_high else "medium"
     ms = estimates.model_state_bytes(mem)
     yield Finding(
         id="memory-near-capacity",
@@ -73,7 +80,7 @@ def near_capacity(session: Session) -> Iterator[Finding]:
             "share": round(share, 4),
             "activation_bytes": _activation_bytes(mem),
             "model_state_bytes": ms,
-            "threshold": THRESHOLDS["near_capacity_medium"],
+            "threshold": THRESHOLDS.near_capacity_medium,
         },
         fix=(
             "Lower the activation memory: a smaller micro-batch with gradient accumulation, "
@@ -106,7 +113,7 @@ def use_grad_accumulation(session: Session) -> Iterator[Finding]:
     target = mem.get("target_batch")
     if not target:
         pressed = session.status == "error" and _is_oom(session)
-        pressed = pressed or _peak_bytes(mem) >= THRESHOLDS["near_capacity_medium"] * cap
+        pressed = pressed or _peak_bytes(mem) >= THRESHOLDS.near_capacity_medium * cap
         target = mem.get("observed_batch") if pressed else None
     if not target:
         return
@@ -277,8 +284,8 @@ def amp_memory_not_reduced(session: Session) -> Iterator[Finding]:
         return
     share = ms / peak if peak else 0.0
     ratio = amp.get("ratio") if amp else None
-    state_bound = peak > 0 and share >= THRESHOLDS["model_state_share"]
-    act_bound = ratio is not None and ratio >= THRESHOLDS["amp_activation_ratio"]
+    state_bound = peak > 0 and share >= THRESHOLDS.model_state_share
+    act_bound = ratio is not None and ratio >= THRESHOLDS.amp_activation_ratio
     if not (state_bound or act_bound):
         return
     st = mem.get("model_state") or {}
@@ -305,7 +312,7 @@ def amp_memory_not_reduced(session: Session) -> Iterator[Finding]:
             "peak_bytes": peak,
             "model_state_share": round(share, 4),
             "activation_ratio_low_vs_fp32": ratio,
-            "threshold": THRESHOLDS["model_state_share"],
+            "threshold": THRESHOLDS.model_state_share,
         },
         fix=(
             "Autocast keeps FP32 master weights, gradients and optimizer state; it only "
@@ -346,7 +353,7 @@ def allocator_fragmentation(session: Session) -> Iterator[Finding]:
     retries = int(stats.get("num_alloc_retries", 0))
     share = frag / reserved if reserved else 0.0
     fragmented = (
-        share >= THRESHOLDS["fragmentation_share"] and frag >= THRESHOLDS["fragmentation_min_bytes"]
+        share >= THRESHOLDS.fragmentation_share and frag >= THRESHOLDS.fragmentation_min_bytes
     )
     if not fragmented and retries == 0:
         return
@@ -364,7 +371,7 @@ def allocator_fragmentation(session: Session) -> Iterator[Finding]:
             "allocated_bytes": int(peak.get("allocated_bytes", 0)),
             "fragmentation_share": round(share, 4),
             "num_alloc_retries": retries,
-            "threshold": THRESHOLDS["fragmentation_share"],
+            "threshold": THRESHOLDS.fragmentation_share,
         },
         fix=(
             "Let the allocator grow segments instead of splitting fixed ones (set before the "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ampdiag import units
@@ -19,26 +20,32 @@ from ampdiag.analysis.registry import rule
 from ampdiag.schema import DivergenceResult
 from ampdiag.session import Finding, Session, Severity
 
-THRESHOLDS: dict[str, float] = {
+
+@dataclass(frozen=True)
+class Thresholds:
+    """This module's thresholds, by name: a typo is a type error, not a run-time KeyError."""
+
     # Share of nonzero gradient values FP16 holds as zero or subnormal (|g·S| < 2^-14).
-    "underflow_medium": 0.05,
-    "underflow_high": 0.20,
+    underflow_medium: float = 0.05
+    underflow_high: float = 0.20
     # Loss scale collapse: the scale fell below 1, or to 2^-10 of its initial value.
-    "scale_collapse_abs": 1.0,
-    "scale_collapse_ratio": 2.0**-10,
+    scale_collapse_abs: float = 1.0
+    scale_collapse_ratio: float = 2.0**-10
     # Share of steps the GradScaler skipped (any skip is at least "low").
-    "skipped_medium": 0.05,
-    "skipped_high": 0.25,
+    skipped_medium: float = 0.05
+    skipped_high: float = 0.25
     # Skips persist (more than the scaler's search for its scale, see `skips_persist`): the
     # scale collapsed, or at least this many skips and skipped_high of the steps.
-    "skips_persist_min": 10,
+    skips_persist_min: int = 10
     # The scaler's own settings skip (`scaler_config_cause`): at least this many skips right
     # after the scale grew, each at a scale above every scale a step held.
-    "config_regrowth_min": 2,
+    config_regrowth_min: int = 2
     # Forward output magnitude against FP16's max (65504): overflow, and within 4x of it.
-    "activation_overflow": fp16range.FP16_MAX,
-    "activation_near": fp16range.FP16_MAX / 4,
-}
+    activation_overflow: float = fp16range.FP16_MAX
+    activation_near: float = fp16range.FP16_MAX / 4
+
+
+THRESHOLDS = Thresholds()
 
 SECTION = "numerics"
 
@@ -62,9 +69,9 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
         return
     u = derived(session).get("numerics", {}).get("underflow", {})
     frac = u.get("underflow_fraction", 0.0)
-    if not u.get("measured") or frac < THRESHOLDS["underflow_medium"]:
+    if not u.get("measured") or frac < THRESHOLDS.underflow_medium:
         return
-    sev: Severity = "high" if frac >= THRESHOLDS["underflow_high"] else "medium"
+    sev: Severity = "high" if frac >= THRESHOLDS.underflow_high else "medium"
     rec = u["recommended_init_scale"]
     scale = _scale_in_use(session)
     ev = {k: v for k, v in u.items() if k != "measured"}
@@ -232,9 +239,9 @@ def _scale_collapse(sc: Mapping[str, Any]) -> tuple[Severity, float, float] | No
         smin = min(smin, float(every_step_min))
     if smin >= initial:  # it never fell: a scale set small (fixed) underflows, never collapses
         return None
-    if smin < THRESHOLDS["scale_collapse_abs"]:
+    if smin < THRESHOLDS.scale_collapse_abs:
         return "high", initial, smin
-    if smin <= initial * THRESHOLDS["scale_collapse_ratio"]:
+    if smin <= initial * THRESHOLDS.scale_collapse_ratio:
         return "medium", initial, smin
     return None
 
@@ -258,9 +265,7 @@ def skips_persist(session: Session) -> bool:
         return False
     skipped = int(sc.get("skipped_total", len(sc.get("skipped_steps") or [])))
     steps = int(sc.get("steps_total", len(history))) or len(history)
-    return (
-        skipped >= THRESHOLDS["skips_persist_min"] and skipped / steps >= THRESHOLDS["skipped_high"]
-    )
+    return skipped >= THRESHOLDS.skips_persist_min and skipped / steps >= THRESHOLDS.skipped_high
 
 
 #: torch.amp.GradScaler's defaults, which the fix restores.
@@ -297,11 +302,11 @@ def scaler_config_cause(session: Session) -> dict[str, Any] | None:
         grew = float(h["scale"]) > float(prev["scale"])
         if h.get("skipped") and not prev.get("skipped") and grew:
             regrown += 1
-    if regrown < THRESHOLDS["config_regrowth_min"]:
+    if regrown < THRESHOLDS.config_regrowth_min:
         return None
     n_skipped = int(sc.get("skipped_total", len(skipped)))
     n_steps = int(sc.get("steps_total", len(history))) or len(history)
-    if n_skipped / n_steps < THRESHOLDS["skipped_medium"]:
+    if n_skipped / n_steps < THRESHOLDS.skipped_medium:
         return None
     interval = info.get("growth_interval")
     factor = info.get("growth_factor")
@@ -331,7 +336,7 @@ def grad_scaler_config(session: Session) -> Iterator[Finding]:
     ev = scaler_config_cause(session)
     if ev is None:
         return
-    sev: Severity = "high" if ev["share"] >= THRESHOLDS["skipped_high"] else "medium"
+    sev: Severity = "high" if ev["share"] >= THRESHOLDS.skipped_high else "medium"
     interval, factor = ev.get("growth_interval"), ev.get("growth_factor")
     settings = []
     if isinstance(interval, (int, float)) and interval < SCALER_DEFAULTS["growth_interval"]:
@@ -419,9 +424,9 @@ def skipped_steps(session: Session) -> Iterator[Finding]:
     share = n_skipped / n_steps
     sev: Severity = (
         "high"
-        if share >= THRESHOLDS["skipped_high"]
+        if share >= THRESHOLDS.skipped_high
         else "medium"
-        if share >= THRESHOLDS["skipped_medium"]
+        if share >= THRESHOLDS.skipped_medium
         else "low"
     )
     yield Finding(
@@ -469,16 +474,16 @@ def activation_overflow(session: Session) -> Iterator[Finding]:
     top = max(modules, key=lambda m: (m["max_abs"], str(m["module"]).count(".")))
     peak = float(top["max_abs"])
     fp16 = fp16_in_use(session)
-    if peak >= THRESHOLDS["activation_overflow"]:
+    if peak >= THRESHOLDS.activation_overflow:
         sev: Severity = "high" if fp16 else "medium"
-    elif peak >= THRESHOLDS["activation_near"]:
+    elif peak >= THRESHOLDS.activation_near:
         sev = "low"
     else:
         return
     if not fp16:
         sev = "info"
     near = sorted(
-        (m for m in modules if m["max_abs"] >= THRESHOLDS["activation_near"]),
+        (m for m in modules if m["max_abs"] >= THRESHOLDS.activation_near),
         key=lambda m: -m["max_abs"],
     )
     what = "overflows" if peak >= fp16range.FP16_MAX else "comes within 4x of"

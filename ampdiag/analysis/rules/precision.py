@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from ampdiag.analysis import device as D
 from ampdiag.analysis import precision_choice as pc
@@ -14,17 +15,23 @@ from ampdiag.analysis.registry import rule
 from ampdiag.schema import PrecisionSummary
 from ampdiag.session import Finding, Session, Severity
 
-THRESHOLDS = {
+
+@dataclass(frozen=True)
+class Thresholds:
+    """This module's thresholds, by name: a typo is a type error, not a run-time KeyError."""
+
     # Share of the audited step's low-precision + FP32 FLOPs that ran in FP32.
-    "fp32_flops_share_medium": 0.10,
-    "fp32_flops_share_high": 0.30,
+    fp32_flops_share_medium: float = 0.10
+    fp32_flops_share_high: float = 0.30
     # Share of the audited step's low-precision + FP32 op time that ran in FP32.
-    "fp32_time_share_medium": 0.30,
+    fp32_time_share_medium: float = 0.30
     # Matmul/conv FLOPs (ops with a FLOP formula): below this share run with autocast active,
     # or at least this share run in FP32 -> low precision is not in effect.
-    "matmul_autocast_share_min": 0.50,
-    "matmul_fp32_share_max": 0.50,
-}
+    matmul_autocast_share_min: float = 0.50
+    matmul_fp32_share_max: float = 0.50
+
+
+THRESHOLDS = Thresholds()
 
 
 def _top(summary: PrecisionSummary, n: int = 5) -> list[dict[str, object]]:
@@ -59,15 +66,12 @@ def fp32_ops_in_autocast(session: Session) -> Iterator[Finding]:
         return
     s = derived(session)["precision"]
     fshare, tshare = float(s["fp32_flops_share"]), float(s["fp32_time_share"])
-    if (
-        fshare < THRESHOLDS["fp32_flops_share_medium"]
-        and tshare < THRESHOLDS["fp32_time_share_medium"]
-    ):
+    if fshare < THRESHOLDS.fp32_flops_share_medium and tshare < THRESHOLDS.fp32_time_share_medium:
         return
-    severity: Severity = "high" if fshare >= THRESHOLDS["fp32_flops_share_high"] else "medium"
+    severity: Severity = "high" if fshare >= THRESHOLDS.fp32_flops_share_high else "medium"
     # The FLOP share is counted, the time share is one audited step's op times: a single
     # sample with no spread (a stalled op moves it), so on its own it makes no claim.
-    time_only = fshare < THRESHOLDS["fp32_flops_share_medium"]
+    time_only = fshare < THRESHOLDS.fp32_flops_share_medium
     if time_only:
         severity = "info"
     top = _top(s)
@@ -100,8 +104,8 @@ def fp32_ops_in_autocast(session: Session) -> Iterator[Finding]:
                 else {}
             ),
             "thresholds": {
-                "flops_share": THRESHOLDS["fp32_flops_share_medium"],
-                "time_share": THRESHOLDS["fp32_time_share_medium"],
+                "flops_share": THRESHOLDS.fp32_flops_share_medium,
+                "time_share": THRESHOLDS.fp32_time_share_medium,
             },
         },
         fix="\n".join(fixes),
@@ -147,8 +151,8 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
     total = mm["low_flops"] + mm["fp32_flops"]
     if total <= 0:
         return
-    inactive = mm["autocast_share"] < THRESHOLDS["matmul_autocast_share_min"]
-    fp32 = mm["fp32_share"] >= THRESHOLDS["matmul_fp32_share_max"]
+    inactive = mm["autocast_share"] < THRESHOLDS.matmul_autocast_share_min
+    fp32 = mm["fp32_share"] >= THRESHOLDS.matmul_fp32_share_max
     # Without autocast, matmuls in low precision are the parameters' own dtype (FSDP2's
     # MixedPrecisionPolicy(param_dtype=bf16), model.to(bf16)): the speed-up is there.
     if not fp32:
@@ -207,8 +211,8 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
             "matmul_low_flops": mm["low_flops"],
             "step": sec.get("step"),
             "thresholds": {
-                "autocast_share_min": THRESHOLDS["matmul_autocast_share_min"],
-                "fp32_share_max": THRESHOLDS["matmul_fp32_share_max"],
+                "autocast_share_min": THRESHOLDS.matmul_autocast_share_min,
+                "fp32_share_max": THRESHOLDS.matmul_fp32_share_max,
             },
         },
         fix=fix

@@ -11,14 +11,20 @@ from ampdiag import timing
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
 
-THRESHOLDS = {
+
+@dataclass(frozen=True)
+class Thresholds:
+    """This module's thresholds, by name: a typo is a type error, not a run-time KeyError."""
+
     # Share of the profiled step time spent in the DataLoader's __next__.
-    "dataloader_share_medium": 0.10,
-    "dataloader_share_high": 0.30,
+    dataloader_share_medium: float = 0.10
+    dataloader_share_high: float = 0.30
     # A single profiled step (no interval) is worth an uncertain note only from this share:
     # one step of 0% says nothing a person could act on.
-    "dataloader_share_single_min": 0.05,
-}
+    dataloader_share_single_min: float = 0.05
+
+
+THRESHOLDS = Thresholds()
 
 
 @dataclass(frozen=True)
@@ -85,10 +91,10 @@ def dataloader_bound(session: Session) -> Iterator[Finding]:
         return
     worst = max(found, key=lambda w: w.share.median)
     est = worst.share
-    side = est.versus(THRESHOLDS["dataloader_share_medium"])
+    side = est.versus(THRESHOLDS.dataloader_share_medium)
     if side == "below":
         return
-    if est.samples < timing.MIN_SAMPLES and est.median < THRESHOLDS["dataloader_share_single_min"]:
+    if est.samples < timing.MIN_SAMPLES and est.median < THRESHOLDS.dataloader_share_single_min:
         return
     data = est.median
     if est.high <= 0.0:
@@ -101,12 +107,12 @@ def dataloader_bound(session: Session) -> Iterator[Finding]:
         "steps": est.samples,
         "data_ms_per_step": round(worst.data_ms, 3),
         "step_ms": round(worst.step_ms, 3),
-        "threshold": THRESHOLDS["dataloader_share_medium"],
+        "threshold": THRESHOLDS.dataloader_share_medium,
     }
     if worst.rank is not None:
         evidence["rank"] = worst.rank
     if side == "uncertain":
-        threshold = THRESHOLDS["dataloader_share_medium"]
+        threshold = THRESHOLDS.dataloader_share_medium
         why = timing.why_uncertain(est, threshold, "profiled step", "{:.0%}")
         yield Finding(
             id="dataloader-bound",
@@ -123,7 +129,7 @@ def dataloader_bound(session: Session) -> Iterator[Finding]:
             impact=0.0,
         )
         return
-    high = est.low >= THRESHOLDS["dataloader_share_high"]
+    high = est.low >= THRESHOLDS.dataloader_share_high
     severity: Severity = "high" if high else "medium"
     yield Finding(
         id="dataloader-bound",

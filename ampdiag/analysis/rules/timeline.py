@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ampdiag import units
@@ -11,25 +12,31 @@ from ampdiag.analysis.registry import rule
 from ampdiag.analysis.rules.distributed import straggler
 from ampdiag.session import Finding, Session, Severity
 
-THRESHOLDS = {
+
+@dataclass(frozen=True)
+class Thresholds:
+    """This module's thresholds, by name: a typo is a type error, not a run-time KeyError."""
+
     # Idle share of the GPU span (HTA's idle_time / kernel_time).
-    "idle_share_medium": 0.20,
-    "idle_share_high": 0.50,
+    idle_share_medium: float = 0.20
+    idle_share_high: float = 0.50
     # Share of GEMM/conv kernel time in FP32 without tensor cores (SIMT sgemm, scudnn, ...),
     # counted only when GEMM/conv kernels are at least this share of computation time.
-    "fp32_matmul_share_medium": 0.50,
-    "fp32_matmul_share_high": 0.80,
-    "matmul_share_min": 0.10,
+    fp32_matmul_share_medium: float = 0.50
+    fp32_matmul_share_high: float = 0.80
+    matmul_share_min: float = 0.10
     # Launch-bound: most kernels are short AND the GPU waits on the host a good part of its span.
-    "short_kernel_us": 10.0,
-    "short_kernel_share": 0.50,
-    "host_wait_share_medium": 0.20,
-    "host_wait_share_high": 0.40,
+    short_kernel_us: float = 10.0
+    short_kernel_share: float = 0.50
+    host_wait_share_medium: float = 0.20
+    host_wait_share_high: float = 0.40
     # Communication not hidden under computation: exposed share of the span, overlap share.
-    "exposed_comm_share_medium": 0.10,
-    "exposed_comm_share_high": 0.30,
-    "comm_overlap_max": 0.50,
-}
+    exposed_comm_share_medium: float = 0.10
+    exposed_comm_share_high: float = 0.30
+    comm_overlap_max: float = 0.50
+
+
+THRESHOLDS = Thresholds()
 
 
 def _ranks(session: Session) -> list[dict[str, Any]]:
@@ -58,13 +65,13 @@ def gpu_idle(session: Session) -> Iterator[Finding]:
         return
     r = _worst(ranks, lambda x: x["idle_share"])
     share = float(r["idle_share"])
-    if share < THRESHOLDS["idle_share_medium"]:
+    if share < THRESHOLDS.idle_share_medium:
         return
     idle = r.get("idle_breakdown", {})
     idle_us = float(r["idle_us"]) or 1.0
     host = float(idle.get("host_wait_us", 0.0))
     kern = float(idle.get("kernel_wait_us", 0.0))
-    severity: Severity = "high" if share >= THRESHOLDS["idle_share_high"] else "medium"
+    severity: Severity = "high" if share >= THRESHOLDS.idle_share_high else "medium"
     cause = "waiting on the host" if host >= kern else "with work queued behind other work"
     fix = (
         "Most idle time is the GPU waiting for the CPU to launch work. Cut host overhead:\n"
@@ -90,7 +97,7 @@ def gpu_idle(session: Session) -> Iterator[Finding]:
             "kernel_wait_us": round(kern, 1),
             "other_us": round(float(idle.get("other_us", 0.0)), 1),
             "host_wait_share_of_idle": round(host / idle_us, 4),
-            "threshold": THRESHOLDS["idle_share_medium"],
+            "threshold": THRESHOLDS.idle_share_medium,
         },
         fix=fix,
         section="timeline",
@@ -113,11 +120,11 @@ def fp32_kernels_dominant(session: Session) -> Iterator[Finding]:
     p = r["precision"]
     share = float(p["fp32_matmul_share"])
     if (
-        share < THRESHOLDS["fp32_matmul_share_medium"]
-        or float(p["matmul_share"]) < THRESHOLDS["matmul_share_min"]
+        share < THRESHOLDS.fp32_matmul_share_medium
+        or float(p["matmul_share"]) < THRESHOLDS.matmul_share_min
     ):
         return
-    severity: Severity = "high" if share >= THRESHOLDS["fp32_matmul_share_high"] else "medium"
+    severity: Severity = "high" if share >= THRESHOLDS.fp32_matmul_share_high else "medium"
     top = [k["short_name"] for k in p.get("fp32_matmul_kernels", [])[:5]]
     env = session.environment
     tensor_cores = D.has_tensor_cores(env)
@@ -145,7 +152,7 @@ def fp32_kernels_dominant(session: Session) -> Iterator[Finding]:
             "tensor_core_share": round(float(p["tensor_core_share"]), 4),
             "low_precision_share": round(float(p["low_precision_share"]), 4),
             "top_fp32_kernels": top,
-            "threshold": THRESHOLDS["fp32_matmul_share_medium"],
+            "threshold": THRESHOLDS.fp32_matmul_share_medium,
             "device": gpu,
             "device_capability": env.get("device_capability"),
         },
@@ -195,12 +202,9 @@ def launch_bound(session: Session) -> Iterator[Finding]:
     span = float(r["span_us"]) or 1.0
     host_share = float(r["idle_breakdown"]["host_wait_us"]) / span
     short = float(r.get("short_kernel_share", 0.0))
-    if (
-        short < THRESHOLDS["short_kernel_share"]
-        or host_share < THRESHOLDS["host_wait_share_medium"]
-    ):
+    if short < THRESHOLDS.short_kernel_share or host_share < THRESHOLDS.host_wait_share_medium:
         return
-    severity: Severity = "high" if host_share >= THRESHOLDS["host_wait_share_high"] else "medium"
+    severity: Severity = "high" if host_share >= THRESHOLDS.host_wait_share_high else "medium"
     dur = r.get("kernel_duration", {})
     lat = r.get("launch_latency", {})
     yield Finding(
@@ -208,7 +212,7 @@ def launch_bound(session: Session) -> Iterator[Finding]:
         severity=severity,
         title=(
             f"Launch-bound: {short:.0%} of kernels run under "
-            f"{THRESHOLDS['short_kernel_us']:.0f} µs "
+            f"{THRESHOLDS.short_kernel_us:.0f} µs "
             f"and the GPU waits on the host {host_share:.0%} of the time (rank {r['rank']})."
         ),
         evidence={
@@ -219,7 +223,7 @@ def launch_bound(session: Session) -> Iterator[Finding]:
             "kernels_per_step": round(float(r.get("kernels_per_step", 0.0)), 1),
             "host_wait_share": round(host_share, 4),
             "launch_latency_median_us": round(float(lat.get("median_us", 0.0)), 2),
-            "threshold": THRESHOLDS["host_wait_share_medium"],
+            "threshold": THRESHOLDS.host_wait_share_medium,
         },
         fix=(
             "Launch fewer, larger kernels:\n"
@@ -246,11 +250,11 @@ def comm_not_overlapped(session: Session) -> Iterator[Finding]:
     c = r["communication"]
     exposed = float(c["exposed_share_of_span"])
     if (
-        exposed < THRESHOLDS["exposed_comm_share_medium"]
-        or float(c["overlap_share"]) >= THRESHOLDS["comm_overlap_max"]
+        exposed < THRESHOLDS.exposed_comm_share_medium
+        or float(c["overlap_share"]) >= THRESHOLDS.comm_overlap_max
     ):
         return
-    severity: Severity = "high" if exposed >= THRESHOLDS["exposed_comm_share_high"] else "medium"
+    severity: Severity = "high" if exposed >= THRESHOLDS.exposed_comm_share_high else "medium"
     summary = session.section("timeline").get("summary", {})
     yield Finding(
         id="comm-not-overlapped",
@@ -266,7 +270,7 @@ def comm_not_overlapped(session: Session) -> Iterator[Finding]:
             "overlap_share": round(float(c["overlap_share"]), 4),
             "exposed_share_of_span": round(exposed, 4),
             "slowest_rank": summary.get("slowest_rank"),
-            "threshold": THRESHOLDS["exposed_comm_share_medium"],
+            "threshold": THRESHOLDS.exposed_comm_share_medium,
         },
         fix=(
             "Overlap gradient all-reduce with the backward pass and send fewer, larger buckets:\n"

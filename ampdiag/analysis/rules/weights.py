@@ -12,6 +12,7 @@ section lists and the models' parameter dtypes, unmeasured.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ampdiag.analysis import device as D
@@ -21,11 +22,17 @@ from ampdiag.analysis.registry import rule
 from ampdiag.schema import DivergenceResult
 from ampdiag.session import Finding, Session, Severity
 
-THRESHOLDS: dict[str, float] = {
+
+@dataclass(frozen=True)
+class Thresholds:
+    """This module's thresholds, by name: a typo is a type error, not a run-time KeyError."""
+
     # Share of sampled updates (values with a nonzero gradient) the step left unchanged.
-    "unchanged_medium": 0.05,
-    "unchanged_high": 0.25,
-}
+    unchanged_medium: float = 0.05
+    unchanged_high: float = 0.25
+
+
+THRESHOLDS = Thresholds()
 
 SECTION = "numerics"
 NAMES = {"bfloat16": "BF16", "float16": "FP16"}
@@ -217,9 +224,9 @@ def low_precision_params(session: Session) -> Iterator[Finding]:
             ev["eps_below_fp16"] = broke["eps_below_fp16"]
     elif share is None:
         severity = "medium"
-    elif share >= THRESHOLDS["unchanged_high"]:
+    elif share >= THRESHOLDS.unchanged_high:
         severity = "high"
-    elif share >= THRESHOLDS["unchanged_medium"]:
+    elif share >= THRESHOLDS.unchanged_medium:
         severity = "medium"
     else:
         severity = "low"
@@ -249,7 +256,7 @@ def low_precision_params(session: Session) -> Iterator[Finding]:
             f"stored in {names} and {who} updates "
             f"them in place, with no FP32 master weights: {what}."
         ),
-        evidence={**ev, "threshold": THRESHOLDS["unchanged_medium"]},
+        evidence={**ev, "threshold": THRESHOLDS.unchanged_medium},
         fix=fix_code(
             session.environment,
             stored,

@@ -1,21 +1,21 @@
 """Report sections: one module per section, each with ``build(session) -> ReportSection | None``.
 
-A new section is one new module here and one line in `SECTION_MODULES`, which is the order the
-report shows them in. A module says everything about its section: ``TITLE`` (its heading),
-``NEEDS`` for a *topic* (a section every report has: with no data it still shows, saying what
-would fill it), and ``build``, which returns None when the session has nothing for it. The HTML
+A new section is one new module here and one line in `SECTION_MODULES` (`SECTIONS`, an
+`ampdiag.registry.Registry`), which is the order the report shows them in. A module registers
+its ``build`` with ``@section(title, needs)``: its heading, ``needs`` for a *topic* (a section
+every report has: with no data it still shows, saying what would fill it); ``build`` returns
+None when the session has nothing for it. The HTML
 report draws them; TensorBoard output is `ampdiag.render.tensorboard`'s.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import ModuleType
 
 from markupsafe import Markup
 
+from ampdiag.registry import Registry
 from ampdiag.session import Session
 
 #: The report's sections, one module each, in the order the report shows them.
@@ -37,13 +37,12 @@ SECTION_MODULES: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class SectionInfo:
-    """What a section module declares: its anchor, heading and, for a topic, what fills it."""
+    """What a section module registers: anchor, heading, what fills a topic, and its build."""
 
-    name: str
     id: str
     title: str
     needs: str | None
-    module: ModuleType
+    build: Build
 
 
 @dataclass
@@ -65,15 +64,25 @@ class ReportSection:
     figures: list[str] = field(default_factory=list)
 
 
-@functools.cache
-def registry() -> tuple[SectionInfo, ...]:
+Build = Callable[[Session], "ReportSection | None"]
+
+SECTIONS: Registry[SectionInfo] = Registry(__name__, SECTION_MODULES)
+
+
+def section(title: str, needs: str | None = None) -> Callable[[Build], Build]:
+    """Registers a section module's ``build`` (its anchor: the module's name, kebab-case)."""
+
+    def register(build: Build) -> Build:
+        anchor = build.__module__.rsplit(".", 1)[-1].replace("_", "-")
+        SECTIONS.add(SectionInfo(anchor, title, needs, build), build.__module__)
+        return build
+
+    return register
+
+
+def registry() -> list[SectionInfo]:
     """The registered sections, in report order (their modules imported)."""
-    out = []
-    for name in SECTION_MODULES:
-        module = importlib.import_module(f"{__name__}.{name}")
-        title, needs = module.TITLE, getattr(module, "NEEDS", None)
-        out.append(SectionInfo(name, name.replace("_", "-"), title, needs, module))
-    return tuple(out)
+    return SECTIONS.entries()
 
 
 def build_sections(session: Session) -> list[ReportSection]:
@@ -85,7 +94,7 @@ def build_sections(session: Session) -> list[ReportSection]:
     built = []
     for info in registry():
         try:
-            section = info.module.build(session)
+            section = info.build(session)
         except Exception as exc:
             section = failed(info, exc)
         if section is not None:

@@ -12,7 +12,7 @@ from typing import Any
 from markupsafe import Markup
 
 from ampdiag.render import charts, stated, svg
-from ampdiag.render.sections import ReportSection
+from ampdiag.render.sections import ReportSection, section
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
@@ -34,6 +34,7 @@ def scale_history(session: Session) -> list[dict[str, Any]]:
     ]
 
 
+@section(TITLE, NEEDS)
 def build(session: Session) -> ReportSection | None:
     """The GradScaler section, when the run had a scaler or fp16 autocast or scaler data."""
     run = session.section("run")

@@ -12,7 +12,7 @@ from markupsafe import Markup
 
 from ampdiag import units as humanize
 from ampdiag.render import charts, svg
-from ampdiag.render.sections import ReportSection
+from ampdiag.render.sections import ReportSection, section
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
@@ -74,6 +74,7 @@ def _figures(mem: Mapping[str, Any]) -> dict[str, Markup]:
     return figures
 
 
+@section(TITLE, NEEDS)
 def build(session: Session) -> ReportSection | None:
     """The memory section, when the session has a memory section."""
     mem = session.section("memory")

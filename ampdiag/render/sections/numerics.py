@@ -11,7 +11,7 @@ from markupsafe import Markup
 
 from ampdiag import units as humanize
 from ampdiag.render import charts, stated, svg
-from ampdiag.render.sections import ReportSection
+from ampdiag.render.sections import ReportSection, section
 from ampdiag.render.templating import render_template
 from ampdiag.schema import NumericsDerived
 from ampdiag.session import Session
@@ -45,6 +45,7 @@ def first_nonfinite(session: Session) -> dict[str, object] | None:
     return None
 
 
+@section(TITLE, NEEDS)
 def build(session: Session) -> ReportSection | None:
     """The numerics section, when any numerics collector wrote something."""
     grads = session.section("gradients")

@@ -10,7 +10,7 @@ from typing import Any
 
 from ampdiag import units as humanize
 from ampdiag.render import charts, stated, svg
-from ampdiag.render.sections import ReportSection
+from ampdiag.render.sections import ReportSection, section
 from ampdiag.render.templating import render_template
 from ampdiag.session import SEVERITIES, Finding, Session
 
@@ -194,6 +194,7 @@ def figures(session: Session) -> dict[str, charts.Chart]:
     }
 
 
+@section(TITLE)
 def build(session: Session) -> ReportSection:
     """The overview section (always present)."""
     text = verdict(session)

@@ -9,7 +9,7 @@ from markupsafe import Markup
 
 from ampdiag import units as humanize
 from ampdiag.render import charts, svg
-from ampdiag.render.sections import ReportSection
+from ampdiag.render.sections import ReportSection, section
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
@@ -36,6 +36,7 @@ def module_bars(modules: dict[str, dict[str, float]], limit: int = MAX_MODULES) 
     )
 
 
+@section(TITLE, NEEDS)
 def build(session: Session) -> ReportSection | None:
     """The precision section, when the run was audited (or says why it was not)."""
     sec = session.section("precision")

@@ -15,7 +15,7 @@ from markupsafe import Markup, escape
 
 from ampdiag import units
 from ampdiag.render import charts, svg
-from ampdiag.render.sections import ReportSection
+from ampdiag.render.sections import ReportSection, section
 from ampdiag.session import Session
 
 TITLE = "Which precision"
@@ -188,6 +188,7 @@ def _table(head: tuple[str, ...], rows: list[list[Any]]) -> Markup:
     return Markup("<table><thead><tr>{}</tr></thead><tbody>{}</tbody></table>").format(cells, body)
 
 
+@section(TITLE)
 def build(session: Session) -> ReportSection | None:
     """The section, when the run measured the precisions."""
     ab = comparison(session)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ampdiag.render import charts, svg
-from ampdiag.render.sections import ReportSection
+from ampdiag.render.sections import ReportSection, section
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
@@ -59,6 +59,7 @@ def figures(session: Session) -> dict[str, charts.Chart]:
     }
 
 
+@section(TITLE)
 def build(session: Session) -> ReportSection | None:
     """The ranks section, for a merged distributed run."""
     ranks = session.section("ranks")

@@ -10,12 +10,13 @@ from dataclasses import MISSING, fields
 from markupsafe import Markup
 
 from ampdiag.config import DiagnoseConfig
-from ampdiag.render.sections import ReportSection
+from ampdiag.render.sections import ReportSection, section
 from ampdiag.session import Session
 
 TITLE = "Settings"
 
 
+@section(TITLE)
 def build(session: Session) -> ReportSection | None:
     """The table of settings; None for a session that has none (one read from a trace)."""
     config = session.config

@@ -11,7 +11,7 @@ from typing import Any
 
 from ampdiag import units as humanize
 from ampdiag.render import charts, stated, svg
-from ampdiag.render.sections import ReportSection
+from ampdiag.render.sections import ReportSection, section
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
@@ -109,6 +109,7 @@ def figures(session: Session) -> dict[str, charts.Chart]:
     return out
 
 
+@section(TITLE, NEEDS)
 def build(session: Session) -> ReportSection | None:
     """The time section, when there are steps, a profile or a speed probe."""
     prof = session.section("profiler")

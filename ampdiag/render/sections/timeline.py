@@ -8,7 +8,7 @@ from markupsafe import Markup
 
 from ampdiag import units
 from ampdiag.render import charts, svg
-from ampdiag.render.sections import ReportSection
+from ampdiag.render.sections import ReportSection, section
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
@@ -25,6 +25,7 @@ MEMORY_DEVICES = 4
 MEMORY_CHART_SHARE = 0.01
 
 
+@section(TITLE)
 def build(session: Session) -> ReportSection | None:
     """The timeline section, when the session has a ``timeline`` section with ranks."""
     tl = session.section("timeline")

@@ -8,13 +8,14 @@ on it is ``low-precision-params``).
 from __future__ import annotations
 
 from ampdiag import units as humanize
-from ampdiag.render.sections import ReportSection
+from ampdiag.render.sections import ReportSection, section
 from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
 TITLE = "Weight updates"
 
 
+@section(TITLE)
 def build(session: Session) -> ReportSection | None:
     """The section, when an optimizer updates low-precision parameters."""
     sec = session.section("weight_updates")

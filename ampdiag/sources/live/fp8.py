@@ -39,7 +39,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -48,18 +48,24 @@ from ampdiag.analysis.fp8 import module_filter
 from ampdiag.compat import fp8 as cfp8
 from ampdiag.sources.live.passes import class_forward, sqnr_db
 
+
 #: What a layer must pass to be FP8-safe (each documented in the README).
-THRESHOLDS = {
+@dataclass(frozen=True)
+class Thresholds:
+    """This module's thresholds, by name: a typo is a type error, not a run-time KeyError."""
+
     # SQNR (dB) against FP32 of the layer's output, input gradient and weight gradient, each
     # computed in FP8 from the FP32 pass's own input and output gradient. E4M3 rounding alone
     # gives about 31 dB, E5M2 about 25 dB: 20 dB leaves room for the matmul's accumulation.
-    "sqnr_db_min": 20.0,
+    sqnr_db_min: float = 20.0
     # Share of an operand's nonzero values (input, weight, output gradient) that land below the
     # format's smallest normal at the chosen scale (fewer mantissa bits, or flushed to zero).
-    "low_share_max": 0.10,
+    low_share_max: float = 0.10
     # Share of an operand's values beyond the format's largest at the chosen scale (clamped).
-    "saturated_share_max": 0.001,
-}
+    saturated_share_max: float = 0.001
+
+
+THRESHOLDS = Thresholds()
 #: torchao's and cuBLAS's FP8 kernels need both dimensions of a Linear to be multiples of 16.
 KERNEL_MULTIPLE = 16
 #: torchao's ``EPS`` in ``amax_to_scale``: the smallest amax a scale is computed from.
@@ -210,7 +216,7 @@ def _capture(
 def _verdict(layer: dict[str, Any], recipe: Recipe) -> list[str]:
     """Why a layer should stay in BF16 (empty: FP8-safe), each reason with its numbers."""
     reasons = []
-    low, sat = THRESHOLDS["low_share_max"], THRESHOLDS["saturated_share_max"]
+    low, sat = THRESHOLDS.low_share_max, THRESHOLDS.saturated_share_max
     fmt = {"input": recipe.forward, "weight": recipe.forward, "grad_output": recipe.grad}
     for operand in ("input", "weight", "grad_output"):
         st = layer[operand]
@@ -232,10 +238,10 @@ def _verdict(layer: dict[str, Any], recipe: Recipe) -> list[str]:
         ("grad_weight_sqnr_db", "weight gradient"),
     ):
         value = layer[key]
-        if value is not None and value < THRESHOLDS["sqnr_db_min"]:
+        if value is not None and value < THRESHOLDS.sqnr_db_min:
             reasons.append(
                 f"its {what}'s SQNR against FP32 is {value:.1f} dB "
-                f"(limit {THRESHOLDS['sqnr_db_min']:.0f} dB)"
+                f"(limit {THRESHOLDS.sqnr_db_min:.0f} dB)"
             )
     bad = [d for d in (layer["in_features"], layer["out_features"]) if d % KERNEL_MULTIPLE]
     if bad:
@@ -411,7 +417,7 @@ def readiness(
         "loss_rel_diff_vs_bf16": diff,
         "speedup": speedup,
         "speed": speed,
-        "thresholds": dict(THRESHOLDS),
+        "thresholds": asdict(THRESHOLDS),
         "amax_drift": "not measured: one batch (the amax of earlier steps is not seen)",
         "spent_s": time.perf_counter() - started,
     }

@@ -36,6 +36,7 @@ import torch
 from ampdiag.compat import scaler as compat_scaler
 from ampdiag.schema import AccumulationSection
 from ampdiag.sources.live import global_hooks
+from ampdiag.sources.live.collectors import COLLECTORS
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work
 from ampdiag.sources.live.discovery import reference_parameter
 
@@ -92,6 +93,7 @@ class _Micro:
         self.after: torch.Tensor | None = None
 
 
+@COLLECTORS.register
 class AccumulationCollector(Collector):
     """Zeroing between micro-batches and the micro-batches' loss weights, on sampled steps."""
 

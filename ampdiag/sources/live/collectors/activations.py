@@ -48,6 +48,7 @@ from ampdiag.analysis import fp16range
 from ampdiag.compat import scaler as compat_scaler
 from ampdiag.schema import ActivationsSection
 from ampdiag.sources.live import global_hooks
+from ampdiag.sources.live.collectors import COLLECTORS
 from ampdiag.sources.live.collectors._exponents import BINS, sample_view, signed_histograms_of
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
@@ -67,6 +68,7 @@ OFF = 64
 UBINS = BINS + 2 * OFF
 
 
+@COLLECTORS.register
 class ActivationsCollector(Collector):
     """Forward range, activation-gradient underflow and NaN origin, per module."""
 

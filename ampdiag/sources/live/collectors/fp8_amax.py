@@ -26,6 +26,7 @@ from ampdiag.compat.fp8 import device_has_fp8
 from ampdiag.config import DiagnoseConfig
 from ampdiag.schema import Fp8AmaxSection
 from ampdiag.sources.live import global_hooks
+from ampdiag.sources.live.collectors import COLLECTORS
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work
 
@@ -37,6 +38,7 @@ MAX_STEPS = 64
 MAX_LAYERS = 512
 
 
+@COLLECTORS.register
 class Fp8AmaxCollector(Collector):
     """Per Linear and sampled step: the amax of its input, weight and output gradient."""
 

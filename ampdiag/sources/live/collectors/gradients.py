@@ -37,6 +37,7 @@ from ampdiag.compat import scaler as compat_scaler
 from ampdiag.compat.dtensor import local_tensor
 from ampdiag.compat.foreach import foreach_norm
 from ampdiag.schema import GradientsSection
+from ampdiag.sources.live.collectors import COLLECTORS
 from ampdiag.sources.live.collectors._exponents import (
     host_signed_histograms,
     sampled_signed_histograms,
@@ -56,6 +57,7 @@ FIELDS = ("n", "zero", "flush", "subnormal", "overflow", "nonfinite")
 MAX_STEP_RECORDS = 2000
 
 
+@COLLECTORS.register
 class GradientsCollector(Collector):
     """Gradient statistics per parameter and in total on sampled steps."""
 

@@ -47,6 +47,7 @@ from ampdiag.compat import memory as compat_memory
 from ampdiag.compat.dtensor import local_tensor
 from ampdiag.schema import MemorySection
 from ampdiag.sources.live import exclusive, global_hooks
+from ampdiag.sources.live.collectors import COLLECTORS
 from ampdiag.sources.live.collectors.base import (
     Collector,
     RunContext,
@@ -156,6 +157,7 @@ def host_memory_bytes() -> int | None:
         return None
 
 
+@COLLECTORS.register
 class MemoryCollector(Collector):
     """Where the memory goes: model state, the categorized timeline, CUDA snapshots."""
 

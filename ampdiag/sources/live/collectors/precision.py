@@ -15,11 +15,13 @@ from ampdiag.compat import autocast as ac
 from ampdiag.compat.modules import uncompiled
 from ampdiag.schema import PrecisionSection
 from ampdiag.sources.live import exclusive, global_hooks
+from ampdiag.sources.live.collectors import COLLECTORS
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 from ampdiag.sources.live.collectors.dtype_audit import DtypeAudit
 from ampdiag.sources.live.collectors.module_tracker import ROOT
 
 
+@COLLECTORS.register
 class PrecisionCollector(Collector):
     """Audits the dtype of every op of one step (``precision_step``), forward and backward."""
 

@@ -31,6 +31,7 @@ from ampdiag.compat import profiler as compat_profiler
 from ampdiag.config import is_profiled_step
 from ampdiag.schema import ProfilerSection
 from ampdiag.sources.live import exclusive, native_log
+from ampdiag.sources.live.collectors import COLLECTORS
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 from ampdiag.sources.live.patching import Patches
 
@@ -61,6 +62,7 @@ def make_schedule(skip: int, warmup: int, active: int, first: int = 0) -> Any:
     return lambda step: base(max(0, step - first))
 
 
+@COLLECTORS.register
 class ProfilerCollector(Collector):
     """Runs torch.profiler over the diagnosed steps on the configured schedule."""
 

@@ -18,6 +18,7 @@ import torch
 
 from ampdiag.compat import scaler as compat_scaler
 from ampdiag.schema import ScalerSection
+from ampdiag.sources.live.collectors import COLLECTORS
 from ampdiag.sources.live.collectors._host import Deferred, pack
 from ampdiag.sources.live.collectors.base import Collector, RunContext
 from ampdiag.sources.live.patching import Patches
@@ -29,6 +30,7 @@ MAX_EVENTS = 50
 MAX_EVENT_STEPS = 10_000
 
 
+@COLLECTORS.register
 class ScalerCollector(Collector):
     """Scale history, skipped steps, growth/backoff, and misuse of the AMP API."""
 

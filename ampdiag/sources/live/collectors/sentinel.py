@@ -53,7 +53,7 @@ from ampdiag.compat.dtensor import local_tensor
 from ampdiag.compat.modules import uncompiled
 from ampdiag.schema import Origin, SentinelSection
 from ampdiag.sources.live import global_hooks
-from ampdiag.sources.live.collectors import origin
+from ampdiag.sources.live.collectors import COLLECTORS, origin
 from ampdiag.sources.live.collectors._finite import max_abs_token
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
@@ -173,6 +173,7 @@ def _autocast_now() -> list[tuple[str, torch.dtype]]:
     ]
 
 
+@COLLECTORS.register
 class Sentinel(Collector):
     """First inf/NaN per step: module outputs, the loss, input gradients, parameter grads."""
 

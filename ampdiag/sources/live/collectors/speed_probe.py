@@ -57,6 +57,7 @@ from ampdiag.compat.modules import eager_copy_fix, uncompiled
 from ampdiag.config import DiagnoseConfig
 from ampdiag.schema import SpeedProbeSection
 from ampdiag.sources.live import global_hooks
+from ampdiag.sources.live.collectors import COLLECTORS
 from ampdiag.sources.live.collectors.base import (
     Collector,
     RunContext,
@@ -97,6 +98,7 @@ COMPILED = (
 )
 
 
+@COLLECTORS.register
 class SpeedProbe(Collector):
     """Times the model's forward + backward in FP32 and under the run's autocast, once."""
 

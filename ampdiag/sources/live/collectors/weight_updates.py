@@ -39,6 +39,7 @@ import torch
 
 from ampdiag.compat import autograd
 from ampdiag.schema import WeightUpdatesSection
+from ampdiag.sources.live.collectors import COLLECTORS
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work
 
 #: The dtypes a weight loses small updates in.
@@ -95,6 +96,7 @@ class _Pending:
         self.entries: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
 
+@COLLECTORS.register
 class WeightUpdatesCollector(Collector):
     """BF16/FP16 parameters an optimizer updates, and the share of their updates lost."""
 
