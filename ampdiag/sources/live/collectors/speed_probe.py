@@ -297,9 +297,12 @@ def budget_note(found: dict[str, Any], budget: float, need: float | None) -> str
     spent = found.get("spent_s")
     over = isinstance(spent, (int, float)) and spent > budget
     if over or (need is not None and need > budget):
-        took = f"took {spent:.2f} s" if isinstance(spent, (int, float)) else "ran"
+        # what was over the budget: the time it took, or (where it fitted) the estimate before
+        took = f"took {spent:.2f} s, over" if over else "ran over"
+        if not over and need is not None:
+            took = f"needed an estimated {need:.2f} s, over"
         parts.append(
-            f"the precision A/B {took}, over its budget of {budget:.2f} s "
+            f"the precision A/B {took} its budget of {budget:.2f} s "
             "(precision_ab_budget_s, at most 10% of the block): its least version (one observed, "
             "two timed and the per-module passes of each precision) ran all the same, with no "
             "extra rounds"
