@@ -4,12 +4,28 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
 REPO = Path(__file__).resolve().parents[1]
+
+#: The settings that keep a test's diagnose() quiet: session.json only, no report, TensorBoard
+#: or console output.
+QUIET: dict[str, Any] = {"report": False, "tensorboard": False, "console": False}
+
+
+@pytest.fixture
+def quiet_diagnose(tmp_path: Path) -> Callable[..., Any]:
+    """``with quiet_diagnose(**settings) as d:``: diagnose() into tmp_path, with `QUIET`."""
+    from ampdiag import diagnose
+
+    def start(**settings: Any) -> Any:
+        return diagnose(**{"out": tmp_path, **QUIET, **settings})
+
+    return start
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -11,8 +11,8 @@ from torch.nn import functional as F
 
 from ampdiag.compat import memory as compat_memory
 from ampdiag.sources.live.diagnosis import diagnose
+from tests.conftest import QUIET
 
-QUIET = {"report": False, "tensorboard": False, "console": False}
 BATCHES = [8, 8, 16, 32, 8]  # profiled steps (skip 1, warm-up 1, active 3): 16, 32, 8
 
 
@@ -109,12 +109,12 @@ def test_fallback_categorizer_agrees_on_model_state(tmp_path: Path, monkeypatch)
     assert max(v for _, v in mem["live_activation_points"]) > 0
 
 
-def test_oom_still_writes_session_and_finding(tmp_path: Path) -> None:
+def test_oom_still_writes_session_and_finding(tmp_path: Path, quiet_diagnose) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     model = nn.Linear(16, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     err = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    with pytest.raises(torch.OutOfMemoryError) as info, diagnose(out=tmp_path, **QUIET):
+    with pytest.raises(torch.OutOfMemoryError) as info, quiet_diagnose():
         model(torch.randn(2, 16)).sum().backward()
         opt.step()
         raise err
@@ -141,7 +141,7 @@ def test_cuda_demo_writes_snapshot(tmp_path: Path) -> None:
     assert cuda["stats"]["allocated_peak_bytes"] >= cuda["peak"]["allocated_bytes"] > 0
 
 
-def test_user_saved_tensor_hooks_are_never_unpacked(tmp_path: Path) -> None:
+def test_user_saved_tensor_hooks_are_never_unpacked(tmp_path: Path, quiet_diagnose) -> None:  # type: ignore[no-untyped-def]
     # Non-reentrant checkpointing recomputes its segment when a saved tensor is unpacked:
     # counting the activations of such a step would run the recomputation early. ampdiag
     # skips the steps whose forward ran under the user's saved-tensor hooks.
@@ -166,7 +166,7 @@ def test_user_saved_tensor_hooks_are_never_unpacked(tmp_path: Path) -> None:
     hooks = torch.autograd.graph.saved_tensors_hooks
     original = (hooks.__dict__["__enter__"], hooks.__dict__["__exit__"])
     model, opt, calls = build()
-    with diagnose(out=tmp_path, **QUIET, profile=False) as d:
+    with quiet_diagnose(profile=False) as d:
         loop(model, opt, calls)
     plain, plain_opt, plain_calls = build()
     loop(plain, plain_opt, plain_calls)
