@@ -19,8 +19,15 @@ _CANON = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16",
 
 
 def advised(fix: str) -> set[str]:
-    """The precisions a fix tells the user to train in (empty: it advises none)."""
+    """The precisions a fix tells the user to train in (empty: it advises none).
+
+    A fix that is a measurement ("Measure whether FP16 caused it: run the same steps in FP32
+    and see ...", a diverged run whose cause is unknown) tells the user to run a test in FP32,
+    not to train in it.
+    """
     out: set[str] = set()
+    if fix.startswith("Measure whether"):
+        return out
     lines = fix.splitlines()
     for i, line in enumerate(lines):
         # an autocast region around the model's forward is the training's precision; one
