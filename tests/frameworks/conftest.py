@@ -86,3 +86,14 @@ def assert_attribution(session: Any, cpu: dict[int, list[float]], profiled: int)
         attributed = sum(r[f"{phase}_us"] for r in rows) / 1e6
         measured = sum(cpu[r["step"]][i] for r in rows)
         assert attributed > 0.5 * measured, (phase, attributed, measured)
+
+
+@pytest.fixture
+def accelerate_state() -> Iterator[Any]:
+    """Accelerate, its process-wide state reset before and after (each test its own run)."""
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield accelerate
+    AcceleratorState._reset_state(reset_partial_state=True)

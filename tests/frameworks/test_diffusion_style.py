@@ -18,7 +18,6 @@ micro-batches per step, and keep the EMA copy out of the trained parameters.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,16 +31,6 @@ pytestmark = pytest.mark.slow
 
 PLAIN = "# In a plain training loop:"
 T_STEPS, ACCUM, TRAIN_STEPS = 100, 2, 4
-
-
-@pytest.fixture
-def accelerate_state() -> Iterator[Any]:
-    accelerate = pytest.importorskip("accelerate")
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield accelerate
-    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 class Denoiser(nn.Module):

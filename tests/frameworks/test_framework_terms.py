@@ -11,7 +11,6 @@ and that the fix names the framework's setting first, then the plain loop's code
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,16 +40,6 @@ def setting_then_loop(fix: str, setting: str) -> None:
     """The framework's setting comes first; the plain loop's code after it."""
     assert setting in fix and PLAIN in fix, fix
     assert fix.index(setting) < fix.index(PLAIN) < fix.index("torch.autocast"), fix
-
-
-@pytest.fixture
-def accelerate_state() -> Iterator[Any]:
-    accelerate = pytest.importorskip("accelerate")
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield accelerate
-    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def test_trainer_fp16_flag_on_a_cpu_is_told_bf16(
