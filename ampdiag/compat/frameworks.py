@@ -11,11 +11,16 @@ what *some* Accelerator asked for, not that the run at hand is Accelerate's.
 prepared (``_is_accelerate_prepared`` on the returned model and optimizer,
 ``_original_forward`` on a model whose forward it wrapped in autocast) and its
 ``AcceleratedOptimizer`` wrapper, whose ``optimizer`` is the optimizer torch's hooks see.
+
+`calling_framework` also finds a library's trainer that builds the Accelerator itself
+(denoising-diffusion-pytorch's ``Trainer(amp=..., mixed_precision_type=...)``): its user never
+writes ``Accelerator(...)``, so the fix must name that trainer's own arguments.
 """
 
 from __future__ import annotations
 
 import gc
+import inspect
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -95,16 +100,54 @@ def _lightning_precision(trainer: Any) -> str | None:
     return str(value) if value is not None else None
 
 
-def calling_framework(max_depth: int = 80) -> dict[str, str] | None:
+#: A library trainer's ``__init__`` arguments that set its Accelerator's precision or
+#: accumulation (an argument whose name has "accum" in it counts too).
+_TRAINER_ARGS = ("amp", "fp16", "bf16", "mixed_precision", "mixed_precision_type")
+
+
+def _installed(filename: str) -> bool:
+    """Whether code comes from an installed library (never the user's own files)."""
+    return "site-packages" in filename or "dist-packages" in filename
+
+
+def _accelerate_owner(obj: Any) -> dict[str, Any] | None:
+    """A library object holding an ``accelerate.Accelerator`` as ``self.accelerator``.
+
+    ``{"name": "accelerate", "precision": its mixed precision, "via": "Trainer
+    (denoising_diffusion_pytorch)", "via_args": the ``__init__`` arguments that set precision
+    or accumulation}``; None for anything else.
+    """
+    accelerator = vars(obj).get("accelerator") if hasattr(obj, "__dict__") else None
+    if accelerator is None or not _defined_in(accelerator, ("accelerate.",), "Accelerator"):
+        return None
+    cls = type(obj)
+    try:
+        names = list(inspect.signature(cls.__init__).parameters)
+    except (TypeError, ValueError):
+        names = []
+    found: dict[str, Any] = {
+        "name": "accelerate",
+        "via": f"{cls.__name__} ({cls.__module__.split('.')[0]})",
+        "via_args": [n for n in names if n in _TRAINER_ARGS or "accum" in n],
+    }
+    precision = accelerate_mixed_precision()
+    if precision is not None:
+        found["precision"] = precision
+    return found
+
+
+def calling_framework(max_depth: int = 80) -> dict[str, Any] | None:
     """The training framework whose loop called into the model: its name and precision.
 
     Read once from the call stack where the run finds its model or optimizer: a
     ``transformers.Trainer`` method's ``self`` ({"name": "hf-trainer", "precision": "bf16"
     from ``args.bf16``/``args.fp16``, else "fp16" or "no"}), or Lightning's Trainer, or a
     ``LightningModule`` bound to one ({"name": "lightning", "precision": ``trainer.precision``,
-    e.g. "bf16-mixed"}). None when no framework is on the stack. Only frames of the frameworks'
-    own modules are read (their ``self``), never the user's. Never raises: a frame whose
-    locals cannot be read is passed over.
+    e.g. "bf16-mixed"}), or an installed library's trainer that owns an Accelerator
+    (`_accelerate_owner`). None when no framework is on the stack. Only frames of the
+    frameworks' own modules, or of installed code that reads ``accelerator``, are read (their
+    ``self``), never the user's. Never raises: a frame whose locals cannot be read is passed
+    over.
     """
     try:
         frame = sys._getframe(1)
@@ -117,7 +160,13 @@ def calling_framework(max_depth: int = 80) -> dict[str, str] | None:
         # Only the frameworks' own frames are read: reading a frame's locals snapshots all of
         # them into the frame (kept until it returns), which must not happen to the user's.
         module = str(current.f_globals.get("__name__", ""))
-        if not module.startswith(("transformers.", *_LIGHTNING)):
+        code = current.f_code
+        owner = (
+            "accelerator" in code.co_names
+            and not module.startswith(("accelerate.", "torch.", "transformers.", *_LIGHTNING))
+            and _installed(code.co_filename)
+        )
+        if not owner and not module.startswith(("transformers.", *_LIGHTNING)):
             continue
         try:
             obj = current.f_locals.get("self")
@@ -126,6 +175,11 @@ def calling_framework(max_depth: int = 80) -> dict[str, str] | None:
         if obj is None:
             continue
         try:
+            if owner:
+                found_owner = _accelerate_owner(obj)
+                if found_owner is not None:
+                    return found_owner
+                continue
             if _defined_in(obj, ("transformers.",), "Trainer"):
                 return {"name": "hf-trainer", "precision": _hf_precision(obj)}
             if _defined_in(obj, _LIGHTNING):
@@ -133,7 +187,7 @@ def calling_framework(max_depth: int = 80) -> dict[str, str] | None:
                 if trainer is None:
                     trainer = vars(obj).get("_trainer") if hasattr(obj, "__dict__") else None
                     trainer = trainer if trainer is not None else getattr(obj, "trainer", None)
-                found = {"name": "lightning"}
+                found: dict[str, Any] = {"name": "lightning"}
                 precision = _lightning_precision(trainer) if trainer is not None else None
                 if precision is not None:
                     found["precision"] = precision

@@ -47,15 +47,22 @@ class Framework:
             mixed-precision flags), or "" for a plain loop.
         precision: What it asked for, in its own words ("fp16", "bf16-mixed", "no"), if known.
         flags: The command line's mixed-precision flags, with their values.
+        via: An installed library's trainer that builds the Accelerator itself ("Trainer
+            (denoising_diffusion_pytorch)"), whose arguments are then the lever; "" if none.
+        via_args: That trainer's arguments that set precision or accumulation.
     """
 
     name: str = ""
     precision: str | None = None
     flags: tuple[str, ...] = ()
+    via: str = ""
+    via_args: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
         """Its name in a sentence."""
+        if self.via:
+            return f"{self.via}, which builds the Accelerator"
         return {
             "hf-trainer": "the Hugging Face Trainer",
             "accelerate": "Accelerate",
@@ -70,12 +77,32 @@ def framework(session: Session) -> Framework:
     if not isinstance(raw, dict) or not raw.get("name"):
         return Framework()
     precision = raw.get("precision")
-    flags = raw.get("flags")
+    flags, args = raw.get("flags"), raw.get("via_args")
     return Framework(
         name=str(raw["name"]),
         precision=str(precision) if precision is not None else None,
         flags=tuple(str(f) for f in flags) if isinstance(flags, list) else (),
+        via=str(raw.get("via") or ""),
+        via_args=tuple(str(a) for a in args) if isinstance(args, list) else (),
     )
+
+
+def _trainer_call(fw: Framework, **kwargs: object) -> str:
+    """A call of the library trainer that builds the Accelerator, with these arguments."""
+    given = ", ".join(f"{k}={v!r}".replace("'", '"') for k, v in kwargs.items())
+    return f"{fw.via.split(' ')[0]}(..., {given})"
+
+
+def _trainer_precision(fw: Framework, precision: str) -> str | None:
+    """The library trainer's own arguments for ``precision``, where its signature has them."""
+    low = precision in ("bf16", "fp16")
+    if {"amp", "mixed_precision_type"} <= set(fw.via_args):  # lucidrains' trainers
+        if low:
+            return _trainer_call(fw, amp=True, mixed_precision_type=precision)
+        return _trainer_call(fw, amp=False)
+    if "mixed_precision" in fw.via_args:
+        return _trainer_call(fw, mixed_precision=ACCELERATE[precision])
+    return None
 
 
 def _flag_style(fw: Framework) -> str:
@@ -129,6 +156,10 @@ def precision_setting(session: Session, precision: str) -> str | None:
         return f"TrainingArguments(..., {args})" + (
             f"   # {flag} on the command line" if flag else ""
         )
+    if fw.name == "accelerate" and fw.via:
+        own = _trainer_precision(fw, precision)
+        if own is not None:
+            return own
     if fw.name == "accelerate":
         return f'Accelerator(mixed_precision="{ACCELERATE[precision]}")' + (
             f"   # or accelerate launch --mixed_precision {ACCELERATE[precision]}"
@@ -167,12 +198,13 @@ def autocast_step(precision: str, device: str) -> str:
 def scaler_setting(session: Session, init_scale: float, growth_interval: int) -> str | None:
     """The framework's way to give its GradScaler these settings (None: a plain loop's code).
 
-    The Trainer and timm's ``train.py`` make their scaler with torch's defaults and expose no
-    setting for it: their lever is the precision (BF16 needs no scaler), said by the caller.
+    The Trainer, timm's ``train.py`` and a library trainer that builds its own Accelerator make
+    their scaler with torch's defaults and expose no setting for it: their lever is the
+    precision (BF16 needs no scaler), said by the caller.
     """
     fw = framework(session)
     kwargs = f"init_scale={init_scale:.0f}, growth_interval={growth_interval}"
-    if fw.name == "accelerate":
+    if fw.name == "accelerate" and not fw.via:
         return (
             "from accelerate.utils import GradScalerKwargs\n"
             'accelerator = Accelerator(mixed_precision="fp16",\n'
@@ -190,6 +222,9 @@ def scaler_setting(session: Session, init_scale: float, growth_interval: int) ->
 def accumulation_setting(session: Session, steps: int) -> str | None:
     """The framework's setting that accumulates gradients over ``steps`` micro-batches."""
     fw = framework(session)
+    accum = [a for a in fw.via_args if "accum" in a]
+    if fw.name == "accelerate" and accum:
+        return _trainer_call(fw, **{accum[0]: steps})
     if fw.name == "hf-trainer":
         return (
             f"TrainingArguments(..., gradient_accumulation_steps={steps})"
@@ -235,7 +270,11 @@ def inactive_autocast(session: Session, device: str, precision: str) -> tuple[st
     loop = autocast_step(precision, device)
     if device == "cpu" and isinstance(asked, dict) and asked.get("accelerate") == "fp16":
         fw = framework(session)
-        via = "" if fw.name in ("", "accelerate") else f"{fw.label} (through Accelerate) "
+        via = (
+            f"{fw.via} (through Accelerate) "
+            if fw.via
+            else ("" if fw.name in ("", "accelerate") else f"{fw.label} (through Accelerate) ")
+        )
         why = (
             f"{via or 'Accelerate '}was asked for FP16, which on a CPU enters no autocast: "
             "the run trains in FP32"

@@ -102,7 +102,7 @@ class RunContext:
     thread: int = field(default_factory=threading.get_ident)
     warnings: list[str] = field(default_factory=list)
     profile_active: int | None = None
-    framework: dict[str, str] | None = None
+    framework: dict[str, Any] | None = None
     found_in_forward: set[int] = field(default_factory=set)
     traces: dict[Path, Any] = field(default_factory=dict, repr=False)
 
