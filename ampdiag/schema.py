@@ -695,24 +695,20 @@ def check_document(doc: dict[str, Any], strict: bool = False) -> list[str]:
     return problems
 
 
+#: The JSON values each scalar schema type accepts (a bool is no int or float here).
+_SCALARS: dict[type, type | tuple[type, ...]] = {
+    type(None): type(None), bool: bool, int: int, float: (int, float), str: str, dict: dict,
+    list: list,
+}  # fmt: skip
+
+
 def _scalar_ok(value: Any, expected: Any) -> bool:
-    if expected is type(None):
-        return value is None
-    if expected is bool:
-        return isinstance(value, bool)
-    if expected is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if expected is float:
-        if isinstance(value, str):
-            return value in NONFINITE_TEXT
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if expected is str:
-        return isinstance(value, str)
-    if expected is dict:
-        return isinstance(value, dict)
-    if expected is list:
-        return isinstance(value, list)
-    return False
+    if expected is float and isinstance(value, str):
+        return value in NONFINITE_TEXT
+    kind = _SCALARS.get(expected) if isinstance(expected, type) else None
+    if kind is None or (isinstance(value, bool) and expected is not bool):
+        return False
+    return isinstance(value, kind)
 
 
 @functools.cache

@@ -22,6 +22,7 @@ tell ``no_sync()`` accumulation (all in the last micro-batch) from all-reduces i
 
 from __future__ import annotations
 
+import statistics
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -140,11 +141,6 @@ def _breakdown(cols: Any, start: float, end: float, comm: Intervals) -> dict[str
     return out
 
 
-def _median(values: list[float]) -> float:
-    v = sorted(values)
-    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2 if v else 0.0
-
-
 def across_ranks(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """Matches the ranks' collectives step by step and finds the rank the others wait for.
 
@@ -214,8 +210,8 @@ def across_ranks(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "lateness_us_min": min(lateness),
         "last_share": last[s] / matched,
         "lateness_us": lateness,
-        "lateness_us_median": _median(lateness),
-        "step_us_median": _median(step_us),
+        "lateness_us_median": statistics.median(lateness),
+        "step_us_median": statistics.median(step_us),
         "attributed_us_per_step": sum(sum(wait[i]) for i in others) / len(common),
         "extra_us_per_step": extra,
         "gpu_compute_extra_us_per_step": _gpu_compute_extra(have, s, others),

@@ -62,45 +62,24 @@ def throughput_spread(session: Session) -> float | None:
     return spread / step**2 if step and spread is not None else None
 
 
-def final_loss(session: Session) -> float | None:
-    """The last step's loss, where the run recorded one (may be NaN for a diverged run)."""
-    value = _figure(session, "final_loss")
-    return float(value) if isinstance(value, (int, float)) else None
+def _scalar(key: str) -> Callable[[Session], float | None]:
+    """A reader of the headline figure ``key`` (`ampdiag.analysis.figures`), a number or None.
 
-
-def memory_peak_bytes(session: Session) -> float | None:
-    """The memory peak over the profiled steps (the memory section's ``peak.bytes``)."""
-    value = _figure(session, "memory_peak_bytes")
-    return float(value) if isinstance(value, (int, float)) else None
-
-
-def underflow_fraction(session: Session) -> float | None:
-    """The share of gradient values lost to FP16's range: flushed to zero or subnormal.
-
-    The figure ``fp16-grad-underflow`` states (`ampdiag.analysis.figures.underflow_fraction`).
-    Only for runs that computed in FP16: for a BF16 or FP32 run it is a what-if, not
-    something the run lost.
+    ``underflow_fraction`` is only stated for runs that computed in FP16: for a BF16 or FP32
+    run it is a what-if, not something the run lost. The memory peak is the profiled steps'.
     """
-    value = _figure(session, "underflow_fraction")
-    return float(value) if isinstance(value, (int, float)) else None
+
+    def read(session: Session) -> float | None:
+        value = _figure(session, key)
+        return float(value) if isinstance(value, (int, float)) else None
+
+    return read
 
 
 def skipped_steps(session: Session) -> float | None:
     """Steps the GradScaler skipped (inf/NaN gradients); ``None`` when no scaler was seen."""
     found = _figure(session, "skipped_steps")
     return float(found["skipped"]) if isinstance(found, dict) else None
-
-
-def low_precision_flops_share(session: Session) -> float | None:
-    """The share of the audited step's FLOPs that ran in a low-precision dtype."""
-    value = _figure(session, "low_precision_flops_share")
-    return float(value) if isinstance(value, (int, float)) else None
-
-
-def low_precision_time_share(session: Session) -> float | None:
-    """The share of the audited step's op time (casts excluded) spent in low precision."""
-    value = _figure(session, "low_precision_time_share")
-    return float(value) if isinstance(value, (int, float)) else None
 
 
 @dataclass(frozen=True)
@@ -118,15 +97,15 @@ class Metric:
 METRICS: tuple[Metric, ...] = (
     Metric("step_time_s", "Step time (median)", "s", "lower", step_time_s, step_time_spread_s),
     Metric("throughput", "Steps per second", "per_s", "higher", throughput, throughput_spread),
-    Metric("memory_peak_bytes", "Memory peak", "bytes", "lower", memory_peak_bytes),
+    Metric("memory_peak_bytes", "Memory peak", "bytes", "lower", _scalar("memory_peak_bytes")),
     Metric("underflow_fraction", "Gradient underflow (FP16 runs)", "fraction", "lower",
-           underflow_fraction),
+           _scalar("underflow_fraction")),
     Metric("skipped_steps", "Steps skipped by the GradScaler", "count", "lower", skipped_steps),
     Metric("low_precision_flops_share", "FLOPs in low precision", "fraction", "higher",
-           low_precision_flops_share),
+           _scalar("low_precision_flops_share")),
     Metric("low_precision_time_share", "Op time in low precision", "fraction", "none",
-           low_precision_time_share),
-    Metric("final_loss", "Final loss", "value", "lower", final_loss),
+           _scalar("low_precision_time_share")),
+    Metric("final_loss", "Final loss", "value", "lower", _scalar("final_loss")),
 )  # fmt: skip
 
 

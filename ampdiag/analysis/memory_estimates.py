@@ -238,25 +238,16 @@ def _measured_rows(section: Mapping[str, Any], act_peak: int) -> list[WhatIfRow]
     """The rows measured as they are: model state, the peak, activations at their most."""
     state = section.get("model_state") or {}
     peak = section.get("peak") or {}
-    model_state = "Model state: parameters + gradients + optimizer state"
-    if state:
-        rows = [
-            _row(
-                model_state,
-                model_state_bytes(section),
-                f"params {units.nbytes(state.get('parameters', 0))}, "
-                f"grads {units.nbytes(state.get('gradients', 0))}, "
-                f"optimizer {units.nbytes(state.get('optimizer_state', 0))} (live tensors)",
-            )
-        ]
-    else:  # a CUDA snapshot: blocks and stacks, no tensor known as a parameter or a gradient
-        rows = [
-            _row(
-                model_state,
-                None,
-                "not measured: this source does not say which tensors are model state",
-            )
-        ]
+    # without a model state: a CUDA snapshot (blocks and stacks, no tensor known as a parameter)
+    basis = (
+        f"params {units.nbytes(state.get('parameters', 0))}, "
+        f"grads {units.nbytes(state.get('gradients', 0))}, "
+        f"optimizer {units.nbytes(state.get('optimizer_state', 0))} (live tensors)"
+        if state
+        else "not measured: this source does not say which tensors are model state"
+    )
+    model_state = model_state_bytes(section) if state else None
+    rows = [_row("Model state: parameters + gradients + optimizer state", model_state, basis)]
     if peak.get("bytes"):
         rows.append(
             _row(

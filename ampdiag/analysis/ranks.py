@@ -19,6 +19,7 @@ phase and module, ``origin_rank``) and names the other ranks as having received 
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -53,11 +54,6 @@ def rank_findings(
     return [(rank, analyze(member)) for rank, member in members(session)]
 
 
-def _median(values: list[float]) -> float | None:
-    v = sorted(values)
-    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2 if v else None
-
-
 def rank_row(rank: int, doc: dict[str, Any]) -> dict[str, Any]:
     """One rank's figures for the side-by-side table (from its session document)."""
     from ampdiag.analysis.precision import summarize
@@ -80,7 +76,7 @@ def rank_row(rank: int, doc: dict[str, Any]) -> dict[str, Any]:
         "status": doc.get("status", "ok"),
         "steps": len(steps),
         "step_times_ms": [w * 1000 for w in walls],
-        "step_ms_median": (_median(walls) or 0.0) * 1000 if walls else None,
+        "step_ms_median": statistics.median(walls) * 1000 if walls else None,
         "last_loss": losses[-1] if losses else None,
         "nonfinite_losses": sum(1 for x in losses if isinstance(x, str)),
         "grad_nonfinite": grads.get("nonfinite"),

@@ -62,13 +62,18 @@ def run_rules(session: Session) -> list[Finding]:
                     raise ValueError(f"rule emitted undeclared id {finding.id!r}")
                 found.append(finding)
         except Exception as exc:
-            log.warning("rule %s failed: %r", r.func.__name__, exc)
             found.append(
-                Finding(
-                    id="analysis-error",
-                    severity="info",
-                    title=f"An analysis rule failed ({r.func.__name__}); its findings are missing.",
-                    evidence={"rule": r.func.__name__, "error": repr(exc)},
-                )
+                failed("rule", "An analysis rule", "its findings are missing", r.func.__name__, exc)
             )
     return rank(found)
+
+
+def failed(kind: str, what: str, lost: str, name: str, exc: Exception) -> Finding:
+    """The ``analysis-error`` info finding (and log line) of a rule or advisor that raised."""
+    log.warning("%s %s failed: %r", kind, name, exc)
+    return Finding(
+        id="analysis-error",
+        severity="info",
+        title=f"{what} failed ({name}); {lost}.",
+        evidence={kind: name, "error": repr(exc)},
+    )

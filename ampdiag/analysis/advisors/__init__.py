@@ -17,17 +17,14 @@ order, each on what the previous ones left.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ampdiag.analysis.registry import rank
+from ampdiag.analysis.registry import failed, rank
 from ampdiag.registry import Registered, Registry, registering
 from ampdiag.session import SEVERITIES, Finding, Session
 from ampdiag.units import number as _number
-
-log = logging.getLogger("ampdiag")
 
 #: Modules of this package whose advisors run, in this order.
 ADVISOR_MODULES: tuple[str, ...] = ("divergence", "recommendations")
@@ -114,14 +111,8 @@ def advise(session: Session, findings: list[Finding]) -> list[Finding]:
                 if advice.finding.id not in adv.ids:
                     raise ValueError(f"advisor emitted undeclared id {advice.finding.id!r}")
         except Exception as exc:
-            log.warning("advisor %s failed: %r", adv.func.__name__, exc)
             pool.append(
-                Finding(
-                    id="analysis-error",
-                    severity="info",
-                    title=f"An advisor failed ({adv.func.__name__}); its advice is missing.",
-                    evidence={"advisor": adv.func.__name__, "error": repr(exc)},
-                )
+                failed("advisor", "An advisor", "its advice is missing", adv.func.__name__, exc)
             )
             continue
         for advice in produced:

@@ -65,11 +65,8 @@ def divergence_advice(session: Session, findings: list[Finding]) -> Iterator[Adv
         "held": first["held"],
         "module": first.get("module"),
         "cause": why["cause"],
-        "why": why.get("why"),
-        "run_precision": why.get("run_precision"),
-        "loss_nonfinite_steps": result.get("loss_nonfinite_steps"),
-        "steps": result.get("steps"),
-        "skipped_steps": result.get("skipped_steps"),
+        **{k: why.get(k) for k in ("why", "run_precision")},
+        **{k: result.get(k) for k in ("loss_nonfinite_steps", "steps", "skipped_steps")},
         "loss_trend": result.get("trend"),
     }
     for key in ("scale_min", "scale_collapsed", "skipped_to_end_from"):

@@ -91,9 +91,7 @@ def bf16_supported(session: Session) -> bool | None:
     if known is not None:
         return known
     value = env.get("bf16_supported")
-    if isinstance(value, bool):
-        return value
-    return device.runs_bf16(env)
+    return value if isinstance(value, bool) else None
 
 
 def device_type(session: Session) -> str:

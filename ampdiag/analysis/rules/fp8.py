@@ -38,10 +38,7 @@ def fp8_readiness(session: Session) -> Iterator[Finding]:
             "recipe": fp8.get("recipe"),
             "convert": convert,
             "keep": {str(la["name"]): la.get("reasons") for la in layers if la["name"] in keep},
-            "loss_rel_diff_vs_bf16": fp8.get("loss_rel_diff_vs_bf16"),
-            "speedup": fp8.get("speedup"),
-            "speed": fp8.get("speed"),
-            "thresholds": fp8.get("thresholds"),
+            **{k: fp8.get(k) for k in ("loss_rel_diff_vs_bf16", "speedup", "speed", "thresholds")},
             "amax_drift": {
                 str(la["name"]): la.get("amax_drift") for la in layers if la.get("amax_drift")
             }

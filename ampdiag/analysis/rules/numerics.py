@@ -616,10 +616,7 @@ def nonfinite_origin(session: Session) -> Iterator[Finding]:
     where = origin_where(origin)
     parent_code = bool(origin.get("parent_code"))
     evidence = {
-        "step": origin["step"],
-        "module": origin["module"],
-        "phase": origin["phase"],
-        "kind": origin["kind"],
+        **{k: origin[k] for k in ("step", "module", "phase", "kind")},
         "parent_code": parent_code,
         "where": where,
         "steps_with_nonfinite": count,

@@ -36,17 +36,8 @@ THRESHOLDS = Thresholds()
 
 def _top(summary: PrecisionSummary, n: int = 5) -> list[dict[str, object]]:
     rows = summary["top_fp32"][:n]
-    return [
-        {
-            "op": o["op"],
-            "module": o["module"],
-            "reason": o["reason"],
-            "phase": o["phase"],
-            "flops": o["flops"],
-            "time_us": round(float(o["time_us"]), 1),
-        }
-        for o in rows
-    ]
+    keys = ("op", "module", "reason", "phase", "flops")
+    return [{**{k: o[k] for k in keys}, "time_us": round(float(o["time_us"]), 1)} for o in rows]
 
 
 @rule("fp32-ops-in-autocast")

@@ -85,18 +85,8 @@ def _modules(rows: list[Mapping[str, Any]]) -> Markup:
             )
     if not body:
         return Markup("")
-    head = ["precision", "module", "FP32 forward", "forward", "of which casts", "extra time from"]
-    parts = [Markup("<p>Modules slower than in FP32 (one forward each):</p><table><thead><tr>")]
-    parts += [Markup("<th>{}</th>").format(h) for h in head]
-    parts.append(Markup("</tr></thead><tbody>"))
-    for cells in body:
-        parts.append(
-            Markup("<tr>")
-            + Markup("").join(Markup("<td>{}</td>").format(c) for c in cells)
-            + Markup("</tr>")
-        )
-    parts.append(Markup("</tbody></table>"))
-    return Markup("").join(parts)
+    head = ("precision", "module", "FP32 forward", "forward", "of which casts", "extra time from")
+    return Markup("<p>Modules slower than in FP32 (one forward each):</p>") + _table(head, body)
 
 
 def _cells(row: Mapping[str, Any]) -> list[str]:
@@ -117,8 +107,8 @@ def _cells(row: Mapping[str, Any]) -> list[str]:
     ]
 
 
-HEAD = ["precision", "forward + backward", "vs FP32", "activations", "loss vs FP32",
-        "worst output SQNR", "worst gradient SQNR", "gradients lost", "safe"]  # fmt: skip
+HEAD = ("precision", "forward + backward", "vs FP32", "activations", "loss vs FP32",
+        "worst output SQNR", "worst gradient SQNR", "gradients lost", "safe")  # fmt: skip
 
 
 def _growth(layer: Mapping[str, Any]) -> str:
@@ -179,7 +169,7 @@ def _fp8(session: Session, ab: Mapping[str, Any]) -> Markup:
     )
 
 
-def _table(head: tuple[str, ...], rows: list[list[Any]]) -> Markup:
+def _table(head: tuple[str, ...], rows: list[list[Any]] | list[list[str]]) -> Markup:
     cells = Markup("").join(Markup("<th>{}</th>").format(h) for h in head)
     body = Markup("").join(
         Markup("<tr>{}</tr>").format(Markup("").join(Markup("<td>{}</td>").format(c) for c in r))
@@ -213,17 +203,8 @@ def build(session: Session) -> ReportSection | None:
             " (no other measured clearly faster or slower)" if ab.get("uncertain") else "",
             ab.get("reason", ""),
         ),
-        Markup("<table><thead><tr>"),
-        Markup("").join(Markup("<th>{}</th>").format(h) for h in HEAD),
-        Markup("</tr></thead><tbody>"),
+        _table(HEAD, [_cells(row) for row in rows]),
     ]
-    for row in rows:
-        parts.append(
-            Markup("<tr>")
-            + Markup("").join(Markup("<td>{}</td>").format(c) for c in _cells(row))
-            + Markup("</tr>")
-        )
-    parts.append(Markup("</tbody></table>"))
     parts.append(
         Markup(
             "<p>Measured on a copy of the run's model with its own batch, interleaved rounds "
