@@ -13,9 +13,8 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from html import escape
 
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from ampdiag.render.charts import Chart
 
@@ -39,7 +38,7 @@ MAX_TICK_LABELS = 12
 
 
 def _t(text: str) -> str:
-    return escape(text, quote=True)
+    return str(escape(text))
 
 
 def _num(v: float) -> str:
