@@ -145,3 +145,15 @@ def test_the_settings_section_names_what_was_changed() -> None:
     }
     assert "1 changed from the default" in part and EVIL_MODULE not in part
     assert '<section id="settings"' not in render_html(Session())  # a trace's session: none
+
+
+def test_a_real_runs_environment_names_the_model_it_trained(evil_run: Session) -> None:
+    """Truth: the model's own parameter count (the optimizer updates all of them). The section
+    once failed ("could not be rendered") for every model that has no frozen copy."""
+    from tests.render.conftest import evil_model
+
+    html = render_html(evil_run)
+    env = html.split('<section id="environment"', 1)[1].split("</section>", 1)[0]
+    n = sum(p.numel() for p in evil_model().parameters())
+    assert "could not be rendered" not in env
+    assert f"<code>Sequential</code> ({n:,} parameters, " in env, env[-1500:]
