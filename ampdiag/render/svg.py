@@ -10,8 +10,8 @@ is XML-escaped, so any name renders.
 
 from __future__ import annotations
 
-import hashlib
 import math
+import zlib
 from collections.abc import Sequence
 
 from markupsafe import Markup, escape
@@ -168,7 +168,7 @@ class _Canvas:
 
     def clip(self) -> str:
         """Opens a group clipped to the plot area (closed by the caller with ``</g>``)."""
-        key = hashlib.sha1(repr(self.chart).encode("utf-8", "replace")).hexdigest()[:12]
+        key = f"{zlib.crc32(repr(self.chart).encode('utf-8', 'replace')):08x}"
         self.parts.append(
             f'<defs><clipPath id="clip-{key}"><rect x="{self.x0:.1f}" y="{self.y0:.1f}" '
             f'width="{self.x1 - self.x0:.1f}" height="{self.y1 - self.y0:.1f}"/></clipPath>'

@@ -3,6 +3,8 @@ it for real)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html as html_lib
 import re
 
@@ -82,6 +84,10 @@ def test_user_strings_are_escaped_and_nothing_loads_from_the_network() -> None:
     # scripts: only ours, by its hash (no 'unsafe-inline', no source to fetch from)
     (allowed,) = re.findall(r"script-src ([^;]+)", html_lib.unescape(csp.group(1)))
     assert re.fullmatch(r"'sha256-[A-Za-z0-9+/=]+'", allowed.strip()), allowed
+    # ... and the hash is the one of the script the page carries (hashed here, from the page)
+    (script,) = re.findall(r"<script>(.*?)</script>", html, flags=re.S)
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+    assert allowed.strip() == f"'sha256-{digest}'"
     # Every src/href is a data: URI or an in-page anchor, or the trace file beside the report
     # (a path with no scheme or host: nothing on the network).
     for tag, attr in re.findall(r'<(\w+)[^>]*?(?:src|href)="([^"]*)"', html):
