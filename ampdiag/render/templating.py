@@ -30,6 +30,31 @@ def join(parts: Iterable[Any]) -> Markup:
     return Markup("").join(parts)
 
 
+_CELLS = {"t": "<td>{}</td>", "n": '<td class="num">{}</td>', "c": "<td><code>{}</code></td>"}
+_TABLE = Markup("<table><thead><tr>{}</tr></thead><tbody>\n{}</tbody></table>\n")
+
+
+def rows(kinds: str, cells: Iterable[Iterable[Any]]) -> Markup:
+    """One ``<tr>`` per row of cells.
+
+    ``kinds`` has a letter per column: ``t`` text, ``n`` a number (right-aligned), ``c`` a name
+    in ``<code>``.
+    """
+    row = Markup("<tr>" + "".join(_CELLS[k] for k in kinds) + "</tr>")
+    return join(row.format(*values) for values in cells)
+
+
+def heads(*names: str) -> Markup:
+    """The ``<th>`` cells of a header row; a name that starts with ``#`` heads a number column."""
+    num, text = Markup('<th class="num">{}</th>'), Markup("<th>{}</th>")
+    return join(num.format(n[1:]) if n.startswith("#") else text.format(n) for n in names)
+
+
+def table(head: Iterable[str], kinds: str, cells: Iterable[Iterable[Any]]) -> Markup:
+    """A table: its header row (`heads`) and its rows (`rows`)."""
+    return _TABLE.format(heads(*head), rows(kinds, cells))
+
+
 def evidence_rows(values: Iterable[tuple[Any, Any]]) -> Markup:
     """``<tr>`` rows of (key, value) pairs, each labelled and formatted by its key."""
     return join(_ROW.format(units.label(str(k), v), units.by_key(str(k), v)) for k, v in values)

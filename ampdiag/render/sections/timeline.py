@@ -10,7 +10,7 @@ from ampdiag import units
 from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection, section
 from ampdiag.render.templating import figures as figure_tags
-from ampdiag.render.templating import join
+from ampdiag.render.templating import heads, join, rows, table
 from ampdiag.session import Session
 
 TITLE = "GPU timeline"
@@ -114,10 +114,6 @@ def _memory_charts(memory: dict[str, Any], rank: int) -> list[Markup]:
 
 
 _us, _pct, _num, _bytes = units.micros, units.percent, units.count, units.nbytes
-
-
-def _rows(row: Markup, rows: Any) -> Markup:
-    return join(row.format(*cells) for cells in rows)
 
 
 def _ranks_table(tl: Any, ranks: list[dict[str, Any]], summary: Any) -> Markup:
@@ -240,129 +236,99 @@ def _rank_detail(r: Any) -> Markup:
         if cover["unlaunched"]
         else ""
     )
-    kernel = Markup(
-        '<tr><td><code title="{}">{}</code></td><td>{}</td><td>{}{}</td><td class="num">{}</td>'
-        '<td class="num">{}</td><td class="num">{}</td><td class="num">{}</td></tr>'
+    kernels = (
+        [
+            _kernel(k),
+            k["type"],
+            Markup("{}{}").format(k["precision"], _TC[bool(k["tensor_core"])]),
+            _num(k["calls"]),
+            _us(k["total_us"]),
+            _us(k["mean_us"]),
+            _pct(k["share"]),
+        ]
+        for k in r["top_kernels"]
     )
     precision = r["precision"]
     shares = precision["by_precision_share"]
-    out.append(
+    out += [
+        Markup("</tbody></table>\n<h4>Kernel types</h4>\n"),
+        table(("type", "#time"), "tn", ((k, _us(v)) for k, v in r["kernel_types"].items())),
         Markup(
-            "</tbody></table>\n<h4>Kernel types</h4>\n<table><thead><tr><th>type</th>"
-            '<th class="num">time</th></tr></thead><tbody>\n{}</tbody></table>\n'
             "<h4>Top kernels</h4>\n<table><caption>Over every recorded step: all {} GPU activities "
             "of the trace ({} ProfilerSteps{}); the span, idle and compute figures above cover {}."
-            "</caption><thead><tr><th>kernel</th><th>type</th><th>precision</th>"
-            '<th class="num">calls</th><th class="num">total</th><th class="num">mean</th>'
-            '<th class="num">share</th></tr></thead><tbody>\n{}</tbody></table>\n'
+            "</caption><thead><tr>{}</tr></thead><tbody>\n{}</tbody></table>\n"
             "<h4>Precision of computation kernels (from their names)</h4>\n<table><thead><tr>{}"
-            '<th class="num">tensor cores</th><th class="num">GEMM/conv in FP32</th></tr></thead>'
-            '<tbody>\n<tr>{}<td class="num">{}</td><td class="num">{} of {}</td></tr>\n'
-            "</tbody></table>\n"
+            '</tr></thead><tbody>\n<tr>{}<td class="num">{}</td><td class="num">{} of {}</td>'
+            "</tr>\n</tbody></table>\n"
         ).format(
-            _rows(
-                Markup('<tr><td>{}</td><td class="num">{}</td></tr>'),
-                ((k, _us(v)) for k, v in r["kernel_types"].items()),
-            ),
             _num(cover["activities"]),
             len(cover["steps"]),
             unlaunched,
             r["window"]["kind"],
-            _rows(
-                kernel,
-                (
-                    (
-                        k["name"],
-                        k["short_name"],
-                        k["type"],
-                        k["precision"],
-                        " (tensor cores)" if k["tensor_core"] else "",
-                        _num(k["calls"]),
-                        _us(k["total_us"]),
-                        _us(k["mean_us"]),
-                        _pct(k["share"]),
-                    )
-                    for k in r["top_kernels"]
-                ),
-            ),
-            join(Markup('<th class="num">{}</th>').format(p) for p in shares),
-            join(Markup('<td class="num">{}</td>').format(_pct(v)) for v in shares.values()),
+            heads("kernel", "type", "precision", "#calls", "#total", "#mean", "#share"),
+            rows("tttnnnn", kernels),
+            heads(*(f"#{p}" for p in shares), "#tensor cores", "#GEMM/conv in FP32"),
+            rows("n" * len(shares), [[_pct(v) for v in shares.values()]])[4:-5],
             _pct(precision["tensor_core_share"]),
             _pct(precision["fp32_matmul_share"]),
             _us(precision["matmul_us"]),
-        )
-    )
+        ),
+    ]
     if precision["fp32_matmul_kernels"]:
+        item = Markup('<li><code title="{}">{}</code>: {} calls, {}</li>')
         out.append(
             Markup(
                 "<p>FP32 GEMMs and convolutions that could run in low precision on tensor cores:"
                 "</p>\n<ul>{}</ul>\n"
             ).format(
-                _rows(
-                    Markup('<li><code title="{}">{}</code>: {} calls, {}</li>'),
-                    (
-                        (k["name"], k["short_name"], _num(k["calls"]), _us(k["total_us"]))
-                        for k in precision["fp32_matmul_kernels"]
-                    ),
+                join(
+                    item.format(k["name"], k["short_name"], _num(k["calls"]), _us(k["total_us"]))
+                    for k in precision["fp32_matmul_kernels"]
                 )
             )
         )
     if r.get("steps"):
         steps = r["steps"]
-        more = (
-            Markup(
-                '<tr><td colspan="7" class="muted">… and {} more steps (in session.json)</td></tr>'
-            ).format(len(steps) - TABLE_STEPS)
-            if len(steps) > TABLE_STEPS
-            else ""
-        )
-        row = Markup(
-            '<tr><td>{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td>'
-            '<td class="num">{}</td><td class="num">{}</td><td class="num">{}</td></tr>'
+        more = Markup(
+            '<tr><td colspan="7" class="muted">… and {} more steps (in session.json)</td></tr>'
+        ).format(len(steps) - TABLE_STEPS)
+        cells = (
+            [s["step"], *(_us(s[k]) for k in _STEP_US), _num(s["kernels"])]
+            for s in steps[:TABLE_STEPS]
         )
         out.append(
             Markup(
                 "<h4>Per step (GPU work each ProfilerStep launched)</h4>\n"
-                '<p class="muted">{}</p>\n<table><thead><tr><th>step</th><th class="num">host</th>'
-                '<th class="num">GPU span</th><th class="num">idle</th><th class="num">compute</th>'
-                '<th class="num">non-compute</th><th class="num">kernels</th></tr></thead><tbody>\n'
+                '<p class="muted">{}</p>\n<table><thead><tr>{}</tr></thead><tbody>\n'
                 "{}{}</tbody></table>\n"
             ).format(
                 r["attribution"],
-                _rows(
-                    row,
-                    (
-                        (
-                            s["step"],
-                            _us(s["host_us"]),
-                            _us(s["span_us"]),
-                            _us(s["idle_us"]),
-                            _us(s["compute_us"]),
-                            _us(s["non_compute_us"]),
-                            _num(s["kernels"]),
-                        )
-                        for s in steps[:TABLE_STEPS]
-                    ),
+                heads(
+                    "step", "#host", "#GPU span", "#idle", "#compute", "#non-compute", "#kernels"
                 ),
-                more,
+                rows("tnnnnnn", cells),
+                more if len(steps) > TABLE_STEPS else "",
             )
         )
     return join(out)
 
 
+_TC = {True: " (tensor cores)", False: ""}
+
+
+def _kernel(k: Any) -> Markup:
+    """A kernel's short name, its full name on hover."""
+    return Markup('<code title="{}">{}</code>').format(k["name"], k["short_name"])
+
+
+_STEP_US = ("host_us", "span_us", "idle_us", "compute_us", "non_compute_us")
+
+
 def _cpu_side(r: Any) -> Markup:
     """A rank without GPU kernels: its top CPU ops."""
-    return Markup(
-        '<h3>Rank {}: CPU side</h3>\n<table><thead><tr><th>CPU op</th><th class="num">calls'
-        '</th><th class="num">inclusive time</th></tr></thead><tbody>\n{}</tbody></table>\n'
-    ).format(
-        r["rank"],
-        _rows(
-            Markup(
-                '<tr><td><code>{}</code></td><td class="num">{}</td><td class="num">{}</td></tr>'
-            ),
-            ((op["name"], _num(op["calls"]), _us(op["inclusive_us"])) for op in r["cpu_top_ops"]),
-        ),
+    ops = ((op["name"], _num(op["calls"]), _us(op["inclusive_us"])) for op in r["cpu_top_ops"])
+    return Markup("<h3>Rank {}: CPU side</h3>\n{}").format(
+        r["rank"], table(("CPU op", "#calls", "#inclusive time"), "cnn", ops)
     )
 
 
@@ -372,11 +338,7 @@ def _two_definitions(r: Any) -> Markup:
         return Markup("")
     plugin = {p["step"]: p for p in r["plugin_steps"]}
     absent = Markup('<span class="muted">not in the plugin\'s view</span>')
-    row = Markup(
-        '<tr><td>{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td>'
-        '<td class="num">{}</td></tr>'
-    )
-    rows = (
+    cells = (
         (
             s["step"],
             _us(s["total_us"]),
@@ -386,18 +348,17 @@ def _two_definitions(r: Any) -> Markup:
         )
         for s in r["host"]["steps"][:TABLE_STEPS]
     )
+    head = ("step", "#step time (ampdiag)", "#step time (TensorBoard plugin)")
+    head += ("#data loading (ampdiag)", "#data loading (plugin)")
     return Markup(
-        "<h4>Rank {}: step time and data loading, two definitions</h4>\n<table><thead><tr>"
-        '<th>step</th><th class="num">step time (ampdiag)</th><th class="num">step time '
-        '(TensorBoard plugin)</th><th class="num">data loading (ampdiag)</th>'
-        '<th class="num">data loading (plugin)</th></tr></thead><tbody>\n{}</tbody></table>\n'
+        "<h4>Rank {}: step time and data loading, two definitions</h4>\n{}"
         '<ul class="muted">{}</ul>\n<p class="muted">The figures above and the header use '
         "ampdiag's: the time the loop spent in the step and waiting for data. The plugin's show "
         "when the GPU work a step launched was done, and how much loading a faster loader could "
         "still win back.</p>\n"
     ).format(
         r["rank"],
-        _rows(row, rows),
+        table(head, "tnnnn", cells),
         join(Markup("<li>{}</li>").format(text) for text in r["definitions"].values()),
     )
 
@@ -407,70 +368,54 @@ def _memory(r: Any, figures: list[Markup]) -> Markup:
     if not r.get("memory"):
         return Markup("")
     memory = r["memory"]
-    device = Markup(
-        '<tr><td>{}</td><td class="num">{}</td><td>{} ms{}</td><td>{}</td><td class="num">{}</td>'
-        '<td class="num">{}</td></tr>'
-    )
-    devices = (
-        (
-            d["device"],
-            _bytes(d["peak"]["bytes"]),
-            "{:.1f}".format(d["peak"]["t_ms"]),
-            Markup(", in {}").format(d["peak"]["step"]) if d["peak"]["step"] else "",
-            Markup("<code>{}</code>").format(d["peak"]["op"]) if d["peak"]["op"] else "",
-            "" if d["peak_reserved"] is None else _bytes(d["peak_reserved"]),
-            _num(d["events"]),
-        )
-        for d in memory["devices"]
-    )
-    op = Markup(
-        '<tr><td><code>{}</code></td><td class="num">{}</td><td class="num">{}</td>'
-        '<td class="num">{}</td></tr>'
-    )
+    devices = (_device(d) for d in memory["devices"])
     ops = (
-        (
+        [
             o["name"],
             _num(o["allocations"]),
             _bytes(o["allocated_bytes"]),
             _bytes(o["held_at_peak_bytes"]),
-        )
+        ]
         for o in memory["top_ops"]
     )
     figure = Markup('<figure class="figure" aria-label="memory rank {}">{}</figure>')
+    head = ("device", "#peak allocated", "when", "op at the peak", "#peak reserved", "#events")
     return Markup(
-        "<h4>Rank {0}: memory (the trace's [memory] allocator events)</h4>\n<table><thead><tr>"
-        '<th>device</th><th class="num">peak allocated</th><th>when</th><th>op at the peak</th>'
-        '<th class="num">peak reserved</th><th class="num">events</th></tr></thead><tbody>\n'
-        "{1}</tbody></table>\n{2}<table><caption>Ops that allocate the most on {3} (the innermost "
-        "op running at each allocation), and what their allocations still hold at the peak"
-        '</caption>\n<thead><tr><th>op</th><th class="num">allocations</th><th class="num">'
-        'allocated</th><th class="num">held at the peak</th></tr></thead><tbody>\n{4}'
-        "</tbody></table>\n"
+        "<h4>Rank {0}: memory (the trace's [memory] allocator events)</h4>\n{1}{2}"
+        "<table><caption>Ops that allocate the most on {3} (the innermost op running at each "
+        "allocation), and what their allocations still hold at the peak</caption>\n<thead><tr>"
+        "{4}</tr></thead><tbody>\n{5}</tbody></table>\n"
     ).format(
         r["rank"],
-        _rows(device, devices),
+        table(head, "tnttnn", devices),
         join(figure.format(r["rank"], fig) for fig in figures),
         memory["top_ops_device"],
-        _rows(op, ops),
+        heads("op", "#allocations", "#allocated", "#held at the peak"),
+        rows("cnnn", ops),
     )
+
+
+def _device(d: Any) -> list[Any]:
+    """A device's row of the memory table: its peak, when and in which op, reserved, events."""
+    peak = d["peak"]
+    step = Markup(", in {}").format(peak["step"]) if peak["step"] else ""
+    return [
+        d["device"],
+        _bytes(peak["bytes"]),
+        Markup("{:.1f} ms{}").format(peak["t_ms"], step),
+        Markup("<code>{}</code>").format(peak["op"]) if peak["op"] else "",
+        "" if d["peak_reserved"] is None else _bytes(d["peak_reserved"]),
+        _num(d["events"]),
+    ]
 
 
 def _modules(r: Any) -> Markup:
     """A ``with_modules`` trace's host time per module."""
     if not r.get("modules"):
         return Markup("")
-    return Markup(
-        "<h4>Rank {}: time per module (host, forward)</h4>\n<table><thead><tr><th>module</th>"
-        '<th class="num">calls</th><th class="num">inclusive time</th></tr></thead><tbody>\n{}'
-        "</tbody></table>\n"
-    ).format(
-        r["rank"],
-        _rows(
-            Markup(
-                '<tr><td><code>{}</code></td><td class="num">{}</td><td class="num">{}</td></tr>'
-            ),
-            ((m["module"], _num(m["calls"]), _us(m["inclusive_us"])) for m in r["modules"]),
-        ),
+    cells = ((m["module"], _num(m["calls"]), _us(m["inclusive_us"])) for m in r["modules"])
+    return Markup("<h4>Rank {}: time per module (host, forward)</h4>\n{}").format(
+        r["rank"], table(("module", "#calls", "#inclusive time"), "cnn", cells)
     )
 
 
