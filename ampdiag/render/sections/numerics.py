@@ -14,7 +14,7 @@ from markupsafe import Markup
 from ampdiag import units as humanize
 from ampdiag.render import charts, stated, svg, templating
 from ampdiag.render.sections import ReportSection, section
-from ampdiag.render.templating import join
+from ampdiag.render.templating import join, table
 from ampdiag.schema import NumericsDerived
 from ampdiag.session import Session
 
@@ -196,122 +196,79 @@ def _summary(u: Any, sc: Any, skipped: Any, origin: Any, fp16: bool | None) -> M
     return join(out)
 
 
-def _table(head: str, rows: Any) -> Markup:
-    """A table of ``head`` (its ``<th>``s, markup) over rows of cells."""
-    return Markup("<table><thead><tr>{}</tr></thead><tbody>\n{}</tbody></table>\n").format(
-        Markup(head), join(rows)
-    )
+_FRACTIONS = ("zero_fraction", "flush_fraction", "subnormal_fraction")
 
 
 def _predictions(predictions: list[Any]) -> Markup:
     if not predictions:
         return Markup("")
     pct = humanize.percent
-    row = Markup(
-        '<tr><td>2<sup>{}</sup></td><td class="num">{}</td><td class="num">{}</td>'
-        '<td class="num">{}</td></tr>'
+    cells = (
+        [Markup("2<sup>{}</sup>").format(p["scale_log2"])]
+        + [pct(p[k]) for k in ("flush", "subnormal", "overflow")]
+        for p in predictions
     )
+    head = ("scale", "#flushed", "#zero or subnormal", "#overflow")
     return Markup(
-        "<h3>Predicted activation-gradient loss at candidate loss scales</h3>\n"
-    ) + _table(
-        '<th>scale</th><th class="num">flushed</th><th class="num">zero or subnormal</th>'
-        '<th class="num">overflow</th>',
-        (
-            row.format(p["scale_log2"], pct(p["flush"]), pct(p["subnormal"]), pct(p["overflow"]))
-            for p in predictions
-        ),
-    )
+        "<h3>Predicted activation-gradient loss at candidate loss scales</h3>\n{}"
+    ).format(table(head, "tnnn", cells))
 
 
 def _modules(modules: list[Any]) -> Markup:
     if not modules:
         return Markup("")
     pct = humanize.percent
-    row = Markup(
-        '<tr><td><code>{}</code></td><td>{}</td><td class="num">{}</td><td class="num">{}</td>'
-        '<td class="num">{}</td><td class="num">{}</td><td class="num">{}</td>'
-        '<td class="num">{}</td></tr>'
-    )
     scale = Markup("2<sup>{}</sup>")
-    return Markup(
-        "<h3>Per-layer underflow (gradient entering each module, at the scale in use)</h3>\n"
-    ) + _table(
-        '<th>module</th><th>grad dtype</th><th class="num">values</th><th class="num">zero</th>'
-        '<th class="num">flushed</th><th class="num">subnormal</th><th class="num">overflow</th>'
-        '<th class="num">scale to keep &lt; 1%</th>',
-        (
-            row.format(
-                m["module"],
-                m["grad_dtype"],
-                humanize.count(m["counts"]["n"]),
-                pct(m["zero_fraction"]),
-                pct(m["flush_fraction"]),
-                pct(m["subnormal_fraction"]),
-                pct(m["overflow_fraction"]),
-                ""
-                if m["recommended_scale_log2"] is None
-                else scale.format(m["recommended_scale_log2"]),
-            )
-            for m in modules
-        ),
+    cells = (
+        [m["module"], m["grad_dtype"], humanize.count(m["counts"]["n"])]
+        + [pct(m[k]) for k in (*_FRACTIONS, "overflow_fraction")]
+        + ["" if m["recommended_scale_log2"] is None else scale.format(m["recommended_scale_log2"])]
+        for m in modules
     )
+    head = ("module", "grad dtype", "#values", "#zero", "#flushed", "#subnormal", "#overflow")
+    return Markup(
+        "<h3>Per-layer underflow (gradient entering each module, at the scale in use)</h3>\n{}"
+    ).format(table((*head, "#scale to keep < 1%"), "ctnnnnnn", cells))
 
 
 def _ranged(ranged: list[Any]) -> Markup:
     if not ranged:
         return Markup("")
-    row = Markup(
-        '<tr><td><code>{}</code></td><td>{}</td><td class="num">{}</td><td class="num">{}</td></tr>'
-    )
-    table = _table(
-        '<th>module</th><th>output dtype</th><th class="num">max |x|</th>'
-        '<th class="num">share of 65504</th>',
+    cells = (
         (
-            row.format(
-                m["module"],
-                m["output_dtype"],
-                humanize.count(m["max_abs"]),
-                humanize.percent(m["max_abs"] / 65504),
-            )
-            for m in ranged
-        ),
+            m["module"],
+            m["output_dtype"],
+            humanize.count(m["max_abs"]),
+            humanize.percent(m["max_abs"] / 65504),
+        )
+        for m in ranged
     )
+    head = ("module", "output dtype", "#max |x|", "#share of 65504")
     return Markup(
         '<details class="more"><summary>Forward range (|output| max against 65504)</summary>\n'
         "{}</details>\n"
-    ).format(table)
+    ).format(table(head, "ctnn", cells))
 
 
 def _params(params: list[Any], grads: Any) -> Markup:
     if not params:
         return Markup("")
-    pct = humanize.percent
-    row = Markup(
-        '<tr><td><code>{}</code></td><td class="num">{}</td><td class="num">{}</td>'
-        '<td class="num">{}</td><td class="num">{}</td><td class="num">{}</td>'
-        '<td class="num">{}</td></tr>'
+    num = humanize.count
+    cells = (
+        [
+            p["name"],
+            num(p["n"]),
+            *(humanize.percent(p[k]) for k in _FRACTIONS),
+            num(p["nonfinite"]),
+            num(p["norm_last"]),
+        ]
+        for p in params
     )
-    table = _table(
-        '<th>parameter</th><th class="num">values</th><th class="num">zero</th>'
-        '<th class="num">flushed</th><th class="num">subnormal</th><th class="num">non-finite</th>'
-        '<th class="num">last norm</th>',
-        (
-            row.format(
-                p["name"],
-                humanize.count(p["n"]),
-                pct(p["zero_fraction"]),
-                pct(p["flush_fraction"]),
-                pct(p["subnormal_fraction"]),
-                humanize.count(p["nonfinite"]),
-                humanize.count(p["norm_last"]),
-            )
-            for p in params
-        ),
-    )
+    head = ("parameter", "#values", "#zero", "#flushed", "#subnormal", "#non-finite", "#last norm")
     return Markup(
         '<details class="more"><summary>Parameter gradients (summed over {} sampled steps)'
         "</summary>\n{}</details>\n"
-    ).format(len(grads["steps"]), table)
+    ).format(len(grads["steps"]), table(head, "cnnnnnn", cells))
 
 
 def _clipping(sc: Any) -> Markup:
