@@ -30,7 +30,12 @@ def join(parts: Iterable[Any]) -> Markup:
     return Markup("").join(parts)
 
 
-_CELLS = {"t": "<td>{}</td>", "n": '<td class="num">{}</td>', "c": "<td><code>{}</code></td>"}
+_CELLS = {
+    "t": "<td>{}</td>",
+    "n": '<td class="num">{}</td>',
+    "c": "<td><code>{}</code></td>",
+    "p": "<td><pre>{}</pre></td>",
+}
 _TABLE = Markup("<table><thead><tr>{}</tr></thead><tbody>\n{}</tbody></table>\n")
 
 
@@ -38,7 +43,7 @@ def rows(kinds: str, cells: Iterable[Iterable[Any]]) -> Markup:
     """One ``<tr>`` per row of cells.
 
     ``kinds`` has a letter per column: ``t`` text, ``n`` a number (right-aligned), ``c`` a name
-    in ``<code>``.
+    in ``<code>``, ``p`` preformatted (code to paste).
     """
     row = Markup("<tr>" + "".join(_CELLS[k] for k in kinds) + "</tr>")
     return join(row.format(*values) for values in cells)

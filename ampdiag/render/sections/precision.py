@@ -13,7 +13,7 @@ from ampdiag import units as humanize
 from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection, section
 from ampdiag.render.templating import figures as figure_tags
-from ampdiag.render.templating import join
+from ampdiag.render.templating import heads, join, rows
 from ampdiag.session import Session
 
 TITLE = "Precision"
@@ -64,10 +64,18 @@ def build(session: Session) -> ReportSection | None:
     )
 
 
-def _table(head: str, rows: Any, tail: Any = "") -> Markup:
-    """A table of ``head`` (its ``<th>``s, markup) over rows, and ``tail`` after them."""
+def _cost(o: Any) -> tuple[str, str]:
+    """An op's FLOPs and time."""
+    return humanize.flops(o["flops"]), humanize.micros(o["time_us"])
+
+
+_MATMUL = ("low_flops", "fp32_flops", "fp32_share")
+
+
+def _table(head: tuple[str, ...], kinds: str, cells: Any, tail: Any = "") -> Markup:
+    """A table (`templating.heads`, `templating.rows`), and ``tail`` after its rows."""
     return Markup("<table>\n<thead><tr>{}</tr></thead>\n<tbody>\n{}{}</tbody></table>").format(
-        Markup(head), join(rows), tail
+        heads(*head), rows(kinds, cells), tail
     )
 
 
@@ -88,28 +96,21 @@ def _html(sec: Any, s: Any, figures: dict[str, Markup]) -> Markup:
             "dtype it computed in. FLOPs count the ops torch's FLOP counter has formulas for "
             "(matmuls, convolutions, attention).</p>\n"
         ).format(sec["step"]),
-        _table(
-            '<th></th><th class="num">low precision</th><th class="num">FP32</th>'
-            '<th class="num">FP32 share</th>',
-            (
-                row.format(
-                    "FLOPs",
-                    fl(s["flops"]["low"]),
-                    fl(s["flops"]["fp32"]),
-                    pct(s["fp32_flops_share"]),
-                ),
-                row.format(
-                    "op time",
-                    us(s["time_us"]["low"]),
-                    us(s["time_us"]["fp32"]),
-                    pct(s["fp32_time_share"]),
-                ),
-                row.format(
-                    "matmul FLOPs",
-                    fl(s["matmul"]["low_flops"]),
-                    fl(s["matmul"]["fp32_flops"]),
-                    pct(s["matmul"]["fp32_share"]),
-                ),
+        Markup("<table>\n<thead><tr>{}</tr></thead>\n<tbody>\n{}</tbody></table>").format(
+            heads("", "#low precision", "#FP32", "#FP32 share"),
+            join(
+                row.format(name, f(low), f(fp32), pct(share))
+                for name, f, low, fp32, share in (
+                    ("FLOPs", fl, s["flops"]["low"], s["flops"]["fp32"], s["fp32_flops_share"]),
+                    (
+                        "op time",
+                        us,
+                        s["time_us"]["low"],
+                        s["time_us"]["fp32"],
+                        s["fp32_time_share"],
+                    ),
+                    ("matmul FLOPs", fl, *(s["matmul"][k] for k in _MATMUL)),
+                )
             ),
         ),
         Markup(
@@ -118,97 +119,66 @@ def _html(sec: Any, s: Any, figures: dict[str, Markup]) -> Markup:
         figure_tags(figures),
     ]
     if s["top_fp32_by_time"]:
-        op = Markup(
-            "<tr><td><code>{}</code></td><td><code>{}</code></td><td>{}</td><td>{}</td>"
-            '<td class="num">{}</td>'
-            '<td class="num">{}</td><td class="num">{}</td></tr>'
-        )
-        why = Markup(
-            '<tr><td>{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td>'
-            "<td><pre>{}</pre></td></tr>"
-        )
         fixes = s.get("reason_fixes", {})
+        ops = (
+            [o["op"], o["module"], o["phase"], o["reason"], num(o["count"]), *_cost(o)]
+            for o in s["top_fp32"]
+        )
+        why = (
+            [r, num(v["count"]), fl(v["flops"]), us(v["time_us"]), fixes.get(r, "")]
+            for r, v in s["reasons"].items()
+        )
         out += [
             Markup("<h3>Top FP32 ops</h3>\n"),
             _table(
-                '<th>op</th><th>module</th><th>phase</th><th>reason</th><th class="num">calls</th>'
-                '<th class="num">FLOPs</th><th class="num">time</th>',
-                (
-                    op.format(
-                        o["op"],
-                        o["module"],
-                        o["phase"],
-                        o["reason"],
-                        num(o["count"]),
-                        fl(o["flops"]),
-                        us(o["time_us"]),
-                    )
-                    for o in s["top_fp32"]
-                ),
+                ("op", "module", "phase", "reason", "#calls", "#FLOPs", "#time"), "ccttnnn", ops
             ),
             Markup("\n<h3>Why ops ran in FP32</h3>\n"),
-            _table(
-                '<th>reason</th><th class="num">ops</th><th class="num">FLOPs</th>'
-                '<th class="num">time</th><th>fix</th>',
-                (
-                    why.format(
-                        r, num(v["count"]), fl(v["flops"]), us(v["time_us"]), fixes.get(r, "")
-                    )
-                    for r, v in s["reasons"].items()
-                ),
-            ),
+            _table(("reason", "#ops", "#FLOPs", "#time", "fix"), "tnnnp", why),
             Markup("\n"),
         ]
     casts = s["casts"]
     total = casts["total"]
-    cast = Markup(
-        '<tr><td>{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td></tr>'
-    )
+    moved = humanize.nbytes
     out += [
         Markup(
             "<details><summary><strong>Casts</strong>: {} per step, {} moved</summary>\n"
-        ).format(num(total["count"]), humanize.nbytes(total["bytes"])),
+        ).format(num(total["count"]), moved(total["bytes"])),
         _table(
-            '<th>inserted by</th><th class="num">count</th><th class="num">bytes moved</th>'
-            '<th class="num">time</th>',
+            ("inserted by", "#count", "#bytes moved", "#time"),
+            "tnnn",
             (
-                cast.format(origin, num(c["count"]), humanize.nbytes(c["bytes"]), us(c["time_us"]))
+                (origin, num(c["count"]), moved(c["bytes"]), us(c["time_us"]))
                 for origin, c in casts.items()
                 if origin != "total"
             ),
             Markup(
                 '<tr><th>per step</th><td class="num">{}</td><td class="num">{}</td>'
                 '<td class="num">{}</td></tr>\n'
-            ).format(num(total["count"]), humanize.nbytes(total["bytes"]), us(total["time_us"])),
+            ).format(num(total["count"]), moved(total["bytes"]), us(total["time_us"])),
         ),
         Markup("</details>\n"),
     ]
     if s["device_differences"]:
-        diff = Markup(
-            "<tr><td><code>{}</code></td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td>"
-            '<td class="num">{}</td></tr>'
+        diffs = (
+            [
+                d["op"],
+                d["module"],
+                d["cpu_dtype"],
+                d["cuda_policy"],
+                d["cuda_dtype"],
+                num(d["count"]),
+            ]
+            for d in s["device_differences"]
         )
+        head = ("op", "module", "here (CPU)", "CUDA policy", "on CUDA", "#calls")
         out += [
             Markup(
                 "<details><summary><strong>On CUDA these ops would run differently</strong> "
                 "({} ops)</summary>\n<p>CUDA autocast's policy, derived from torch's own autocast "
                 "registrations ({}).</p>\n"
             ).format(len(s["device_differences"]), sec["cuda_policy_source"]),
-            _table(
-                "<th>op</th><th>module</th><th>here (CPU)</th><th>CUDA policy</th><th>on CUDA</th>"
-                '<th class="num">calls</th>',
-                (
-                    diff.format(
-                        d["op"],
-                        d["module"],
-                        d["cpu_dtype"],
-                        d["cuda_policy"],
-                        d["cuda_dtype"],
-                        num(d["count"]),
-                    )
-                    for d in s["device_differences"]
-                ),
-            ),
+            _table(head, "cctttn", diffs),
             Markup("</details>\n"),
         ]
     if sec.get("reenabled_autocast_ops"):
