@@ -182,11 +182,11 @@ def _html(sec: Any, s: Any, figures: dict[str, Markup]) -> Markup:
             Markup("</details>\n"),
         ]
     if sec.get("reenabled_autocast_ops"):
-        ops = join(Markup("<code>{}</code> ").format(o) for o in sec["reenabled_autocast_ops"])
+        custom = join(Markup("<code>{}</code> ").format(o) for o in sec["reenabled_autocast_ops"])
         out.append(
             Markup(
                 '<p class="muted">Custom ops run with autocast re-enabled inside the audit (as '
                 "without it): {}</p>"
-            ).format(ops)
+            ).format(custom)
         )
     return join(out)

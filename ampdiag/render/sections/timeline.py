@@ -348,8 +348,8 @@ def _two_definitions(r: Any) -> Markup:
         )
         for s in r["host"]["steps"][:TABLE_STEPS]
     )
-    head = ("step", "#step time (ampdiag)", "#step time (TensorBoard plugin)")
-    head += ("#data loading (ampdiag)", "#data loading (plugin)")
+    head = ["step", "#step time (ampdiag)", "#step time (TensorBoard plugin)"]
+    head += ["#data loading (ampdiag)", "#data loading (plugin)"]
     return Markup(
         "<h4>Rank {}: step time and data loading, two definitions</h4>\n{}"
         '<ul class="muted">{}</ul>\n<p class="muted">The figures above and the header use '
