@@ -46,8 +46,8 @@ VPY=$PY
 SITE=${DEVICE_SITE:-/tmp/ampdiag-device-site}
 mkdir -p "$SITE"
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-"$VPY" -c "import torch, numpy, matplotlib, jinja2, tensorboard, pytest" 2>&1 | tee -a "$LOG"
-[ "${PIPESTATUS[0]}" = 0 ] || fail "$PY lacks one of torch, numpy, matplotlib, jinja2, tensorboard, pytest"
+"$VPY" -c "import torch, numpy, matplotlib, markupsafe, tensorboard, pytest" 2>&1 | tee -a "$LOG"
+[ "${PIPESTATUS[0]}" = 0 ] || fail "$PY lacks one of torch, numpy, matplotlib, markupsafe, tensorboard, pytest"
 missing=$("$VPY" - <<'PYEOF'
 import importlib.util
 print(" ".join(m for m in ("msgspec", "isal") if importlib.util.find_spec(m) is None))

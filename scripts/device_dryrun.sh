@@ -5,7 +5,7 @@
 #                                                default /work/main/.venv/bin/python, else python3)
 #
 # The simulated machine is a fresh venv whose python3 sees the packages of PYTHON's environment
-# except ampdiag and its own other dependencies (msgspec, isal): torch, numpy, jinja2,
+# except ampdiag and its own other dependencies (msgspec, isal): torch, numpy, markupsafe,
 # matplotlib, tensorboard, pytest are there, as on the H200 machine. It is put first on PATH;
 # `device_check.sh --prepare` fills .device-wheels/ (with the registry), then
 # `device_check.sh` runs with PIP_NO_INDEX=1 and every proxy pointed at a closed port, so any
@@ -30,7 +30,7 @@ for name in os.listdir(src):
     os.symlink(os.path.join(src, name), os.path.join(dst, name))
 PYEOF
 export PATH="$SIM/machine/bin:$PATH"
-"$SIM/machine/bin/python3" -c "import torch, numpy, jinja2, matplotlib, tensorboard, pytest, pip"
+"$SIM/machine/bin/python3" -c "import torch, numpy, markupsafe, matplotlib, tensorboard, pytest, pip"
 if "$SIM/machine/bin/python3" -c "import msgspec" 2>/dev/null \
   || "$SIM/machine/bin/python3" -c "import isal" 2>/dev/null; then
   echo "dry run: the simulated machine must lack msgspec and isal" >&2; exit 1

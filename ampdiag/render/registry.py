@@ -3,7 +3,7 @@
 ``ampdiag report --format NAME`` and `render_all` both read this table, so a new format is one
 file (a class with ``name``, ``extension``, ``stdout`` and ``write(session, out)``) plus one
 line below. Each renderer imports what it draws with inside ``write``: the table itself is
-cheap to import (a JSON report imports no jinja2, an HTML one no matplotlib).
+cheap to import (an HTML report imports no matplotlib).
 """
 
 from __future__ import annotations

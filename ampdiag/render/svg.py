@@ -10,12 +10,11 @@ is XML-escaped, so any name renders.
 
 from __future__ import annotations
 
-import hashlib
 import math
+import zlib
 from collections.abc import Sequence
-from html import escape
 
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from ampdiag.render.charts import Chart
 
@@ -39,7 +38,7 @@ MAX_TICK_LABELS = 12
 
 
 def _t(text: str) -> str:
-    return escape(text, quote=True)
+    return str(escape(text))
 
 
 def _num(v: float) -> str:
@@ -169,7 +168,7 @@ class _Canvas:
 
     def clip(self) -> str:
         """Opens a group clipped to the plot area (closed by the caller with ``</g>``)."""
-        key = hashlib.sha1(repr(self.chart).encode("utf-8", "replace")).hexdigest()[:12]
+        key = f"{zlib.crc32(repr(self.chart).encode('utf-8', 'replace')):08x}"
         self.parts.append(
             f'<defs><clipPath id="clip-{key}"><rect x="{self.x0:.1f}" y="{self.y0:.1f}" '
             f'width="{self.x1 - self.x0:.1f}" height="{self.y1 - self.y0:.1f}"/></clipPath>'

@@ -1,27 +1,77 @@
-"""The Jinja environment every HTML template renders through: autoescaping always on."""
+"""The parts every HTML page ampdiag writes is built from: the page shell and shared pieces.
+
+Plain Python over markupsafe's `Markup`, which escapes whatever is not already markup (the
+arguments of ``Markup(...).format``, the items of ``Markup("").join``): no template engine to
+import, parse or compile at run time. A report of a trace is read by a user who waits for it,
+and a template engine's import alone cost about as long as rendering the whole report.
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
-import jinja2
-from jinja2.bccache import Bucket
 from markupsafe import Markup
 
-from ampdiag import units as humanize
+from ampdiag import units
+
+ASSETS = Path(__file__).with_name("templates")
+"""The page's own stylesheet and script (``report.css``, ``report.js``)."""
+
+_ROW = Markup("<tr><th>{}</th><td>{}</td></tr>")
+_FIGURE = Markup('<figure class="figure" aria-label="{}">{}</figure>')
 
 
-def _evidence(value: Any, key: str = "") -> str:
-    """An evidence value as text, formatted by its key (see `ampdiag.render.humanize`)."""
-    return humanize.by_key(str(key), value)
+def join(parts: Iterable[Any]) -> Markup:
+    """The parts as one piece of markup, each escaped unless it is markup already."""
+    return Markup("").join(parts)
 
 
-def _raw_json(evidence: Any) -> str:
+_CELLS = {
+    "t": "<td>{}</td>",
+    "n": '<td class="num">{}</td>',
+    "c": "<td><code>{}</code></td>",
+    "p": "<td><pre>{}</pre></td>",
+}
+_TABLE = Markup("<table><thead><tr>{}</tr></thead><tbody>\n{}</tbody></table>\n")
+
+
+def rows(kinds: str, cells: Iterable[Iterable[Any]]) -> Markup:
+    """One ``<tr>`` per row of cells.
+
+    ``kinds`` has a letter per column: ``t`` text, ``n`` a number (right-aligned), ``c`` a name
+    in ``<code>``, ``p`` preformatted (code to paste).
+    """
+    row = Markup("<tr>" + "".join(_CELLS[k] for k in kinds) + "</tr>")
+    return join(row.format(*values) for values in cells)
+
+
+def heads(*names: str) -> Markup:
+    """The ``<th>`` cells of a header row; a name that starts with ``#`` heads a number column."""
+    num, text = Markup('<th class="num">{}</th>'), Markup("<th>{}</th>")
+    return join(num.format(n[1:]) if n.startswith("#") else text.format(n) for n in names)
+
+
+def table(head: Iterable[str], kinds: str, cells: Iterable[Iterable[Any]]) -> Markup:
+    """A table: its header row (`heads`) and its rows (`rows`)."""
+    return _TABLE.format(heads(*head), rows(kinds, cells))
+
+
+def evidence_rows(values: Iterable[tuple[Any, Any]]) -> Markup:
+    """``<tr>`` rows of (key, value) pairs, each labelled and formatted by its key."""
+    return join(_ROW.format(units.label(str(k), v), units.by_key(str(k), v)) for k, v in values)
+
+
+def figures(uris: Mapping[str, Any]) -> Markup:
+    """The inline figures, each in a ``<figure>`` labelled with its name."""
+    return join(_FIGURE.format(name, uri) for name, uri in uris.items())
+
+
+def raw_json(evidence: Any) -> str:
     """The evidence as stored in session.json (without the merged findings, shown apart)."""
-    import json
-
     shown = (
         {k: v for k, v in evidence.items() if k != "merged"} if isinstance(evidence, dict) else {}
     )
@@ -58,76 +108,37 @@ def _said(fix: str) -> str:
     return "\n".join(kept) if kept else "\n".join(lines)
 
 
-class _CompiledTemplates(jinja2.FileSystemBytecodeCache):
-    """Jinja's own cache of compiled templates, which never fails a render.
+@lru_cache(maxsize=2)
+def asset(name: str) -> Markup:
+    """Our own file in `ASSETS`, as markup: it is not escaped (it has > and ")."""
+    return Markup((ASSETS / name).read_text("utf-8"))
 
-    Compiling the report's templates (parse, generate, ``compile()``) costs each process about
-    0.1 s of the user's exit, for the same templates every time. Jinja keeps the compiled code
-    in its private temporary folder (``_jinja2-cache-<uid>``, mode 0700, owner checked), keyed
-    by the template's path and checked against its source's SHA-1 and the Python version, so
-    an edited template or another interpreter compiles afresh. A cache that cannot be read or
-    written only costs the compile.
+
+def document(title: Any, body: Markup, script_src: str = "'none'") -> str:
+    """A whole HTML document in the one page shell, around its ``<body>`` element.
+
+    One Content-Security-Policy forbids every network access and every script but
+    ``script_src`` (the report's own, allowed by its hash).
     """
-
-    def load_bytecode(self, bucket: Bucket) -> None:
-        try:
-            super().load_bytecode(bucket)
-        except Exception:
-            bucket.reset()
-
-    def dump_bytecode(self, bucket: Bucket) -> None:
-        try:
-            super().dump_bytecode(bucket)
-        except Exception:
-            return
-
-
-def _bytecode_cache() -> jinja2.BytecodeCache | None:
-    try:
-        return _CompiledTemplates(pattern="__ampdiag_%s.cache")
-    except Exception:  # no safe temporary folder: compile every time
-        return None
-
-
-@lru_cache(maxsize=1)
-def environment() -> jinja2.Environment:
-    """The shared environment (templates from ampdiag/render/templates, autoescape on)."""
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("ampdiag.render", "templates"),
-        bytecode_cache=_bytecode_cache(),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
+    shell = Markup(
+        "<!DOCTYPE html>\n"
+        '<html lang="en">\n'
+        "<head>\n"
+        '<meta charset="utf-8">\n'
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; script-src {}; '
+        "connect-src 'none'; object-src 'none'; frame-src 'none'; font-src 'none'; "
+        "media-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; "
+        "form-action 'none'\">\n"
+        '<meta name="referrer" content="no-referrer">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        "<title>{}</title>\n"
+        "<style>\n{}\n</style>\n"
+        "</head>\n"
+        "{}</html>"
     )
-    env.filters["us"] = humanize.micros
-    env.filters["bytes"] = humanize.nbytes
-    env.filters["flops"] = humanize.flops
-    env.filters["pct"] = humanize.percent
-    env.filters["num"] = humanize.count
-    env.filters["evidence"] = _evidence
-    env.filters["label"] = humanize.label
-    env.filters["rawjson"] = _raw_json
-    env.filters["merged_fixes"] = merged_fixes
-    return env
-
-
-def render_template(name: str, **context: Any) -> Markup:
-    """Renders a template to escaped HTML markup."""
-    return Markup(environment().get_template(name).render(**context))
-
-
-@lru_cache(maxsize=1)
-def page_css() -> Markup:
-    """The stylesheet every page carries inline (no network).
-
-    Our own file, so it is not escaped (it has > and ").
-    """
-    return Markup(
-        resources.files("ampdiag.render").joinpath("templates/report.css").read_text("utf-8")
-    )
+    return str(shell.format(script_src, title, asset("report.css"), body))
 
 
 def page(title: str, body: Markup) -> str:
-    """A whole HTML document in the one page shell (its CSS and Content-Security-Policy)."""
-    return str(render_template("page.html.j2", page_title=title, body=body, css=page_css()))
+    """A plain page (the diff, the fallback report): ``body`` in its ``<main>``, no script."""
+    return document(title, Markup("<body><main>{}</main></body>").format(body))

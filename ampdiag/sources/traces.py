@@ -156,11 +156,10 @@ def pooled(fn: Callable[[_J], _R], jobs: list[_J]) -> list[_R]:
     the first job's error is raised, as in a loop. Forked workers where nothing forbids it
     (torch is not imported: it may hold threads), else spawned ones.
     """
-    import multiprocessing as mp
-
     workers = min(pool_size(), len(jobs) // POOL_MIN_JOBS)
     if workers <= 1:
         return [fn(j) for j in jobs]
+    import multiprocessing as mp  # here: its import costs one trace's report ~5 ms
     from concurrent.futures import ProcessPoolExecutor
 
     method = "fork" if "fork" in mp.get_all_start_methods() and "torch" not in sys.modules else None

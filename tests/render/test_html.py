@@ -3,6 +3,8 @@ it for real)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html as html_lib
 import re
 
@@ -82,6 +84,10 @@ def test_user_strings_are_escaped_and_nothing_loads_from_the_network() -> None:
     # scripts: only ours, by its hash (no 'unsafe-inline', no source to fetch from)
     (allowed,) = re.findall(r"script-src ([^;]+)", html_lib.unescape(csp.group(1)))
     assert re.fullmatch(r"'sha256-[A-Za-z0-9+/=]+'", allowed.strip()), allowed
+    # ... and the hash is the one of the script the page carries (hashed here, from the page)
+    (script,) = re.findall(r"<script>(.*?)</script>", html, flags=re.S)
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+    assert allowed.strip() == f"'sha256-{digest}'"
     # Every src/href is a data: URI or an in-page anchor, or the trace file beside the report
     # (a path with no scheme or host: nothing on the network).
     for tag, attr in re.findall(r'<(\w+)[^>]*?(?:src|href)="([^"]*)"', html):
@@ -145,3 +151,15 @@ def test_the_settings_section_names_what_was_changed() -> None:
     }
     assert "1 changed from the default" in part and EVIL_MODULE not in part
     assert '<section id="settings"' not in render_html(Session())  # a trace's session: none
+
+
+def test_a_real_runs_environment_names_the_model_it_trained(evil_run: Session) -> None:
+    """Truth: the model's own parameter count (the optimizer updates all of them). The section
+    once failed ("could not be rendered") for every model that has no frozen copy."""
+    from tests.render.conftest import evil_model
+
+    html = render_html(evil_run)
+    env = html.split('<section id="environment"', 1)[1].split("</section>", 1)[0]
+    n = sum(p.numel() for p in evil_model().parameters())
+    assert "could not be rendered" not in env
+    assert f"<code>Sequential</code> ({n:,} parameters, " in env, env[-1500:]

@@ -46,3 +46,15 @@ def test_json_report_of_a_session_imports_no_numpy(evil_run: Session, tmp_path: 
     assert evil_run.path is not None
     names = imported("report", str(evil_run.path), "--format", "json", cwd=tmp_path)
     assert "numpy" not in names and "torch" not in names
+
+
+def test_html_report_of_a_trace_imports_no_torch_and_no_template_engine(tmp_path: Path) -> None:
+    """A trace's report is read where torch may not be, and a user waits for it: its HTML is
+    built in plain Python (a template engine's import cost as much as rendering the report)."""
+    trace = Path(__file__).parents[1] / "data/traces/tb_plugin_samples"
+    names = imported(
+        "report", str(trace / "resnet50_num_workers_0.pt.trace.json.gz"), "--out", str(tmp_path)
+    )
+    assert "GPU timeline" in (tmp_path / "report.html").read_text("utf-8")
+    assert "markupsafe" in names
+    assert not {"torch", "jinja2", "matplotlib"} & names, names

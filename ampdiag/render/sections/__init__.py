@@ -52,7 +52,7 @@ class ReportSection:
     Attributes:
         id: The anchor (kebab-case, fixed).
         title: The heading.
-        html: The body, already escaped (built from an autoescaping template).
+        html: The body, already escaped (`Markup`).
         summary: One line for the navigation and the console.
         figures: Names of the figures it embeds (for tests and TensorBoard).
     """
@@ -104,7 +104,9 @@ def build_sections(session: Session) -> list[ReportSection]:
 
 def failed(info: SectionInfo, exc: BaseException) -> ReportSection:
     """The stand-in for a section that could not be built."""
-    from ampdiag.render.templating import render_template
-
-    html = render_template("failed.html.j2", error=f"{type(exc).__name__}: {exc}")
+    html = Markup(
+        '<p class="error">This section could not be rendered from this session: '
+        "<code>{}: {}</code>. "
+        "The data is in <code>session.json</code>; the other sections are complete.</p>"
+    ).format(type(exc).__name__, exc)
     return ReportSection(id=info.id, title=info.title, html=html, summary="could not be rendered")

@@ -11,9 +11,9 @@ from typing import Any
 
 from markupsafe import Markup
 
-from ampdiag.render import charts, stated, svg
+from ampdiag import units
+from ampdiag.render import charts, stated, svg, templating
 from ampdiag.render.sections import ReportSection, section
-from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
 TITLE = "GradScaler"
@@ -60,15 +60,14 @@ def build(session: Session) -> ReportSection | None:
     counted = told.get("skipped_steps") or {}
     # totals over every step (the history is thinned on long runs), as every surface states them
     skipped = int(counted.get("skipped", sum(1 for r in history if r.get("skipped"))))
-    html = render_template(
-        "gradscaler.html.j2",
-        scaler=scaler,
-        autocast=autocast,
-        history=history,
-        skipped=skipped,
-        steps=int(counted.get("steps") or len(history)),
-        scale=told.get("loss_scale") or {},
-        figures=figures,
+    html = _html(
+        scaler,
+        autocast,
+        history,
+        skipped,
+        int(counted.get("steps") or len(history)),
+        told.get("loss_scale") or {},
+        figures,
     )
     state = {True: "enabled", False: "disabled"}
     summary = state[bool(scaler.get("enabled"))] if scaler else "no GradScaler"
@@ -77,3 +76,66 @@ def build(session: Session) -> ReportSection | None:
     return ReportSection(
         id="gradscaler", title=TITLE, html=html, summary=summary, figures=list(figures)
     )
+
+
+def _html(
+    scaler: Any,
+    autocast: str,
+    history: list[dict[str, Any]],
+    skipped: int,
+    steps: int,
+    scale: Any,
+    figures: dict[str, Markup],
+) -> Markup:
+    """The scaler's settings, what it did over the steps, and the loss-scale chart."""
+    out = []
+    if scaler:
+        rest = ((k, v) for k, v in scaler.items() if k not in ("class", "enabled", "device"))
+        out.append(
+            Markup(
+                "<table><tbody>\n<tr><th>class</th><td><code>{}</code></td></tr>\n"
+                "<tr><th>enabled</th><td>{}</td></tr>\n<tr><th>device</th><td>{}</td></tr>\n"
+                "{}</tbody></table>\n"
+            ).format(
+                scaler.get("class"),
+                "yes" if scaler.get("enabled") else "no",
+                scaler.get("device") or "not recorded",
+                templating.evidence_rows(rest),
+            )
+        )
+        if not scaler.get("enabled"):
+            out.append(
+                Markup(
+                    "<p>The scaler is <strong>disabled</strong>: it passes the loss through "
+                    "unscaled and never skips a step. <code>torch.amp.GradScaler()</code> "
+                    "defaults to "
+                    '<code>"cuda"</code> and disables itself in a CPU run.</p>'
+                )
+            )
+    elif autocast.endswith(":float16"):
+        out.append(
+            Markup(
+                "<p>The run used <code>{}</code> autocast without a GradScaler: FP16 gradients "
+                "below 2<sup>-24</sup> flush to zero.</p>\n"
+            ).format(autocast)
+        )
+    if history:
+        least = scale.get("min")
+        smallest = (
+            Markup(" (smallest {})").format(units.count(least))
+            if isinstance(least, (int, float)) and least < scale.get("last", 0)
+            else ""
+        )
+        out.append(
+            Markup(
+                "<p>{} steps seen, {} skipped (inf/NaN gradients); scale from {} to {}{}.</p>\n"
+            ).format(
+                units.count(steps),
+                units.count(skipped),
+                units.count(scale.get("first", history[0]["scale"])),
+                units.count(scale.get("last", history[-1]["scale"])),
+                smallest,
+            )
+        )
+    out.append(templating.figures(figures))
+    return templating.join(out)

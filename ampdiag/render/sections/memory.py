@@ -11,9 +11,9 @@ from typing import Any
 from markupsafe import Markup
 
 from ampdiag import units as humanize
-from ampdiag.render import charts, svg
+from ampdiag.render import charts, svg, templating
 from ampdiag.render.sections import ReportSection, section
-from ampdiag.render.templating import render_template
+from ampdiag.render.templating import join
 from ampdiag.session import Session
 
 TITLE = "Memory"
@@ -82,8 +82,15 @@ def build(session: Session) -> ReportSection | None:
         return None
     figures = _figures(mem)
     what = session.section("derived").get("memory") or {}
-    html = render_template(
-        "memory.html.j2", mem=mem, what=what, figures=figures, cuda=mem.get("cuda") or {}
+    html = join(
+        (
+            _peak(mem, what),
+            templating.figures(figures),
+            _by_category(mem),
+            _model_state(mem.get("model_state") or {}),
+            _what_if(mem, what),
+            _cuda(mem.get("cuda") or {}),
+        )
     )
     peak = (mem.get("peak") or {}).get("bytes")
     summary = f"peak {humanize.nbytes(peak)}" if peak else ""
@@ -93,3 +100,183 @@ def build(session: Session) -> ReportSection | None:
     return ReportSection(
         id="memory", title=TITLE, html=html, summary=summary, figures=list(figures)
     )
+
+
+def _peak(mem: Any, what: Any) -> Markup:
+    """The peak, when and where, against the capacity."""
+    pk = mem.get("peak") or {}
+    out = []
+    if pk.get("bytes"):
+        step = Markup(" in <code>{}</code>").format(pk["step"]) if pk.get("step") else ""
+        batch = (
+            Markup(" at batch {}").format(mem["observed_batch"])
+            if mem.get("observed_batch")
+            else ""
+        )
+        capacity = (
+            humanize.nbytes(what["capacity_bytes"]) if what.get("capacity_bytes") else "unknown"
+        )
+        source = (
+            Markup(" ({})").format(what["capacity_source"]) if what.get("capacity_source") else ""
+        )
+        out.append(
+            Markup("<p>Peak: <strong>{}</strong>{}{}. Capacity: {}{}.</p>\n").format(
+                humanize.nbytes(pk["bytes"]), step, batch, capacity, source
+            )
+        )
+    return join(out)
+
+
+def _by_category(mem: Any) -> Markup:
+    """What the memory held at the peak, by category."""
+    pk = mem.get("peak") or {}
+    if not pk.get("by_category"):
+        return Markup("")
+    row = Markup('<tr><td>{}</td><td class="num">{}</td><td class="num">{}</td></tr>')
+    rows = join(
+        row.format(
+            cat,
+            humanize.nbytes(value),
+            humanize.percent(value / pk["bytes"]) if pk.get("bytes") else "",
+        )
+        for cat, value in pk["by_category"].items()
+        if value
+    )
+    source = (
+        Markup('<p class="muted">Categories from {} over the profiled steps.</p>').format(
+            mem["timeline"]["source"]
+        )
+        if mem.get("timeline")
+        else ""
+    )
+    return Markup(
+        '<h3>At the peak</h3>\n<table>\n<thead><tr><th>category</th><th class="num">bytes</th>'
+        '<th class="num">share</th></tr></thead>\n<tbody>\n{}</tbody></table>\n{}'
+    ).format(rows, source)
+
+
+def _model_state(ms: Any) -> Markup:
+    """Parameters, gradients and optimizer state, as live tensors."""
+    if not ms:
+        return Markup("")
+    frozen = (
+        Markup(" updated, {} frozen (held, never updated)").format(
+            humanize.count(ms["frozen_parameter_count"])
+        )
+        if ms.get("frozen_parameter_count")
+        else ""
+    )
+    by_key = join(
+        Markup(" · {} {}").format(k, humanize.nbytes(v))
+        for k, v in (ms.get("optimizer_state_by_key") or {}).items()
+    )
+    return Markup(
+        "<h3>Model state (live tensors)</h3>\n<table>\n<tbody>\n"
+        '<tr><td>parameters ({} values{})</td><td class="num">{}</td></tr>\n'
+        '<tr><td>gradients</td><td class="num">{}</td></tr>\n'
+        '<tr><td>optimizer state{}</td><td class="num">{}</td></tr>\n</tbody></table>\n'
+    ).format(
+        humanize.count(ms.get("parameter_count", 0)),
+        frozen,
+        humanize.nbytes(ms.get("parameters", 0)),
+        humanize.nbytes(ms.get("gradients", 0)),
+        by_key,
+        humanize.nbytes(ms.get("optimizer_state", 0)),
+    )
+
+
+def _what_if(mem: Any, what: Any) -> Markup:
+    """The derive step's what-if estimates, and how to measure what they lack."""
+    if not what.get("rows"):
+        return Markup("")
+    row = Markup('<tr><td>{}</td><td class="num">{}</td><td>{}</td></tr>')
+    rows = join(
+        row.format(r["scenario"], humanize.nbytes(r["bytes"]), r["basis"]) for r in what["rows"]
+    )
+    note = ""
+    if not what.get("activation_fit") and not mem.get("snapshot_file"):
+        note = Markup(
+            '<p class="muted">Per-sample activation memory was not measured (one batch size '
+            "only). Measure it at two batch sizes: <code>ampdiag.memory_probe(model, make_batch, "
+            "loss_fn=..., autocast_dtype=torch.bfloat16)</code> inside the <code>diagnose()</code> "
+            "block, before the first step.</p>"
+        )
+    return Markup(
+        '<h3>What if</h3>\n<table>\n<thead><tr><th>scenario</th><th class="num">bytes</th>'
+        "<th>basis</th></tr></thead>\n<tbody>\n{}</tbody></table>\n{}"
+    ).format(rows, note)
+
+
+def _cuda(cuda: Any) -> Markup:
+    """The CUDA allocator's counters, the fragmentation and sites at its peak, OOMs."""
+    if not cuda:
+        return Markup("")
+    b = humanize.nbytes
+    st = cuda.get("stats") or {}
+    cp = cuda.get("peak") or {}
+    out = [Markup("<h3>CUDA allocator</h3>\n<table>\n<tbody>\n")]
+    if st:
+        out.append(
+            Markup(
+                '<tr><td>allocated now / peak</td><td class="num">{} / {}</td></tr>\n'
+                '<tr><td>reserved now / peak</td><td class="num">{} / {}</td></tr>\n'
+                '<tr><td>alloc retries · OOMs</td><td class="num">{} · {}</td></tr>'
+            ).format(
+                b(st["allocated_bytes"]),
+                b(st["allocated_peak_bytes"]),
+                b(st["reserved_bytes"]),
+                b(st["reserved_peak_bytes"]),
+                humanize.count(st["num_alloc_retries"]),
+                humanize.count(st["num_ooms"]),
+            )
+        )
+    if cp:
+        out.append(
+            Markup(
+                "<tr><td>fragmentation at the recorded peak (reserved − allocated)</td>"
+                '<td class="num">{}</td></tr>'
+            ).format(b(cp["fragmentation_bytes"]))
+        )
+    out.append(Markup("</tbody></table>\n"))
+    if cp.get("top_sites"):
+        row = Markup(
+            '<tr><td class="num">{}</td><td class="num">{}</td><td><code>{}</code>{}</td>'
+            "<td>{}</td></tr>"
+        )
+        rows = join(
+            row.format(
+                b(s["bytes"]),
+                humanize.count(s["count"]),
+                s["site"] or s["frames"][0],
+                Markup(" · <code>{}</code>").format(s["op"]) if s.get("op") else "",
+                join(Markup("<code>{}</code><br>").format(f) for f in s["frames"][1:]),
+            )
+            for s in cp["top_sites"]
+        )
+        out.append(
+            Markup(
+                '<h3>Top allocation sites at the peak</h3>\n<table>\n<thead><tr><th class="num">'
+                'bytes</th><th class="num">blocks</th><th>first frame in user code · op</th>'
+                "<th>user stack (innermost first)</th></tr></thead>\n<tbody>\n{}</tbody></table>\n"
+            ).format(rows)
+        )
+    for o in cuda.get("ooms") or []:
+        held = Markup(", ").join(
+            Markup("{} {}").format(k, b(v)) for k, v in o["by_category"].items()
+        )
+        out.append(
+            Markup(
+                "<p><strong>OOM</strong>: requested {} with {} free on the device; {} allocated, "
+                "held by {}.</p>\n"
+            ).format(
+                b(o["requested_bytes"]), b(o["device_free_bytes"]), b(o["allocated_bytes"]), held
+            )
+        )
+    if cuda.get("snapshot_file"):
+        out.append(
+            Markup(
+                "<p>Snapshot: <code>{0}</code> (open it in PyTorch's memory viewer, "
+                "https://pytorch.org/memory_viz, or <code>ampdiag report {0}</code>).</p>"
+            ).format(cuda["snapshot_file"])
+        )
+    return join(out)

@@ -8,10 +8,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from markupsafe import Markup
+
 from ampdiag import units as humanize
-from ampdiag.render import charts, stated, svg
+from ampdiag.render import charts, stated, svg, templating
 from ampdiag.render.sections import ReportSection, section
-from ampdiag.render.templating import render_template
+from ampdiag.render.templating import join
 from ampdiag.session import SEVERITIES, Finding, Session
 
 TITLE = "Overview"
@@ -200,14 +202,29 @@ def build(session: Session) -> ReportSection:
     text = verdict(session)
     uris = {name: svg.inline(chart) for name, chart in figures(session).items()}
     step = stated.figures(session).get("step_time")  # the run's one step-time figure
-    html = render_template(
-        "overview.html.j2",
-        session=session,
-        verdict=text,
-        median_ms=float(step["median_s"]) * 1000 if isinstance(step, dict) else None,
-        counts=counts(session),
-        figures=uris,
-        facts=run_facts(session),
-        budget=budget_notes(session),
+    median_ms = float(step["median_s"]) * 1000 if isinstance(step, dict) else None
+    facts = run_facts(session)
+    out = [Markup('<p class="verdict">{}</p>\n').format(text)]
+    out += [
+        Markup('<p class="muted budget">Budget: {}</p>\n').format(n) for n in budget_notes(session)
+    ]
+    if session.status == "error" and session.error:
+        out.append(
+            Markup(
+                '<p class="error">The block raised <code>{}</code>: <code>{}</code>. What was '
+                "collected before it is below.</p>\n"
+            ).format(session.error["type"], session.error["message"])
+        )
+    median = (
+        Markup(", median {} per step").format(humanize.micros(median_ms * 1000))
+        if median_ms is not None
+        else ""
     )
+    out.append(
+        Markup('<p class="muted">{}{}{} · {}</p>\n').format(
+            facts[0], median, join(Markup(" · {}").format(f) for f in facts[1:]), counts(session)
+        )
+    )
+    out.append(templating.figures(uris))
+    html = join(out)
     return ReportSection(id="overview", title=TITLE, html=html, summary=text, figures=list(uris))

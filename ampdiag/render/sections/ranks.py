@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ampdiag.render import charts, svg
+from markupsafe import Markup
+
+from ampdiag import units
+from ampdiag.render import charts, svg, templating
 from ampdiag.render.sections import ReportSection, section
-from ampdiag.render.templating import render_template
 from ampdiag.session import Session
 
 TITLE = "Ranks"
@@ -71,9 +73,7 @@ def build(session: Session) -> ReportSection | None:
         straggler = None
     rows = _rows(session)
     uris = {name: svg.inline(chart) for name, chart in figures(session).items()}
-    html = render_template(
-        "ranks.html.j2", ranks=ranks, rows=rows, comm=comm, straggler=straggler, figures=uris
-    )
+    html = _html(ranks, rows, comm, straggler, uris)
     slow = max(rows, key=lambda r: r.get("step_ms_median") or 0.0)
     summary = f"{len(rows)} ranks" + (
         f", rank {straggler} is the straggler" if straggler is not None else ""
@@ -81,3 +81,75 @@ def build(session: Session) -> ReportSection | None:
     if slow.get("step_ms_median") is not None and straggler is None:
         summary += f", slowest median step {slow['step_ms_median']:.1f} ms (rank {slow['rank']})"
     return ReportSection(id="ranks", title=TITLE, html=html, summary=summary, figures=list(uris))
+
+
+_HEAD = (
+    '<th>rank</th><th>status</th><th class="num">steps</th><th class="num">median step</th>'
+    '<th class="num">last loss</th><th class="num">non-finite grads</th>'
+    '<th class="num">zero grads</th><th>autocast</th><th class="num">low-precision FLOPs</th>'
+    '<th class="num">parameters</th><th class="num">peak memory</th>'
+    '<th class="num">collectives / step</th><th class="num">exposed comm / step</th>'
+    '<th class="num">waits for others / step</th><th>findings</th>'
+)
+
+
+def _html(ranks: Any, rows: list[dict[str, Any]], comm: Any, straggler: Any, uris: Any) -> Markup:
+    """One row per rank: its status, step time, numerics, memory, communication and findings."""
+
+    def number(value: Any, fmt: Any) -> Any:
+        return fmt(value) if isinstance(value, (int, float)) else ""
+
+    matched = (
+        Markup("; {} collectives matched across the ranks' traces").format(comm["matched"])
+        if comm.get("matched")
+        else ""
+    )
+    row = Markup(
+        '<tr><td>{}{}</td><td>{}</td><td class="num">{}</td><td class="num">{}</td>'
+        '<td class="num">{}</td><td class="num">{}</td><td class="num">{}</td>'
+        "<td><code>{}</code></td>"
+        '<td class="num">{}</td><td class="num">{}</td><td class="num">{}</td>\n'
+        '<td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td>{}</td></tr>'
+    )
+    body = []
+    for r in rows:
+        c = r.get("comm") or {}
+        body.append(
+            row.format(
+                r["rank"],
+                Markup(" <strong>(straggler)</strong>") if r["rank"] == straggler else "",
+                r["status"],
+                r["steps"],
+                number(r.get("step_ms_median"), lambda v: f"{v:.1f} ms"),
+                units.by_key("", r["last_loss"]),
+                units.by_key("", r["grad_nonfinite"]),
+                number(r.get("grad_zero_fraction"), units.percent),
+                r["autocast"] or "off",
+                number(r.get("low_precision_flops_share"), units.percent),
+                number(r.get("parameter_bytes"), units.nbytes),
+                number(r.get("peak_bytes"), units.nbytes),
+                f"{c['count']:.1f}" if c else "",
+                units.micros(c["exposed_us"]) if c else "",
+                number(r.get("wait_us"), units.micros),
+                templating.join(
+                    Markup("<code>{}</code> ").format(f) for f in r.get("findings", [])
+                ),
+            )
+        )
+    warnings = ranks.get("warnings")
+    return Markup(
+        "<p>{} ranks of a world of {}, each from its own session{}.</p>\n<table>\n"
+        "<thead><tr>{}</tr></thead>\n<tbody>\n{}</tbody></table>\n{}{}"
+    ).format(
+        len(rows),
+        ranks.get("world_size"),
+        matched,
+        Markup(_HEAD),
+        templating.join(body),
+        templating.figures(uris),
+        Markup("<ul>{}</ul>").format(
+            templating.join(Markup('<li class="muted">{}</li>').format(w) for w in warnings)
+        )
+        if warnings
+        else "",
+    )

@@ -9,10 +9,12 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from markupsafe import Markup
+
 from ampdiag import units as humanize
-from ampdiag.render import charts, stated, svg
+from ampdiag.render import charts, stated, svg, templating
 from ampdiag.render.sections import ReportSection, section
-from ampdiag.render.templating import render_template
+from ampdiag.render.templating import join
 from ampdiag.session import Session
 
 TITLE = "Step time"
@@ -121,19 +123,196 @@ def build(session: Session) -> ReportSection | None:
     breakdown = prof.get("breakdown", {})
     rows = breakdown.get("steps", [])
     top_ops = prof.get("top_ops") or []
-    html = render_template(
-        "time.html.j2",
-        prof=prof,
-        probe=probe,
-        speed=stated.figures(session).get("speed_vs_fp32"),
-        autocast=probe.get("autocast") or session.environment.get("autocast") or "autocast",
-        steps=steps,
-        figures=uris,
-        categories=categories(breakdown),
-        rows=rows[:TABLE_STEPS],
-        more_rows=max(0, len(rows) - TABLE_STEPS),
-        device_column=any(float(op.get("self_device_us") or 0.0) > 0 for op in top_ops),
+    speed = stated.figures(session).get("speed_vs_fp32")
+    autocast = probe.get("autocast") or session.environment.get("autocast") or "autocast"
+    html = join(
+        (
+            _breakdown(prof, categories(breakdown), rows),
+            templating.figures({k: v for k, v in uris.items() if k != "speed-probe"}),
+            _top_ops(prof, any(float(op.get("self_device_us") or 0.0) > 0 for op in top_ops)),
+            _trace_files(prof),
+            Markup('<h3 id="speed-probe">Mixed precision vs FP32</h3>\n'),
+            _speed(speed, probe, autocast, uris) if speed else _no_speed(probe),
+        )
     )
     share = breakdown.get("share", {})
     summary = ", ".join(f"{c} {humanize.percent(share[c])}" for c in categories(breakdown))
     return ReportSection(id="time", title=TITLE, html=html, summary=summary, figures=list(uris))
+
+
+def _breakdown(prof: Any, cats: list[str], rows: list[Any]) -> Markup:
+    """The host time of each profiled step (up to `TABLE_STEPS`) by category, and the shares."""
+    us = humanize.micros
+    if not rows:
+        if not prof:
+            return Markup("")
+        schedule = prof.get("schedule", {})
+        return Markup(
+            '<p class="muted">No step was profiled ({} steps ran; the profiler skips {} and warms '
+            "up for {}).</p>\n"
+        ).format(prof.get("steps_seen", 0), schedule.get("skip", "?"), schedule.get("warmup", "?"))
+    cell = Markup('<td class="num">{}</td>')
+    body = [
+        Markup('<tr><td>{}</td><td class="num">{}</td>{}</tr>').format(
+            r["step"], us(r["total_us"]), join(cell.format(us(r[c + "_us"])) for c in cats)
+        )
+        for r in rows[:TABLE_STEPS]
+    ]
+    if len(rows) > TABLE_STEPS:
+        body.append(
+            Markup(
+                '<tr><td colspan="{}" class="muted">… and {} more steps (in the chart below and in '
+                "session.json)</td></tr>"
+            ).format(len(cats) + 2, len(rows) - TABLE_STEPS)
+        )
+    share = prof.get("breakdown", {})["share"]
+    return Markup(
+        "<p>Host time of the profiled steps (from the trace), split by what the process was "
+        'doing.</p>\n<table>\n<thead><tr><th>step</th><th class="num">total</th>{}</tr></thead>\n'
+        "<tbody>\n{}<tr><th>share</th><td></td>{}</tr>\n</tbody></table>\n"
+    ).format(
+        join(Markup('<th class="num">{}</th>').format(c) for c in cats),
+        join(body),
+        join(cell.format(humanize.percent(share[c])) for c in cats),
+    )
+
+
+def _top_ops(prof: Any, device_column: bool) -> Markup:
+    """The ops with the most self time (and device time, where the trace has it)."""
+    if not prof.get("top_ops"):
+        return Markup("")
+    us = humanize.micros
+    device = Markup('<td class="num">{}</td>')
+    rows = join(
+        Markup(
+            '<tr><td><code>{}</code></td><td class="num">{}</td><td class="num">{}</td>{}</tr>'
+        ).format(
+            op["name"],
+            humanize.count(op["calls"]),
+            us(op["self_cpu_us"]),
+            device.format(us(op["self_device_us"])) if device_column else "",
+        )
+        for op in prof["top_ops"]
+    )
+    return Markup(
+        '<h3>Top ops by self time</h3>\n<table>\n<thead><tr><th>op</th><th class="num">calls</th>'
+        '<th class="num">self CPU</th>{}</tr></thead>\n<tbody>\n{}</tbody></table>\n'
+    ).format(Markup('<th class="num">self device</th>') if device_column else "", rows)
+
+
+def _trace_files(prof: Any) -> Markup:
+    """Links to the trace files (a relative path only: nothing that could leave the folder)."""
+    if not prof.get("trace_files"):
+        return Markup("")
+    link = Markup('<a class="trace" href="{0}" download><code>{0}</code></a> ')
+    code = Markup("<code>{}</code> ")
+    files = join(
+        link.format(t) if ":" not in t and not t.startswith("//") else code.format(t)
+        for t in prof["trace_files"]
+    )
+    return Markup(
+        "<p>Trace of the profiled steps: {}(relative to this report's folder). To see it on a "
+        'timeline, open Perfetto (<code>ui.perfetto.dev</code>, "Open trace file": the file is '
+        "read in your browser and not uploaded) and choose this file; "
+        "<code>chrome://tracing</code> reads it too.</p>"
+    ).format(files)
+
+
+_VERDICTS = {
+    "faster": "faster than FP32",
+    "slower": "slower than FP32",
+    "tied": "as fast as FP32 within the spread",
+}
+
+
+def _speed(speed: Any, probe: Any, autocast: Any, uris: dict[str, Markup]) -> Markup:
+    """The run's one autocast-vs-FP32 figure: the precision A/B's, else the speed probe's."""
+    us = humanize.micros
+    ab = speed["source"] == "precision A/B"
+    if ab:
+        out = [
+            Markup(
+                '<p>Measured by the precision A/B (<a href="#precision-ab">Which precision</a>): '
+                "the model's forward + backward on a copy of the run's model with its own batch, "
+                "in interleaved rounds until each median was tight: medians ± their median "
+                "absolute deviation. (The quicker speed probe that ran first is in "
+                "<code>session.json</code>; "
+                "this is the figure every part of the report states.)</p>\n"
+            )
+        ]
+    else:
+        noisy = ""
+        if probe.get("tight") is False:
+            noisy = Markup(
+                " (not within {} of the median before the budget ran out: a noisy measurement)"
+            ).format("%.0f%%" % (probe.get("tolerance", 0.05) * 100))
+        out = [
+            Markup(
+                "<p>The model's {} on the run's own batch, timed {} times each way, interleaved: "
+                "medians ± their median absolute deviation{}.</p>\n"
+            ).format(probe.get("measured", "forward + backward"), probe.get("repeats"), noisy)
+        ]
+    ratio = "{:.2f}×".format(speed["time_ratio"])
+    spread = "{:.2f}–{:.2f}×".format(speed["low"], speed["high"])
+    if ab:
+        out.append(
+            Markup(
+                "<details><summary>autocast / FP32 time {} ({}): the table and chart</summary>"
+            ).format(ratio, spread)
+        )
+
+    def spread_of(key: str) -> Any:
+        v = speed.get(key)
+        return Markup(" ± {}").format(us(v * 1000)) if isinstance(v, (int, float)) else ""
+
+    out.append(
+        Markup(
+            '<table><tbody>\n<tr><th>FP32</th><td class="num">{}{}</td></tr>\n'
+            '<tr><th><code>{}</code></th><td class="num">{}{}</td></tr>\n'
+            '<tr><th>autocast / FP32 time</th><td class="num">{} ({}): {}</td></tr>\n'
+            "</tbody></table>\n"
+        ).format(
+            us(speed["fp32_ms"] * 1000),
+            spread_of("fp32_spread_ms"),
+            autocast,
+            us(speed["run_ms"] * 1000),
+            spread_of("run_spread_ms"),
+            ratio,
+            spread,
+            _VERDICTS[speed["verdict"]],
+        )
+    )
+    if uris.get("speed-probe"):
+        out.append(templating.figures({"speed-probe": uris["speed-probe"]}))
+    if ab:
+        out.append(Markup("</details>"))
+    if probe.get("modules"):
+        row = Markup(
+            '<tr><td><code>{}</code></td><td class="num">{}</td><td class="num">{}</td></tr>'
+        )
+        out.append(
+            Markup(
+                "<details><summary>Leaf modules, forward only (largest slowdown first)</summary>\n"
+                '<table><thead><tr><th>module</th><th class="num">FP32</th><th class="num">autocast'
+                "</th></tr></thead><tbody>\n{}</tbody></table></details>\n"
+            ).format(
+                join(
+                    row.format(m["module"], us(m["fp32_ms"] * 1000), us(m["autocast_ms"] * 1000))
+                    for m in probe["modules"]
+                )
+            )
+        )
+    return join(out)
+
+
+def _no_speed(probe: Any) -> Markup:
+    """Why there is no autocast-vs-FP32 figure."""
+    if probe.get("error"):
+        return Markup('<p class="muted">The speed probe failed: <code>{}</code></p>\n').format(
+            probe["error"]
+        )
+    if probe.get("skipped"):
+        return Markup('<p class="muted">The speed probe did not run: {}.</p>\n').format(
+            probe["skipped"]
+        )
+    return Markup('<p class="muted">No speed probe in this session.</p>\n')
