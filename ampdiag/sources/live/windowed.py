@@ -20,7 +20,7 @@ from ampdiag._layout import REPORT_FILE
 from ampdiag.config import DiagnoseConfig
 from ampdiag.session import Session
 from ampdiag.sources.live.collectors import Collector, RunContext
-from ampdiag.sources.live.diagnosis import Diagnosis, default_out, rank_folder
+from ampdiag.sources.live.diagnosis import default_out, rank_folder
 from ampdiag.sources.live.step_watch import StepWatch
 from ampdiag.sources.live.window import WindowDriver
 
@@ -61,9 +61,7 @@ class WindowedDiagnosis:
 
     def __enter__(self) -> WindowedDiagnosis:
         """Starts counting steps (and opens the window at once when it begins at step 0)."""
-        driver = WindowDriver(
-            Diagnosis, self._root, self.config, self._collectors, finish_on_close=False
-        )
+        driver = WindowDriver(self._root, self.config, self._collectors, finish_on_close=False)
         self._driver = driver
         driver.start(0, *self._given)
         self._watch = StepWatch(
