@@ -25,7 +25,15 @@ P = TypeVar("P", bound=Part)
 #: the headline figures last, as they read the parts above.
 PARTS: Registry[Registered[Part]] = Registry(
     "ampdiag.analysis",
-    ("precision", "memory_estimates", "numerics", "divergence", "fp8", "figures"),
+    (
+        "precision",
+        "memory_estimates",
+        "numerics",
+        "divergence",
+        "fp8",
+        "precision_choice",
+        "figures",
+    ),
     ids=lambda r: r.ids,
 )
 
