@@ -44,11 +44,10 @@ from ampdiag.sources.live.environment import describe_environment, distributed_i
 from ampdiag.sources.live.shielding import ImportFilters, describe_exception, sigint_deferred
 from ampdiag.sources.live.steps import StepLog
 from ampdiag.sources.live.window import StepWindow
+from ampdiag.sources.live.windowed import WindowedDiagnosis
 
 if TYPE_CHECKING:
     from typing import Unpack  # Python 3.11; annotations are not evaluated at run time
-
-    from ampdiag.sources.live.windowed import WindowedDiagnosis
 
 log = logging.getLogger("ampdiag")
 
@@ -533,11 +532,11 @@ def diagnose(
         ...         train_step(x, y)
     """
     settings = make_config(config, overrides)
-    if settings.steps is not None or settings.trigger is not None:
-        from ampdiag.sources.live.windowed import WindowedDiagnosis
-
-        return WindowedDiagnosis((model, optimizer, scaler), out, settings, collectors)
-    return Diagnosis(model, optimizer, scaler, out, settings, collectors)
+    root = Path(out) if out is not None else default_out()
+    if settings.steps is None and settings.trigger is None:
+        return Diagnosis(model, optimizer, scaler, root, settings, collectors)
+    given = (model, optimizer, scaler)
+    return WindowedDiagnosis(Diagnosis, root, rank_folder(root), settings, collectors, given)
 
 
 def make_config(config: DiagnoseConfig | None, overrides: Mapping[str, Any]) -> DiagnoseConfig:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ampdiag.config import DiagnoseConfig
 from ampdiag.session import Session
-from ampdiag.sources.live.diagnosis import default_out
+from ampdiag.sources.live.diagnosis import Diagnosis, default_out
 from ampdiag.sources.live.step_watch import StepWatch
 from ampdiag.sources.live.window import WindowDriver
 
@@ -54,7 +54,7 @@ class LoopWindow:
     def begin(self, step: int) -> None:
         """The run begins at step ``step`` (a resumed run: past 0)."""
         self.end()  # a previous run that ended without telling (an exception in the Trainer)
-        self._driver = WindowDriver(self.out, self.config)
+        self._driver = WindowDriver(Diagnosis, self.out, self.config)
         atexit.register(self._at_exit)
         self._driver.start(step)
         if self._driver.window.watches_losses:

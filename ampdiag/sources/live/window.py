@@ -13,15 +13,38 @@ step watch (`sources/live/windowed.py`), or a framework's loop through its callb
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import TracebackType
+from typing import Any, Protocol
 
 from ampdiag.config import DiagnoseConfig
 from ampdiag.sources.live.loss_spike import Spike, SpikeDetector
 
-if TYPE_CHECKING:
-    from ampdiag.sources.live.diagnosis import Diagnosis
+
+class Block(Protocol):
+    """What the driver opens and closes: a `Diagnosis` (passed in as ``make``: no import)."""
+
+    session: Any
+    run: Any
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+    def stop(self, raised: bool) -> None:
+        """Removes every hook (the first half of the exit)."""
+
+    def finish(self, exc: BaseException | None, tb: TracebackType | None) -> None:
+        """Writes the session and report (the second half)."""
+
+    def step(self) -> None:
+        """Marks a step boundary by hand."""
 
 
 #: The end of a window that is the whole run (no step index reaches it).
@@ -114,6 +137,7 @@ class WindowDriver:
     them in its own block.
 
     Args:
+        make: Makes the window's block: `Diagnosis` (its constructor's arguments).
         out: The output folder (checked now: a bad folder fails before training starts).
         config: The settings (with ``steps`` or ``trigger``).
         collectors: Replace the default collectors (advanced).
@@ -125,6 +149,7 @@ class WindowDriver:
 
     def __init__(
         self,
+        make: Callable[..., Block],
         out: Path,
         config: DiagnoseConfig,
         collectors: list[Any] | None = None,
@@ -133,10 +158,9 @@ class WindowDriver:
     ) -> None:
         from ampdiag._layout import check_writable
         from ampdiag.sources.live.collectors import default_collectors
-        from ampdiag.sources.live.diagnosis import Diagnosis  # it imports this module
 
         check_writable(out)
-        self._make = Diagnosis
+        self._make = make
         self.out = out
         self.config = config
         self.window = StepWindow(config)
@@ -145,8 +169,8 @@ class WindowDriver:
         self._run_wide = [] if whole else [c for c in chosen if getattr(c, "run_wide", False)]
         self._collectors = [c for c in chosen if all(c is not r for r in self._run_wide)]
         self._finish_on_close = finish_on_close
-        self.diagnosis: Diagnosis | None = None
-        self.run_wide: Diagnosis | None = None  # the run-wide collectors' block, while it runs
+        self.diagnosis: Block | None = None
+        self.run_wide: Block | None = None  # the run-wide collectors' block, while it runs
         self._run_wide_warnings: list[str] = []
         self._closing = False
         self._stopped = False  # the window's block stopped observing, not yet written
@@ -242,7 +266,7 @@ class WindowDriver:
         finally:
             self._closing = False
 
-    def _finish(self, d: Diagnosis, exc: BaseException | None) -> None:
+    def _finish(self, d: Block, exc: BaseException | None) -> None:
         """Writes ``d``'s session, the run-wide block stopped first (its sections settled)."""
         block, self.run_wide = self.run_wide, None
         interrupt: BaseException | None = None
@@ -258,7 +282,7 @@ class WindowDriver:
         if interrupt is not None:
             raise interrupt
 
-    def end(self, exc: BaseException | None = None) -> Diagnosis:
+    def end(self, exc: BaseException | None = None) -> Block:
         """The run ended (``exc``: how): writes what the window saw; returns the block.
 
         A window that never opened still gets a session (no steps, the window in its

@@ -12,6 +12,7 @@ probe's forwards, the trace, the report): that is done as the block exits, as us
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -20,9 +21,8 @@ from ampdiag._layout import REPORT_FILE
 from ampdiag.config import DiagnoseConfig
 from ampdiag.session import Session
 from ampdiag.sources.live.collectors import Collector, RunContext
-from ampdiag.sources.live.diagnosis import default_out, rank_folder
 from ampdiag.sources.live.step_watch import StepWatch
-from ampdiag.sources.live.window import WindowDriver
+from ampdiag.sources.live.window import Block, WindowDriver
 
 
 class WindowedDiagnosis:
@@ -30,6 +30,13 @@ class WindowedDiagnosis:
 
     It only counts steps; the `Diagnosis` that observes the window's steps is a block of its
     own, opened and closed by a `WindowDriver`.
+
+    Args:
+        make: Makes the window's block (`Diagnosis`).
+        root: The output folder; ``out``: the rank's folder in it (the same in one process).
+        config: The settings (``steps`` or ``trigger`` set).
+        collectors: The collectors the window's block attaches (None: the default ones).
+        given: The model, optimizer and scaler given to ``diagnose()``.
 
     Attributes:
         out: The output folder (the rank's, in a distributed run).
@@ -39,13 +46,16 @@ class WindowedDiagnosis:
 
     def __init__(
         self,
-        given: tuple[Any, Any, Any],
-        out: str | Path | None,
+        make: Callable[..., Block],
+        root: Path,
+        out: Path,
         config: DiagnoseConfig,
         collectors: list[Collector] | None,
+        given: tuple[Any, Any, Any],
     ) -> None:
-        self._root = Path(out) if out is not None else default_out()
-        self.out = rank_folder(self._root)
+        self._make = make
+        self._root = root
+        self.out = out
         self.config = config
         self.session: Session | None = None
         self.run = RunContext(out=self.out, config=config)
@@ -61,7 +71,9 @@ class WindowedDiagnosis:
 
     def __enter__(self) -> WindowedDiagnosis:
         """Starts counting steps (and opens the window at once when it begins at step 0)."""
-        driver = WindowDriver(self._root, self.config, self._collectors, finish_on_close=False)
+        driver = WindowDriver(
+            self._make, self._root, self.config, self._collectors, finish_on_close=False
+        )
         self._driver = driver
         driver.start(0, *self._given)
         self._watch = StepWatch(
