@@ -43,7 +43,7 @@ from ampdiag.sources.live.discovery import Discovery, frozen_holders, split_para
 from ampdiag.sources.live.environment import describe_environment, distributed_info
 from ampdiag.sources.live.shielding import ImportFilters, describe_exception, sigint_deferred
 from ampdiag.sources.live.steps import StepLog
-from ampdiag.sources.live.window import StepWindow
+from ampdiag.sources.live.window import StepWindow, WindowDriver
 from ampdiag.sources.live.windowed import WindowedDiagnosis
 
 if TYPE_CHECKING:
@@ -535,8 +535,8 @@ def diagnose(
     root = Path(out) if out is not None else default_out()
     if settings.steps is None and settings.trigger is None:
         return Diagnosis(model, optimizer, scaler, root, settings, collectors)
-    given = (model, optimizer, scaler)
-    return WindowedDiagnosis(Diagnosis, root, rank_folder(root), settings, collectors, given)
+    driver = partial(WindowDriver, Diagnosis, root, settings, collectors, finish_on_close=False)
+    return WindowedDiagnosis(driver, rank_folder(root), settings, (model, optimizer, scaler))
 
 
 def make_config(config: DiagnoseConfig | None, overrides: Mapping[str, Any]) -> DiagnoseConfig:

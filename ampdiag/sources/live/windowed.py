@@ -20,9 +20,9 @@ from typing import Any
 from ampdiag._layout import REPORT_FILE
 from ampdiag.config import DiagnoseConfig
 from ampdiag.session import Session
-from ampdiag.sources.live.collectors import Collector, RunContext
+from ampdiag.sources.live.collectors import RunContext
 from ampdiag.sources.live.step_watch import StepWatch
-from ampdiag.sources.live.window import Block, WindowDriver
+from ampdiag.sources.live.window import WindowDriver
 
 
 class WindowedDiagnosis:
@@ -32,10 +32,9 @@ class WindowedDiagnosis:
     own, opened and closed by a `WindowDriver`.
 
     Args:
-        make: Makes the window's block (`Diagnosis`).
-        root: The output folder; ``out``: the rank's folder in it (the same in one process).
+        driver: Makes the `WindowDriver` (it checks the output folder: made on entering).
+        out: The output folder (the rank's, in a distributed run).
         config: The settings (``steps`` or ``trigger`` set).
-        collectors: The collectors the window's block attaches (None: the default ones).
         given: The model, optimizer and scaler given to ``diagnose()``.
 
     Attributes:
@@ -46,21 +45,17 @@ class WindowedDiagnosis:
 
     def __init__(
         self,
-        make: Callable[..., Block],
-        root: Path,
+        driver: Callable[[], WindowDriver],
         out: Path,
         config: DiagnoseConfig,
-        collectors: list[Collector] | None,
         given: tuple[Any, Any, Any],
     ) -> None:
-        self._make = make
-        self._root = root
+        self._make_driver = driver
         self.out = out
         self.config = config
         self.session: Session | None = None
         self.run = RunContext(out=self.out, config=config)
         self._given = given
-        self._collectors = collectors
         self._driver: WindowDriver | None = None
         self._watch: StepWatch | None = None
 
@@ -71,9 +66,7 @@ class WindowedDiagnosis:
 
     def __enter__(self) -> WindowedDiagnosis:
         """Starts counting steps (and opens the window at once when it begins at step 0)."""
-        driver = WindowDriver(
-            self._make, self._root, self.config, self._collectors, finish_on_close=False
-        )
+        driver = self._make_driver()
         self._driver = driver
         driver.start(0, *self._given)
         self._watch = StepWatch(
