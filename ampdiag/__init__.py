@@ -103,6 +103,7 @@ def _register_notebook_display() -> None:
         ("ampdiag.session", "Session", True),
         ("ampdiag.analysis.diff", "SessionDiff", True),
         ("ampdiag.sources.live.diagnosis", "Diagnosis", False),
+        ("ampdiag.sources.live.windowed", "WindowedDiagnosis", False),
     ):
         formatters["text/html"].for_type_by_name(module, name, lazily(0, module, name))
         if text:

@@ -521,6 +521,28 @@ class DivergenceResult(TypedDict, total=False):
     cause: DivergenceCause
 
 
+class ChoiceDoc(TypedDict):
+    """The precision the A/B recommends (`precision_choice.Choice`, its fields)."""
+
+    precision: str
+    tied: list[str]
+    unsafe: dict[str, list[str]]
+    timed: bool
+    saved_bytes: dict[str, float]
+
+
+class PrecisionChoice(TypedDict):
+    """What the A/B says for the advice (`precision_choice.measured`, computed once).
+
+    ``run``: the run's own precision; ``choice``: None when the advice cannot rest on the A/B,
+    ``why_not`` saying why.
+    """
+
+    run: str | None
+    choice: ChoiceDoc | None
+    why_not: str | None
+
+
 class Fp8Readiness(TypedDict, total=False):
     """``derived.fp8``: the A/B's FP8 row with each layer's amax movement (`analysis.fp8`).
 
@@ -598,6 +620,7 @@ class DerivedSection(TypedDict, total=False):
     numerics: NumericsDerived
     divergence: DivergenceResult
     fp8: Fp8Readiness
+    precision_choice: PrecisionChoice
     figures: Figures
     verdict: str
     errors: dict[str, str]

@@ -19,11 +19,11 @@ QUIET: dict[str, Any] = {"report": False, "tensorboard": False, "console": False
 
 @pytest.fixture
 def quiet_diagnose(tmp_path: Path) -> Callable[..., Any]:
-    """``with quiet_diagnose(**settings) as d:``: diagnose() into tmp_path, with `QUIET`."""
+    """``with quiet_diagnose(model, **settings) as d:``: diagnose() into tmp_path, with `QUIET`."""
     from ampdiag import diagnose
 
-    def start(**settings: Any) -> Any:
-        return diagnose(**{"out": tmp_path, **QUIET, **settings})
+    def start(*given: Any, **settings: Any) -> Any:
+        return diagnose(*given, **{"out": tmp_path, **QUIET, **settings})
 
     return start
 

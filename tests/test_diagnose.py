@@ -1,6 +1,8 @@
 import gzip
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -152,16 +154,16 @@ def test_unwritable_out_fails_before_the_first_step(tmp_path: Path) -> None:
     assert_clean(before)
 
 
-def test_manual_steps_without_optimizer(tmp_path: Path) -> None:
+def test_manual_steps_without_optimizer(quiet_diagnose: Callable[..., Any]) -> None:
     model = torch.nn.Linear(4, 4)
-    with ampdiag.diagnose(out=tmp_path, console=False, report=False, tensorboard=False) as d:
+    with quiet_diagnose() as d:
         for _ in range(3):
             model(torch.randn(2, 4)).sum().backward()
             d.step()
     assert d.session is not None
     assert len(d.session.steps) == 3
     assert d.session.section("run")["models"][0]["class"] == "Linear"
-    assert not (tmp_path / "report.html").exists()
+    assert not d.report_path.exists()
 
 
 def test_unknown_setting_is_a_type_error() -> None:

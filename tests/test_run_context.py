@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -38,16 +40,16 @@ def test_profiled_steps_agree_between_steps_and_profiler(tmp_path: Path) -> None
     assert d.run.trace_files and all(p.is_file() for p in d.run.trace_files)
 
 
-def test_memory_probe_is_recorded_in_the_running_block_only(tmp_path: Path) -> None:
+def test_memory_probe_is_recorded_in_the_running_block_only(
+    quiet_diagnose: Callable[..., Any],
+) -> None:
     def make_batch(n: int) -> torch.Tensor:
         return torch.randn(n, 8)
 
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     outside = ampdiag.memory_probe(model, make_batch, batch_sizes=(2, 4))
     assert running() is None
-    with ampdiag.diagnose(
-        out=tmp_path, report=False, tensorboard=False, console=False, profile=False
-    ) as d:
+    with quiet_diagnose(profile=False) as d:
         assert running() is d.run
         inside = ampdiag.memory_probe(model, make_batch, batch_sizes=(2, 4))
         model(make_batch(2)).sum().backward()

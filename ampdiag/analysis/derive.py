@@ -11,25 +11,42 @@ against FP32). A part whose input is missing is left out; a renderer says "not m
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
-from ampdiag.analysis import (
-    divergence,
-    figures,
-    fp8,
-    fp16range,
-    memory_estimates,
-    numerics,
-    precision,
-)
-from ampdiag.schema import (
-    DerivedSection,
-    Fp8Readiness,
-    MemoryWhatIf,
-    NumericsDerived,
-    PrecisionSummary,
-)
+from ampdiag.registry import Registered, Registry
+from ampdiag.schema import DerivedSection
 from ampdiag.session import Session
+
+#: What computes a part (None when the session has no input for it).
+Part = Callable[[Session], Mapping[str, Any] | None]
+P = TypeVar("P", bound=Part)
+
+#: The modules of `ampdiag.analysis` that register a part (`part`), in the order they run:
+#: the headline figures last, as they read the parts above.
+PARTS: Registry[Registered[Part]] = Registry(
+    "ampdiag.analysis",
+    (
+        "precision",
+        "memory_estimates",
+        "numerics",
+        "divergence",
+        "fp8",
+        "precision_choice",
+        "figures",
+    ),
+    ids=lambda r: r.ids,
+)
+
+
+def part(name: str) -> Callable[[P], P]:
+    """Registers a function as the derived part ``name`` (``derived[name]``)."""
+
+    def register(func: P) -> P:
+        PARTS.add(Registered((name,), func, func.__doc__ or ""), func.__module__)
+        return func
+
+    return register
+
 
 SECTION = "derived"
 
@@ -40,9 +57,10 @@ def derive(session: Session) -> DerivedSection:
     errors: dict[str, str] = {}
     # stored first: a later part reads the earlier ones (the headline figures read numerics')
     session.sections[SECTION] = out
-    for name, part in PARTS.items():
+    for entry in PARTS.entries():
+        name = entry.ids[0]
         try:
-            value = part(session)
+            value = entry.func(session)
         except Exception as exc:  # one odd section must not cost the findings or the report
             errors[name] = f"{type(exc).__name__}: {exc}"
             continue
@@ -66,52 +84,3 @@ def derived(session: Session) -> DerivedSection:
         return derive(session)
     finally:
         del session.sections[SECTION]
-
-
-def _precision(session: Session) -> PrecisionSummary | None:
-    audit = session.section("precision")
-    if not audit.get("audited"):
-        return None
-    summary = precision.summarize(audit)
-    fixes = precision.reason_fixes(audit)
-    summary["reason_fixes"] = {r: fixes[r] for r in summary["reasons"] if r in fixes}
-    return summary
-
-
-def _memory(session: Session) -> MemoryWhatIf | None:
-    memory = session.section("memory")
-    return memory_estimates.whatif(memory) if memory else None
-
-
-def _numerics(session: Session) -> NumericsDerived | None:
-    seen = session.section("gradients") or session.section("activations")
-    if not seen and not session.section("scaler").get("present"):
-        return None
-    return {
-        "fp16_in_use": numerics.fp16_in_use(session),
-        "underflow": numerics.underflow_summary(session),
-        "fp16_limits_log2": {
-            "flush": fp16range.FP16_MIN_SUBNORMAL_LOG2,
-            "subnormal": fp16range.FP16_MIN_NORMAL_LOG2,
-            "overflow": fp16range.FP16_OVERFLOW_LOG2,
-        },
-    }
-
-
-def _fp8(session: Session) -> Fp8Readiness | None:
-    ab = session.section("speed_probe").get("precisions")
-    row = ab.get("fp8") if isinstance(ab, dict) else None
-    if not isinstance(row, dict):
-        return None
-    return fp8.readiness(row, session.section("fp8_amax"))
-
-
-#: Part name -> what computes it (None when the session has no input for it).
-PARTS: dict[str, Callable[[Session], Mapping[str, Any] | None]] = {
-    "precision": _precision,
-    "memory": _memory,
-    "numerics": _numerics,
-    "divergence": divergence.assess,
-    "fp8": _fp8,
-    "figures": figures.compute,  # last: it reads the parts above
-}

@@ -36,6 +36,7 @@ from typing import Any
 
 from ampdiag import units
 from ampdiag.analysis import fp16range
+from ampdiag.analysis.derive import part
 from ampdiag.analysis.numerics import fp16_in_use
 from ampdiag.schema import DivergenceCause, DivergenceResult, LossTrend
 from ampdiag.session import Session
@@ -231,6 +232,7 @@ def _is_wrapper_name(module: Any) -> bool:
     return isinstance(module, str) and module.startswith("(") and module != "(loss)"
 
 
+@part("divergence")
 def assess(session: Session) -> DivergenceResult | None:
     """The divergence result (see the module doc), or None when no step was watched."""
     sentinel = session.section("sentinel")

@@ -24,6 +24,7 @@ from typing import Any
 
 from ampdiag import timing
 from ampdiag.analysis import precision_choice as pc
+from ampdiag.analysis.derive import part
 from ampdiag.analysis.precision import summarize
 from ampdiag.schema import Figures, SpeedVsFp32, StepTime
 from ampdiag.session import Session
@@ -240,6 +241,7 @@ def speed_estimate(speed: Mapping[str, Any]) -> timing.Estimate:
     )  # fmt: skip
 
 
+@part("figures")
 def compute(session: Session) -> Figures:
     """Every headline figure (the derive step stores it as ``derived.figures``)."""
     return {

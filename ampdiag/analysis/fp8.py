@@ -23,7 +23,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
+from ampdiag.analysis.derive import part
 from ampdiag.schema import Fp8Readiness
+from ampdiag.session import Session
 
 
 @dataclass(frozen=True)
@@ -131,3 +133,13 @@ def readiness(ab_fp8: Mapping[str, Any], amax: Mapping[str, Any]) -> Fp8Readines
     )
     out["thresholds"] = {**dict(out.get("thresholds") or {}), **asdict(THRESHOLDS)}
     return out
+
+
+@part("fp8")
+def derived_readiness(session: Session) -> Fp8Readiness | None:
+    """FP8 readiness, when the A/B timed FP8 (derived part)."""
+    ab = session.section("speed_probe").get("precisions")
+    row = ab.get("fp8") if isinstance(ab, dict) else None
+    if not isinstance(row, dict):
+        return None
+    return readiness(row, session.section("fp8_amax"))

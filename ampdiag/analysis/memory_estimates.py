@@ -30,7 +30,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ampdiag import units
+from ampdiag.analysis.derive import part
 from ampdiag.schema import MemoryWhatIf, WhatIfRow
+from ampdiag.session import Session
 
 #: Fraction of the capacity a plan may use (the rest is left for the allocator and spikes).
 HEADROOM = 0.90
@@ -288,3 +290,10 @@ def _fit_rows(section: Mapping[str, Any], fit: Mapping[str, Any]) -> list[WhatIf
             )
         )
     return rows
+
+
+@part("memory")
+def derived_whatif(session: Session) -> MemoryWhatIf | None:
+    """The memory what-if estimates (derived part)."""
+    memory = session.section("memory")
+    return whatif(memory) if memory else None

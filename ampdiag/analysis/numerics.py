@@ -9,7 +9,8 @@ rules' (`ampdiag.analysis.rules.numerics`).
 from __future__ import annotations
 
 from ampdiag.analysis import fp16range
-from ampdiag.schema import UnderflowSummary
+from ampdiag.analysis.derive import part
+from ampdiag.schema import NumericsDerived, UnderflowSummary
 from ampdiag.session import Session
 
 #: Modules named in the underflow evidence, largest share first.
@@ -118,3 +119,20 @@ def underflow_summary(session: Session) -> UnderflowSummary:
     if unmeasured:
         summary["unmeasured"] = unmeasured
     return summary
+
+
+@part("numerics")
+def derived_numerics(session: Session) -> NumericsDerived | None:
+    """FP16 in use, the underflow summary and FP16's limits (derived part)."""
+    seen = session.section("gradients") or session.section("activations")
+    if not seen and not session.section("scaler").get("present"):
+        return None
+    return {
+        "fp16_in_use": fp16_in_use(session),
+        "underflow": underflow_summary(session),
+        "fp16_limits_log2": {
+            "flush": fp16range.FP16_MIN_SUBNORMAL_LOG2,
+            "subnormal": fp16range.FP16_MIN_NORMAL_LOG2,
+            "overflow": fp16range.FP16_OVERFLOW_LOG2,
+        },
+    }

@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from ampdiag.analysis.derive import part
 from ampdiag.schema import PrecisionSection, PrecisionSummary
+from ampdiag.session import Session
 
 #: CUDA autocast policies that run an op in FP32 whatever its input dtype.
 FP32_POLICIES = frozenset({"fp32", "fp32_set_opt_dtype", "fp32_append_dtype"})
@@ -275,3 +277,15 @@ def device_differences(section: PrecisionSection) -> list[dict[str, Any]]:
         agg["count"] += r.get("count", 0)
         agg["time_us"] += _time(r)
     return sorted(found.values(), key=lambda d: -d["time_us"])
+
+
+@part("precision")
+def derived_summary(session: Session) -> PrecisionSummary | None:
+    """The audited step's summary, with the fix for each FP32 reason seen (derived part)."""
+    audit = session.section("precision")
+    if not audit.get("audited"):
+        return None
+    summary = summarize(audit)
+    fixes = reason_fixes(audit)
+    summary["reason_fixes"] = {r: fixes[r] for r in summary["reasons"] if r in fixes}
+    return summary

@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ampdiag import timing, units
 from ampdiag.analysis import device as D
+from ampdiag.analysis.derive import derived, part
+from ampdiag.schema import PrecisionChoice
 from ampdiag.session import Session
 from ampdiag.units import number
 
@@ -264,13 +266,32 @@ class Measured:
 
 
 def measured(session: Session) -> Measured:
-    """The A/B of a session (``speed_probe.precisions``), as the precision advice reads it."""
+    """The A/B of a session (``speed_probe.precisions``), as the precision advice reads it.
+
+    The choice is made once, in the derive step (``derived.precision_choice``), and read here.
+    """
+    doc = derived(session).get("precision_choice") or derived_choice(session)
+    choice = Choice(**doc["choice"]) if doc["choice"] is not None else None
+    return Measured(_advisable(session), choice, doc["run"], doc["why_not"])
+
+
+def _advisable(session: Session) -> dict[str, Mapping[str, Any]]:
+    """The A/B rows of the precisions the device can run, by name.
+
+    A precision the device cannot run (BF16 or TF32 below compute capability 8.0: emulated)
+    is never the advice, whatever its row measured.
+    """
+    ab = session.section("speed_probe").get("precisions")
+    return {p: r for p, r in rows_of(ab).items() if D.advisable(session.environment, p)}
+
+
+@part("precision_choice")
+def derived_choice(session: Session) -> PrecisionChoice:
+    """The A/B's choice for the run, or why there is none (derived part)."""
     probe = session.section("speed_probe")
     run = run_precision(probe.get("autocast") or session.environment.get("autocast"))
     ab = probe.get("precisions")
-    # a precision the device cannot run (BF16 or TF32 below compute capability 8.0: emulated)
-    # is never the advice, whatever its row measured
-    rows = {p: r for p, r in rows_of(ab).items() if D.advisable(session.environment, p)}
+    rows = _advisable(session)
     why: str | None = None
     if not probe:
         why = "no speed probe ran (a trace, or a session recorded without one)"
@@ -294,7 +315,8 @@ def measured(session: Session) -> Measured:
             else ""
         )
         choice = None
-    return Measured(rows, choice, run, why)
+    doc = asdict(choice) if choice is not None else None
+    return {"run": run, "choice": doc, "why_not": why}  # type: ignore[typeddict-item]
 
 
 def training_step(precision: str, device: str) -> str:

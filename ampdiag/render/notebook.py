@@ -44,7 +44,7 @@ def diff_inline(d: SessionDiff) -> str:
 
 
 def diagnosis_html(d: Any) -> str:
-    """A `Diagnosis`: its report once the block has ended, else where the report will be."""
+    """A `Diagnosis` or `WindowedDiagnosis`: its report once the block ended, else its path."""
     if d.session is not None:
         return session_html(d.session)
     where = html.escape(str(d.report_path))
@@ -56,4 +56,5 @@ DISPLAYS: dict[tuple[str, str], tuple[Callable[[Any], str], Callable[[Any], str]
     ("ampdiag.session", "Session"): (session_html, summary),
     ("ampdiag.analysis.diff", "SessionDiff"): (diff_inline, diff_text),
     ("ampdiag.sources.live.diagnosis", "Diagnosis"): (diagnosis_html, None),
+    ("ampdiag.sources.live.windowed", "WindowedDiagnosis"): (diagnosis_html, None),
 }

@@ -10,17 +10,14 @@ Whether the diagnosis then calls the cause right is proven on the scenario corpu
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-import ampdiag
 from ampdiag.sources.live.collectors.sentinel import Sentinel
 from tests.collectors.helpers import module_callbacks
-
-QUIET = {"report": False, "tensorboard": False, "console": False}
 
 
 def fresh(norm: bool = True) -> nn.Module:
@@ -74,14 +71,16 @@ def _same(a: list[float], b: list[float]) -> bool:
     return all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True))
 
 
-def test_training_stays_bit_identical_and_nothing_is_left(tmp_path: Path) -> None:
+def test_training_stays_bit_identical_and_nothing_is_left(
+    quiet_diagnose: Callable[..., Any],
+) -> None:
     plain, watched = fresh(), fresh()
     torch.manual_seed(5)
     want = loop(plain, torch.float16, lr=30.0)
     after_plain = torch.rand(1)  # the RNG after the run: the replay's dropout drew nothing
     assert not all(math.isfinite(v) for v in want), "the run must diverge"
     torch.manual_seed(5)
-    with ampdiag.diagnose(watched, out=tmp_path, collectors=[Sentinel()], **QUIET) as d:
+    with quiet_diagnose(watched, collectors=[Sentinel()]) as d:
         got = loop(watched, torch.float16, lr=30.0)
     assert torch.equal(torch.rand(1), after_plain)
     assert _same(want, got)
@@ -97,7 +96,9 @@ def test_training_stays_bit_identical_and_nothing_is_left(tmp_path: Path) -> Non
     assert replay is not None and "fp32" in replay["results"] and "bf16" in replay["results"]
 
 
-def test_the_fp32_replay_names_what_a_plain_fp32_forward_finds(tmp_path: Path) -> None:
+def test_the_fp32_replay_names_what_a_plain_fp32_forward_finds(
+    quiet_diagnose: Callable[..., Any],
+) -> None:
     truth: dict[str, Any] = {}
 
     def measure(step: int, x: torch.Tensor, model: nn.Module) -> None:
@@ -131,7 +132,7 @@ def test_the_fp32_replay_names_what_a_plain_fp32_forward_finds(tmp_path: Path) -
          weights=finite_weights)  # fmt: skip
     watched = fresh(norm=False)
     torch.manual_seed(5)
-    with ampdiag.diagnose(watched, out=tmp_path, collectors=[Sentinel()], **QUIET) as d:
+    with quiet_diagnose(watched, collectors=[Sentinel()]) as d:
         loop(watched, None, lr=30.0)
     assert d.session is not None
     replay = d.session.section("sentinel")["replay"]

@@ -6,6 +6,7 @@ the mechanics: the finiteness token, the hooks' lifetime, and bit-identical trai
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,7 @@ from torch import nn
 
 import ampdiag
 from ampdiag.sources.live.collectors.sentinel import Sentinel, finite_token
-from tests.conftest import train
-
-QUIET = {"report": False, "tensorboard": False, "console": False}
+from tests.conftest import QUIET, train
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
@@ -33,7 +32,9 @@ def test_the_token_is_finite_exactly_when_every_value_is(dtype: torch.dtype) -> 
     assert not torch.isfinite(finite_token(mixed))
 
 
-def test_training_is_bit_identical_and_every_hook_is_removed(tmp_path: Path) -> None:
+def test_training_is_bit_identical_and_every_hook_is_removed(
+    quiet_diagnose: Callable[..., Any],
+) -> None:
     def fresh() -> nn.Module:
         torch.manual_seed(0)
         return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
@@ -51,7 +52,7 @@ def test_training_is_bit_identical_and_every_hook_is_removed(tmp_path: Path) -> 
 
     plain, watched = fresh(), fresh()
     loop(plain)
-    with ampdiag.diagnose(watched, out=tmp_path, collectors=[Sentinel()], **QUIET) as d:
+    with quiet_diagnose(watched, collectors=[Sentinel()]) as d:
         loop(watched)
     for a, b in zip(plain.parameters(), watched.parameters(), strict=True):
         assert torch.equal(a, b)
@@ -62,11 +63,11 @@ def test_training_is_bit_identical_and_every_hook_is_removed(tmp_path: Path) -> 
     assert sec["forward_origin"] is None and sec["backward_origin"] is None
 
 
-def test_all_zero_gradients_are_recorded_per_step(tmp_path: Path) -> None:
+def test_all_zero_gradients_are_recorded_per_step(quiet_diagnose: Callable[..., Any]) -> None:
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with ampdiag.diagnose(model, opt, out=tmp_path, collectors=[Sentinel()], **QUIET) as d:
+    with quiet_diagnose(model, opt, collectors=[Sentinel()]) as d:
         for step in range(3):
             opt.zero_grad()
             loss = model(torch.randn(3, 4)).sum() * (0.0 if step == 1 else 1.0)
@@ -104,13 +105,15 @@ class _InPlace(nn.Module):
         return self.b(h)
 
 
-def test_a_value_changed_in_place_by_the_parent_is_the_parents(tmp_path: Path) -> None:
+def test_a_value_changed_in_place_by_the_parent_is_the_parents(
+    quiet_diagnose: Callable[..., Any],
+) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), _InPlace(at=2))
     inner = model[1]
     assert isinstance(inner, _InPlace)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with ampdiag.diagnose(model, opt, out=tmp_path, collectors=[Sentinel()], **QUIET) as d:
+    with quiet_diagnose(model, opt, collectors=[Sentinel()]) as d:
         for step in range(4):
             inner.now = step
             opt.zero_grad()
@@ -126,7 +129,7 @@ def test_a_value_changed_in_place_by_the_parent_is_the_parents(tmp_path: Path) -
     assert origin["between"] == ["1.a", "1.b"]
 
 
-def test_no_activation_is_kept_alive_by_the_sentinel(tmp_path: Path) -> None:
+def test_no_activation_is_kept_alive_by_the_sentinel(quiet_diagnose: Callable[..., Any]) -> None:
     import weakref
 
     seen: list[weakref.ref[torch.Tensor]] = []
@@ -142,7 +145,7 @@ def test_no_activation_is_kept_alive_by_the_sentinel(tmp_path: Path) -> None:
             return h + 1.0
 
     model = Keep()
-    with ampdiag.diagnose(model, out=tmp_path, collectors=[Sentinel()], **QUIET):
+    with quiet_diagnose(model, collectors=[Sentinel()]):
         out = model(torch.randn(3, 4))
         assert seen[0]() is None  # freed as soon as the user's code dropped it
         out.sum().backward()
@@ -180,13 +183,15 @@ class _Between(nn.Module):
         return self.b(_NaNBackward.apply(self.a(x), self))  # type: ignore[no-untyped-call]
 
 
-def test_a_backward_op_between_two_children_is_the_parents(tmp_path: Path) -> None:
+def test_a_backward_op_between_two_children_is_the_parents(
+    quiet_diagnose: Callable[..., Any],
+) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), _Between(at=1))
     inner = model[1]
     assert isinstance(inner, _Between)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with ampdiag.diagnose(model, opt, out=tmp_path, collectors=[Sentinel()], **QUIET) as d:
+    with quiet_diagnose(model, opt, collectors=[Sentinel()]) as d:
         for step in range(3):
             inner.now = step
             opt.zero_grad()
@@ -214,13 +219,13 @@ class _NaNOnThirdCall(nn.Module):
 
 
 def test_a_replay_that_stays_finite_is_stated_not_passed_off_as_an_origin(
-    tmp_path: Path,
+    quiet_diagnose: Callable[..., Any],
 ) -> None:
     torch.manual_seed(0)
     nan = _NaNOnThirdCall()
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nan, nn.Linear(16, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    with ampdiag.diagnose(out=tmp_path, collectors=[Sentinel()], **QUIET) as d:
+    with quiet_diagnose(collectors=[Sentinel()]) as d:
         for _ in range(5):
             opt.zero_grad()
             model(torch.randn(4, 8)).pow(2).mean().backward()

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 import ampdiag
+from tests.conftest import QUIET
 
 Scenario = Callable[[contextlib.AbstractContextManager[Any]], Any]
 
-QUIET: dict[str, Any] = {"report": False, "tensorboard": False, "console": False}
 # The settings every scenario runs under: the defaults; every collector on every step (the
 # profiler recording from the first step, every statistic sampled, the audit on its default
 # step); and the profiler off (copies failed differently with it off).

@@ -36,6 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import ampdiag
 from ampdiag.session import Finding, Session
+from tests.conftest import QUIET
 
 #: Findings about numerics (range, NaN, scaler behavior): silent on a healthy run.
 NUMERICS_IDS = frozenset(
@@ -72,9 +73,6 @@ ADVICE_IDS = frozenset({"tune-grad-scaler"})
 PRECISION_ADVICE_IDS = frozenset({"prefer-bf16", "prefer-fp32", "prefer-fp16"})
 #: What a healthy control forbids.
 HEALTHY_FORBID = NUMERICS_IDS | MISUSE_IDS | ADVICE_IDS
-
-#: Settings every scenario run uses: outputs nobody reads are off (they never change findings).
-QUIET: dict[str, Any] = {"report": False, "tensorboard": False, "console": False}
 
 
 @dataclass(frozen=True)

@@ -43,8 +43,8 @@ from ampdiag.sources.live.discovery import Discovery, frozen_holders, split_para
 from ampdiag.sources.live.environment import describe_environment, distributed_info
 from ampdiag.sources.live.shielding import ImportFilters, describe_exception, sigint_deferred
 from ampdiag.sources.live.steps import StepLog
-from ampdiag.sources.live.window import StepWindow
-from ampdiag.sources.live.windowed import Windowed
+from ampdiag.sources.live.window import StepWindow, WindowDriver
+from ampdiag.sources.live.windowed import WindowedDiagnosis
 
 if TYPE_CHECKING:
     from typing import Unpack  # Python 3.11; annotations are not evaluated at run time
@@ -63,6 +63,12 @@ def default_out() -> Path:
         n += 1
         out = DEFAULT_ROOT / f"run-{stamp}-{n}"
     return out
+
+
+def rank_folder(out: Path) -> Path:
+    """``out``, or its ``rank-N/`` in a distributed run: one session per rank, side by side."""
+    ranks = distributed_info()
+    return out / f"rank-{ranks['rank']}" if ranks["world_size"] > 1 else out
 
 
 # What a torch.compile'd region hides (module callbacks are not traced: see global_hooks).
@@ -99,12 +105,7 @@ class Diagnosis:
     ) -> None:
         # Before the collectors are made: their imports (sympy, numpy) may add warning filters.
         self._filters = ImportFilters()
-        self.out = Path(out) if out is not None else default_out()
-        self._root = self.out  # before the rank's folder: a window's block adds its own
-        ranks = distributed_info()
-        if ranks["world_size"] > 1:
-            # One session per rank, side by side, so a report can merge them.
-            self.out = self.out / f"rank-{ranks['rank']}"
+        self.out = rank_folder(Path(out) if out is not None else default_out())
         self.config = config
         self.session: Session | None = None
         self.run = RunContext(out=self.out, config=config, step=first_step, first_step=first_step)
@@ -114,15 +115,6 @@ class Diagnosis:
         # block of their own (`window.WindowDriver`); this block's session holds their sections.
         self._borrowed = list(borrowed)
         self._given = (model, optimizer, scaler)
-        # A window of steps (config.steps or trigger): this handle only counts steps, and a
-        # block of its own (a Diagnosis given the window) observes the window's steps.
-        self._windowed: Windowed | None = None
-        self._outer_window = window is None and (
-            config.steps is not None or config.trigger is not None
-        )
-        self._chosen = collectors
-        if self._outer_window:
-            collectors = []
         chosen = collectors if collectors is not None else default_collectors(config)
         # stable: the profiler's step() (which opens the next profiled step) comes last
         self._collectors = sorted(chosen, key=lambda c: c.step_end_last)
@@ -149,9 +141,6 @@ class Diagnosis:
 
         Once called, optimizer steps no longer end steps by themselves.
         """
-        if self._windowed is not None:
-            self._windowed.step()
-            return
         self._manual_steps = True
         self._end_step()
 
@@ -163,12 +152,6 @@ class Diagnosis:
     # --- context manager ------------------------------------------------------------------------
 
     def __enter__(self) -> Diagnosis:
-        if self._outer_window:
-            self._windowed = Windowed(
-                type(self), self._root, self.config, self._chosen, self._given
-            )
-            self._windowed.enter()
-            return self
         check_writable(self.out)
         self._started = time.time()
         model, optimizer, scaler = self._given
@@ -211,10 +194,6 @@ class Diagnosis:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._windowed is not None:
-            block = self._windowed.exit(exc)
-            self.session, self.run = block.session, block.run
-            return
         # First take everything out of the user's process, then describe what happened,
         # defensively, and write what was collected.
         self.stop(exc is not None)
@@ -520,7 +499,7 @@ def diagnose(
     config: DiagnoseConfig | None = None,
     collectors: list[Collector] | None = None,
     **overrides: Unpack[Settings],
-) -> Diagnosis:
+) -> Diagnosis | WindowedDiagnosis:
     """Watches the training in a ``with`` block and writes a diagnosis report.
 
     Args:
@@ -538,9 +517,9 @@ def diagnose(
             loss first jumps.
 
     Returns:
-        A `Diagnosis` handle: ``d.step()`` marks a step by hand; after the block ``d.session``
-        holds the Session and ``d.out`` the folder with session.json, report.html,
-        tensorboard/ and trace/.
+        A `Diagnosis` handle (a `WindowedDiagnosis` for ``steps`` or ``trigger``):
+        ``d.step()`` marks a step by hand; after the block ``d.session`` holds the Session
+        and ``d.out`` the folder with session.json, report.html, tensorboard/ and trace/.
 
     Raises:
         TypeError: An unknown setting.
@@ -553,7 +532,11 @@ def diagnose(
         ...         train_step(x, y)
     """
     settings = make_config(config, overrides)
-    return Diagnosis(model, optimizer, scaler, out, settings, collectors)
+    root = Path(out) if out is not None else default_out()
+    if settings.steps is None and settings.trigger is None:
+        return Diagnosis(model, optimizer, scaler, root, settings, collectors)
+    driver = partial(WindowDriver, Diagnosis, root, settings, collectors, finish_on_close=False)
+    return WindowedDiagnosis(driver, rank_folder(root), settings, (model, optimizer, scaler))
 
 
 def make_config(config: DiagnoseConfig | None, overrides: Mapping[str, Any]) -> DiagnoseConfig:

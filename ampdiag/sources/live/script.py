@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ampdiag.sources.live.diagnosis import Diagnosis, diagnose
+from ampdiag.sources.live.windowed import WindowedDiagnosis
 
 #: The script errors `run(print_error=True)` printed (so that its caller does not print twice).
 printed: list[BaseException] = []
@@ -41,7 +42,7 @@ def run(
     out: str | Path | None = None,
     print_error: bool = False,
     **settings: Any,
-) -> Diagnosis:
+) -> Diagnosis | WindowedDiagnosis:
     """Runs ``script`` as ``__main__`` inside ``diagnose(out=out, **settings)``.
 
     Args:
@@ -54,7 +55,7 @@ def run(
         **settings: Any field of `DiagnoseConfig`.
 
     Returns:
-        The `Diagnosis` handle, when the script ended normally (or with ``sys.exit(0)``).
+        The handle `diagnose()` yielded, when the script ended normally (or with ``sys.exit(0)``).
 
     Raises:
         FileNotFoundError: ``script`` is not a file (nothing was run).
