@@ -234,9 +234,9 @@ def choose(
         for r in tied
         if (m := number(r.get("saved_bytes"), finite=True)) is not None
     }
-    names = [str(r["precision"]) for r in tied]
-    slow = [p for p in names if p in emulated]
-    return Choice(names[0], names, unsafe, saved_bytes=memory, emulated=slow)
+    alike_names = [str(r["precision"]) for r in tied]
+    slow = [p for p in alike_names if p in emulated]
+    return Choice(alike_names[0], alike_names, unsafe, saved_bytes=memory, emulated=slow)
 
 
 def tie_break(choice: Choice, keep: str | None = "fp32") -> str:
@@ -248,14 +248,14 @@ def tie_break(choice: Choice, keep: str | None = "fp32") -> str:
             "(the lower end of its interval)"
         )
     others = " and ".join(NAMES.get(p, p) for p in choice.tied if p != choice.precision)
-    same = f"{name} and {others} measured the same speed within noise" if others else name
+    same = f"{name} and {others} measured the same speed within noise; " if others else ""
     if choice.emulated and choice.precision not in choice.emulated:
         slow = " and ".join(NAMES.get(p, p) for p in choice.emulated)
-        return f"{same}; this device runs {slow} emulated (no native kernels), so {name}"
+        return f"{same}this device runs {slow} emulated (no native kernels), so {name}"
     own = choice.saved_bytes.get(choice.precision)
     if own is not None and any(v > own for p, v in choice.saved_bytes.items() if p in choice.tied):
-        return f"{same}; {name} keeps the least activation memory"
-    return f"{same}; {name} is the simplest"
+        return f"{same}{name} keeps the least activation memory"
+    return f"{same}{name} is the simplest"
 
 
 def run_precision(autocast: Any) -> str | None:

@@ -481,12 +481,9 @@ def _switch(
     # others are checked against, so nothing is said of it.
     if target != "fp32" and pc.is_safe(row):
         claims.append(f"{name} is numerically safe here")
-    tied = [pc.NAMES.get(p, p) for p in ab.choice.tied if p != target]
     evidence["compared"] = _vs(ab, target)
     if ab.choice.uncertain and target == ab.choice.precision:
-        evidence["tie"] = f"within the measured spread {', '.join(tied)} is as fast: " + (
-            pc.tie_break(ab.choice, ab.run)
-        )
+        evidence["tie"] = pc.tie_break(ab.choice, ab.run)
     train = f"Train in {name} instead of {run_name}"
     return Finding(
         id=f"prefer-{'fp32' if target == 'tf32' else target}",
