@@ -529,6 +529,7 @@ class ChoiceDoc(TypedDict):
     unsafe: dict[str, list[str]]
     timed: bool
     saved_bytes: dict[str, float]
+    emulated: list[str]
 
 
 class PrecisionChoice(TypedDict):

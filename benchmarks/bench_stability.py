@@ -11,10 +11,17 @@ process of this benchmark keeps one core busy the whole time:
   conv denoiser trained on a noise-prediction loss under BF16 autocast (as Accelerate's
   ``mixed_precision="bf16"`` wraps it), AdamW, an EMA copy updated every step.
 
-For each it prints how many distinct (verdict word, top finding and severity, recommended
-precision) it saw, and each one with its count; the figure the issue holds is 1 per workload.
+``--scenario NAME`` (repeatable) adds a corpus scenario of ``tests/scenarios`` as a workload
+(``scenario:NAME``), run by its own ``run(out)`` as ``test_corpus`` runs it: the ones whose
+advice rests on a timed comparison (``activation-near-fp16-max``: an FP16 run whose A/B picks
+between FP32 and BF16, which measure alike on a small model) are the ones that can flip.
 
-Usage: ``python -m benchmarks.bench_stability [--runs 8] [--only demo,bf16,diffusion]``.
+For each it prints how many distinct (verdict word, top finding and severity, recommended
+precision, the precision the top precision advice's fix names) it saw, and each one with its
+count; the figure the issue holds is 1 per workload.
+
+Usage: ``python -m benchmarks.bench_stability [--runs 8] [--only demo,bf16,diffusion]
+[--scenario activation-near-fp16-max]`` (``--only ''`` runs the scenarios alone).
 About 2 minutes per round of the three on a shared 2-core machine.
 """
 
@@ -31,6 +38,8 @@ from collections import Counter
 from pathlib import Path
 
 WORKLOADS = ("demo", "bf16", "diffusion")
+#: A corpus scenario's workload name is this prefix and the scenario's name.
+SCENARIO = "scenario:"
 
 
 def _diffusion(out: str) -> None:
@@ -88,6 +97,12 @@ def one_run(workload: str, out: str) -> None:
     import torch
 
     torch.set_num_threads(1)
+    if workload.startswith(SCENARIO):
+        from tests.scenarios.harness import all_scenarios
+
+        name = workload.removeprefix(SCENARIO)
+        next(s for s in all_scenarios() if s.name == name).run(Path(out))
+        return
     if workload == "diffusion":
         _diffusion(out)
         return
@@ -99,30 +114,50 @@ def one_run(workload: str, out: str) -> None:
         run_demo(out, scenario="amp", dtype="bfloat16", steps=30)
 
 
-def outcome(out: str) -> tuple[str, str, str]:
-    """(verdict word, top finding id and severity, recommended precision) of a saved run."""
+Outcome = tuple[str, str, str, str]
+
+
+def outcome(out: str) -> Outcome:
+    """(verdict word, top finding id and severity, recommended precision, the precision the
+    first precision advice (``prefer-*``) names: its ``evidence.precision``) of a saved run."""
     doc = json.loads((Path(out) / "session.json").read_text())
     verdict = str(doc.get("derived", {}).get("verdict"))
     findings = [f for f in doc.get("findings", []) if f.get("severity") in ("high", "medium")]
     top = f"{findings[0]['id']} ({findings[0]['severity']})" if findings else "none"
     ab = doc.get("speed_probe", {}).get("precisions") or {}
-    return verdict, top, str(ab.get("recommended") or ab.get("skipped") or ab.get("error"))
+    advice = [f for f in doc.get("findings", []) if str(f.get("id")).startswith("prefer-")]
+    fix = str(advice[0].get("evidence", {}).get("precision")) if advice else "none"
+    return verdict, top, str(ab.get("recommended") or ab.get("skipped") or ab.get("error")), fix
+
+
+def times(out: str) -> str:
+    """The A/B's rows of a saved run as ``name time±spread ms``, ``!`` after an unsafe one."""
+    from ampdiag.analysis.precision_choice import is_safe
+
+    doc = json.loads((Path(out) / "session.json").read_text())
+    rows = (doc.get("speed_probe", {}).get("precisions") or {}).get("results") or []
+    return " ".join(
+        f"{r.get('precision')} {r.get('time_ms') or 0:.2f}±{r.get('time_spread_ms') or 0:.2f}"
+        + ("!" if is_safe(r) is False else "")
+        for r in rows
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--only", default=",".join(WORKLOADS))
+    parser.add_argument("--scenario", action="append", default=[], metavar="NAME")
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         one_run(*args.one)
         return
-    workloads = [w for w in args.only.split(",") if w]
+    workloads = [w for w in args.only.split(",") if w] + [SCENARIO + n for n in args.scenario]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     print(f"one core kept busy by pid {busy.pid}; {args.runs} runs per workload, 1 thread each")
-    seen: dict[str, Counter[tuple[str, str, str]]] = {w: Counter() for w in workloads}
+    seen: dict[str, Counter[Outcome]] = {w: Counter() for w in workloads}
     took: dict[str, list[float]] = {w: [] for w in workloads}
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -136,18 +171,19 @@ def main() -> None:
                     )  # fmt: skip
                     took[w].append(time.perf_counter() - t0)
                     seen[w][outcome(out)] += 1
-                    print(f"  run {i + 1} {w}: {outcome(out)}", flush=True)
+                    print(f"  run {i + 1} {w}: {outcome(out)} {times(out)}", flush=True)
     finally:
         busy.kill()
         busy.wait()
-    print("\nworkload   distinct  (verdict, top finding, recommended precision) x runs")
+    width = max(map(len, ["workload", *workloads]))
+    print(f"\n{'workload':<{width}} distinct  (verdict, top finding, recommended, advice) x runs")
     for w in workloads:
         n = len(seen[w])
         first = True
         for key, count in seen[w].most_common():
-            print(f"{w if first else '':<10} {n if first else '':<9} {key} x{count}")
+            print(f"{w if first else '':<{width}} {n if first else '':<9} {key} x{count}")
             first = False
-        print(f"{'':<10} median wall time per run {sorted(took[w])[len(took[w]) // 2]:.0f} s")
+        print(f"{'':<{width}} median wall time per run {sorted(took[w])[len(took[w]) // 2]:.0f} s")
 
 
 if __name__ == "__main__":

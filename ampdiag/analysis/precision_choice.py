@@ -18,10 +18,14 @@ The choice is **the precision in use, unless a safe one is measured clearly fast
   of interleaved rounds, `ampdiag.timing`) is at least `SWITCH_SPEEDUP` (1.10x). A decision
   rests on that bound, never on a point estimate: identical runs whose intervals move a
   little keep the same choice, and a precision measured 0.93x as fast is never chosen as a
-  "tie". Among several that clear it, the fastest; those it cannot be told from (intervals
-  that overlap) are *tied* with it, and the one that keeps the least activation memory wins,
-  then the simplest -- FP32, TF32 matmuls (one flag), BF16 autocast (no scaler), FP16
-  autocast (needs a GradScaler).
+  "tie". Among several that clear it, the fastest; those it is not measured clearly faster
+  than (`SWITCH_SPEEDUP` again, `contenders`) are *tied* with it, and the tie is decided by
+  what does not move between identical runs (`tie_order`): a precision the device runs
+  emulated (``emulated``: BF16 on a CPU without AVX512_BF16/AMX) loses it, then the one that
+  keeps the least activation memory wins, then the simplest -- FP32, TF32 matmuls (one flag),
+  BF16 autocast (no scaler), FP16 autocast (needs a GradScaler). Overlapping intervals were
+  the old test of a tie: their edge moves with the machine's load (a spread of 0.5% quiet,
+  30% busy), so FP32 "faster" and BF16 "tied, less memory" swapped between identical runs.
 - ``tied`` lists the precisions the choice was not measured clearly faster than (either
   way): "as fast, within what a switch must clear".
 - A precision timed once has no interval: when no row has one, nothing is claimed about speed
@@ -31,7 +35,7 @@ The choice is **the precision in use, unless a safe one is measured clearly fast
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -113,14 +117,6 @@ def interval(row: Mapping[str, Any]) -> tuple[float, float] | None:
 SWITCH_SPEEDUP = 1.10
 
 
-def overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Whether two rows' times cannot be ordered: their intervals overlap, or one has none."""
-    ia, ib = interval(a), interval(b)
-    if ia is None or ib is None:
-        return True
-    return not (ia[1] < ib[0] or ib[1] < ia[0])
-
-
 def clears(base: Mapping[str, Any], row: Mapping[str, Any]) -> bool:
     """Whether ``row`` is measured clearly faster than ``base``.
 
@@ -161,14 +157,16 @@ class Choice:
             among them); one element when the choice is certain.
         unsafe: Precisions that failed `SAFETY`, with why.
         timed: Whether the rows carry intervals at all (timed more than once).
+        saved_bytes: Activation memory each tied precision saves, by name.
+        emulated: The tied precisions the device runs without native kernels.
     """
 
     precision: str
     tied: list[str] = field(default_factory=list)
     unsafe: dict[str, list[str]] = field(default_factory=dict)
     timed: bool = True
-
     saved_bytes: dict[str, float] = field(default_factory=dict)
+    emulated: list[str] = field(default_factory=list)
 
     @property
     def uncertain(self) -> bool:
@@ -176,11 +174,43 @@ class Choice:
         return len(self.tied) > 1
 
 
-def choose(rows: Sequence[Mapping[str, Any]], keep: str | None = "fp32") -> Choice | None:
+def contenders(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The rows the fastest of ``rows`` is not measured clearly faster than (itself included).
+
+    The bar is `SWITCH_SPEEDUP` on the lower end of the speed-up, the bar a switch clears:
+    a difference under it is noise as far as the choice goes, on a quiet machine and a busy
+    one alike.
+    """
+    fastest = min(rows, key=lambda r: float(r["time_ms"]))
+    return [r for r in rows if not clears(r, fastest)]
+
+
+def tie_order(emulated: Collection[str]) -> Callable[[Mapping[str, Any]], tuple[bool, float, int]]:
+    """The sort key that decides a tie from what noise cannot move.
+
+    A precision in ``emulated`` last, then the least activation memory, then the simplest
+    (`SIMPLICITY`).
+    """
+
+    def key(r: Mapping[str, Any]) -> tuple[bool, float, int]:
+        memory = number(r.get("saved_bytes"), finite=True)
+        p = str(r["precision"])
+        rank = SIMPLICITY.index(p) if p in SIMPLICITY else len(SIMPLICITY)
+        return (p in emulated, memory if memory is not None else math.inf, rank)
+
+    return key
+
+
+def choose(
+    rows: Sequence[Mapping[str, Any]],
+    keep: str | None = "fp32",
+    emulated: Collection[str] = (),
+) -> Choice | None:
     """The precision to train in (None when none was timed and safe); see the module docstring.
 
     ``keep`` is the precision in use (the run's own), kept unless a safe one clears
-    `SWITCH_SPEEDUP` over it.
+    `SWITCH_SPEEDUP` over it. ``emulated``: the precisions the device has no native kernels
+    for, which lose a tie.
     """
     safe = [r for r in rows if is_safe(r) and number(r.get("time_ms"), finite=True) is not None]
     if not safe:
@@ -194,18 +224,12 @@ def choose(rows: Sequence[Mapping[str, Any]], keep: str | None = "fp32") -> Choi
         first = str(incumbent["precision"]) if incumbent is not None else names[0]
         return Choice(first, [first, *(n for n in names if n != first)], unsafe, timed=False)
 
-    def order(r: Mapping[str, Any]) -> tuple[float, int]:
-        memory = number(r.get("saved_bytes"), finite=True)
-        p = str(r["precision"])
-        rank = SIMPLICITY.index(p) if p in SIMPLICITY else len(SIMPLICITY)
-        return (memory if memory is not None else math.inf, rank)
-
+    order = tie_order(emulated)
     better = [r for r in safe if incumbent is None or clears(incumbent, r)]
     if incumbent is not None and not better:
         pick = incumbent
     else:
-        fastest = min(better, key=lambda r: float(r["time_ms"]))
-        pick = sorted((r for r in better if r is fastest or overlap(r, fastest)), key=order)[0]
+        pick = sorted(contenders(better), key=order)[0]
     alike = [r for r in safe if r is not pick and not clears(pick, r) and not clears(r, pick)]
     tied = [pick, *sorted(alike, key=order)]
     memory = {
@@ -213,8 +237,9 @@ def choose(rows: Sequence[Mapping[str, Any]], keep: str | None = "fp32") -> Choi
         for r in tied
         if (m := number(r.get("saved_bytes"), finite=True)) is not None
     }
-    return Choice(str(pick["precision"]), [str(r["precision"]) for r in tied], unsafe,
-                  saved_bytes=memory)  # fmt: skip
+    alike_names = [str(r["precision"]) for r in tied]
+    slow = [p for p in alike_names if p in emulated]
+    return Choice(alike_names[0], alike_names, unsafe, saved_bytes=memory, emulated=slow)
 
 
 def tie_break(choice: Choice, keep: str | None = "fp32") -> str:
@@ -225,10 +250,15 @@ def tie_break(choice: Choice, keep: str | None = "fp32") -> str:
             f"{name} is kept: none was measured at least {SWITCH_SPEEDUP:.2f}x faster "
             "(the lower end of its interval)"
         )
+    others = " and ".join(NAMES.get(p, p) for p in choice.tied if p != choice.precision)
+    same = f"{name} and {others} measured the same speed within noise; " if others else ""
+    if choice.emulated and choice.precision not in choice.emulated:
+        slow = " and ".join(NAMES.get(p, p) for p in choice.emulated)
+        return f"{same}this device runs {slow} emulated (no native kernels), so {name}"
     own = choice.saved_bytes.get(choice.precision)
     if own is not None and any(v > own for p, v in choice.saved_bytes.items() if p in choice.tied):
-        return f"{name} keeps the least activation memory"
-    return f"{name} is the simplest"
+        return f"{same}{name} keeps the least activation memory"
+    return f"{same}{name} is the simplest"
 
 
 def run_precision(autocast: Any) -> str | None:
@@ -303,7 +333,9 @@ def derived_choice(session: Session) -> PrecisionChoice:
         why = "this session has no precision A/B"
     elif ab.get("skipped") or ab.get("error"):
         why = f"the precision A/B did not run: {ab.get('skipped') or ab.get('error')}"
-    choice = choose(list(rows.values()), keep=run) if why is None else None
+    device = str(session.environment.get("device_type") or "cpu")
+    emulated = () if bf16_runs_natively(session.environment, device) else ("bf16",)
+    choice = choose(list(rows.values()), keep=run, emulated=emulated) if why is None else None
     if why is None and choice is None:
         why = "no precision was both timed and numerically safe"
     elif choice is not None and not choice.timed:

@@ -52,6 +52,7 @@ from ampdiag.analysis import precision_choice
 from ampdiag.compat.autocast import dispatch_mode_class
 from ampdiag.compat.dispatch import op_name
 from ampdiag.sources.live.collectors.base import tensors_in
+from ampdiag.sources.live.environment import bf16_native
 from ampdiag.sources.live.passes import class_forward, sqnr_db
 
 #: The loss scale of the FP16 measurement (a GradScaler's default ``init_scale``).
@@ -543,7 +544,7 @@ def compare(
     except Exception as exc:  # the per-module split is evidence, never worth the comparison
         for name in ok:
             rows[name].modules = [{"error": f"{type(exc).__name__}: {exc}"}]
-    _recommend(result, keep)
+    _recommend(result, keep, () if bf16_native(device) else ("bf16",))
     result.spent_s = time.perf_counter() - started
     return result
 
@@ -827,7 +828,9 @@ def _module_costs(runner: _Runner, names: list[str], rows: dict[str, PrecisionRe
         rows[name].modules = modules[:TOP_MODULES]
 
 
-def _recommend(result: PrecisionComparison, keep: str = "fp32") -> None:
+def _recommend(
+    result: PrecisionComparison, keep: str = "fp32", emulated: Collection[str] = ()
+) -> None:
     """The precision `precision_choice.choose` picks (``keep`` unless one is clearly faster)."""
     ref = next((r for r in result.results if r.precision == "fp32"), None)
     for row in result.results:
@@ -842,7 +845,7 @@ def _recommend(result: PrecisionComparison, keep: str = "fp32") -> None:
             row.speedup_low, row.speedup_high = ratio.get("low"), ratio.get("high")
         row.activation_saving = precision_choice.saving(base, data, "saved_bytes")
         row.peak_saving = precision_choice.saving(base, data, "peak_bytes")
-    choice = precision_choice.choose([asdict(r) for r in result.results], keep=keep)
+    choice = precision_choice.choose([asdict(r) for r in result.results], keep, emulated)
     if choice is None:
         result.recommended = "fp32" if ref is not None and ref.error is None else None
         result.reason = "nothing was timed" if result.recommended else "FP32 failed to run"

@@ -32,6 +32,18 @@ def cpu_flags() -> list[str]:
     return []
 
 
+def bf16_native(device: torch.device) -> bool:
+    """Whether ``device`` runs BF16 kernels natively (CPU: AVX512_BF16/AMX; CUDA: sm80+).
+
+    Elsewhere BF16 is emulated: slower than FP32, which is why it loses a measured tie
+    (`ampdiag.analysis.precision_choice.choose`).
+    """
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= BF16
+    flags = cpu_flags()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def distributed_info() -> dict[str, int]:
     """Rank and world size when torch.distributed is initialized, else rank 0 of 1."""
     dist = torch.distributed
@@ -159,8 +171,7 @@ def describe_environment(run: RunContext | None = None) -> Environment:
         env["bf16_supported"] = (props.major, props.minor) >= BF16
     else:
         env["device_name"] = env["cpu"]
-        flags = env["cpu_flags"]
-        env["bf16_native"] = "avx512_bf16" in flags or "amx_bf16" in flags
+        env["bf16_native"] = bf16_native(torch.device("cpu"))
         env["bf16_supported"] = True  # CPU autocast runs bf16 everywhere, natively or not
     if run is not None:
         env["autocast"] = dominant_autocast(run.autocast)
