@@ -73,15 +73,15 @@ class DiagnoseConfig:
             the first pays for lazy initialization).
         speed_probe: At the end of the run, time the model's forward + backward in FP32 and
             under the run's autocast (see collectors/speed_probe.py; changes nothing).
-        speed_probe_repeats: Interleaved timed pairs of the speed probe at least (it goes on
-            until the ratio is known to within 5%, within its budget).
-        speed_probe_budget_s: Wall time the speed probe's timed pairs may spend, and at most
-            10% of the block's wall time (two pairs at least, so every figure has a spread).
-        precision_ab_budget_s: With the speed probe, ``ampdiag.compare`` also measures every
-            precision the device runs (time, memory, error against FP32) on the run's model
-            and batch, spending at most this many seconds and at most 10% of the block's wall
-            time (0 turns it off); a precision whose first pass shows that timing it would
-            overrun that is left untimed, with the reason.
+        speed_probe_repeats: Timed rounds of each precision at least, within the A/B's
+            budget (it goes on until each median is known to within 5%; FP32 and the run's
+            precision are timed twice whatever the budget, so every figure has a spread).
+        precision_ab_budget_s: The speed probe is ``ampdiag.compare`` on the run's model and
+            batch: every precision the device runs (time, memory, error against FP32),
+            spending at most this many seconds and at most 10% of the block's wall time past
+            its least version; a precision whose first pass shows that timing it would
+            overrun that is left untimed, with the reason. 0: FP32 and the run's precision
+            only (the A/B off).
         fp8: Add the FP8 readiness of every ``nn.Linear`` to the precision A/B (which layers
             can train in FP8, with the torchao filter; see sources/live/fp8.py), inside its
             budget. ``None`` (default): only on a GPU with FP8 (compute capability >= 8.9).
@@ -129,8 +129,7 @@ class DiagnoseConfig:
     precision: bool = True
     precision_step: int = 1
     speed_probe: bool = True
-    speed_probe_repeats: int = 5
-    speed_probe_budget_s: float = 10.0
+    speed_probe_repeats: int = 3
     precision_ab_budget_s: float = 20.0
     fp8: bool | None = None
     fp8_recipe: str = "tensorwise"
@@ -170,7 +169,6 @@ class Settings(TypedDict, total=False):
     precision_step: int
     speed_probe: bool
     speed_probe_repeats: int
-    speed_probe_budget_s: float
     precision_ab_budget_s: float
     fp8: bool | None
     fp8_recipe: str

@@ -1,14 +1,14 @@
 """What a diagnose() block costs at its exit, one source tree against another.
 
-The exit is where the speed probe (FP32 vs the run's autocast, per module) and the precision
-A/B (every precision, `ampdiag.compare`) run, after the analysis and before the session is
-written. Each measurement is a fresh process (a user's run is one: a precision's first pass
-there pays its kernels' start-up), importing ampdiag from one of the two trees, training the
-workload under ``diagnose()`` and timing the block's exit with ``time.perf_counter``; the two
-trees alternate process by process (which goes first alternates from round to round), so the
-machine's drift lands on both alike. Printed per tree: the median exit time, the A/B's own
-``spent_s`` and budget, the probe's pairs and the A/B's timed samples, and the ratio of the
-medians.
+The exit is where the speed probe runs the precision A/B (every precision, `ampdiag.compare`;
+the probe's FP32 and autocast figures are its two rows), after the hooks' removal and before
+the analysis and the session. Each measurement is a fresh process (a user's run is one: a
+precision's first pass there pays its kernels' start-up), importing ampdiag from one of the
+two trees, training the workload under ``diagnose()`` and timing the block's exit with
+``time.perf_counter``; the two trees alternate process by process (which goes first
+alternates from round to round), so the machine's drift lands on both alike. Printed per
+tree: the median exit time, the A/B's own ``spent_s`` and budget, the probe's rounds and the
+A/B's timed samples, and the ratio of the medians.
 
     flock /tmp/bench.lock python -m benchmarks.bench_exit --before REV [--after PATH]
         [--rounds 8] [--workload mlp-bf16,cnn-bf16]

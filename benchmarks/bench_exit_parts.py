@@ -2,8 +2,8 @@
 
 Each round is a fresh ``ampdiag run`` of the script (``benchmarks/realscripts/``) in a child
 process whose exit path is wrapped with ``time.perf_counter`` timers: the hooks' removal
-(``stop``), each collector's ``after_stop`` (the speed probe's pairs and the precision A/B's
-observed, timed and per-module passes apart; the profiler's trace export, gzip and top ops
+(``stop``), each collector's ``after_stop`` (the speed probe's precision A/B's observed, timed
+and per-module passes apart; the profiler's trace export, gzip and top ops
 apart), each collector's ``section``, the analysis, the session's save and each renderer;
 last, the script's ``BLOCK_END`` to the last ``atexit`` handler (all of ampdiag's exit, not the
 interpreter's teardown after it: see ``bench_realscripts``). Printed: the median of each part
@@ -48,7 +48,6 @@ import ampdiag.render.tensorboard as tb
 import ampdiag.session as session
 import ampdiag.sources.live.collectors as collectors
 import ampdiag.sources.live.collectors.profiler as profiler
-import ampdiag.sources.live.collectors.speed_probe as sp
 import ampdiag.sources.live.compare as compare
 import ampdiag.sources.live.diagnosis as diagnosis
 
@@ -61,7 +60,6 @@ timed(session.Session, "save", "5 session.save")
 timed(html, "write_html", "6 render: html")
 timed(tb, "write_tensorboard", "6 render: tensorboard")
 timed(console, "summary", "6 render: console")
-timed(sp, "probe", "2 after_stop: speed probe: FP32/autocast pairs")
 timed(compare, "_observe_all", "2 after_stop: speed probe: A/B observed passes")
 timed(compare, "_time_all", "2 after_stop: speed probe: A/B timed rounds")
 timed(compare, "_module_costs", "2 after_stop: speed probe: A/B per-module passes")

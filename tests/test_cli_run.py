@@ -194,9 +194,9 @@ def test_every_setting_is_a_flag_with_its_documentation() -> None:
 def test_float_settings_are_flags_and_reach_the_session(tmp_path: Path, script: Path) -> None:
     out = tmp_path / "run"
     code = main(
-        ["run", "--out", str(out), *QUIET, "--speed-probe-budget-s", "0.25",
+        ["run", "--out", str(out), *QUIET, "--profile-long-step-s", "0.25",
          "--precision-ab-budget-s", "0", str(script), str(tmp_path / "rec.json"), "3", "-", "-"]
     )  # fmt: skip
     assert code == 0
     config = json.loads((out / "session.json").read_text())["config"]
-    assert config["speed_probe_budget_s"] == 0.25 and config["precision_ab_budget_s"] == 0.0
+    assert config["profile_long_step_s"] == 0.25 and config["precision_ab_budget_s"] == 0.0

@@ -8,8 +8,9 @@ EMA copy (``copy.deepcopy`` of the model, updated by ``lerp_`` under ``no_grad``
 
     python accelerate_ema_like.py [--steps 20] [--accum 2]
 
-Prints ``BLOCK_START``/``LOOP_START``/``STEP i``/``BLOCK_END <time.time()>`` and a digest of
-the EMA weights, so a caller can time the first and later steps and check bit-identity.
+Prints ``BLOCK_START``/``LOOP_START``/``STEP i``/``BLOCK_END <time.time()> <process CPU>``
+and a digest of the EMA weights, so a caller can time the first and later steps and check
+bit-identity.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def main() -> None:
         print(f"STEP {step} {time.time():.6f} loss {total:.6f}", flush=True)
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in ema.parameters()))
     print(f"DIGEST {digest.hexdigest()[:16]}")
-    print(f"BLOCK_END {time.time():.6f}", flush=True)
+    print(f"BLOCK_END {time.time():.6f} {time.process_time():.6f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ no saving, no reporting; a callback prints each optimizer step's time.
 
     python hf_trainer_like.py [--steps 20] [--accum 2]
 
-Prints ``BLOCK_START``/``LOOP_START``/``STEP i``/``BLOCK_END <time.time()>`` and a digest of
-the trained weights.
+Prints ``BLOCK_START``/``LOOP_START``/``STEP i``/``BLOCK_END <time.time()> <process CPU>``
+and a digest of the trained weights.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def main() -> None:
     print(f"train_runtime {result.metrics['train_runtime']:.3f} loss {result.training_loss:.6f}")
     digest = hashlib.sha256(b"".join(t.detach().numpy().tobytes() for t in model.parameters()))
     print(f"DIGEST {digest.hexdigest()[:16]}")
-    print(f"BLOCK_END {time.time():.6f}", flush=True)
+    print(f"BLOCK_END {time.time():.6f} {time.process_time():.6f}", flush=True)
 
 
 if __name__ == "__main__":

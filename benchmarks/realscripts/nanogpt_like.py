@@ -78,7 +78,7 @@ def main() -> None:
         scaler.update()
         opt.zero_grad(set_to_none=True)
     print(f"final loss {loss.item() * args.accum:.6f}")
-    print(f"BLOCK_END {time.time():.6f}", flush=True)
+    print(f"BLOCK_END {time.time():.6f} {time.process_time():.6f}", flush=True)
 
 
 if __name__ == "__main__":

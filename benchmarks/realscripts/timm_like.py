@@ -8,8 +8,8 @@ last batch is short), and an EMA copy updated after each optimizer step.
 
     python timm_like.py [--epochs 1] [--batches 31] [--accum 2]
 
-Prints ``BLOCK_START``/``LOOP_START``/``STEP i``/``BLOCK_END <time.time()>`` and a digest of
-the EMA weights.
+Prints ``BLOCK_START``/``LOOP_START``/``STEP i``/``BLOCK_END <time.time()> <process CPU>``
+and a digest of the EMA weights.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def main() -> None:
             updates += 1
     digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in ema.state_dict().values()))
     print(f"DIGEST {digest.hexdigest()[:16]}")
-    print(f"BLOCK_END {time.time():.6f}", flush=True)
+    print(f"BLOCK_END {time.time():.6f} {time.process_time():.6f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ import ampdiag
 from ampdiag.analysis import analyze
 from ampdiag.analysis.rules.autocast_speed import THRESHOLDS
 from ampdiag.session import Finding, Session
-from ampdiag.sources.live.collectors.speed_probe import MAX_PAIRS, probe
+from ampdiag.sources.live.collectors.speed_probe import probe_figures
+from ampdiag.sources.live.compare import compare
 from tests.scenarios.harness import one_thread
 
 QUIET = {"profile": False, "report": False, "tensorboard": False, "console": False}
@@ -68,7 +69,12 @@ def test_speed_probe_measures_both_precisions_on_a_real_run(tmp_path: Path, one_
     assert probe["autocast"] == "cpu:float16"
     assert probe["batch_size"] == 64
     assert probe["measured"] == "forward + backward"
-    assert len(probe["fp32_ms_all"]) == len(probe["autocast_ms_all"]) == probe["repeats"] >= 5
+    # one timing of each precision, stated once: the probe's samples are the A/B's rows'
+    rows = {r["precision"]: r for r in probe["precisions"]["results"]}
+    assert probe["fp32_ms_all"] == rows["fp32"]["times_ms"]
+    assert probe["autocast_ms_all"] == rows["fp16"]["times_ms"]
+    # at least two rounds each whatever the budget (a spread); five where the budget allows
+    assert len(probe["fp32_ms_all"]) == len(probe["autocast_ms_all"]) == probe["repeats"] >= 2
     assert probe["fp32_ms"] == pytest.approx(statistics.median(probe["fp32_ms_all"]), abs=1e-3)
     assert probe["autocast_ms"] == pytest.approx(
         statistics.median(probe["autocast_ms_all"]), abs=1e-3
@@ -230,17 +236,24 @@ class _LinearDtypes(torch.overrides.TorchFunctionMode):
         return out
 
 
+def _probe(model: nn.Module, x: torch.Tensor, dtype: torch.dtype, **kw: Any) -> dict[str, Any]:
+    """The probe's figures as a run gets them: the A/B of FP32 and the run's precision."""
+    own = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    found = compare(model, x, precisions=["fp32", own], keep=own, **kw).to_dict()
+    return probe_figures(found, own)
+
+
 def test_probe_autocast_passes_run_in_the_low_dtype(one_thread) -> None:
     # Truth outside the probe's own samples: a function mode counts what each linear returned.
-    # Four layers; per precision one warm-up pass, three timed passes (tolerance=inf stops at
-    # the requested pairs) and one per-module pass -- five forwards each.
+    # Four layers; per precision one observed pass, three timed passes (tolerance=inf stops at
+    # the requested rounds) and two per-module forwards (times, casts) -- six forwards each.
     model, x = matmul_model(), torch.randn(8, 256)
     with _LinearDtypes() as seen:
-        out = probe(model, (x,), {}, "cpu", torch.bfloat16, repeats=3, tolerance=math.inf)
+        out = _probe(model, x, torch.bfloat16, min_samples=3, tolerance=math.inf)
     assert out["repeats"] == 3
-    assert seen.dtypes.count(torch.bfloat16) == 4 * 5
-    assert seen.dtypes.count(torch.float32) == 4 * 5
-    assert len(seen.dtypes) == 40
+    assert seen.dtypes.count(torch.bfloat16) == 4 * 6
+    assert seen.dtypes.count(torch.float32) == 4 * 6
+    assert len(seen.dtypes) == 48
 
 
 def _own_ratio(
@@ -289,7 +302,7 @@ def test_probe_ratio_agrees_with_the_tests_own_clock(one_thread) -> None:
             break
     else:
         pytest.skip(f"the premise, a slow low-precision dtype on this CPU, fails: {measured}")
-    out = probe(model, (x,), {}, "cpu", dtype, repeats=5, budget_s=20.0)
+    out = _probe(model, x, dtype, min_samples=5, budget_s=20.0)
     own = [wall, cpu, *_own_ratio(model, x, dtype, pairs=5)]  # the load may change meanwhile
     if max(own) > 2 * min(own):
         pytest.skip(f"too busy a machine for a wall-clock ratio: own wall, CPU ratios {own}")
@@ -299,15 +312,15 @@ def test_probe_ratio_agrees_with_the_tests_own_clock(one_thread) -> None:
 def test_probe_repeats_until_tight_within_its_budgets() -> None:
     model, x = nn.Linear(8, 8), torch.randn(4, 8)
 
-    def pairs(**kw: Any) -> int:
-        out = probe(model, (x,), {}, "cpu", torch.bfloat16, **kw)
-        assert len(out["fp32_ms_all"]) == len(out["autocast_ms_all"]) == out["repeats"]
-        return int(out["repeats"])
+    def rounds(**kw: Any) -> int:
+        # FP32's rounds: a precision over 3x slower leaves the rounds early (`compare`)
+        out = _probe(model, x, torch.bfloat16, **kw)
+        assert out["repeats"] == min(len(out["fp32_ms_all"]), len(out["autocast_ms_all"])) >= 2
+        return len(out["fp32_ms_all"])
 
-    # any spread is tight enough: stop at the requested pairs
-    assert pairs(repeats=5, tolerance=math.inf) == 5
-    # nothing is tight enough: more pairs only while the extra time lasts, then the cap
-    assert pairs(repeats=3, tolerance=0.0, extra_s=0.0) == 3
-    assert pairs(repeats=3, tolerance=0.0, budget_s=60.0) == MAX_PAIRS
-    # the budget is spent: two pairs still, so that every figure has a spread
-    assert pairs(repeats=5, budget_s=0.0) == 2
+    # any spread is tight enough: stop at the requested rounds
+    assert rounds(min_samples=5, tolerance=math.inf, budget_s=60.0) == 5
+    # nothing is tight enough: more rounds only while the budget lasts
+    assert rounds(min_samples=3, tolerance=0.0, budget_s=0.3) > 3
+    # the budget is spent: two rounds still, so that every figure has a spread
+    assert rounds(min_samples=5, budget_s=0.0) == 2

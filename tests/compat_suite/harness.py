@@ -34,7 +34,6 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "profile_warmup": 0,
         "profile_active": 2,
         "activation_every": 0,
-        "speed_probe_budget_s": 0.2,
         "precision_ab_budget_s": 0.2,
         "fp8": True,  # the FP8 amax collector too (on by default only on an FP8 GPU)
     },

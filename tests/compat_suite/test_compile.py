@@ -99,7 +99,7 @@ def test_inductor_same_bits(tmp_path: Path) -> None:
 def test_speed_probe_and_ab_measure_the_original_module(tmp_path: Path) -> None:
     session = same_under_diagnose(
         lambda b: compiled_loop(b, "aot_eager", False, steps=6),
-        {"speed_probe_budget_s": 0.5, "precision_ab_budget_s": 2.0},
+        {"precision_ab_budget_s": 2.0},
         tmp_path,
     )
     probe = session["speed_probe"]

@@ -154,7 +154,7 @@ def _uncertain(autocast: str, est: timing.Estimate, interval: dict[str, Any]) ->
         evidence={"autocast": autocast, **interval, "uncertain": why},
         fix=(
             "# Time it on a quiet machine, with more pairs:\n"
-            "with ampdiag.diagnose(speed_probe_repeats=20, speed_probe_budget_s=30): ...\n"
+            "with ampdiag.diagnose(speed_probe_repeats=20, precision_ab_budget_s=30): ...\n"
             "# or measure every precision directly:\n"
             "ampdiag.compare(model, batch, loss_fn=loss_fn, budget_s=30)"
         ),

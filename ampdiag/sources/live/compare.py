@@ -6,7 +6,7 @@ user's model on the user's batch:
 
 - **time**: interleaved rounds (every precision once per round, the order rotated), repeated
   until each precision's median is known to within ``tolerance`` (its median absolute
-  deviation over the median, `ampdiag.timing`, as the speed probe's) or the time budget is
+  deviation over the median, `ampdiag.timing`) or the time budget is
   spent; the median and that spread are reported, and a speed-up is called only when the
   interval of the ratio (`timing.quotient`) is wholly beyond 1. From
   the second round on, a clear loser (every sample over 3x the fastest's slowest) leaves
@@ -72,8 +72,6 @@ MIN_ROUNDS = 2
 #: The per-module forwards of a precision (`_module_costs`: two forwards, one of them in a
 #: dispatch mode), in passes of forward + backward.
 MODULE_PASSES = 0.7
-#: The least the A/B spends on one precision, in passes: observed, timed, per-module.
-PASSES_PER_PRECISION = OBSERVED_PASSES + MIN_ROUNDS + MODULE_PASSES
 
 
 @dataclass
@@ -84,6 +82,8 @@ class PrecisionResult:
     time_ms: float | None = None
     time_spread_ms: float | None = None
     samples: int = 0
+    #: The timed rounds' times (ms), in the order they ran.
+    times_ms: list[float] = field(default_factory=list)
     saved_bytes: int | None = None
     peak_bytes: int | None = None
     loss: float | None = None
@@ -479,8 +479,8 @@ def compare(
         droppable: Precisions left untimed when their observed pass predicts that timing them
             would overrun ``budget_s`` (`affordable`); their row keeps its numerics and says
             why in ``not_timed``. FP32 is always timed. The speed probe passes every precision
-            but FP32 and the run's own: one the probe did not time may be far slower than
-            its estimate assumed (FP16 on a CPU without native FP16).
+            but FP32 and the run's own (its figures): another may be far slower than those
+            (FP16 on a CPU without native FP16).
         fp8_recipe: With ``"fp8"`` among ``precisions``: the scaling recipe of the FP8
             readiness (``tensorwise``, ``rowwise``, ``delayed``; see `sources.live.fp8`). It
             runs after the observed passes, inside the same budget, and is skipped with the
@@ -685,12 +685,12 @@ def affordable(
 
     Timing a precision costs ``rounds`` timed passes and its per-module forwards
     (`MODULE_PASSES`), each pass predicted from its observed run (`OBSERVED_PASSES` passes).
-    The speed probe ran the A/B because its least cost fit the budget, assuming that no
-    precision is slower than the slowest of those that must be timed: a droppable one whose
-    observed run is no slower than theirs is timed, as that estimate counted it. One that is
-    slower (FP16 without native FP16) is kept, cheapest first, only while what was spent and all
-    that is kept fit the budget; the A/B then overruns its budget by its observed run at most,
-    never by its timed rounds. (A precision's first run in a process can be slower than the
+    Those that must be timed (FP32 and the run's own, the speed probe's figures) are timed
+    whatever the budget, and a droppable one whose observed run is no slower than the slowest
+    of theirs costs no more than they do: it is timed too. One that is slower (FP16 without
+    native FP16) is kept, cheapest first, only while what was spent and all that is kept fit the
+    budget; the A/B then overruns its budget by its observed run at most, never by its timed
+    rounds. (A precision's first run in a process can be slower than the
     next, its kernels starting up: that errs towards not timing it.)
     """
 
@@ -768,6 +768,7 @@ def _time_all(
     for name, est in estimates.items():
         row = rows[name]
         row.samples = est.samples
+        row.times_ms = [round(x * 1000, 4) for x in samples[name]]
         row.time_ms = est.median
         row.time_spread_ms = est.spread if est.samples >= timing.MIN_SAMPLES else None
         row.peak_bytes = peaks.get(name)
