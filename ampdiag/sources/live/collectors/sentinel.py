@@ -20,7 +20,9 @@ cheaply enough to leave on:
   which calls); in the backward it reduces the gradient with respect to that tensor to one
   sum, in backward order. A root module's output gradient is the one arriving from the loss;
 * gradients: at the step's end, one value over all parameter gradients (`_finite.max_abs_token`):
-  non-finite, or zero (all gradients zero).
+  non-finite, or zero (all gradients zero); the CPU check without module hooks reads one sum
+  per gradient with its other values instead, and the largest |g| only where the sums cannot
+  decide (`_grads_state`).
 
 The values stay on the device; at the step's end they are stacked and copied to the host in
 one transfer (`_host.Deferred`, read at a later step on CUDA). The first non-finite entry in
