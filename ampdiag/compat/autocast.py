@@ -94,13 +94,15 @@ def op_has_autocast_kernel(op: Any, device_type: str) -> bool | None:
     return has_autocast_kernel(full, device_type)
 
 
+_GRAPH_TASK_ID = getattr(torch._C, "_current_graph_task_id", None)
+
+
 def in_backward() -> bool:
     """Whether the autograd engine is running a backward pass on this thread."""
-    current = getattr(torch._C, "_current_graph_task_id", None)
-    if current is None:
+    if _GRAPH_TASK_ID is None:
         return False
     try:
-        return int(current()) >= 0
+        return int(_GRAPH_TASK_ID()) >= 0
     except Exception:
         return False
 

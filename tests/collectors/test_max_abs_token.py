@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from ampdiag.sources.live.collectors._finite import max_abs_token
+from ampdiag.sources.live.collectors.sentinel import _grads_state
 
 
 def _cases() -> dict[str, list[torch.Tensor]]:
@@ -35,6 +36,9 @@ def _cases() -> dict[str, list[torch.Tensor]]:
         "fp16-inf": [torch.tensor([1.0, math.inf], dtype=torch.float16)],
         "bf16": [torch.randn(128, generator=g).bfloat16() * 1e30],
         "float64": [torch.tensor([1e200, -1e200], dtype=torch.float64)],
+        "cancelling": [torch.tensor([1.0, -1.0]), torch.zeros(3)],
+        "inf-minus-inf": [torch.tensor([math.inf]), torch.tensor([-math.inf])],
+        "sum-overflows": [torch.full((4,), 3e38)],
     }
 
 
@@ -48,3 +52,13 @@ def test_finite_and_zero_exactly_as_the_values_are(name: str) -> None:
     value = float(token)
     assert math.isfinite(value) is finite
     assert (value == 0) is zero
+
+
+@pytest.mark.parametrize("name", list(_cases()))
+def test_the_sentinels_sums_decide_as_the_values_are(name: str) -> None:
+    """The CPU check's reading of one sum per gradient (its fallback included)."""
+    tensors = _cases()[name]
+    finite = all(bool(torch.isfinite(t).all()) for t in tensors)
+    zero = all(bool((t == 0).all()) for t in tensors)
+    sums = [float(t.sum().float()) for t in tensors]
+    assert _grads_state(tensors, sums) == (not finite, zero)

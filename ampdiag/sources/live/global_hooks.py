@@ -56,12 +56,16 @@ _blocks = 0
 _COMPILED: list[bool] = [False]
 
 
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+
+
 def training_forward() -> bool:
     """Whether a module forward now is one the callbacks observe (see the module doc)."""
-    if torch.compiler.is_compiling():
+    if _is_compiling():
         _COMPILED[0] = True
         return False
-    return torch.is_grad_enabled() and not in_backward()
+    return _grad_enabled() and not in_backward()
 
 
 def _compiling() -> bool:
@@ -70,7 +74,7 @@ def _compiling() -> bool:
     Asked before anything else is read: what a hook reads while dynamo traces it becomes a
     guard of the compiled graph (a table of callbacks that changes: a recompilation).
     """
-    if torch.compiler.is_compiling():
+    if _is_compiling():
         _COMPILED[0] = True
         return True
     return False

@@ -59,7 +59,7 @@ class _Slot:
         layers = self.layers
         end = len(layers)
         if layer is not None:
-            end = next((i for i, item in enumerate(layers) if item is layer), 0)
+            end = layers.index(layer) if layer in layers else 0  # by identity (no __eq__)
         me = threading.get_ident()
         for i in range(end - 1, -1, -1):
             below = layers[i]

@@ -93,7 +93,9 @@ class StepLog:
         with losses summed instead it is N times that, which is what the optimizer follows
         (`accumulation-loss-not-averaged` says so).
         """
-        value = loss.reshape(()).float()
+        value = loss if loss.dim() == 0 else loss.reshape(())
+        if value.dtype != torch.float32:  # no call into torch for the usual FP32 loss
+            value = value.float()
         if from_scaler:
             self._scaled = value if self._scaled is None else self._scaled + value
         else:

@@ -5,13 +5,13 @@ gradient that overflows) or not (a learning rate too high diverges in FP32 too; 
 batch is a 0/0 in every precision). Only a measurement tells them apart: the same step, from
 the same weights and batch, computed in FP32 -- and in BF16 where the run was FP16.
 
-`ReplayKeeper` (driven by the sentinel) keeps, cheaply, only what such a replay needs and only
-until the step ends: references to the model's forward inputs (the user's batch tensors, which
-the step holds anyway) and to the gradient arriving at the model's output, with the loss scale
-it carries. Each step it reduces the model's output, the loss, that gradient and the parameter
-gradients' max |g|
-to a few scalars and reads them once (one host read per step: before the optimizer step, when
-one runs, else at the step's end; a GradScaler reads its own found-inf there already). On a
+`ReplayKeeper` (driven by the sentinel) is given, cheaply, only what such a replay needs and only
+until the step ends: the sentinel's root hooks keep references to the model's forward inputs
+(the user's batch tensors, which the step holds anyway) and to the gradient arriving at the
+model's output, with the loss scale it carries (`RootCall`), and reduce the model's output and
+that gradient to one value each; the sentinel's check of the step reads them with the losses
+and the parameter gradients once (one host read per step: before the optimizer step, when one
+runs, else at the step's end; a GradScaler reads its own found-inf there already). On a
 GPU without an enabled GradScaler that read would make the host wait for the device on every
 step, so there the keeper keeps and reads nothing and says why (the divergence's cause then
 rests on the loss trend, or is unknown). At the
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +46,6 @@ from ampdiag.compat.modules import (
     state_attributes,
     uncompiled,
 )
-from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors._finite import max_abs_token
 from ampdiag.sources.live.collectors.base import RunContext, internal_work, tensors_in
 from ampdiag.sources.live.collectors.fp32_replay import (
@@ -67,45 +65,49 @@ NOT_CHECKED_ON_GPU = (
     "host wait for the device on every step"
 )
 
-Token = Callable[[torch.Tensor], torch.Tensor]
 
+@dataclass(eq=False, slots=True)  # compared by identity (its fields hold tensors)
+class RootCall:
+    """One forward of the root model in the step (a micro-batch), kept until the step's check.
 
-@dataclass(eq=False)  # compared by identity (its fields hold tensors)
-class _Call:
-    """One forward of the root model in the step (a micro-batch)."""
+    Recorded by the sentinel's two root hooks (`sentinel.Sentinel`), read by its check and by
+    the replay here: references to the forward's inputs, the model's own state, the autocast
+    and RNG states it began with (what a replay enters again), and one 0-dim token each for
+    its output, its losses and the gradient at its output (each finite exactly when what it
+    stands for is: `sentinel.finite_token`), with a reference to that gradient and the loss
+    scale it carries.
+    """
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
-    state: State = field(default_factory=list)  # the model's own state as the forward began
+    state: State
+    autocast: list[tuple[str, torch.dtype]]
+    rng: torch.Tensor | None
+    out: list[torch.Tensor] = field(default_factory=list)
+    losses: list[torch.Tensor] = field(default_factory=list)
+    grads: list[torch.Tensor] = field(default_factory=list)
     grad: torch.Tensor | None = None
     scale: torch.Tensor | None = None
-    # `Token`s of its output and 0-dim losses: each finite exactly when what it stands for is
-    losses: list[torch.Tensor] = field(default_factory=list)
-    grads: list[torch.Tensor] = field(default_factory=list)  # `Token`s of its output gradient
 
 
 class ReplayKeeper:
-    """Holds a step's replay inputs until it ends; replays the first non-finite step."""
+    """Reads a step's root forwards (`RootCall`) at its check; replays the first non-finite step."""
 
-    def __init__(self, token: Token) -> None:
-        self._token = token
+    def __init__(self) -> None:
         self._names: dict[int, str] = {}
         self._root: torch.nn.Module | None = None
-        self._handles: list[Any] = []
         self._params: list[torch.nn.Parameter] = []
-        self._calls: list[_Call] = []
+        self._calls: list[RootCall] = []
         self._checked = False
         self._skips_in_row = 0
         # "forward" (the loss or the forward non-finite), "backward" (only the backward)
         self._records: dict[str, dict[str, Any]] = {}
-        self._run: RunContext | None = None
         self._not_checked: str | None = None  # why this run is not watched (a GPU, no scaler)
         self._weights_start: dict[str, Any] | None = None  # `_weights` at the first check
         # attributes holding tensors (a recurrent state kept between steps): found at the
         # model and again after the first step (one created by the first forward)
         self._state_at: list[tuple[torch.nn.Module, str]] | None = None
         self._state_seen = False
-        self._state_then: State = []  # `keep_state` as the root's forward began
 
     @property
     def done(self) -> bool:
@@ -116,10 +118,15 @@ class ReplayKeeper:
         """
         return "forward" in self._records
 
+    @property
+    def watching(self) -> bool:
+        """Whether the step's root forwards are still wanted here (a replay may yet run)."""
+        return self._root is not None and not self.done and self._not_checked is None
+
     # --- lifecycle --------------------------------------------------------------------------
 
-    def on_model(self, run: RunContext, model: torch.nn.Module) -> None:
-        """Watches the first model's forwards (its inputs and output gradient)."""
+    def on_model(self, model: torch.nn.Module) -> None:
+        """Watches the first model (its root forwards come from the sentinel's hooks)."""
         if self._root is not None or self.done:
             return
         self._root = model
@@ -130,82 +137,36 @@ class ReplayKeeper:
             self._names.setdefault(id(m), name or f"({type(m).__name__})")
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._state_at = state_attributes(model)
-        self._handles = [
-            global_hooks.on_module(model, global_hooks.MODULE_PRE, self._began),
-            global_hooks.on_module(model, global_hooks.MODULE_INPUTS, self._inputs),
-            global_hooks.on_module(model, global_hooks.MODULE_POST, self._output),
-        ]
-        self._run = run
 
     def stop(self) -> None:
-        """Removes the hooks and drops every reference."""
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        """Drops every reference."""
         self._calls = []
 
-    def _inputs(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
-        if self.done or self._run is None or not self._run.on_block_thread():
-            return
-        if self._not_checked is not None:
-            return
-        state, self._state_then = self._state_then, []
-        self._calls.append(_Call(tuple(args), dict(kwargs or {}), state))
-
-    def _began(self, module: torch.nn.Module, args: Any) -> None:
-        # MODULE_INPUTS runs after the forward: the state the forward began with is kept here
-        if self._state_at and not self.done and self._not_checked is None:
-            self._state_then = keep_state(self._state_at)
-
-    def _output(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        # global_hooks calls a module's MODULE_INPUTS callbacks before its MODULE_POST ones:
-        # this forward's `_Call` is the last one.
-        if self.done or not self._calls:
-            return
-        t = next(tensors_in(output), None)
-        if t is None or not t.is_floating_point():
-            return
-        call = self._calls[-1]
-        try:
-            with internal_work():
-                call.losses.append(self._token(t.detach()))  # an output the loss may not see
-        except Exception:  # observing must never break the user's forward
-            return
-        if t.requires_grad:
-            t.register_hook(lambda g: self._grad(call, g))  # type: ignore[no-untyped-call]
-
-    def _grad(self, call: _Call, grad: torch.Tensor) -> None:
-        try:
-            with internal_work():
-                # the largest output gradient kept (fp32_replay's bound): bounded memory
-                if call.grad is None and grad.numel() <= MAX_OUTPUT_VALUES:
-                    call.grad = grad.detach()  # a reference: no copy (nothing writes into it)
-                    live = compat_scaler.scale_tensor(self._run.scaler if self._run else None)
-                    call.scale = live.detach().clone() if live is not None else None
-                call.grads.append(self._token(grad.detach()))
-        except Exception:  # observing must never break the user's backward
-            return
-
-    def on_loss(self, loss: torch.Tensor) -> None:
-        """Counts the loss into the step's check (its latest forward's)."""
-        if self.done or not self._calls or not loss.is_floating_point():
-            return
-        self._calls[-1].losses.append(loss.detach().reshape(()).float())
+    def state_now(self) -> State:
+        """The model's own state as a root forward begins (references, no copy)."""
+        return keep_state(self._state_at) if self._state_at and self.watching else []
 
     # --- the check --------------------------------------------------------------------------
 
-    def before_optimizer_step(self, run: RunContext, finite: bool = False) -> None:
+    def before_optimizer_step(
+        self, run: RunContext, calls: list[RootCall], finite: bool = False
+    ) -> None:
         """Checks the step before its weights change; replays it when non-finite.
 
-        ``finite``: the sentinel's own check of this step found it finite (not read again).
+        ``calls``: the step's root forwards; ``finite``: the sentinel's own check of this step
+        found it finite (not read again).
         """
-        if not self._checked and not self.done and self._calls:
+        self._calls = calls
+        if not self._checked and self.watching and self._calls:
             self._checked = True
             self._check(run, run.step, "before the optimizer step", finite)
 
-    def on_step_end(self, run: RunContext, step: int, finite: bool = False) -> None:
+    def on_step_end(
+        self, run: RunContext, step: int, calls: list[RootCall], finite: bool = False
+    ) -> None:
         """Checks a step that ran no optimizer step (a GradScaler skip); drops the inputs."""
-        if not self._checked and not self.done and self._calls:
+        self._calls = calls
+        if not self._checked and self.watching and self._calls:
             self._check(run, step, "at the step's end (no optimizer step ran)", finite)
         self._calls = []
         self._checked = False
@@ -215,8 +176,6 @@ class ReplayKeeper:
         record = self._records.get("forward")
         if record is not None and record.get("step") == step and "error" not in record:
             record["parameters_finite_after"] = self._parameters_finite()
-        if self.done and self._handles:
-            self.stop()
 
     def _parameters_finite(self) -> bool | None:
         """Whether every weight is finite after the replayed step's update (one read, once)."""
@@ -282,9 +241,9 @@ class ReplayKeeper:
             self._replay(run, step, call, when, "backward")
         # else: the scaler searching its scale
 
-    def _nonfinite(self) -> tuple[_Call, bool] | None:
+    def _nonfinite(self) -> tuple[RootCall, bool] | None:
         """The micro-batch to replay and whether only the backward was non-finite, or None."""
-        per_call = [[*c.losses, *c.grads] for c in self._calls]
+        per_call = [[*c.out, *c.losses, *c.grads] for c in self._calls]
         tokens = [t for ts in per_call for t in ts]
         grads = [local_tensor(p.grad) for p in self._params if p.grad is not None]
         if grads:
@@ -296,19 +255,19 @@ class ReplayKeeper:
         if all(math.isfinite(v) for v in values):
             return None
         losses_finite = True
-        chosen: _Call | None = None
+        chosen: RootCall | None = None
         i = 0
         for call, ts in zip(self._calls, per_call, strict=True):
             mine = values[i : i + len(ts)]
             i += len(ts)
-            losses_finite &= all(math.isfinite(v) for v in mine[: len(call.losses)])
+            losses_finite &= all(math.isfinite(v) for v in mine[: len(call.out) + len(call.losses)])
             if chosen is None and not all(math.isfinite(v) for v in mine):
                 chosen = call
         return chosen or self._calls[0], losses_finite
 
     # --- the replay -------------------------------------------------------------------------
 
-    def _replay(self, run: RunContext, step: int, call: _Call, when: str, trigger: str) -> None:
+    def _replay(self, run: RunContext, step: int, call: RootCall, when: str, trigger: str) -> None:
         precision = run_precision(run)
         record: dict[str, Any] = {
             "step": step,

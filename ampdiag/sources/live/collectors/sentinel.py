@@ -20,7 +20,9 @@ cheaply enough to leave on:
   which calls); in the backward it reduces the gradient with respect to that tensor to one
   sum, in backward order. A root module's output gradient is the one arriving from the loss;
 * gradients: at the step's end, one value over all parameter gradients (`_finite.max_abs_token`):
-  non-finite, or zero (all gradients zero).
+  non-finite, or zero (all gradients zero); the CPU check without module hooks reads one sum
+  per gradient with its other values instead, and the largest |g| only where the sums cannot
+  decide (`_grads_state`).
 
 The values stay on the device; at the step's end they are stacked and copied to the host in
 one transfer (`_host.Deferred`, read at a later step on CUDA). The first non-finite entry in
@@ -41,23 +43,27 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain
 from typing import Any, cast
 
 import torch
 
+from ampdiag.compat import scaler as compat_scaler
 from ampdiag.compat.autograd import version
 from ampdiag.compat.dtensor import local_tensor
-from ampdiag.compat.modules import uncompiled
+from ampdiag.compat.modules import State, uncompiled
 from ampdiag.schema import Origin, SentinelSection
 from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors import COLLECTORS, origin
 from ampdiag.sources.live.collectors._finite import max_abs_token
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
 from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
-from ampdiag.sources.live.collectors.divergence_replay import ReplayKeeper, _gathers_across_ranks
+from ampdiag.sources.live.collectors.divergence_replay import (
+    ReplayKeeper,
+    RootCall,
+    _gathers_across_ranks,
+)
 from ampdiag.sources.live.collectors.fp32_replay import MAX_OUTPUT_VALUES, replaying
 
 #: The pseudo-module named when the loss (forward) or its backward holds the first inf/NaN.
@@ -99,6 +105,23 @@ def _stacked(parts: list[torch.Tensor]) -> torch.Tensor:
     if any(p.device != device for p in parts):
         parts = [p.to(device) for p in parts]
     return torch.stack(parts)
+
+
+def _grads_state(grads: list[torch.Tensor], sums: list[float]) -> tuple[bool, bool]:
+    """(any gradient non-finite, every gradient zero) from one sum per gradient.
+
+    A sum is non-finite when a value is (inf/NaN propagate) and not zero when a value is not,
+    so finite sums, one of them not zero, decide alone; otherwise (an inf/NaN, finite values
+    whose sum overflows, all zero or cancelling) the largest |g| decides
+    (`_finite.max_abs_token`). A sum is the cheapest pass over the gradients on a CPU.
+    """
+    if not grads:
+        return False, False
+    if all(math.isfinite(v) for v in sums) and any(v != 0 for v in sums):
+        return False, False
+    with internal_work():
+        largest = float(max_abs_token(grads))
+    return not math.isfinite(largest), largest == 0
 
 
 def _when_training(hook: Callable[..., None], idx: int, *args: Any) -> None:
@@ -144,24 +167,6 @@ class _Seen:
     def holds(self, t: torch.Tensor, v: int) -> bool:
         """Whether this entry is ``t`` as it is now (same object, unchanged in place)."""
         return self.ref() is t and self.version == v
-
-
-@dataclass(eq=False, slots=True)  # compared by identity (its fields hold tensors)
-class _RootCall:
-    """One forward of the root model in a step, kept until the step's check.
-
-    What a replay of it needs (references to its inputs and to the gradient at its output,
-    the autocast state and the RNG state it started with) and its tokens (output, output
-    gradient).
-    """
-
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    autocast: list[tuple[str, torch.dtype]]
-    rng: torch.Tensor | None
-    out: list[torch.Tensor] = field(default_factory=list)
-    grads: list[torch.Tensor] = field(default_factory=list)
-    grad: torch.Tensor | None = None
 
 
 def _autocast_now() -> list[tuple[str, torch.dtype]]:
@@ -226,14 +231,18 @@ class Sentinel(Collector):
         self._loss_head: list[tuple[int, float]] = []
         self._loss_tail: deque[tuple[int, float]] = deque(maxlen=LOSS_TAIL)
         self._errors: list[str] = []
-        self._replay = ReplayKeeper(finite_token)  # the first non-finite step, replayed
+        self._replay = ReplayKeeper()  # the first non-finite step, replayed
         # Every-step module hooks (``exact``: a model on a GPU, where the step's check is
         # read at a later step) or the root model's forwards alone, the origin localized by
         # replaying the first non-finite step with the module hooks (`_localize`).
         self._exact: bool | None = None
         self._root: torch.nn.Module | None = None
-        self._root_calls: list[_RootCall] = []
+        self._run: RunContext | None = None
+        # The first model's forwards this step (both modes: what the replay keeper reads),
+        # and what its root pre-hook saw (the RNG state only where the replay localizes).
+        self._root_calls: list[RootCall] = []
         self._pre_rng: torch.Tensor | None = None
+        self._pre_state: State = []
         self._checked = False
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -246,14 +255,14 @@ class Sentinel(Collector):
             self._exact = any(p.is_cuda for p in model.parameters()) or bool(
                 _gathers_across_ranks(model)
             )
-            if not self._exact:
-                self._root = model
-                self._handles.append(
-                    global_hooks.on_module(model, global_hooks.MODULE_PRE, self._root_pre)
-                )
-                self._handles.append(
-                    global_hooks.on_module(model, global_hooks.MODULE_POST_KWARGS, self._root_post)
-                )
+            self._root, self._run = model, run
+            self._handles.append(
+                global_hooks.on_module(model, global_hooks.MODULE_PRE, self._root_pre)
+            )
+            self._handles.append(
+                global_hooks.on_module(model, global_hooks.MODULE_POST_KWARGS, self._root_post)
+            )
+            self._replay.on_model(model)
         # a compiled model's submodules by the names the user knows (no "_orig_mod.")
         inner = uncompiled(model)[0]
         for name, module in chain(inner.named_modules(), model.named_modules()):
@@ -275,7 +284,6 @@ class Sentinel(Collector):
             if p.requires_grad and id(p) not in known:
                 self._params.append((prefix + name, p))
                 known.add(id(p))
-        self._replay.on_model(run, model)
 
     def stop(self, run: RunContext) -> None:
         """Removes every hook; reads what is still on its way to the host."""
@@ -285,18 +293,37 @@ class Sentinel(Collector):
         self._replay.stop()
         self._resolve(wait=True)
 
-    # --- the root model's forwards (every step, without module hooks) -----------------------
+    # --- the root model's forwards (one record each, what the check and the replay read) -----
+
+    def _recording(self) -> bool:
+        """Whether the root's forwards are recorded now.
+
+        In the block's thread only; in the exact mode only while the replay keeper may yet
+        replay (it alone reads them there).
+        """
+        run = self._run
+        return (
+            run is not None and run.on_block_thread() and (not self._exact or self._replay.watching)
+        )
 
     def _root_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if not self._recording():
+            return
         try:
-            self._pre_rng = torch.get_rng_state()  # what its dropout draws from, replayed
+            self._pre_state = self._replay.state_now()
+            if not self._exact:
+                self._pre_rng = torch.get_rng_state()  # what its dropout draws from, replayed
         except Exception as exc:  # observing must never break the user's step
             self._error(exc)
 
     def _root_post(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        if not self._recording():
+            return
         try:
-            call = _RootCall(tuple(args), dict(kwargs or {}), _autocast_now(), self._pre_rng)
-            self._pre_rng = None
+            call = RootCall(
+                tuple(args), dict(kwargs or {}), self._pre_state, _autocast_now(), self._pre_rng
+            )
+            self._pre_rng, self._pre_state = None, []
             self._root_calls.append(call)
             t = _first_tensor(output, 4)
             if t is None or not t.is_floating_point():
@@ -308,13 +335,17 @@ class Sentinel(Collector):
         except Exception as exc:  # observing must never break the user's step
             self._error(exc)
 
-    def _root_grad(self, call: _RootCall, grad: torch.Tensor) -> None:
+    def _root_grad(self, call: RootCall, grad: torch.Tensor) -> None:
         if grad is None:
             return
         try:
             with internal_work():
+                # the largest output gradient kept (fp32_replay's bound): bounded memory
                 if call.grad is None and grad.numel() <= MAX_OUTPUT_VALUES:
                     call.grad = grad.detach()  # a reference: nothing writes into it
+                    run = self._run
+                    live = compat_scaler.scale_tensor(run.scaler if run else None)
+                    call.scale = live.detach().clone() if live is not None else None
                 call.grads.append(finite_token(grad.detach()))
         except Exception as exc:  # observing must never break the user's backward
             self._error(exc)
@@ -495,9 +526,11 @@ class Sentinel(Collector):
         self._seen = {}  # the forward is over: what it saw is not looked up again
         if loss.is_floating_point():
             t = loss.detach()
-            self._loss.append(_as_float32(t if t.dim() == 0 else t.reshape(())))
+            token = _as_float32(t if t.dim() == 0 else t.reshape(()))
+            self._loss.append(token)
             self._loss_scaled.append(from_scaler)
-        self._replay.on_loss(loss)
+            if self._root_calls:  # the latest forward's loss, in the replay keeper's check
+                self._root_calls[-1].losses.append(token)
 
     def before_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
         """Replays the step in FP32 when it is the first non-finite one (weights unchanged)."""
@@ -505,7 +538,7 @@ class Sentinel(Collector):
         if not self._exact and not self._checked:
             self._checked = True
             finite = self._check(run, run.step)
-        self._replay.before_optimizer_step(run, finite)
+        self._replay.before_optimizer_step(run, self._root_calls, finite)
 
     # --- steps ------------------------------------------------------------------------------
 
@@ -513,12 +546,13 @@ class Sentinel(Collector):
         """Stacks the step's values with the gradients' max |g| and sends them to the host."""
         if not self._exact:
             finite = not self._checked and self._check(run, step)
-            self._replay.on_step_end(run, step, finite)
+            self._replay.on_step_end(run, step, self._root_calls, finite)
             self._steps += 1
             self._checked = False
             self._root_calls, self._loss, self._loss_scaled = [], [], []
             return
-        self._replay.on_step_end(run, step)
+        self._replay.on_step_end(run, step, self._root_calls)
+        self._root_calls = []
         if self._early:
             self._in_start_order()
         with internal_work():
@@ -631,9 +665,8 @@ class Sentinel(Collector):
             grads = [local_tensor(p.grad) for _, p in self._params if p.grad is not None]
             outs = [t for c in calls for t in c.out]
             ogs = [t for c in calls for t in c.grads]
-            parts = [*outs, *losses, *ogs]
-            if grads:
-                parts.append(max_abs_token(grads))
+            # one sum per gradient, read with the rest (`_grads_state` decides from them)
+            parts = [*outs, *losses, *ogs, *(_as_float32(g.sum()) for g in grads)]
             if not parts:
                 return False
             values: list[float] = _stacked(parts).tolist()
@@ -642,9 +675,8 @@ class Sentinel(Collector):
             self._keep_loss(step, values[a:b], scaled)
         bad_out = not all(math.isfinite(v) for v in values[:a])
         bad_loss = not all(math.isfinite(v) for v in values[a:b])
-        bad_grads = bool(grads) and not math.isfinite(values[-1])
+        bad_grads, zero = _grads_state(grads, values[c:])
         bad_bwd = not all(math.isfinite(v) for v in values[b:c]) or bad_grads
-        zero = bool(grads) and values[-1] == 0
 
         def fwd_origin() -> dict[str, Any] | None:
             return self._localize(run, backward=False) if bad_out else None
@@ -698,7 +730,7 @@ class Sentinel(Collector):
         self._calls, self._stack, self._seen, self._early = [], [], {}, {}
 
     def _replay_call(
-        self, model: torch.nn.Module, call: _RootCall, backward: bool
+        self, model: torch.nn.Module, call: RootCall, backward: bool
     ) -> dict[str, Any] | None:
         grad = call.grad if backward else None
         if backward and grad is None:
