@@ -121,8 +121,10 @@ def finding_html(
     out.append(Markup('</p>\n  <p class="ftitle">{}</p>\n').format(title))
     if folded:
         out.append(_FOLDED)
+    # An info finding is said by its title; its numbers stay one click away, as in a copy.
+    fold_evidence = not anchor or (f.severity == "info" and not folded)
     if ev:
-        if not anchor:
+        if fold_evidence:
             out.append(Markup('<details class="evidence"><summary>evidence</summary>'))
         out.append(Markup('  <table class="evidence"><tbody>\n'))
         out.append(evidence_rows((k, v) for k, v in ev.items() if k not in ("merged", "explains")))
@@ -132,7 +134,7 @@ def finding_html(
                 '<details class="raw"><summary>raw values</summary><pre>{}</pre></details>'
             )
             out.append(raw.format(raw_json(ev)))
-        else:
+        if fold_evidence:
             out.append(Markup("</details>"))
     if ev.get("explains"):
         n = len(ev["explains"])

@@ -149,10 +149,14 @@ def _by_category(mem: Any) -> Markup:
         if mem.get("timeline")
         else ""
     )
+    top, held = max(pk["by_category"].items(), key=lambda kv: kv[1])
+    share = Markup(" ({})").format(humanize.percent(held / pk["bytes"])) if pk.get("bytes") else ""
+    # Folded: the chart beside it draws the same numbers; the summary says the one that matters.
     return Markup(
-        '<h3>At the peak</h3>\n<table>\n<thead><tr><th>category</th><th class="num">bytes</th>'
-        '<th class="num">share</th></tr></thead>\n<tbody>\n{}</tbody></table>\n{}'
-    ).format(rows, source)
+        "<details><summary><strong>At the peak</strong>: {} held the most, {}{}</summary>\n"
+        '<table>\n<thead><tr><th>category</th><th class="num">bytes</th>'
+        '<th class="num">share</th></tr></thead>\n<tbody>\n{}</tbody></table>\n</details>\n{}'
+    ).format(top, humanize.nbytes(held), share, rows, source)
 
 
 def _model_state(ms: Any) -> Markup:

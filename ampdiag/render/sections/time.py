@@ -235,9 +235,7 @@ def _speed(speed: Any, probe: Any, autocast: Any, uris: dict[str, Markup]) -> Ma
                 '<p>Measured by the precision A/B (<a href="#precision-ab">Which precision</a>): '
                 "the model's forward + backward on a copy of the run's model with its own batch, "
                 "in interleaved rounds until each median was tight: medians ± their median "
-                "absolute deviation. (The quicker speed probe that ran first is in "
-                "<code>session.json</code>; "
-                "this is the figure every part of the report states.)</p>\n"
+                "absolute deviation. This is the figure every part of the report states.</p>\n"
             )
         ]
     else:
