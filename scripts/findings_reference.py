@@ -76,7 +76,7 @@ NOTES: dict[str, tuple[str, str]] = {
         "overlap communication: DDP bucket size, FSDP prefetch, fewer collectives",
     ),
     "fp32-ops-in-autocast": (
-        "medium; high when FP32 FLOPs ≥ 30%; info when only the op time crosses",
+        "medium; high when FP32 FLOPs ≥ 30% (the op time share is stated, never a finding alone)",
         "run the named ops under autocast (no user casts to float32 inside the region)",
     ),
     "low-precision-inactive": (

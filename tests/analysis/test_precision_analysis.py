@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -112,15 +113,11 @@ def test_fp32_rule_thresholds() -> None:
         row(flops=1000, time_us=60.0),
         row(precision="fp32", reason="promotion", op="add", time_us=40.0),
     ]
-    assert "fp32-ops-in-autocast" in ids(sec(rows))  # 40% of the time
-    # ... but one step's op times are a single sample: on their own, an uncertain remark
-    from ampdiag.analysis.registry import run_rules
-
-    (time_only,) = [
-        f for f in run_rules(Session(sections={"precision": sec(rows)}))
-        if f.id == "fp32-ops-in-autocast"
-    ]  # fmt: skip
-    assert time_only.severity == "info" and "one step" in time_only.evidence["uncertain"]
+    # 40% of the op time in FP32 on 0 FP32 FLOPs: one step's op times are a single sample
+    # that a stalled op moves, so no finding that could come and go between identical runs;
+    # the share is still stated with the section's figures.
+    assert "fp32-ops-in-autocast" not in ids(sec(rows))
+    assert precision.summarize(sec(rows))["fp32_time_share"] == pytest.approx(0.4)
 
 
 def test_device_differences_cpu_only() -> None:

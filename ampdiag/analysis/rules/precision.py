@@ -23,8 +23,6 @@ class Thresholds:
     # Share of the audited step's low-precision + FP32 FLOPs that ran in FP32.
     fp32_flops_share_medium: float = 0.10
     fp32_flops_share_high: float = 0.30
-    # Share of the audited step's low-precision + FP32 op time that ran in FP32.
-    fp32_time_share_medium: float = 0.30
     # Matmul/conv FLOPs (ops with a FLOP formula): below this share run with autocast active,
     # or at least this share run in FP32 -> low precision is not in effect.
     matmul_autocast_share_min: float = 0.50
@@ -42,11 +40,12 @@ def _top(summary: PrecisionSummary, n: int = 5) -> list[dict[str, object]]:
 
 @rule("fp32-ops-in-autocast")
 def fp32_ops_in_autocast(session: Session) -> Iterator[Finding]:
-    """With autocast on, >= 10% of FLOPs (high: >= 30%) or >= 30% of op time ran in FP32.
+    """With autocast on, >= 10% of FLOPs ran in FP32 (high: >= 30%).
 
-    The op time comes from one audited step, a single sample without a spread: when only it
-    crosses its threshold the finding is info (uncertain), never a claim that could flip
-    between identical runs.
+    The FLOP share is counted, so the finding is the same on every identical run. The op time
+    share is one audited step's op times, a single sample without a spread (a stalled op moves
+    it): it is reported beside the FLOPs, and the precision section shows it, but it raises no
+    finding of its own, which would come and go between identical runs on a busy machine.
 
     Names the top FP32 ops with their module and reason, and gives a fix per reason.
     """
@@ -57,14 +56,9 @@ def fp32_ops_in_autocast(session: Session) -> Iterator[Finding]:
         return
     s = derived(session)["precision"]
     fshare, tshare = float(s["fp32_flops_share"]), float(s["fp32_time_share"])
-    if fshare < THRESHOLDS.fp32_flops_share_medium and tshare < THRESHOLDS.fp32_time_share_medium:
+    if fshare < THRESHOLDS.fp32_flops_share_medium:
         return
     severity: Severity = "high" if fshare >= THRESHOLDS.fp32_flops_share_high else "medium"
-    # The FLOP share is counted, the time share is one audited step's op times: a single
-    # sample with no spread (a stalled op moves it), so on its own it makes no claim.
-    time_only = fshare < THRESHOLDS.fp32_flops_share_medium
-    if time_only:
-        severity = "info"
     top = _top(s)
     reasons = sorted(s["reasons"].items(), key=lambda kv: -kv[1]["time_us"])
     known = reason_fixes(sec)
@@ -86,22 +80,11 @@ def fp32_ops_in_autocast(session: Session) -> Iterator[Finding]:
                 for k, v in reasons
             },
             "step": sec.get("step"),
-            **(
-                {
-                    "uncertain": "only the op time crosses its threshold, and it was measured "
-                    "on one step (no spread): the FLOP share, which is counted, does not"
-                }
-                if time_only
-                else {}
-            ),
-            "thresholds": {
-                "flops_share": THRESHOLDS.fp32_flops_share_medium,
-                "time_share": THRESHOLDS.fp32_time_share_medium,
-            },
+            "thresholds": {"flops_share": THRESHOLDS.fp32_flops_share_medium},
         },
         fix="\n".join(fixes),
         section="precision",
-        impact=max(fshare, tshare),
+        impact=fshare,
     )
 
 
