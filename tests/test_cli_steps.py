@@ -68,7 +68,10 @@ def test_ampdiag_run_steps_diagnoses_the_window_of_a_script(tmp_path: Path) -> N
     assert [s["loss"] for s in session["steps"]] == [
         float(torch.tensor(v, dtype=torch.float32)) for v in losses[4:8]
     ]
-    assert session["findings"]
+    # Analysed over the window: its 4 forwards, each under the script's BF16 autocast, and the
+    # dtype audit on one of its steps (a healthy run may well have no finding at all).
+    assert session["run"]["autocast_seen"] == {"cpu:bfloat16": 4}
+    assert session["precision"]["audited"] and 4 <= session["precision"]["step"] < 8
 
 
 def test_ampdiag_run_rejects_a_bad_window_in_one_line(tmp_path: Path) -> None:
