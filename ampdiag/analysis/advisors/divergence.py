@@ -69,20 +69,17 @@ def divergence_advice(session: Session, findings: list[Finding]) -> Iterator[Adv
         **{k: result.get(k) for k in ("loss_nonfinite_steps", "steps", "skipped_steps")},
         "loss_trend": result.get("trend"),
     }
-    for key in ("scale_min", "scale_collapsed", "skipped_to_end_from"):
-        if key in result:
-            evidence[key] = result[key]
-    cited = dict(why)
-    for key in (
+    stated = ("scale_min", "scale_collapsed", "skipped_to_end_from")
+    evidence |= {k: result[k] for k in stated if k in result}  # type: ignore[literal-required]
+    cited = (
         "replay",
         "replay_step",
         "loss_scale",
         "backward_not_replayed",
         "kind",
         "state_restored",
-    ):
-        if key in cited:
-            evidence[key] = cited[key]
+    )
+    evidence |= {k: why[k] for k in cited if k in why}  # type: ignore[literal-required]
     what = "diverged" if verdict == "diverged" else "stalled"
     held = " and ".join(first["held"])
     where = f" ({first['module']})" if first.get("module") else ""
