@@ -118,23 +118,14 @@ def loss_scale(session: Session) -> dict[str, float] | None:
     return {"first": history[0], "last": history[-1], "min": smallest}
 
 
-def _low_precision_share(session: Session, measure: str) -> float | None:
+def low_precision_share(session: Session, measure: str) -> float | None:
+    """The share of the audited step's FLOPs or op time (casts apart) run in low precision."""
     section = session.section("precision")
     if not section.get("audited"):
         return None
     totals = session.section("derived")["precision"][measure]  # type: ignore[literal-required]
     work = totals["low"] + totals["fp32"]
     return float(totals["low"] / work) if work > 0 else None
-
-
-def low_precision_flops_share(session: Session) -> float | None:
-    """The share of the audited step's FLOPs that ran in a low-precision dtype."""
-    return _low_precision_share(session, "flops")
-
-
-def low_precision_time_share(session: Session) -> float | None:
-    """The share of the audited step's op time (casts excluded) spent in low precision."""
-    return _low_precision_share(session, "time_us")
 
 
 def _ab_speed(session: Session) -> SpeedVsFp32 | None:
@@ -237,7 +228,7 @@ def compute(session: Session) -> Figures:
         "underflow_fraction": underflow_fraction(session),
         "skipped_steps": skipped_steps(session),
         "loss_scale": loss_scale(session),
-        "low_precision_flops_share": low_precision_flops_share(session),
-        "low_precision_time_share": low_precision_time_share(session),
+        "low_precision_flops_share": low_precision_share(session, "flops"),
+        "low_precision_time_share": low_precision_share(session, "time_us"),
         "speed_vs_fp32": speed_vs_fp32(session),
     }
