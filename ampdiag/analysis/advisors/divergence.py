@@ -241,25 +241,18 @@ def _unknown_fix(step: int, why: DivergenceCause, dev: str, fsdp: bool = False) 
         f"whether step {step} stays finite:"
     )
     if fsdp:  # FSDP2 computes in its policy's dtype: the lever is the policy
-        return "\n".join(
-            [
-                head,
-                "policy = MixedPrecisionPolicy(param_dtype=torch.float32)   # FP32 compute",
-                "fully_shard(module, mp_policy=policy)   # each module, then the root",
-                "# finite in FP32: a precision problem; non-finite too: the data, an op or the "
-                "learning rate",
-            ]
-        )
-    return "\n".join(
-        [
-            head,
+        run = [
+            "policy = MixedPrecisionPolicy(param_dtype=torch.float32)   # FP32 compute",
+            "fully_shard(module, mp_policy=policy)   # each module, then the root",
+        ]
+    else:
+        run = [
             "model = model.float()   # FP32 weights",
             f"with torch.autocast('{dev}', enabled=False):   # no low-precision compute",
             "    loss = loss_fn(model(x), y)",
-            "# finite in FP32: a precision problem; non-finite too: the data, an op or the "
-            "learning rate",
         ]
-    )
+    tell = "# finite in FP32: a precision problem; non-finite too: the data, an op or the"
+    return "\n".join([head, *run, f"{tell} learning rate"])
 
 
 def _op_module(first: FirstNonfinite, why: DivergenceCause, fp32: dict[str, Any]) -> str | None:
