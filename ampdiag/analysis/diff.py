@@ -33,21 +33,26 @@ Direction = Literal["lower", "higher", "none"]
 Verdict = Literal["better", "worse", "same", "changed", "not measured"]
 
 
-def _figure(session: Session, key: str) -> Any:
-    return derived(session).get("figures", {}).get(key)
+def _scalar(key: str, field: str | None = None) -> Callable[[Session], float | None]:
+    """A reader of a headline figure (`ampdiag.analysis.figures`) or its ``field``, or None.
+
+    ``underflow_fraction`` is only stated for runs that computed in FP16: for a BF16 or FP32
+    run it is a what-if, not something the run lost. The memory peak is the profiled steps';
+    the step time (``median_s``) leaves step 0 out when 3 or more ran, its spread
+    (``spread_s``) is the steps' median absolute deviation; skipped steps are None where no
+    GradScaler was seen.
+    """
+
+    def read(session: Session) -> float | None:
+        value = derived(session).get("figures", {}).get(key)
+        if field is not None:
+            value = value.get(field) if isinstance(value, dict) else None
+        return float(value) if isinstance(value, (int, float)) else None
+
+    return read
 
 
-def step_time_s(session: Session) -> float | None:
-    """Median wall time of a step (step 0 left out when 3 or more ran)."""
-    found = _figure(session, "step_time")
-    return float(found["median_s"]) if isinstance(found, dict) else None
-
-
-def step_time_spread_s(session: Session) -> float | None:
-    """How much step times vary: their median absolute deviation from the median."""
-    found = _figure(session, "step_time")
-    spread = found.get("spread_s") if isinstance(found, dict) else None
-    return float(spread) if isinstance(spread, (int, float)) else None
+step_time_s, step_time_spread_s = _scalar("step_time", "median_s"), _scalar("step_time", "spread_s")
 
 
 def throughput(session: Session) -> float | None:
@@ -60,26 +65,6 @@ def throughput_spread(session: Session) -> float | None:
     """The step-time spread carried to steps per second (spread / median², to first order)."""
     step, spread = step_time_s(session), step_time_spread_s(session)
     return spread / step**2 if step and spread is not None else None
-
-
-def _scalar(key: str) -> Callable[[Session], float | None]:
-    """A reader of the headline figure ``key`` (`ampdiag.analysis.figures`), a number or None.
-
-    ``underflow_fraction`` is only stated for runs that computed in FP16: for a BF16 or FP32
-    run it is a what-if, not something the run lost. The memory peak is the profiled steps'.
-    """
-
-    def read(session: Session) -> float | None:
-        value = _figure(session, key)
-        return float(value) if isinstance(value, (int, float)) else None
-
-    return read
-
-
-def skipped_steps(session: Session) -> float | None:
-    """Steps the GradScaler skipped (inf/NaN gradients); ``None`` when no scaler was seen."""
-    found = _figure(session, "skipped_steps")
-    return float(found["skipped"]) if isinstance(found, dict) else None
 
 
 @dataclass(frozen=True)
@@ -100,7 +85,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("memory_peak_bytes", "Memory peak", "bytes", "lower", _scalar("memory_peak_bytes")),
     Metric("underflow_fraction", "Gradient underflow (FP16 runs)", "fraction", "lower",
            _scalar("underflow_fraction")),
-    Metric("skipped_steps", "Steps skipped by the GradScaler", "count", "lower", skipped_steps),
+    Metric("skipped_steps", "Steps skipped by the GradScaler", "count", "lower",
+           _scalar("skipped_steps", "skipped")),
     Metric("low_precision_flops_share", "FLOPs in low precision", "fraction", "higher",
            _scalar("low_precision_flops_share")),
     Metric("low_precision_time_share", "Op time in low precision", "fraction", "none",

@@ -25,7 +25,6 @@ from typing import Any
 from ampdiag import timing
 from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.derive import part
-from ampdiag.analysis.precision import summarize
 from ampdiag.schema import Figures, SpeedVsFp32, StepTime
 from ampdiag.session import Session
 from ampdiag.units import number
@@ -69,16 +68,6 @@ def memory_peak_bytes(session: Session) -> float | None:
     return number(peak.get("bytes")) if isinstance(peak, Mapping) else None
 
 
-def fp16_in_use(session: Session) -> bool:
-    """Whether the run computed in FP16 (the derive step's own answer where it gave one)."""
-    derived = session.section("derived").get("numerics")
-    if derived:
-        return derived["fp16_in_use"]
-    from ampdiag.analysis import numerics
-
-    return numerics.fp16_in_use(session)
-
-
 def underflow_fraction(session: Session) -> float | None:
     """The share of nonzero gradient values FP16 lost (zero or subnormal), for FP16 runs.
 
@@ -86,16 +75,10 @@ def underflow_fraction(session: Session) -> float | None:
     ``fp16-grad-underflow`` states). For a run that did not compute in FP16 it is what FP16
     would do, not something the run lost: None here (the numerics section shows the what-if).
     """
-    summary = session.section("derived").get("numerics", {}).get("underflow")
-    if summary is None:
-        if not (session.section("gradients") or session.section("activations")):
-            return None
-        from ampdiag.analysis import numerics
-
-        summary = numerics.underflow_summary(session)
-    if not summary.get("measured", True) or not fp16_in_use(session):
+    numerics = session.section("derived").get("numerics")
+    if not numerics or not numerics["underflow"].get("measured", True):
         return None
-    return summary["underflow_fraction"]
+    return numerics["underflow"]["underflow_fraction"] if numerics["fp16_in_use"] else None
 
 
 def skipped_steps(session: Session) -> dict[str, int] | None:
@@ -135,23 +118,14 @@ def loss_scale(session: Session) -> dict[str, float] | None:
     return {"first": history[0], "last": history[-1], "min": smallest}
 
 
-def _low_precision_share(session: Session, measure: str) -> float | None:
+def low_precision_share(session: Session, measure: str) -> float | None:
+    """The share of the audited step's FLOPs or op time (casts apart) run in low precision."""
     section = session.section("precision")
     if not section.get("audited"):
         return None
-    totals = (session.section("derived").get("precision") or summarize(section))[measure]  # type: ignore[literal-required]
+    totals = session.section("derived")["precision"][measure]  # type: ignore[literal-required]
     work = totals["low"] + totals["fp32"]
     return float(totals["low"] / work) if work > 0 else None
-
-
-def low_precision_flops_share(session: Session) -> float | None:
-    """The share of the audited step's FLOPs that ran in a low-precision dtype."""
-    return _low_precision_share(session, "flops")
-
-
-def low_precision_time_share(session: Session) -> float | None:
-    """The share of the audited step's op time (casts excluded) spent in low precision."""
-    return _low_precision_share(session, "time_us")
 
 
 def _ab_speed(session: Session) -> SpeedVsFp32 | None:
@@ -165,14 +139,26 @@ def _ab_speed(session: Session) -> SpeedVsFp32 | None:
     a, b = pc.estimate(mine), pc.estimate(base)
     if len(timed) < 2 or a is None or b is None or b.median <= 0 or b.low <= 0:
         return None
-    est = timing.quotient(a, b)
+    return _speed(
+        "precision A/B", run, (b.median, a.median), (b.spread, a.spread), timing.quotient(a, b)
+    )
+
+
+def _speed(
+    source: str,
+    run: str | None,
+    ms: tuple[Any, Any],
+    spreads: tuple[Any, Any],
+    est: timing.Estimate,
+) -> SpeedVsFp32:
+    """The figure's fields: FP32's then the run's time and spread (ms), and their ratio."""
     return {
-        "source": "precision A/B",
+        "source": source,
         "precision": run,
-        "fp32_ms": b.median,
-        "run_ms": a.median,
-        "fp32_spread_ms": b.spread,
-        "run_spread_ms": a.spread,
+        "fp32_ms": ms[0],
+        "run_ms": ms[1],
+        "fp32_spread_ms": spreads[0],
+        "run_spread_ms": spreads[1],
         "time_ratio": est.median,
         "low": est.low,
         "high": est.high,
@@ -204,18 +190,9 @@ def _probe_speed(session: Session) -> SpeedVsFp32 | None:
     est = probe_ratio(probe)
     if fp32 is None or amp is None or est is None:
         return None
-    return {
-        "source": "speed probe",
-        "precision": pc.run_precision(probe.get("autocast") or session.environment.get("autocast")),
-        "fp32_ms": fp32,
-        "run_ms": amp,
-        "fp32_spread_ms": number(probe.get("fp32_ms_spread")),
-        "run_spread_ms": number(probe.get("autocast_ms_spread")),
-        "time_ratio": est.median,
-        "low": est.low,
-        "high": est.high,
-        "samples": est.samples,
-    }
+    run = pc.run_precision(probe.get("autocast") or session.environment.get("autocast"))
+    spreads = (number(probe.get("fp32_ms_spread")), number(probe.get("autocast_ms_spread")))
+    return _speed("speed probe", run, (fp32, amp), spreads, est)
 
 
 def speed_vs_fp32(session: Session) -> SpeedVsFp32 | None:
@@ -251,7 +228,7 @@ def compute(session: Session) -> Figures:
         "underflow_fraction": underflow_fraction(session),
         "skipped_steps": skipped_steps(session),
         "loss_scale": loss_scale(session),
-        "low_precision_flops_share": low_precision_flops_share(session),
-        "low_precision_time_share": low_precision_time_share(session),
+        "low_precision_flops_share": low_precision_share(session, "flops"),
+        "low_precision_time_share": low_precision_share(session, "time_us"),
         "speed_vs_fp32": speed_vs_fp32(session),
     }

@@ -211,25 +211,15 @@ class _Classifier:
         for _, start, end in steps:
             i = bisect.bisect_left(backward, start)
             self.first_bwd.append(backward[i] if i < len(backward) and backward[i] <= end else None)
-        self.step_end = {}
-        for name, _, end in steps:
-            try:
-                self.step_end[int(name.split("#", 1)[1])] = end
-            except ValueError:
-                continue
+        self.step_end = {n: end for name, _, end in steps if (n := step_number(name)) is not None}
 
-    def _bwd_start(self, t: float) -> float | None:
-        for k, (_, start, end) in enumerate(self.steps):
-            if start <= t <= end:
-                return self.first_bwd[k]
-        return None
-
-    def _saved_labels(self, t: float) -> Mapping[tuple[int, int], str] | None:
-        for name, start, end in self.steps:
+    def _step(self, t: float) -> tuple[float | None, Mapping[tuple[int, int], str] | None]:
+        """The first backward of the step holding ``t``, and the storages it saved."""
+        for k, (name, start, end) in enumerate(self.steps):
             if start <= t <= end:
                 n = step_number(name)
-                return self.saved_by_step.get(n) if n is not None else None
-        return None
+                return self.first_bwd[k], self.saved_by_step.get(n) if n is not None else None
+        return None, None
 
     def __call__(self, addr: int, size: int, t_alloc: float | None, t_free: float | None) -> str:
         for step, ptrs in self.known_by_step.items():
@@ -244,9 +234,8 @@ class _Classifier:
                 return cat
         if t_alloc is None:
             return "temporaries"
-        b = self._bwd_start(t_alloc)  # the saved tensors were counted just before it
+        b, labels = self._step(t_alloc)  # the saved tensors were counted just before b
         live = b is not None and t_alloc < b and (t_free is None or t_free > b)
-        labels = self._saved_labels(t_alloc)
         if labels is not None:
             return labels.get((addr, size), "temporaries") if live else "temporaries"
         return "activations" if live else "temporaries"

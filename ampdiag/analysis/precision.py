@@ -146,11 +146,7 @@ def summarize(section: PrecisionSection, top: int = 10) -> PrecisionSummary:
     work_time = time_us["low"] + time_us["fp32"]
     mm_total = matmul["low"] + matmul["fp32"]
     ops_list = list(totals.fp32_ops.values())
-    total_casts = {
-        "count": sum(c["count"] for c in casts.values()),
-        "bytes": sum(c["bytes"] for c in casts.values()),
-        "time_us": sum(c["time_us"] for c in casts.values()),
-    }
+    total_casts = {k: sum(c[k] for c in casts.values()) for k in ("count", "bytes", "time_us")}
     by_flops = sorted((o for o in ops_list if o["flops"] > 0), key=lambda o: -o["flops"])[:top]
     by_time = sorted(ops_list, key=lambda o: -o["time_us"])[:top]
     return {
@@ -222,18 +218,16 @@ class _Totals:
 
     def _add_fp32(self, r: dict[str, Any], t: float, f: int) -> None:
         reason = str(r.get("reason"))
-        self.reasons[reason]["count"] += r.get("count", 0)
-        self.reasons[reason]["flops"] += f
-        self.reasons[reason]["time_us"] += t
         key = (str(r.get("op")), str(r.get("module")), reason, str(r.get("phase")))
         agg = self.fp32_ops.setdefault(
             key,
             {"op": key[0], "module": key[1], "reason": reason, "phase": key[3],
              "count": 0, "flops": 0, "time_us": 0.0},
         )  # fmt: skip
-        agg["count"] += r.get("count", 0)
-        agg["flops"] += f
-        agg["time_us"] += t
+        for into in (self.reasons[reason], agg):  # the reason's totals, and the op's
+            into["count"] += r.get("count", 0)
+            into["flops"] += f
+            into["time_us"] += t
 
 
 def device_differences(section: PrecisionSection) -> list[dict[str, Any]]:

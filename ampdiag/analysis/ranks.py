@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, cast
 
 from ampdiag.schema import PrecisionSection
@@ -108,7 +109,7 @@ def _origin_key(f: Finding) -> tuple[float, int, int]:
     return (float(step) if isinstance(step, (int, float)) else float("inf"), phase, received)
 
 
-def _by_origin(fid: str, hits: list[tuple[int, Finding]], all_ranks: list[int]) -> Finding:
+def _by_origin(hits: list[tuple[int, Finding]], all_ranks: list[int]) -> Finding:
     """The finding of the rank that made the first non-finite value; the others received it."""
     hits = sorted(hits, key=lambda h: (_origin_key(h[1]), h[0]))
     rank, first = hits[0]
@@ -119,13 +120,11 @@ def _by_origin(fid: str, hits: list[tuple[int, Finding]], all_ranks: list[int]) 
     evidence["origin_rank"] = rank
     evidence["received_ranks"] = received
     through = f" ({_label(received).lower()} received it through a collective)" if received else ""
-    return Finding(
-        id=fid,
+    return replace(
+        first,
         severity=min((h[1].severity for h in hits), key=SEVERITIES.index),
         title=f"Rank {rank} made it{through}: {first.title}",
         evidence=evidence,
-        fix=first.fix,
-        section=first.section,
         impact=max(h[1].impact for h in hits),
     )
 
@@ -150,7 +149,7 @@ def merge_findings(
             continue
         ranks = sorted({r for r, _ in hits})
         if fid in ORIGIN_IDS and len(hits) > 1:
-            out.append(_by_origin(fid, hits, all_ranks))
+            out.append(_by_origin(hits, all_ranks))
             continue
         worst = min(hits, key=lambda h: (SEVERITIES.index(h[1].severity), -h[1].impact))[1]
         evidence = dict(worst.evidence)
@@ -160,16 +159,6 @@ def merge_findings(
         else:
             evidence["ranks"] = ranks
             title = f"{_label(ranks)}: {worst.title}"
-        out.append(
-            Finding(
-                id=fid,
-                severity=worst.severity,
-                title=title,
-                evidence=evidence,
-                fix=worst.fix,
-                section=worst.section,
-                impact=worst.impact,
-            )
-        )
+        out.append(replace(worst, title=title, evidence=evidence))
     out.sort(key=lambda f: (SEVERITIES.index(f.severity), -f.impact))
     return out

@@ -69,20 +69,17 @@ def divergence_advice(session: Session, findings: list[Finding]) -> Iterator[Adv
         **{k: result.get(k) for k in ("loss_nonfinite_steps", "steps", "skipped_steps")},
         "loss_trend": result.get("trend"),
     }
-    for key in ("scale_min", "scale_collapsed", "skipped_to_end_from"):
-        if key in result:
-            evidence[key] = result[key]
-    cited = dict(why)
-    for key in (
+    stated = ("scale_min", "scale_collapsed", "skipped_to_end_from")
+    evidence |= {k: result[k] for k in stated if k in result}  # type: ignore[literal-required]
+    cited = (
         "replay",
         "replay_step",
         "loss_scale",
         "backward_not_replayed",
         "kind",
         "state_restored",
-    ):
-        if key in cited:
-            evidence[key] = cited[key]
+    )
+    evidence |= {k: why[k] for k in cited if k in why}  # type: ignore[literal-required]
     what = "diverged" if verdict == "diverged" else "stalled"
     held = " and ".join(first["held"])
     where = f" ({first['module']})" if first.get("module") else ""
@@ -244,25 +241,18 @@ def _unknown_fix(step: int, why: DivergenceCause, dev: str, fsdp: bool = False) 
         f"whether step {step} stays finite:"
     )
     if fsdp:  # FSDP2 computes in its policy's dtype: the lever is the policy
-        return "\n".join(
-            [
-                head,
-                "policy = MixedPrecisionPolicy(param_dtype=torch.float32)   # FP32 compute",
-                "fully_shard(module, mp_policy=policy)   # each module, then the root",
-                "# finite in FP32: a precision problem; non-finite too: the data, an op or the "
-                "learning rate",
-            ]
-        )
-    return "\n".join(
-        [
-            head,
+        run = [
+            "policy = MixedPrecisionPolicy(param_dtype=torch.float32)   # FP32 compute",
+            "fully_shard(module, mp_policy=policy)   # each module, then the root",
+        ]
+    else:
+        run = [
             "model = model.float()   # FP32 weights",
             f"with torch.autocast('{dev}', enabled=False):   # no low-precision compute",
             "    loss = loss_fn(model(x), y)",
-            "# finite in FP32: a precision problem; non-finite too: the data, an op or the "
-            "learning rate",
         ]
-    )
+    tell = "# finite in FP32: a precision problem; non-finite too: the data, an op or the"
+    return "\n".join([head, *run, f"{tell} learning rate"])
 
 
 def _op_module(first: FirstNonfinite, why: DivergenceCause, fp32: dict[str, Any]) -> str | None:

@@ -96,11 +96,6 @@ def bf16_supported(session: Session) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def device_type(session: Session) -> str:
-    """The run's device type ("cuda" when the session does not say)."""
-    return device.device_type(session.environment)
-
-
 def batch_size(session: Session, *findings: Finding) -> int | None:
     """The batch size from evidence, the memory section or the speed probe, if any records it."""
     candidates: list[Any] = [f.evidence.get("batch_size") for f in findings]
@@ -264,7 +259,7 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
         return
     not_measured = {"measured": False, "not_measured": ab.why_not}
     env = session.environment
-    dev = device_type(session)
+    dev = device.device_type(session.environment)
     slower = [f for f in find(findings, "autocast-slower") if f.severity != "info"]
     if not trouble:
         if slower:  # the probe's slowdown alone: its own fix's choice, as a recommendation
@@ -331,7 +326,7 @@ def _unmeasured_switch(session: Session, ab: pc.Measured, slower: Finding) -> Fi
     for an FP16 run on a device with native BF16, else FP32. It explains ``autocast-slower``
     (merged, as the A/B's advice does), whose fix names the same choice: one finding, one code.
     """
-    dev = device_type(session)
+    dev = device.device_type(session.environment)
     target = (
         "bf16" if ab.run == "fp16" and pc.bf16_runs_natively(session.environment, dev) else "fp32"
     )
@@ -437,7 +432,7 @@ def _switch(
     words say: "FP32 is 1.3x the time of FP16" is said as such, never as "0.76x the speed".
     """
     assert ab.run is not None and ab.choice is not None
-    dev = device_type(session)
+    dev = device.device_type(session.environment)
     row, own = ab.rows[target], ab.rows.get(ab.run, {})
     evidence = _measured_evidence(ab, target)
     ratio = pc.speedup(own, row)
@@ -556,7 +551,7 @@ def _grad_scaler_settings(session: Session, merged: list[Finding], bf16: bool | 
         evidence["startup_skips"] = startup
     if conflict:
         evidence["range_conflict"] = True
-    dev = device_type(session)
+    dev = device.device_type(session.environment)
     conflict_note = (
         "\n# The scale that avoids underflow overflows other gradients: FP16's range is too narrow"
         "\n# for this model. Keep the overflowing modules in FP32 (torch.autocast(..., enabled="
@@ -681,7 +676,7 @@ def throughput_advice(session: Session, findings: list[Finding]) -> Iterator[Adv
     """
     dl = _actionable(findings, "dataloader-bound")  # an uncertain (info) one advises nothing
     idle = find(findings, "gpu-idle")
-    dev = device_type(session)
+    dev = device.device_type(session.environment)
     if dl:
         yield _input_pipeline(dl[0], idle, dev)
         return

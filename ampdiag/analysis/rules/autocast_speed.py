@@ -26,20 +26,6 @@ class Thresholds:
 THRESHOLDS = Thresholds()
 
 
-def step_ms(session: Session) -> timing.Estimate | None:
-    """The run's step wall time in ms, median ± MAD, as its step-time figure counts it.
-
-    The steps of `ampdiag.analysis.figures.step_walls_s`: the first left out when 3 or more ran.
-    """
-    values = [w * 1000 for w in figures.step_walls_s(session)]
-    return timing.estimate(values) if values else None
-
-
-def probe_ratio(probe: dict[str, Any]) -> timing.Estimate | None:
-    """Autocast / FP32 time of the probe (`ampdiag.analysis.figures.probe_ratio`)."""
-    return figures.probe_ratio(probe)
-
-
 @rule("autocast-slower")
 def autocast_slower(session: Session) -> Iterator[Finding]:
     """The step under autocast takes >= 1.10x (medium), >= 1.50x (high) its FP32 time.
@@ -100,8 +86,9 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
         **interval,
         "measured": measured,
     }
-    step = step_ms(session)
-    if step is not None:
+    # the run's step time in ms, median ± MAD, over the steps its step-time figure counts
+    if walls := [w * 1000 for w in figures.step_walls_s(session)]:
+        step = timing.estimate(walls)
         # unrounded: the run's step-time figure, which every surface rounds once for display
         evidence["step_ms"] = step.median
         evidence["step_ms_spread"] = round(step.spread, 3)

@@ -40,10 +40,6 @@ def _mib(n: float) -> str:
     return f"{n / MiB:.1f} MiB"
 
 
-def _mem(session: Session) -> MemorySection:
-    return session.section("memory")
-
-
 def _peak_bytes(mem: MemorySection) -> int:
     stats = (mem.get("cuda") or {}).get("stats") or {}
     if stats.get("reserved_peak_bytes"):
@@ -51,15 +47,10 @@ def _peak_bytes(mem: MemorySection) -> int:
     return int((mem.get("peak") or {}).get("bytes") or 0)
 
 
-def _activation_bytes(mem: MemorySection) -> int:
-    by_cat = (mem.get("peak") or {}).get("by_category") or {}
-    return int(by_cat.get("activations", 0))
-
-
 @rule("memory-near-capacity")
 def near_capacity(session: Session) -> Iterator[Finding]:
     """The peak uses >= 85% of the capacity or limit (medium), >= 95% (high)."""
-    mem = _mem(session)
+    mem = session.section("memory")
     cap, source = estimates.capacity(mem)
     peak = _peak_bytes(mem)
     if not cap or not peak:
@@ -69,6 +60,7 @@ def near_capacity(session: Session) -> Iterator[Finding]:
         return
     severity: Severity = "high" if share >= THRESHOLDS.near_capacity_high else "medium"
     ms = estimates.model_state_bytes(mem)
+    by_cat = (mem.get("peak") or {}).get("by_category") or {}
     yield Finding(
         id="memory-near-capacity",
         severity=severity,
@@ -78,7 +70,7 @@ def near_capacity(session: Session) -> Iterator[Finding]:
             "capacity_bytes": cap,
             "capacity_source": source,
             "share": round(share, 4),
-            "activation_bytes": _activation_bytes(mem),
+            "activation_bytes": int(by_cat.get("activations", 0)),
             "model_state_bytes": ms,
             "threshold": THRESHOLDS.near_capacity_medium,
         },
@@ -105,7 +97,7 @@ def use_grad_accumulation(session: Session) -> Iterator[Finding]:
     """
     if accumulation_broken(session):
         return
-    mem = _mem(session)
+    mem = session.section("memory")
     fit = estimates.activation_fit(mem)
     cap, source = estimates.capacity(mem)
     if fit is None or not cap:
@@ -275,7 +267,7 @@ def amp_memory_not_reduced(session: Session) -> Iterator[Finding]:
     Under autocast, the model state (FP32 weights, grads, optimizer state) is >= 50% of the
     peak, or the probe measured low-precision activations at >= 80% of FP32's.
     """
-    mem = _mem(session)
+    mem = session.section("memory")
     ms = estimates.model_state_bytes(mem)
     peak = int((mem.get("peak") or {}).get("bytes") or 0)
     amp = estimates.amp_comparison(mem)
@@ -345,7 +337,7 @@ def allocator_fragmentation(session: Session) -> Iterator[Finding]:
     At the CUDA peak, reserved-but-unallocated memory is >= 25% of reserved and >= 256 MiB, or
     the allocator had to free its cache and retry (num_alloc_retries > 0).
     """
-    cuda = _mem(session).get("cuda") or {}
+    cuda = session.section("memory").get("cuda") or {}
     peak = cuda.get("peak") or {}
     stats = cuda.get("stats") or {}
     frag = int(peak.get("fragmentation_bytes", 0))
@@ -396,7 +388,7 @@ def _is_oom(session: Session) -> bool:
 @rule("out-of-memory")
 def out_of_memory(session: Session) -> Iterator[Finding]:
     """The block raised torch.OutOfMemoryError, or the CUDA trace holds an OOM event (high)."""
-    mem = _mem(session)
+    mem = session.section("memory")
     cuda = mem.get("cuda") or {}
     ooms = cuda.get("ooms") or []
     if not (_is_oom(session) or ooms or (cuda.get("stats") or {}).get("num_ooms")):

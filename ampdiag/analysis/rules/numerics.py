@@ -15,7 +15,7 @@ from ampdiag import units
 from ampdiag.analysis import divergence, fp16range
 from ampdiag.analysis.derive import derived
 from ampdiag.analysis.device import advisable, device_type
-from ampdiag.analysis.numerics import fp16_in_use, underflow_summary
+from ampdiag.analysis.numerics import fp16_in_use
 from ampdiag.analysis.registry import rule
 from ampdiag.schema import DivergenceResult
 from ampdiag.session import Finding, Session, Severity
@@ -215,7 +215,7 @@ def grad_scaler_disabled(session: Session) -> Iterator[Finding]:
             "enabled": False,
             "scaler_device": scaler_device,
             "run_device": env_device,
-            "underflow_fraction": underflow_summary(session)["underflow_fraction"],
+            "underflow_fraction": derived(session)["numerics"]["underflow"]["underflow_fraction"],
         },
         fix=(
             "Build the scaler for the device the run uses, and enabled:\n"

@@ -53,17 +53,13 @@ def _ranks(session: Session) -> list[dict[str, Any]]:
     return found
 
 
-def _worst(ranks: list[dict[str, Any]], key: Any) -> dict[str, Any]:
-    return max(ranks, key=key)
-
-
 @rule("gpu-idle")
 def gpu_idle(session: Session) -> Iterator[Finding]:
     """The GPU is idle >= 20% of its span (medium), >= 50% (high); says where idle comes from."""
     ranks = _ranks(session)
     if not ranks:
         return
-    r = _worst(ranks, lambda x: x["idle_share"])
+    r = max(ranks, key=lambda x: x["idle_share"])
     share = float(r["idle_share"])
     if share < THRESHOLDS.idle_share_medium:
         return
@@ -116,7 +112,7 @@ def fp32_kernels_dominant(session: Session) -> Iterator[Finding]:
     ranks = [r for r in _ranks(session) if r.get("precision")]
     if not ranks:
         return
-    r = _worst(ranks, lambda x: x["precision"]["fp32_matmul_us"])
+    r = max(ranks, key=lambda x: x["precision"]["fp32_matmul_us"])
     p = r["precision"]
     share = float(p["fp32_matmul_share"])
     if (
@@ -198,7 +194,7 @@ def launch_bound(session: Session) -> Iterator[Finding]:
     ranks = [r for r in _ranks(session) if r.get("idle_breakdown")]
     if not ranks:
         return
-    r = _worst(ranks, lambda x: x["idle_breakdown"]["host_wait_us"] / (x["span_us"] or 1.0))
+    r = max(ranks, key=lambda x: x["idle_breakdown"]["host_wait_us"] / (x["span_us"] or 1.0))
     span = float(r["span_us"]) or 1.0
     host_share = float(r["idle_breakdown"]["host_wait_us"]) / span
     short = float(r.get("short_kernel_share", 0.0))
@@ -246,7 +242,7 @@ def comm_not_overlapped(session: Session) -> Iterator[Finding]:
     ranks = [r for r in _ranks(session) if r.get("communication", {}).get("comm_us")]
     if not ranks:
         return
-    r = _worst(ranks, lambda x: x["communication"]["exposed_share_of_span"])
+    r = max(ranks, key=lambda x: x["communication"]["exposed_share_of_span"])
     c = r["communication"]
     exposed = float(c["exposed_share_of_span"])
     if (

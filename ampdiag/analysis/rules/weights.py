@@ -147,14 +147,7 @@ def fix_code(
         f"optimizer = {make}(model.parameters(), lr={lr_txt})   # made after it",
     ]
     if dtype == "float16":
-        lines += [
-            f"scaler = torch.amp.GradScaler({dev!r})",
-            f"with torch.autocast(device_type={dev!r}, dtype=torch.float16):",
-            "    loss = loss_fn(model(x), y)",
-            "scaler.scale(loss).backward()",
-            "scaler.step(optimizer)",
-            "scaler.update()",
-        ]
+        lines.append(pc.training_step("fp16", dev))
     elif dtype == "bfloat16":
         lines += [
             f"with torch.autocast(device_type={dev!r}, dtype=torch.bfloat16):",
