@@ -13,7 +13,7 @@ from markupsafe import Markup
 from ampdiag import units as humanize
 from ampdiag.render import charts, svg, templating
 from ampdiag.render.sections import ReportSection, section
-from ampdiag.render.templating import join
+from ampdiag.render.templating import join, table
 from ampdiag.session import Session
 
 TITLE = "Memory"
@@ -132,9 +132,8 @@ def _by_category(mem: Any) -> Markup:
     pk = mem.get("peak") or {}
     if not pk.get("by_category"):
         return Markup("")
-    row = Markup('<tr><td>{}</td><td class="num">{}</td><td class="num">{}</td></tr>')
-    rows = join(
-        row.format(
+    cells = (
+        (
             cat,
             humanize.nbytes(value),
             humanize.percent(value / pk["bytes"]) if pk.get("bytes") else "",
@@ -149,10 +148,8 @@ def _by_category(mem: Any) -> Markup:
         if mem.get("timeline")
         else ""
     )
-    return Markup(
-        '<h3>At the peak</h3>\n<table>\n<thead><tr><th>category</th><th class="num">bytes</th>'
-        '<th class="num">share</th></tr></thead>\n<tbody>\n{}</tbody></table>\n{}'
-    ).format(rows, source)
+    head = ("category", "#bytes", "#share")
+    return Markup("<h3>At the peak</h3>\n{}{}").format(table(head, "tnn", cells, True), source)
 
 
 def _model_state(ms: Any) -> Markup:
@@ -189,10 +186,7 @@ def _what_if(mem: Any, what: Any) -> Markup:
     """The derive step's what-if estimates, and how to measure what they lack."""
     if not what.get("rows"):
         return Markup("")
-    row = Markup('<tr><td>{}</td><td class="num">{}</td><td>{}</td></tr>')
-    rows = join(
-        row.format(r["scenario"], humanize.nbytes(r["bytes"]), r["basis"]) for r in what["rows"]
-    )
+    cells = ((r["scenario"], humanize.nbytes(r["bytes"]), r["basis"]) for r in what["rows"])
     note = ""
     if not what.get("activation_fit") and not mem.get("snapshot_file"):
         note = Markup(
@@ -201,10 +195,8 @@ def _what_if(mem: Any, what: Any) -> Markup:
             "loss_fn=..., autocast_dtype=torch.bfloat16)</code> inside the <code>diagnose()</code> "
             "block, before the first step.</p>"
         )
-    return Markup(
-        '<h3>What if</h3>\n<table>\n<thead><tr><th>scenario</th><th class="num">bytes</th>'
-        "<th>basis</th></tr></thead>\n<tbody>\n{}</tbody></table>\n{}"
-    ).format(rows, note)
+    head = ("scenario", "#bytes", "basis")
+    return Markup("<h3>What if</h3>\n{}{}").format(table(head, "tnt", cells, True), note)
 
 
 def _cuda(cuda: Any) -> Markup:
@@ -239,27 +231,24 @@ def _cuda(cuda: Any) -> Markup:
         )
     out.append(Markup("</tbody></table>\n"))
     if cp.get("top_sites"):
-        row = Markup(
-            '<tr><td class="num">{}</td><td class="num">{}</td><td><code>{}</code>{}</td>'
-            "<td>{}</td></tr>"
-        )
-        rows = join(
-            row.format(
+        site, op = Markup("<code>{}</code>{}"), Markup(" · <code>{}</code>")
+        cells = (
+            (
                 b(s["bytes"]),
                 humanize.count(s["count"]),
-                s["site"] or s["frames"][0],
-                Markup(" · <code>{}</code>").format(s["op"]) if s.get("op") else "",
+                site.format(s["site"] or s["frames"][0], op.format(s["op"]) if s.get("op") else ""),
                 join(Markup("<code>{}</code><br>").format(f) for f in s["frames"][1:]),
             )
             for s in cp["top_sites"]
         )
-        out.append(
-            Markup(
-                '<h3>Top allocation sites at the peak</h3>\n<table>\n<thead><tr><th class="num">'
-                'bytes</th><th class="num">blocks</th><th>first frame in user code · op</th>'
-                "<th>user stack (innermost first)</th></tr></thead>\n<tbody>\n{}</tbody></table>\n"
-            ).format(rows)
+        head = (
+            "#bytes",
+            "#blocks",
+            "first frame in user code · op",
+            "user stack (innermost first)",
         )
+        out.append(Markup("<h3>Top allocation sites at the peak</h3>\n"))
+        out.append(table(head, "nntt", cells, True))
     for o in cuda.get("ooms") or []:
         held = Markup(", ").join(
             Markup("{} {}").format(k, b(v)) for k, v in o["by_category"].items()

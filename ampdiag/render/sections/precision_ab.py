@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
 from ampdiag import units
-from ampdiag.render import charts, svg
+from ampdiag.render import charts, svg, templating
 from ampdiag.render.sections import ReportSection, section
+from ampdiag.render.templating import join
 from ampdiag.session import Session
 
 TITLE = "Which precision"
@@ -170,12 +171,9 @@ def _fp8(session: Session, ab: Mapping[str, Any]) -> Markup:
 
 
 def _table(head: tuple[str, ...], rows: list[list[Any]] | list[list[str]]) -> Markup:
-    cells = Markup("").join(Markup("<th>{}</th>").format(h) for h in head)
-    body = Markup("").join(
-        Markup("<tr>{}</tr>").format(Markup("").join(Markup("<td>{}</td>").format(c) for c in r))
-        for r in rows
+    return Markup("<table><thead><tr>{}</tr></thead><tbody>{}</tbody></table>").format(
+        join(Markup("<th>{}</th>").format(h) for h in head), templating.rows("t" * len(head), rows)
     )
-    return Markup("<table><thead><tr>{}</tr></thead><tbody>{}</tbody></table>").format(cells, body)
 
 
 @section(TITLE)
@@ -219,12 +217,11 @@ def build(session: Session) -> ReportSection | None:
     )
     parts.append(_modules(rows))
     parts.append(_fp8(session, ab))
-    for name, uri in figures.items():
-        parts.append(Markup('<figure class="figure" aria-label="{}">{}</figure>').format(name, uri))
+    parts.append(templating.figures(figures))
     return ReportSection(
         id="precision-ab",
         title=TITLE,
-        html=Markup("").join(escape(p) for p in parts),
+        html=join(parts),
         summary=f"recommended {ab.get('recommended')}",
         figures=list(figures),
     )

@@ -296,20 +296,13 @@ def _rank_detail(r: Any) -> Markup:
             [s["step"], *(_us(s[k]) for k in _STEP_US), _num(s["kernels"])]
             for s in steps[:TABLE_STEPS]
         )
+        head = ("step", "#host", "#GPU span", "#idle", "#compute", "#non-compute", "#kernels")
         out.append(
             Markup(
-                "<h4>Per step (GPU work each ProfilerStep launched)</h4>\n"
-                '<p class="muted">{}</p>\n<table><thead><tr>{}</tr></thead><tbody>\n'
-                "{}{}</tbody></table>\n"
-            ).format(
-                r["attribution"],
-                heads(
-                    "step", "#host", "#GPU span", "#idle", "#compute", "#non-compute", "#kernels"
-                ),
-                rows("tnnnnnn", cells),
-                more if len(steps) > TABLE_STEPS else "",
-            )
+                '<h4>Per step (GPU work each ProfilerStep launched)</h4>\n<p class="muted">{}</p>\n'
+            ).format(r["attribution"])
         )
+        out.append(table(head, "tnnnnnn", cells, tail=more if len(steps) > TABLE_STEPS else ""))
     return join(out)
 
 
@@ -424,14 +417,11 @@ def _hta(hta: Any) -> Markup:
     if not hta:
         return Markup("")
     code = Markup("<code>{}</code><br>")
-    rows = []
-    for name, res in hta.items():
-        if res.get("ok"):
-            result = join(code.format(units.by_key("", row)) for row in res.get("rows", [])[:10])
-        else:
-            result = Markup('<span class="muted">did not run: {}</span>').format(res.get("error"))
-        rows.append(Markup("<tr><td>{}</td><td>{}</td></tr>").format(name, result))
-    return Markup(
-        "<h3>HTA analyses</h3>\n<table><thead><tr><th>analysis</th><th>result</th></tr></thead>"
-        "<tbody>\n{}</tbody></table>\n"
-    ).format(join(rows))
+    failed = Markup('<span class="muted">did not run: {}</span>')
+    cells = (
+        (name, join(code.format(units.by_key("", row)) for row in res.get("rows", [])[:10]))
+        if res.get("ok")
+        else (name, failed.format(res.get("error")))
+        for name, res in hta.items()
+    )
+    return Markup("<h3>HTA analyses</h3>\n") + table(("analysis", "result"), "tt", cells)
