@@ -200,10 +200,10 @@ def _rank_detail(r: Any) -> Markup:
         ("idle: queued behind other work", _us(idle["kernel_wait_us"])),
         ("idle: no launch record", _us(idle["other_us"])),
     ]
-    more = []
+    extra = []
     if latency.get("count"):
         spread = f"median {_us(latency['median_us'])}, p95 {_us(latency['p95_us'])}"
-        more.append(
+        extra.append(
             (
                 "launch latency (CPU launch → GPU start)",
                 f"{spread}, {_num(latency['count'])} launches",
@@ -211,18 +211,18 @@ def _rank_detail(r: Any) -> Markup:
         )
     if duration.get("count"):
         short = _pct(r["short_kernel_share"])
-        more.append(
+        extra.append(
             ("kernel duration", f"median {_us(duration['median_us'])}; {short} under 10 µs")
         )
     if comm["comm_us"]:
         shares = f"{_pct(comm['overlap_share'])} overlapped, {_us(comm['exposed_us'])} exposed"
-        more.append(("communication", f"{_us(comm['comm_us'])}, {shares}"))
+        extra.append(("communication", f"{_us(comm['comm_us'])}, {shares}"))
     if r["data_share"]:
-        more.append(("data loading (host, share of step)", _pct(r["data_share"])))
+        extra.append(("data loading (host, share of step)", _pct(r["data_share"])))
     out = [
         Markup("<h3>Rank {}</h3>\n<table><tbody>\n").format(r["rank"]),
         rows("hn", facts, end="\n"),
-        rows("hn", more),
+        rows("hn", extra),
     ]
     cover = r["top_kernels_cover"]
     unlaunched = (
