@@ -22,54 +22,45 @@ NEEDS = "the memory collector (allocator events or a CUDA snapshot)"
 MiB = 1024**2
 
 
-def _figures(mem: Mapping[str, Any]) -> dict[str, Markup]:
-    figures: dict[str, Markup] = {}
+def figures(mem: Mapping[str, Any]) -> dict[str, charts.Chart]:
+    """The memory section's charts (the timeline by category is also `ampdiag.plot`'s)."""
+    figures: dict[str, charts.Chart] = {}
     tl = mem.get("timeline") or {}
-    if tl.get("t_ms"):
-        series = {
-            str(c): [v / MiB for v in values] for c, values in tl["bytes"].items() if any(values)
-        }
-        if series:
-            figures["memory-timeline"] = svg.inline(
-                charts.line(
-                    tl["t_ms"],
-                    series,
-                    "ms (profiled steps)",
-                    "MiB",
-                    "Memory by category",
-                    kind="area",
-                )
-            )
+    series = {
+        str(c): [v / MiB for v in values]
+        for c, values in (tl.get("bytes") or {}).items()
+        if any(values)
+    }
+    if tl.get("t_ms") and series:
+        figures["memory-timeline"] = charts.line(
+            tl["t_ms"], series, "ms (profiled steps)", "MiB", "Memory by category", kind="area"
+        )
     by_cat = (mem.get("peak") or {}).get("by_category") or {}
     nonzero = [(c, v) for c, v in by_cat.items() if v]
     if nonzero:
         nonzero.sort(key=lambda cv: -cv[1])
-        figures["memory-peak"] = svg.inline(
-            charts.bars(
-                [c for c, _ in nonzero],
-                {"MiB": [v / MiB for _, v in nonzero]},
-                "MiB",
-                "At the peak",
-                horizontal=True,
-            )
+        figures["memory-peak"] = charts.bars(
+            [c for c, _ in nonzero],
+            {"MiB": [v / MiB for _, v in nonzero]},
+            "MiB",
+            "At the peak",
+            horizontal=True,
         )
     cuda = mem.get("cuda") or {}
     cuda_tl = cuda.get("timeline") or {}
     if len(cuda_tl.get("event", [])) >= 2:
         peak_at = (cuda.get("peak") or {}).get("event_index")
-        figures["cuda-allocator"] = svg.inline(
-            charts.line(
-                cuda_tl["event"],
-                {
-                    "allocated MiB": [v / MiB for v in cuda_tl["allocated"]],
-                    "reserved MiB": [v / MiB for v in cuda_tl["reserved"]],
-                },
-                "allocator event",
-                "MiB",
-                "CUDA allocator: allocated vs reserved (the peak marked)",
-                # the timeline's points are "after event i - 1": the peak is point index + 1
-                marks=[int(peak_at) + 1] if isinstance(peak_at, int) else (),
-            )
+        figures["cuda-allocator"] = charts.line(
+            cuda_tl["event"],
+            {
+                "allocated MiB": [v / MiB for v in cuda_tl["allocated"]],
+                "reserved MiB": [v / MiB for v in cuda_tl["reserved"]],
+            },
+            "allocator event",
+            "MiB",
+            "CUDA allocator: allocated vs reserved (the peak marked)",
+            # the timeline's points are "after event i - 1": the peak is point index + 1
+            marks=[int(peak_at) + 1] if isinstance(peak_at, int) else (),
         )
     return figures
 
@@ -80,12 +71,12 @@ def build(session: Session) -> ReportSection | None:
     mem = session.section("memory")
     if not mem:
         return None
-    figures = _figures(mem)
+    uris = {name: svg.inline(chart) for name, chart in figures(mem).items()}
     what = session.section("derived").get("memory") or {}
     html = join(
         (
             _peak(mem, what),
-            templating.figures(figures),
+            templating.figures(uris),
             _by_category(mem),
             _model_state(mem.get("model_state") or {}),
             _what_if(mem, what),
@@ -97,9 +88,7 @@ def build(session: Session) -> ReportSection | None:
     ms = what.get("model_state_bytes")
     if ms:
         summary += (", " if summary else "") + f"model state {humanize.nbytes(ms)}"
-    return ReportSection(
-        id="memory", title=TITLE, html=html, summary=summary, figures=list(figures)
-    )
+    return ReportSection(id="memory", title=TITLE, html=html, summary=summary, figures=list(uris))
 
 
 def _peak(mem: Any, what: Any) -> Markup:

@@ -176,6 +176,24 @@ def _table(head: tuple[str, ...], rows: list[list[Any]] | list[list[str]]) -> Ma
     )
 
 
+def figures(session: Session) -> dict[str, charts.Chart]:
+    """The time of each precision the A/B timed (shared by the HTML and `ampdiag.plot`)."""
+    rows = (comparison(session) or {}).get("results", [])
+    timed = [
+        r for r in rows if isinstance(r, Mapping) and isinstance(r.get("time_ms"), (int, float))
+    ]
+    if not timed:
+        return {}
+    chart = charts.bars(
+        [NAMES.get(str(r["precision"]), str(r["precision"])) for r in timed],
+        {"ms": [float(r["time_ms"]) for r in timed]},
+        "ms per forward + backward",
+        "Forward + backward time by precision (median)",
+        horizontal=True,
+    )
+    return {"precision-ab": chart}
+
+
 @section(TITLE)
 def build(session: Session) -> ReportSection | None:
     """The section, when the run measured the precisions."""
@@ -183,18 +201,7 @@ def build(session: Session) -> ReportSection | None:
     if ab is None:
         return None
     rows = [r for r in ab["results"] if isinstance(r, Mapping)]
-    timed = [r for r in rows if isinstance(r.get("time_ms"), (int, float))]
-    figures: dict[str, Markup] = {}
-    if timed:
-        figures["precision-ab"] = svg.inline(
-            charts.bars(
-                [NAMES.get(str(r["precision"]), str(r["precision"])) for r in timed],
-                {"ms": [float(r["time_ms"]) for r in timed]},
-                "ms per forward + backward",
-                "Forward + backward time by precision (median)",
-                horizontal=True,
-            )
-        )
+    uris = {name: svg.inline(chart) for name, chart in figures(session).items()}
     parts = [
         Markup("<p><strong>Recommended: {}</strong>{}. {}</p>").format(
             NAMES.get(str(ab.get("recommended")), ab.get("recommended")),
@@ -217,11 +224,11 @@ def build(session: Session) -> ReportSection | None:
     )
     parts.append(_modules(rows))
     parts.append(_fp8(session, ab))
-    parts.append(templating.figures(figures))
+    parts.append(templating.figures(uris))
     return ReportSection(
         id="precision-ab",
         title=TITLE,
         html=join(parts),
         summary=f"recommended {ab.get('recommended')}",
-        figures=list(figures),
+        figures=list(uris),
     )
