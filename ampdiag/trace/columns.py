@@ -6,7 +6,7 @@ decoded it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -76,24 +76,7 @@ class Columns:
 
     def take_gpu(self, mask: Any) -> Columns:
         """A copy with only the GPU activities selected by ``mask`` (bool array or indices)."""
-        return Columns(
-            names=self.names,
-            gpu_ts=self.gpu_ts[mask],
-            gpu_dur=self.gpu_dur[mask],
-            gpu_stream=self.gpu_stream[mask],
-            gpu_corr=self.gpu_corr[mask],
-            gpu_name=self.gpu_name[mask],
-            gpu_kind=self.gpu_kind[mask],
-            launch_corr=self.launch_corr,
-            launch_ts=self.launch_ts,
-            launch_dur=self.launch_dur,
-            launch_name=self.launch_name,
-            host_start=self.host_start,
-            host_end=self.host_end,
-            host_cat=self.host_cat,
-            host_pid=self.host_pid,
-            pids=self.pids,
-        )
+        return replace(self, **{k: getattr(self, k)[mask] for k in _GPU_COLUMNS})
 
     # -- as tuples, to read the records one by one --
 
@@ -140,3 +123,6 @@ class Columns:
                 strict=True,
             )
         ]
+
+
+_GPU_COLUMNS = ("gpu_ts", "gpu_dur", "gpu_stream", "gpu_corr", "gpu_name", "gpu_kind")
