@@ -78,51 +78,5 @@ class Columns:
         """A copy with only the GPU activities selected by ``mask`` (bool array or indices)."""
         return replace(self, **{k: getattr(self, k)[mask] for k in _GPU_COLUMNS})
 
-    # -- as tuples, to read the records one by one --
-
-    def gpu_tuples(self) -> list[tuple[float, float, int, int, str, str]]:
-        """``RankTrace.gpu`` rows: (start_us, dur_us, stream, correlation, name, kind)."""
-        names = self.names
-        return [
-            (t, d, s, c, names[n], GPU_KINDS[k])
-            for t, d, s, c, n, k in zip(
-                self.gpu_ts.tolist(),
-                self.gpu_dur.tolist(),
-                self.gpu_stream.tolist(),
-                self.gpu_corr.tolist(),
-                self.gpu_name.tolist(),
-                self.gpu_kind.tolist(),
-                strict=True,
-            )
-        ]
-
-    def launch_dict(self) -> dict[int, tuple[float, float, str]]:
-        """``RankTrace.launches``: correlation -> (start_us, dur_us, name)."""
-        names = self.names
-        return {
-            c: (t, d, names[n])
-            for c, t, d, n in zip(
-                self.launch_corr.tolist(),
-                self.launch_ts.tolist(),
-                self.launch_dur.tolist(),
-                self.launch_name.tolist(),
-                strict=True,
-            )
-        }
-
-    def host_tuples(self) -> list[tuple[float, float, str, Any]]:
-        """``RankTrace.host`` rows: (start_us, end_us, category, pid)."""
-        pids = self.pids
-        return [
-            (s, e, HOST_CATEGORIES[c], pids[p])
-            for s, e, c, p in zip(
-                self.host_start.tolist(),
-                self.host_end.tolist(),
-                self.host_cat.tolist(),
-                self.host_pid.tolist(),
-                strict=True,
-            )
-        ]
-
 
 _GPU_COLUMNS = ("gpu_ts", "gpu_dur", "gpu_stream", "gpu_corr", "gpu_name", "gpu_kind")
