@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from argparse import SUPPRESS
 from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -131,26 +132,14 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
         kind = str(f.type).replace(" | None", "")
         text = f"{docs.get(f.name, '')} [{f.default}]".replace("``", "").replace("%", "%%")
         if kind == "bool":
-            group.add_argument(
-                flag,
-                dest=f.name,
-                action=argparse.BooleanOptionalAction,
-                default=argparse.SUPPRESS,
-                help=text,
-            )
+            action = argparse.BooleanOptionalAction
+            group.add_argument(flag, dest=f.name, action=action, default=SUPPRESS, help=text)
             continue
-        converters: dict[str, Callable[[str], Any]] = {
-            "int": int,
-            "float": float,
-            "str": str,
-            "tuple[int, int]": _window,
-        }
-        convert = converters.get(kind)
-        if convert is None:
+        if kind not in _FLAG_TYPES:
             raise TypeError(f"DiagnoseConfig.{f.name}: no flag for a setting of type {f.type}")
-        metavar = {"int": "N", "float": "X", "str": "TEXT", "tuple[int, int]": "A:B"}[kind]
+        convert, metavar = _FLAG_TYPES[kind]
         group.add_argument(
-            flag, dest=f.name, type=convert, default=argparse.SUPPRESS, metavar=metavar, help=text
+            flag, dest=f.name, type=convert, default=SUPPRESS, metavar=metavar, help=text
         )
 
 
@@ -162,6 +151,15 @@ def _window(text: str) -> tuple[int, int] | None:
         return window_steps(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+#: A setting's type -> its flag's converter and metavar.
+_FLAG_TYPES: dict[str, tuple[Callable[[str], Any], str]] = {
+    "int": (int, "N"),
+    "float": (float, "X"),
+    "str": (str, "TEXT"),
+    "tuple[int, int]": (_window, "A:B"),
+}
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -12,7 +12,6 @@ made: ``import ampdiag`` and ``ampdiag report --format html`` never import it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +24,6 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-MiB = 1024**2
 #: The figures `plot` makes, by name (the file names ``--format png`` writes).
 NAMES = ("steps", "underflow", "precision", "memory")
 
@@ -41,7 +39,7 @@ def _matplotlib() -> None:
 
 def session_charts(session: Session) -> dict[str, list[charts.Chart]]:
     """The charts of each figure: the report's own charts where the report draws them."""
-    from ampdiag.render.sections import overview, precision_ab, time
+    from ampdiag.render.sections import memory, overview, precision_ab, time
 
     out: dict[str, list[charts.Chart]] = {}
     steps = [
@@ -65,31 +63,12 @@ def session_charts(session: Session) -> dict[str, list[charts.Chart]]:
                 horizontal=True,
             )
         ]
-    ab = precision_ab.comparison(session)
-    timed = [
-        r
-        for r in (ab or {}).get("results", [])
-        if isinstance(r, Mapping) and isinstance(r.get("time_ms"), (int, float))
-    ]
-    if timed:
-        out["precision"] = [
-            charts.bars(
-                [precision_ab.NAMES.get(str(r["precision"]), str(r["precision"])) for r in timed],
-                {"ms": [float(r["time_ms"]) for r in timed]},
-                "ms per forward + backward",
-                "Forward + backward time by precision (median)",
-                horizontal=True,
-            )
-        ]
-    tl = session.section("memory").get("timeline") or {}
-    series = {str(c): [v / MiB for v in values] for c, values in (tl.get("bytes") or {}).items()}
-    series = {c: v for c, v in series.items() if any(v)}
-    if tl.get("t_ms") and series:
-        out["memory"] = [
-            charts.line(
-                tl["t_ms"], series, "ms (profiled steps)", "MiB", "Memory by category", kind="area"
-            )
-        ]
+    for name, chart in (
+        ("precision", precision_ab.figures(session).get("precision-ab")),
+        ("memory", memory.figures(session.section("memory")).get("memory-timeline")),
+    ):
+        if chart is not None:
+            out[name] = [chart]
     return out
 
 

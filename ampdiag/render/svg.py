@@ -229,46 +229,34 @@ def _every(n: int) -> int:
 
 
 def _bars(chart: Chart) -> str:
-    c = _Canvas(chart, 64, HEIGHT)
-    c.frame()
+    """Stacked bars: upright (``bars``, labels below) or lying (``hbars``, labels on the left)."""
     n = max(1, len(chart.labels))
-    totals = [sum(v[i] for _, v in chart.series) for i in range(len(chart.labels))]
-    scale = _value_axis(c, 0.0, max(totals, default=1.0) or 1.0, vertical=True)
-    slot = (c.x1 - c.x0) / n
-    bar = min(slot * 0.8, 80.0)
-    for i, label in enumerate(chart.labels):
-        bottom = 0.0
-        x = c.x0 + (i + 0.5) * slot - bar / 2
-        for k, (name, values) in enumerate(chart.series):
-            top = bottom + values[i]
-            tip = f"{label} — {name}: {_num(values[i])} {chart.ylabel}".rstrip()
-            c.rect(x, scale(top), bar, scale(bottom) - scale(top), c.color(k), tip)
-            bottom = top
-        if i % _every(n) == 0:
-            c.text(c.x0 + (i + 0.5) * slot, c.y1 + 14, label[:24])
-    c.legend_box()
-    return c.svg()
-
-
-def _hbars(chart: Chart) -> str:
-    n = max(1, len(chart.labels))
-    height = int(60 + max(3, n) * 20 + 20)
-    left = min(340, 16 + CHAR_W * max((len(s) for s in chart.labels), default=4))
+    lying = chart.kind == "hbars"
+    height = int(60 + max(3, n) * 20 + 20) if lying else HEIGHT
+    left = min(340, 16 + CHAR_W * max((len(s) for s in chart.labels), default=4)) if lying else 64
     c = _Canvas(chart, left, height)
     c.frame()
     totals = [sum(v[i] for _, v in chart.series) for i in range(len(chart.labels))]
-    scale = _value_axis(c, 0.0, max(totals, default=1.0) or 1.0, vertical=False)
-    slot = (c.y1 - c.y0) / n
+    scale = _value_axis(c, 0.0, max(totals, default=1.0) or 1.0, vertical=not lying)
+    slot = ((c.y1 - c.y0) if lying else (c.x1 - c.x0)) / n
+    bar = slot * 0.7 if lying else min(slot * 0.8, 80.0)
+    unit = chart.xlabel if lying else chart.ylabel
     for i, label in enumerate(chart.labels):
-        left_v = 0.0
-        y = c.y0 + i * slot + slot * 0.15
+        start = 0.0
+        at = c.y0 + i * slot + slot * 0.15 if lying else c.x0 + (i + 0.5) * slot - bar / 2
         for k, (name, values) in enumerate(chart.series):
-            right = left_v + values[i]
-            tip = f"{label} — {name}: {_num(values[i])} {chart.xlabel}".rstrip()
-            c.rect(scale(left_v), y, scale(right) - scale(left_v), slot * 0.7, c.color(k), tip)
-            left_v = right
-        shown = label if len(label) <= 55 else label[:54] + "…"
-        c.text(c.x0 - 4, c.y0 + (i + 0.5) * slot + 4, shown, anchor="end")
+            end = start + values[i]
+            tip = f"{label} — {name}: {_num(values[i])} {unit}".rstrip()
+            if lying:
+                c.rect(scale(start), at, scale(end) - scale(start), bar, c.color(k), tip)
+            else:
+                c.rect(at, scale(end), bar, scale(start) - scale(end), c.color(k), tip)
+            start = end
+        if lying:
+            shown = label if len(label) <= 55 else label[:54] + "…"
+            c.text(c.x0 - 4, c.y0 + (i + 0.5) * slot + 4, shown, anchor="end")
+        elif i % _every(n) == 0:
+            c.text(c.x0 + (i + 0.5) * slot, c.y1 + 14, label[:24])
     c.legend_box()
     return c.svg()
 
@@ -401,7 +389,7 @@ def _histogram(chart: Chart) -> str:
     return c.svg()
 
 
-_DRAW = {"bars": _bars, "hbars": _hbars, "line": _line, "area": _line, "histogram": _histogram}
+_DRAW = {"bars": _bars, "hbars": _bars, "line": _line, "area": _line, "histogram": _histogram}
 
 
 def draw(chart: Chart) -> str:

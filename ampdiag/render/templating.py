@@ -35,17 +35,21 @@ _CELLS = {
     "n": '<td class="num">{}</td>',
     "c": "<td><code>{}</code></td>",
     "p": "<td><pre>{}</pre></td>",
+    "h": "<th>{}</th>",
 }
-_TABLE = Markup("<table><thead><tr>{}</tr></thead><tbody>\n{}</tbody></table>\n")
+_TABLE = {
+    False: Markup("<table><thead><tr>{}</tr></thead><tbody>\n{}{}</tbody></table>\n"),
+    True: Markup("<table>\n<thead><tr>{}</tr></thead>\n<tbody>\n{}{}</tbody></table>\n"),
+}
 
 
-def rows(kinds: str, cells: Iterable[Iterable[Any]]) -> Markup:
-    """One ``<tr>`` per row of cells.
+def rows(kinds: str, cells: Iterable[Iterable[Any]], end: str = "") -> Markup:
+    """One ``<tr>`` per row of cells, each followed by ``end``.
 
     ``kinds`` has a letter per column: ``t`` text, ``n`` a number (right-aligned), ``c`` a name
-    in ``<code>``, ``p`` preformatted (code to paste).
+    in ``<code>``, ``p`` preformatted (code to paste), ``h`` a row's heading (``<th>``).
     """
-    row = Markup("<tr>" + "".join(_CELLS[k] for k in kinds) + "</tr>")
+    row = Markup("<tr>" + "".join(_CELLS[k] for k in kinds) + "</tr>" + end)
     return join(row.format(*values) for values in cells)
 
 
@@ -55,9 +59,18 @@ def heads(*names: str) -> Markup:
     return join(num.format(n[1:]) if n.startswith("#") else text.format(n) for n in names)
 
 
-def table(head: Iterable[str], kinds: str, cells: Iterable[Iterable[Any]]) -> Markup:
-    """A table: its header row (`heads`) and its rows (`rows`)."""
-    return _TABLE.format(heads(*head), rows(kinds, cells))
+def table(
+    head: Iterable[str],
+    kinds: str,
+    cells: Iterable[Iterable[Any]],
+    spaced: bool = False,
+    tail: Any = "",
+) -> Markup:
+    """A table: its header row (`heads`), its rows (`rows`), then ``tail`` (rows of markup).
+
+    ``spaced``: a line break after ``<table>`` and ``</thead>`` too.
+    """
+    return _TABLE[spaced].format(heads(*head), rows(kinds, cells), tail)
 
 
 def evidence_rows(values: Iterable[tuple[Any, Any]]) -> Markup:

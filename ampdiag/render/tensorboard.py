@@ -86,10 +86,9 @@ def findings_markdown(session: Session) -> str:
     """The findings as a Markdown table (TensorBoard's text plugin renders Markdown)."""
     if not session.findings:
         return "No findings."
-    rows = ["| severity | id | finding |", "|---|---|---|"]
-    for f in session.findings:
-        rows.append(f"| {f.severity} | {f.id} | {_md(f.title)} |")
-    return "\n".join(rows)
+    return _table(
+        ("severity", "id", "finding"), [(f.severity, f.id, f.title) for f in session.findings]
+    )
 
 
 def finding_markdown(finding: Any) -> str:
@@ -99,12 +98,12 @@ def finding_markdown(finding: Any) -> str:
     """
     parts = [f"**{finding.severity}** `{finding.id}`: {_md(finding.title)}"]
     rows = [
-        f"| {_md(humanize.label(str(k), v))} | {_md(humanize.by_key(str(k), v))} |"
+        (humanize.label(str(k), v), humanize.by_key(str(k), v))
         for k, v in finding.evidence.items()
         if k != "merged"
     ]
     if rows:
-        parts.append("\n".join(["| evidence | value |", "|---|---|", *rows]))
+        parts.append(_table(("evidence", "value"), rows))
     merged = [m for m in finding.evidence.get("merged") or [] if isinstance(m, dict)]
     if merged:
         parts.append(

@@ -6,7 +6,7 @@ decoded it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -76,67 +76,7 @@ class Columns:
 
     def take_gpu(self, mask: Any) -> Columns:
         """A copy with only the GPU activities selected by ``mask`` (bool array or indices)."""
-        return Columns(
-            names=self.names,
-            gpu_ts=self.gpu_ts[mask],
-            gpu_dur=self.gpu_dur[mask],
-            gpu_stream=self.gpu_stream[mask],
-            gpu_corr=self.gpu_corr[mask],
-            gpu_name=self.gpu_name[mask],
-            gpu_kind=self.gpu_kind[mask],
-            launch_corr=self.launch_corr,
-            launch_ts=self.launch_ts,
-            launch_dur=self.launch_dur,
-            launch_name=self.launch_name,
-            host_start=self.host_start,
-            host_end=self.host_end,
-            host_cat=self.host_cat,
-            host_pid=self.host_pid,
-            pids=self.pids,
-        )
+        return replace(self, **{k: getattr(self, k)[mask] for k in _GPU_COLUMNS})
 
-    # -- as tuples, to read the records one by one --
 
-    def gpu_tuples(self) -> list[tuple[float, float, int, int, str, str]]:
-        """``RankTrace.gpu`` rows: (start_us, dur_us, stream, correlation, name, kind)."""
-        names = self.names
-        return [
-            (t, d, s, c, names[n], GPU_KINDS[k])
-            for t, d, s, c, n, k in zip(
-                self.gpu_ts.tolist(),
-                self.gpu_dur.tolist(),
-                self.gpu_stream.tolist(),
-                self.gpu_corr.tolist(),
-                self.gpu_name.tolist(),
-                self.gpu_kind.tolist(),
-                strict=True,
-            )
-        ]
-
-    def launch_dict(self) -> dict[int, tuple[float, float, str]]:
-        """``RankTrace.launches``: correlation -> (start_us, dur_us, name)."""
-        names = self.names
-        return {
-            c: (t, d, names[n])
-            for c, t, d, n in zip(
-                self.launch_corr.tolist(),
-                self.launch_ts.tolist(),
-                self.launch_dur.tolist(),
-                self.launch_name.tolist(),
-                strict=True,
-            )
-        }
-
-    def host_tuples(self) -> list[tuple[float, float, str, Any]]:
-        """``RankTrace.host`` rows: (start_us, end_us, category, pid)."""
-        pids = self.pids
-        return [
-            (s, e, HOST_CATEGORIES[c], pids[p])
-            for s, e, c, p in zip(
-                self.host_start.tolist(),
-                self.host_end.tolist(),
-                self.host_cat.tolist(),
-                self.host_pid.tolist(),
-                strict=True,
-            )
-        ]
+_GPU_COLUMNS = ("gpu_ts", "gpu_dur", "gpu_stream", "gpu_corr", "gpu_name", "gpu_kind")

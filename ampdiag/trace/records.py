@@ -30,8 +30,6 @@ STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d{1,18})$")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d{1,9})(?!\d)", re.IGNORECASE)
 _META_KEYS = ("distributedInfo", "deviceProperties", "schemaVersion", "traceName")
 
-GpuActivity = tuple[float, float, int, int, str, str]
-"""(start_us, dur_us, stream, correlation, name, kind) with kind kernel|memcpy|memset."""
 MemoryEvent = tuple[float, int, int, int]
 """(ts_us, address, bytes (negative: freed), device type) of a ``[memory]`` event."""
 
@@ -43,8 +41,7 @@ class Fallback(Exception):
 class RankTrace:
     """What the reader kept of one trace file (built by :mod:`ampdiag.trace.builder` only).
 
-    The GPU, launch and host records are numpy columns (:meth:`columns`); ``gpu``,
-    ``launches`` and ``host`` give them as tuples, to read them one by one.
+    The GPU, launch and host records are numpy columns (:meth:`columns`).
 
     Attributes:
         path: The file.
@@ -112,21 +109,6 @@ class RankTrace:
     def columns(self) -> Columns:
         """The GPU, launch and host records as numpy columns."""
         return self._cols
-
-    @property
-    def gpu(self) -> list[GpuActivity]:
-        """GPU activities (see ``GpuActivity``), sorted by start."""
-        return self._cols.gpu_tuples()
-
-    @property
-    def launches(self) -> dict[int, tuple[float, float, str]]:
-        """Correlation id -> (start_us, dur_us, name) of the host launch call."""
-        return self._cols.launch_dict()
-
-    @property
-    def host(self) -> list[tuple[float, float, str, Any]]:
-        """(start_us, end_us, category, pid) of host events the step breakdown counts."""
-        return self._cols.host_tuples()
 
     @property
     def warnings(self) -> list[str]:

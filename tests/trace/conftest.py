@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from ampdiag.trace.columns import GPU_KINDS, HOST_CATEGORIES
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -79,13 +81,40 @@ def write_trace(path: Path, events: list[Any], **top: Any) -> Path:
     return path
 
 
+def gpu(rt: Any) -> list[tuple[float, float, int, int, str, str]]:
+    """A RankTrace's GPU activities as (start_us, dur_us, stream, correlation, name, kind)."""
+    c = rt.columns()
+    cols = (c.gpu_ts, c.gpu_dur, c.gpu_stream, c.gpu_corr, c.gpu_name, c.gpu_kind)
+    return [
+        (t, d, s, k, c.names[n], GPU_KINDS[g])
+        for t, d, s, k, n, g in zip(*(x.tolist() for x in cols), strict=True)
+    ]
+
+
+def launches(rt: Any) -> dict[int, tuple[float, float, str]]:
+    """A RankTrace's launch calls: correlation -> (start_us, dur_us, name)."""
+    c = rt.columns()
+    cols = (c.launch_corr, c.launch_ts, c.launch_dur, c.launch_name)
+    return {k: (t, d, c.names[n]) for k, t, d, n in zip(*(x.tolist() for x in cols), strict=True)}
+
+
+def host(rt: Any) -> list[tuple[float, float, str, Any]]:
+    """A RankTrace's host spans the step breakdown counts: (start_us, end_us, category, pid)."""
+    c = rt.columns()
+    cols = (c.host_start, c.host_end, c.host_cat, c.host_pid)
+    return [
+        (s, e, HOST_CATEGORIES[k], c.pids[p])
+        for s, e, k, p in zip(*(x.tolist() for x in cols), strict=True)
+    ]
+
+
 def records(rt: Any) -> tuple[Any, ...]:
     """Everything a RankTrace holds, in a comparable form (host spans and launches sorted)."""
     return (
-        sorted(rt.gpu),
-        sorted(rt.launches.items()),
+        sorted(gpu(rt)),
+        sorted(launches(rt).items()),
         rt.steps,
-        sorted(rt.host, key=repr),
+        sorted(host(rt), key=repr),
         rt.events,
         rt.cpu_ops,
         rt.skipped,

@@ -12,7 +12,7 @@ from ampdiag.trace import decode as F
 from ampdiag.trace import reader as R
 from ampdiag.trace.lenient import read_lenient
 from ampdiag.trace.records import Fallback
-from tests.trace.conftest import kernel, launch, manifest, step, write_trace
+from tests.trace.conftest import gpu, kernel, launch, manifest, step, write_trace
 from tests.trace.conftest import records as _records
 
 
@@ -80,7 +80,7 @@ def test_non_ascii_names_stay_on_the_fast_path(tmp_path):
     finally:
         F.CHUNK_BYTES = monkeypatch_chunk
     assert _records(fast) == _records(read_lenient(path))
-    assert fast.gpu[0][4] == "kernel_ü_名前"
+    assert gpu(fast)[0][4] == "kernel_ü_名前"
 
 
 ODD_EVENTS = [
@@ -110,7 +110,7 @@ def test_odd_events_stay_on_the_fast_path(tmp_path, mutate):
     rt = R.read_trace(path)
     assert rt.reader == "fast"
     assert _records(rt) == _records(read_lenient(path))
-    assert len(rt.gpu) >= 2000
+    assert len(gpu(rt)) >= 2000
 
 
 def test_odd_top_level_goes_to_the_lenient_path(tmp_path):
@@ -129,7 +129,7 @@ def test_an_odd_event_is_skipped_with_a_count_not_the_file(tmp_path):
     path = write_trace(tmp_path / "neg.json", plain)
     rt = R.read_trace(path)
     assert rt.reader == "fast"
-    assert len(rt.gpu) == 4999  # counted directly: 5000 written, one with a negative duration
+    assert len(gpu(rt)) == 4999  # counted directly: 5000 written, one with a negative duration
     assert rt.skipped == {"negative duration": 1}
 
 

@@ -9,7 +9,7 @@ from ampdiag.cli import main
 from ampdiag.errors import InputError
 from ampdiag.trace import lenient as S
 from ampdiag.trace.reader import read_trace
-from tests.trace.conftest import kernel, launch, manifest, step, write_trace
+from tests.trace.conftest import gpu, host, kernel, launch, launches, manifest, step, write_trace
 
 
 def test_reads_every_manifest_trace_with_its_counts(traces):
@@ -22,7 +22,7 @@ def test_reads_every_manifest_trace_with_its_counts(traces):
         rt = read_trace(path)
         # the manifest's counts were made with json.load; ours come from the streaming reader
         assert rt.events == int(row["events"]), row["path"]
-        assert sum(1 for g in rt.gpu if g[5] == "kernel") == int(row["gpu_kernels"]), row["path"]
+        assert sum(1 for g in gpu(rt) if g[5] == "kernel") == int(row["gpu_kernels"]), row["path"]
         if row["rank"] != "-":
             assert rt.rank == int(row["rank"])
         assert not rt.skipped
@@ -37,10 +37,10 @@ def test_foreign_files(traces):
 
 def _records(rt):
     return (
-        sorted(rt.gpu),
-        sorted(rt.launches.items()),
+        sorted(gpu(rt)),
+        sorted(launches(rt).items()),
         rt.steps,
-        sorted(rt.host, key=repr),
+        sorted(host(rt), key=repr),
         rt.events,
     )
 
@@ -114,9 +114,9 @@ def test_variations(tmp_path):
     ]
     rt = read_trace(write_trace(tmp_path / "worker_rank-3.pt.trace.json", events))
     assert rt.rank == 3 and rt.rank_source == "file name"
-    assert rt.gpu[0][:2] == (100.125, 2.5) and rt.gpu[0][5] == "kernel"
-    assert rt.gpu[1][5] == "memcpy"
-    assert rt.launches[1][0] == 99.5
+    assert gpu(rt)[0][:2] == (100.125, 2.5) and gpu(rt)[0][5] == "kernel"
+    assert gpu(rt)[1][5] == "memcpy"
+    assert launches(rt)[1][0] == 99.5
     assert rt.cpu_ops["aten::mm"] == [1, 3.0]
 
 
@@ -135,9 +135,9 @@ def test_bad_events_are_skipped_with_a_warning(tmp_path):
     )
     path.write_text(text.replace("NaN", "NaN"))
     rt = read_trace(path)
-    assert [g[4] for g in rt.gpu] == ["good", "huge ints"]
+    assert [g[4] for g in gpu(rt)] == ["good", "huge ints"]
     assert (
-        rt.gpu[1][3] == -1
+        gpu(rt)[1][3] == -1
     )  # a correlation beyond 64 bits is kept as "none": it matches no launch
     assert rt.skipped == {
         "missing or invalid ts/dur": 1,
@@ -150,7 +150,7 @@ def test_bad_events_are_skipped_with_a_warning(tmp_path):
 
 def test_empty_trace_events_is_a_trace_without_gpu(tmp_path):
     rt = read_trace(write_trace(tmp_path / "e.json", []))
-    assert rt.events == 0 and rt.gpu == []
+    assert rt.events == 0 and gpu(rt) == []
 
 
 @pytest.mark.parametrize(
@@ -224,8 +224,8 @@ def test_hta_rounding_helper_matches_manual(tmp_path):
         write_trace(tmp_path / "r.json", [launch(0.5, 1, 2.0), kernel(1.2, 1.5, "k", 1)])
     )
     hta_round(rt)
-    assert rt.gpu == [(2.0, 0.0, 7, 1, "k", "kernel")]
-    assert rt.launches == {1: (1.0, 1.0, "cudaLaunchKernel")}
+    assert gpu(rt) == [(2.0, 0.0, 7, 1, "k", "kernel")]
+    assert launches(rt) == {1: (1.0, 1.0, "cudaLaunchKernel")}
 
 
 def test_step_spans(tmp_path):

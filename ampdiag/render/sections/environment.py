@@ -8,7 +8,7 @@ from markupsafe import Markup
 
 from ampdiag import units
 from ampdiag.render.sections import ReportSection, section
-from ampdiag.render.templating import evidence_rows, join
+from ampdiag.render.templating import evidence_rows, join, rows
 from ampdiag.session import Session
 
 TITLE = "Run and environment"
@@ -58,18 +58,16 @@ def _found(session: Session, run: Any) -> Markup:
     autocast = comma.join(
         Markup("<code>{}</code> ({})").format(k, units.by_key("", v)) for k, v in seen
     )
+    found = (
+        ("models", join(models)),
+        ("optimizers", comma.join(run.get("optimizers", [])) or "none found"),
+        ("GradScaler", scaler),
+        ("autocast seen", autocast or "none"),
+        ("steps", len(session.steps)),
+    )
     out = [
-        Markup(
-            "<h3>Found in the run</h3>\n<table><tbody>\n<tr><th>models</th><td>{}</td></tr>\n"
-            "<tr><th>optimizers</th><td>{}</td></tr>\n<tr><th>GradScaler</th><td>{}</td></tr>\n"
-            "<tr><th>autocast seen</th><td>{}</td></tr>\n<tr><th>steps</th><td>{}</td></tr>\n"
-            "</tbody></table>\n"
-        ).format(
-            join(models),
-            comma.join(run.get("optimizers", [])) or "none found",
-            scaler,
-            autocast or "none",
-            len(session.steps),
+        Markup("<h3>Found in the run</h3>\n<table><tbody>\n{}</tbody></table>\n").format(
+            rows("ht", found, end="\n")
         )
     ]
     if run.get("warnings"):

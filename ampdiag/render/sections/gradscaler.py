@@ -91,15 +91,14 @@ def _html(
     out = []
     if scaler:
         rest = ((k, v) for k, v in scaler.items() if k not in ("class", "enabled", "device"))
+        facts = (
+            ("enabled", "yes" if scaler.get("enabled") else "no"),
+            ("device", scaler.get("device") or "not recorded"),
+        )
         out.append(
-            Markup(
-                "<table><tbody>\n<tr><th>class</th><td><code>{}</code></td></tr>\n"
-                "<tr><th>enabled</th><td>{}</td></tr>\n<tr><th>device</th><td>{}</td></tr>\n"
-                "{}</tbody></table>\n"
-            ).format(
-                scaler.get("class"),
-                "yes" if scaler.get("enabled") else "no",
-                scaler.get("device") or "not recorded",
+            Markup("<table><tbody>\n{}{}{}</tbody></table>\n").format(
+                templating.rows("hc", [("class", scaler.get("class"))], end="\n"),
+                templating.rows("ht", facts, end="\n"),
                 templating.evidence_rows(rest),
             )
         )

@@ -13,7 +13,7 @@ from markupsafe import Markup
 from ampdiag import units as humanize
 from ampdiag.render import charts, svg, templating
 from ampdiag.render.sections import ReportSection, section
-from ampdiag.render.templating import join
+from ampdiag.render.templating import join, table
 from ampdiag.session import Session
 
 TITLE = "Memory"
@@ -22,54 +22,45 @@ NEEDS = "the memory collector (allocator events or a CUDA snapshot)"
 MiB = 1024**2
 
 
-def _figures(mem: Mapping[str, Any]) -> dict[str, Markup]:
-    figures: dict[str, Markup] = {}
+def figures(mem: Mapping[str, Any]) -> dict[str, charts.Chart]:
+    """The memory section's charts (the timeline by category is also `ampdiag.plot`'s)."""
+    figures: dict[str, charts.Chart] = {}
     tl = mem.get("timeline") or {}
-    if tl.get("t_ms"):
-        series = {
-            str(c): [v / MiB for v in values] for c, values in tl["bytes"].items() if any(values)
-        }
-        if series:
-            figures["memory-timeline"] = svg.inline(
-                charts.line(
-                    tl["t_ms"],
-                    series,
-                    "ms (profiled steps)",
-                    "MiB",
-                    "Memory by category",
-                    kind="area",
-                )
-            )
+    series = {
+        str(c): [v / MiB for v in values]
+        for c, values in (tl.get("bytes") or {}).items()
+        if any(values)
+    }
+    if tl.get("t_ms") and series:
+        figures["memory-timeline"] = charts.line(
+            tl["t_ms"], series, "ms (profiled steps)", "MiB", "Memory by category", kind="area"
+        )
     by_cat = (mem.get("peak") or {}).get("by_category") or {}
     nonzero = [(c, v) for c, v in by_cat.items() if v]
     if nonzero:
         nonzero.sort(key=lambda cv: -cv[1])
-        figures["memory-peak"] = svg.inline(
-            charts.bars(
-                [c for c, _ in nonzero],
-                {"MiB": [v / MiB for _, v in nonzero]},
-                "MiB",
-                "At the peak",
-                horizontal=True,
-            )
+        figures["memory-peak"] = charts.bars(
+            [c for c, _ in nonzero],
+            {"MiB": [v / MiB for _, v in nonzero]},
+            "MiB",
+            "At the peak",
+            horizontal=True,
         )
     cuda = mem.get("cuda") or {}
     cuda_tl = cuda.get("timeline") or {}
     if len(cuda_tl.get("event", [])) >= 2:
         peak_at = (cuda.get("peak") or {}).get("event_index")
-        figures["cuda-allocator"] = svg.inline(
-            charts.line(
-                cuda_tl["event"],
-                {
-                    "allocated MiB": [v / MiB for v in cuda_tl["allocated"]],
-                    "reserved MiB": [v / MiB for v in cuda_tl["reserved"]],
-                },
-                "allocator event",
-                "MiB",
-                "CUDA allocator: allocated vs reserved (the peak marked)",
-                # the timeline's points are "after event i - 1": the peak is point index + 1
-                marks=[int(peak_at) + 1] if isinstance(peak_at, int) else (),
-            )
+        figures["cuda-allocator"] = charts.line(
+            cuda_tl["event"],
+            {
+                "allocated MiB": [v / MiB for v in cuda_tl["allocated"]],
+                "reserved MiB": [v / MiB for v in cuda_tl["reserved"]],
+            },
+            "allocator event",
+            "MiB",
+            "CUDA allocator: allocated vs reserved (the peak marked)",
+            # the timeline's points are "after event i - 1": the peak is point index + 1
+            marks=[int(peak_at) + 1] if isinstance(peak_at, int) else (),
         )
     return figures
 
@@ -80,12 +71,12 @@ def build(session: Session) -> ReportSection | None:
     mem = session.section("memory")
     if not mem:
         return None
-    figures = _figures(mem)
+    uris = {name: svg.inline(chart) for name, chart in figures(mem).items()}
     what = session.section("derived").get("memory") or {}
     html = join(
         (
             _peak(mem, what),
-            templating.figures(figures),
+            templating.figures(uris),
             _by_category(mem),
             _model_state(mem.get("model_state") or {}),
             _what_if(mem, what),
@@ -97,9 +88,7 @@ def build(session: Session) -> ReportSection | None:
     ms = what.get("model_state_bytes")
     if ms:
         summary += (", " if summary else "") + f"model state {humanize.nbytes(ms)}"
-    return ReportSection(
-        id="memory", title=TITLE, html=html, summary=summary, figures=list(figures)
-    )
+    return ReportSection(id="memory", title=TITLE, html=html, summary=summary, figures=list(uris))
 
 
 def _peak(mem: Any, what: Any) -> Markup:
@@ -132,9 +121,8 @@ def _by_category(mem: Any) -> Markup:
     pk = mem.get("peak") or {}
     if not pk.get("by_category"):
         return Markup("")
-    row = Markup('<tr><td>{}</td><td class="num">{}</td><td class="num">{}</td></tr>')
-    rows = join(
-        row.format(
+    cells = (
+        (
             cat,
             humanize.nbytes(value),
             humanize.percent(value / pk["bytes"]) if pk.get("bytes") else "",
@@ -151,12 +139,12 @@ def _by_category(mem: Any) -> Markup:
     )
     top, held = max(pk["by_category"].items(), key=lambda kv: kv[1])
     share = Markup(" ({})").format(humanize.percent(held / pk["bytes"])) if pk.get("bytes") else ""
+    head = ("category", "#bytes", "#share")
     # Folded: the chart beside it draws the same numbers; the summary says the one that matters.
     return Markup(
         "<details><summary><strong>At the peak</strong>: {} held the most, {}{}</summary>\n"
-        '<table>\n<thead><tr><th>category</th><th class="num">bytes</th>'
-        '<th class="num">share</th></tr></thead>\n<tbody>\n{}</tbody></table>\n</details>\n{}'
-    ).format(top, humanize.nbytes(held), share, rows, source)
+        "{}</details>\n{}"
+    ).format(top, humanize.nbytes(held), share, table(head, "tnn", cells, True), source)
 
 
 def _model_state(ms: Any) -> Markup:
@@ -193,10 +181,7 @@ def _what_if(mem: Any, what: Any) -> Markup:
     """The derive step's what-if estimates, and how to measure what they lack."""
     if not what.get("rows"):
         return Markup("")
-    row = Markup('<tr><td>{}</td><td class="num">{}</td><td>{}</td></tr>')
-    rows = join(
-        row.format(r["scenario"], humanize.nbytes(r["bytes"]), r["basis"]) for r in what["rows"]
-    )
+    cells = ((r["scenario"], humanize.nbytes(r["bytes"]), r["basis"]) for r in what["rows"])
     note = ""
     if not what.get("activation_fit") and not mem.get("snapshot_file"):
         note = Markup(
@@ -205,10 +190,8 @@ def _what_if(mem: Any, what: Any) -> Markup:
             "loss_fn=..., autocast_dtype=torch.bfloat16)</code> inside the <code>diagnose()</code> "
             "block, before the first step.</p>"
         )
-    return Markup(
-        '<h3>What if</h3>\n<table>\n<thead><tr><th>scenario</th><th class="num">bytes</th>'
-        "<th>basis</th></tr></thead>\n<tbody>\n{}</tbody></table>\n{}"
-    ).format(rows, note)
+    head = ("scenario", "#bytes", "basis")
+    return Markup("<h3>What if</h3>\n{}{}").format(table(head, "tnt", cells, True), note)
 
 
 def _cuda(cuda: Any) -> Markup:
@@ -243,27 +226,24 @@ def _cuda(cuda: Any) -> Markup:
         )
     out.append(Markup("</tbody></table>\n"))
     if cp.get("top_sites"):
-        row = Markup(
-            '<tr><td class="num">{}</td><td class="num">{}</td><td><code>{}</code>{}</td>'
-            "<td>{}</td></tr>"
-        )
-        rows = join(
-            row.format(
+        site, op = Markup("<code>{}</code>{}"), Markup(" · <code>{}</code>")
+        cells = (
+            (
                 b(s["bytes"]),
                 humanize.count(s["count"]),
-                s["site"] or s["frames"][0],
-                Markup(" · <code>{}</code>").format(s["op"]) if s.get("op") else "",
+                site.format(s["site"] or s["frames"][0], op.format(s["op"]) if s.get("op") else ""),
                 join(Markup("<code>{}</code><br>").format(f) for f in s["frames"][1:]),
             )
             for s in cp["top_sites"]
         )
-        out.append(
-            Markup(
-                '<h3>Top allocation sites at the peak</h3>\n<table>\n<thead><tr><th class="num">'
-                'bytes</th><th class="num">blocks</th><th>first frame in user code · op</th>'
-                "<th>user stack (innermost first)</th></tr></thead>\n<tbody>\n{}</tbody></table>\n"
-            ).format(rows)
+        head = (
+            "#bytes",
+            "#blocks",
+            "first frame in user code · op",
+            "user stack (innermost first)",
         )
+        out.append(Markup("<h3>Top allocation sites at the peak</h3>\n"))
+        out.append(table(head, "nntt", cells, True))
     for o in cuda.get("ooms") or []:
         held = Markup(", ").join(
             Markup("{} {}").format(k, b(v)) for k, v in o["by_category"].items()

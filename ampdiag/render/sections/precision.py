@@ -13,7 +13,7 @@ from ampdiag import units as humanize
 from ampdiag.render import charts, svg
 from ampdiag.render.sections import ReportSection, section
 from ampdiag.render.templating import figures as figure_tags
-from ampdiag.render.templating import heads, join, rows
+from ampdiag.render.templating import join, rows, table
 from ampdiag.session import Session
 
 TITLE = "Precision"
@@ -72,23 +72,24 @@ def _cost(o: Any) -> tuple[str, str]:
 _MATMUL = ("low_flops", "fp32_flops", "fp32_share")
 
 
-def _table(head: tuple[str, ...], kinds: str, cells: Any, tail: Any = "") -> Markup:
-    """A table (`templating.heads`, `templating.rows`), and ``tail`` after its rows."""
-    return Markup("<table>\n<thead><tr>{}</tr></thead>\n<tbody>\n{}{}</tbody></table>").format(
-        heads(*head), rows(kinds, cells), tail
-    )
-
-
 def _html(sec: Any, s: Any, figures: dict[str, Markup]) -> Markup:
     """The audited step's FLOPs, op time and casts by precision, and why ops ran in FP32."""
     fl, us, pct, num = humanize.flops, humanize.micros, humanize.percent, humanize.count
-    row = Markup(
-        '<tr><th>{}</th><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td>'
-        "</tr>\n"
-    )
     seen = join(
         Markup("<code>{}:{}</code> ").format(d, t)
         for d, t in sec.get("autocast_dtypes", {}).items()
+    )
+    shares = rows(
+        "hnnn",
+        (
+            (name, f(low), f(fp32), pct(share))
+            for name, f, low, fp32, share in (
+                ("FLOPs", fl, s["flops"]["low"], s["flops"]["fp32"], s["fp32_flops_share"]),
+                ("op time", us, s["time_us"]["low"], s["time_us"]["fp32"], s["fp32_time_share"]),
+                ("matmul FLOPs", fl, *(s["matmul"][k] for k in _MATMUL)),
+            )
+        ),
+        end="\n",
     )
     out = [
         Markup(
@@ -96,26 +97,10 @@ def _html(sec: Any, s: Any, figures: dict[str, Markup]) -> Markup:
             "dtype it computed in. FLOPs count the ops torch's FLOP counter has formulas for "
             "(matmuls, convolutions, attention).</p>\n"
         ).format(sec["step"]),
-        Markup("<table>\n<thead><tr>{}</tr></thead>\n<tbody>\n{}</tbody></table>").format(
-            heads("", "#low precision", "#FP32", "#FP32 share"),
-            join(
-                row.format(name, f(low), f(fp32), pct(share))
-                for name, f, low, fp32, share in (
-                    ("FLOPs", fl, s["flops"]["low"], s["flops"]["fp32"], s["fp32_flops_share"]),
-                    (
-                        "op time",
-                        us,
-                        s["time_us"]["low"],
-                        s["time_us"]["fp32"],
-                        s["fp32_time_share"],
-                    ),
-                    ("matmul FLOPs", fl, *(s["matmul"][k] for k in _MATMUL)),
-                )
-            ),
+        table(("", "#low precision", "#FP32", "#FP32 share"), "", "", True, shares),
+        Markup("<p>Matmul FLOPs with autocast active: {}. Autocast dtypes seen: {}.</p>\n").format(
+            pct(s["matmul"]["autocast_share"]), seen or "none"
         ),
-        Markup(
-            "\n<p>Matmul FLOPs with autocast active: {}. Autocast dtypes seen: {}.</p>\n"
-        ).format(pct(s["matmul"]["autocast_share"]), seen or "none"),
         figure_tags(figures),
     ]
     if s["top_fp32_by_time"]:
@@ -130,21 +115,24 @@ def _html(sec: Any, s: Any, figures: dict[str, Markup]) -> Markup:
         )
         out += [
             Markup("<h3>Top FP32 ops</h3>\n"),
-            _table(
-                ("op", "module", "phase", "reason", "#calls", "#FLOPs", "#time"), "ccttnnn", ops
+            table(
+                ("op", "module", "phase", "reason", "#calls", "#FLOPs", "#time"),
+                "ccttnnn",
+                ops,
+                True,
             ),
-            Markup("\n<h3>Why ops ran in FP32</h3>\n"),
-            _table(("reason", "#ops", "#FLOPs", "#time", "fix"), "tnnnp", why),
-            Markup("\n"),
+            Markup("<h3>Why ops ran in FP32</h3>\n"),
+            table(("reason", "#ops", "#FLOPs", "#time", "fix"), "tnnnp", why, True),
         ]
     casts = s["casts"]
     total = casts["total"]
     moved = humanize.nbytes
+    per_step = ("per step", num(total["count"]), moved(total["bytes"]), us(total["time_us"]))
     out += [
         Markup(
             "<details><summary><strong>Casts</strong>: {} per step, {} moved</summary>\n"
         ).format(num(total["count"]), moved(total["bytes"])),
-        _table(
+        table(
             ("inserted by", "#count", "#bytes moved", "#time"),
             "tnnn",
             (
@@ -152,25 +140,14 @@ def _html(sec: Any, s: Any, figures: dict[str, Markup]) -> Markup:
                 for origin, c in casts.items()
                 if origin != "total"
             ),
-            Markup(
-                '<tr><th>per step</th><td class="num">{}</td><td class="num">{}</td>'
-                '<td class="num">{}</td></tr>\n'
-            ).format(num(total["count"]), moved(total["bytes"]), us(total["time_us"])),
-        ),
+            True,
+            rows("hnnn", [per_step], end="\n"),
+        )[:-1],
         Markup("</details>\n"),
     ]
     if s["device_differences"]:
-        diffs = (
-            [
-                d["op"],
-                d["module"],
-                d["cpu_dtype"],
-                d["cuda_policy"],
-                d["cuda_dtype"],
-                num(d["count"]),
-            ]
-            for d in s["device_differences"]
-        )
+        keys = ("op", "module", "cpu_dtype", "cuda_policy", "cuda_dtype")
+        diffs = ([*(d[k] for k in keys), num(d["count"])] for d in s["device_differences"])
         head = ("op", "module", "here (CPU)", "CUDA policy", "on CUDA", "#calls")
         out += [
             Markup(
@@ -178,7 +155,7 @@ def _html(sec: Any, s: Any, figures: dict[str, Markup]) -> Markup:
                 "({} ops)</summary>\n<p>CUDA autocast's policy, derived from torch's own autocast "
                 "registrations ({}).</p>\n"
             ).format(len(s["device_differences"]), sec["cuda_policy_source"]),
-            _table(head, "cctttn", diffs),
+            table(head, "cctttn", diffs, True)[:-1],
             Markup("</details>\n"),
         ]
     if sec.get("reenabled_autocast_ops"):

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
 from ampdiag import units
-from ampdiag.render import charts, svg
+from ampdiag.render import charts, svg, templating
 from ampdiag.render.sections import ReportSection, section
+from ampdiag.render.templating import join
 from ampdiag.session import Session
 
 TITLE = "Which precision"
@@ -170,12 +171,27 @@ def _fp8(session: Session, ab: Mapping[str, Any]) -> Markup:
 
 
 def _table(head: tuple[str, ...], rows: list[list[Any]] | list[list[str]]) -> Markup:
-    cells = Markup("").join(Markup("<th>{}</th>").format(h) for h in head)
-    body = Markup("").join(
-        Markup("<tr>{}</tr>").format(Markup("").join(Markup("<td>{}</td>").format(c) for c in r))
-        for r in rows
+    return Markup("<table><thead><tr>{}</tr></thead><tbody>{}</tbody></table>").format(
+        join(Markup("<th>{}</th>").format(h) for h in head), templating.rows("t" * len(head), rows)
     )
-    return Markup("<table><thead><tr>{}</tr></thead><tbody>{}</tbody></table>").format(cells, body)
+
+
+def figures(session: Session) -> dict[str, charts.Chart]:
+    """The time of each precision the A/B timed (shared by the HTML and `ampdiag.plot`)."""
+    rows = (comparison(session) or {}).get("results", [])
+    timed = [
+        r for r in rows if isinstance(r, Mapping) and isinstance(r.get("time_ms"), (int, float))
+    ]
+    if not timed:
+        return {}
+    chart = charts.bars(
+        [NAMES.get(str(r["precision"]), str(r["precision"])) for r in timed],
+        {"ms": [float(r["time_ms"]) for r in timed]},
+        "ms per forward + backward",
+        "Forward + backward time by precision (median)",
+        horizontal=True,
+    )
+    return {"precision-ab": chart}
 
 
 @section(TITLE)
@@ -185,18 +201,7 @@ def build(session: Session) -> ReportSection | None:
     if ab is None:
         return None
     rows = [r for r in ab["results"] if isinstance(r, Mapping)]
-    timed = [r for r in rows if isinstance(r.get("time_ms"), (int, float))]
-    figures: dict[str, Markup] = {}
-    if timed:
-        figures["precision-ab"] = svg.inline(
-            charts.bars(
-                [NAMES.get(str(r["precision"]), str(r["precision"])) for r in timed],
-                {"ms": [float(r["time_ms"]) for r in timed]},
-                "ms per forward + backward",
-                "Forward + backward time by precision (median)",
-                horizontal=True,
-            )
-        )
+    uris = {name: svg.inline(chart) for name, chart in figures(session).items()}
     parts = [
         Markup("<p><strong>Recommended: {}</strong>{}. {}</p>").format(
             NAMES.get(str(ab.get("recommended")), ab.get("recommended")),
@@ -219,12 +224,11 @@ def build(session: Session) -> ReportSection | None:
     )
     parts.append(_modules(rows))
     parts.append(_fp8(session, ab))
-    for name, uri in figures.items():
-        parts.append(Markup('<figure class="figure" aria-label="{}">{}</figure>').format(name, uri))
+    parts.append(templating.figures(uris))
     return ReportSection(
         id="precision-ab",
         title=TITLE,
-        html=Markup("").join(escape(p) for p in parts),
+        html=join(parts),
         summary=f"recommended {ab.get('recommended')}",
-        figures=list(figures),
+        figures=list(uris),
     )

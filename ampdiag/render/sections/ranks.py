@@ -83,14 +83,10 @@ def build(session: Session) -> ReportSection | None:
     return ReportSection(id="ranks", title=TITLE, html=html, summary=summary, figures=list(uris))
 
 
-_HEAD = (
-    '<th>rank</th><th>status</th><th class="num">steps</th><th class="num">median step</th>'
-    '<th class="num">last loss</th><th class="num">non-finite grads</th>'
-    '<th class="num">zero grads</th><th>autocast</th><th class="num">low-precision FLOPs</th>'
-    '<th class="num">parameters</th><th class="num">peak memory</th>'
-    '<th class="num">collectives / step</th><th class="num">exposed comm / step</th>'
-    '<th class="num">waits for others / step</th><th>findings</th>'
-)
+_HEAD = ("rank", "status", "#steps", "#median step", "#last loss", "#non-finite grads",
+         "#zero grads", "autocast", "#low-precision FLOPs", "#parameters", "#peak memory",
+         "#collectives / step", "#exposed comm / step", "#waits for others / step",
+         "findings")  # fmt: skip
 
 
 def _html(ranks: Any, rows: list[dict[str, Any]], comm: Any, straggler: Any, uris: Any) -> Markup:
@@ -144,7 +140,7 @@ def _html(ranks: Any, rows: list[dict[str, Any]], comm: Any, straggler: Any, uri
         len(rows),
         ranks.get("world_size"),
         matched,
-        Markup(_HEAD),
+        templating.heads(*_HEAD),
         templating.join(body),
         templating.figures(uris),
         Markup("<ul>{}</ul>").format(

@@ -14,7 +14,7 @@ from markupsafe import Markup
 from ampdiag import units as humanize
 from ampdiag.render import charts, stated, svg, templating
 from ampdiag.render.sections import ReportSection, section
-from ampdiag.render.templating import join
+from ampdiag.render.templating import join, table
 from ampdiag.session import Session
 
 TITLE = "Step time"
@@ -151,30 +151,24 @@ def _breakdown(prof: Any, cats: list[str], rows: list[Any]) -> Markup:
             '<p class="muted">No step was profiled ({} steps ran; the profiler skips {} and warms '
             "up for {}).</p>\n"
         ).format(prof.get("steps_seen", 0), schedule.get("skip", "?"), schedule.get("warmup", "?"))
-    cell = Markup('<td class="num">{}</td>')
-    body = [
-        Markup('<tr><td>{}</td><td class="num">{}</td>{}</tr>').format(
-            r["step"], us(r["total_us"]), join(cell.format(us(r[c + "_us"])) for c in cats)
-        )
+    kinds = "t" + "n" * (len(cats) + 1)
+    cells = (
+        [r["step"], us(r["total_us"]), *(us(r[c + "_us"]) for c in cats)]
         for r in rows[:TABLE_STEPS]
-    ]
-    if len(rows) > TABLE_STEPS:
-        body.append(
-            Markup(
-                '<tr><td colspan="{}" class="muted">… and {} more steps (in the chart below and in '
-                "session.json)</td></tr>"
-            ).format(len(cats) + 2, len(rows) - TABLE_STEPS)
-        )
+    )
     share = prof.get("breakdown", {})["share"]
+    shares = [["share", "", *(humanize.percent(share[c]) for c in cats)]]
+    tail = templating.rows("ht" + kinds[2:], shares, end="\n")
+    if len(rows) > TABLE_STEPS:
+        more = Markup(
+            '<tr><td colspan="{}" class="muted">… and {} more steps (in the chart below and in '
+            "session.json)</td></tr>"
+        ).format(len(cats) + 2, len(rows) - TABLE_STEPS)
+        tail = more + tail
     return Markup(
         "<p>Host time of the profiled steps (from the trace), split by what the process was "
-        'doing.</p>\n<table>\n<thead><tr><th>step</th><th class="num">total</th>{}</tr></thead>\n'
-        "<tbody>\n{}<tr><th>share</th><td></td>{}</tr>\n</tbody></table>\n"
-    ).format(
-        join(Markup('<th class="num">{}</th>').format(c) for c in cats),
-        join(body),
-        join(cell.format(humanize.percent(share[c])) for c in cats),
-    )
+        "doing.</p>\n{}"
+    ).format(table(("step", "#total", *(f"#{c}" for c in cats)), kinds, cells, True, tail))
 
 
 def _top_ops(prof: Any, device_column: bool) -> Markup:
@@ -182,22 +176,15 @@ def _top_ops(prof: Any, device_column: bool) -> Markup:
     if not prof.get("top_ops"):
         return Markup("")
     us = humanize.micros
-    device = Markup('<td class="num">{}</td>')
-    rows = join(
-        Markup(
-            '<tr><td><code>{}</code></td><td class="num">{}</td><td class="num">{}</td>{}</tr>'
-        ).format(
-            op["name"],
-            humanize.count(op["calls"]),
-            us(op["self_cpu_us"]),
-            device.format(us(op["self_device_us"])) if device_column else "",
-        )
+    cells = (
+        [op["name"], humanize.count(op["calls"]), us(op["self_cpu_us"])]
+        + ([us(op["self_device_us"])] if device_column else [])
         for op in prof["top_ops"]
     )
-    return Markup(
-        '<h3>Top ops by self time</h3>\n<table>\n<thead><tr><th>op</th><th class="num">calls</th>'
-        '<th class="num">self CPU</th>{}</tr></thead>\n<tbody>\n{}</tbody></table>\n'
-    ).format(Markup('<th class="num">self device</th>') if device_column else "", rows)
+    head = ("op", "#calls", "#self CPU", "#self device")[: 4 if device_column else 3]
+    return Markup("<h3>Top ops by self time</h3>\n{}").format(
+        table(head, "cnnn"[: len(head)], cells, True)
+    )
 
 
 def _trace_files(prof: Any) -> Markup:
@@ -285,20 +272,15 @@ def _speed(speed: Any, probe: Any, autocast: Any, uris: dict[str, Markup]) -> Ma
     if ab:
         out.append(Markup("</details>"))
     if probe.get("modules"):
-        row = Markup(
-            '<tr><td><code>{}</code></td><td class="num">{}</td><td class="num">{}</td></tr>'
+        cells = (
+            (m["module"], us(m["fp32_ms"] * 1000), us(m["autocast_ms"] * 1000))
+            for m in probe["modules"]
         )
         out.append(
             Markup(
                 "<details><summary>Leaf modules, forward only (largest slowdown first)</summary>\n"
-                '<table><thead><tr><th>module</th><th class="num">FP32</th><th class="num">autocast'
-                "</th></tr></thead><tbody>\n{}</tbody></table></details>\n"
-            ).format(
-                join(
-                    row.format(m["module"], us(m["fp32_ms"] * 1000), us(m["autocast_ms"] * 1000))
-                    for m in probe["modules"]
-                )
-            )
+                "{}</details>\n"
+            ).format(table(("module", "#FP32", "#autocast"), "cnn", cells)[:-1])
         )
     return join(out)
 

@@ -195,41 +195,35 @@ def _rank_detail(r: Any) -> Markup:
         r["kernel_duration"],
         r["communication"],
     )
-    out = [
-        Markup(
-            "<h3>Rank {}</h3>\n<table><tbody>\n"
-            '<tr><th>idle: waiting on the host</th><td class="num">{}</td></tr>\n'
-            '<tr><th>idle: queued behind other work</th><td class="num">{}</td></tr>\n'
-            '<tr><th>idle: no launch record</th><td class="num">{}</td></tr>\n'
-        ).format(
-            r["rank"], _us(idle["host_wait_us"]), _us(idle["kernel_wait_us"]), _us(idle["other_us"])
-        )
+    facts = [
+        ("idle: waiting on the host", _us(idle["host_wait_us"])),
+        ("idle: queued behind other work", _us(idle["kernel_wait_us"])),
+        ("idle: no launch record", _us(idle["other_us"])),
     ]
+    extra = []
     if latency.get("count"):
-        out.append(
-            Markup(
-                '<tr><th>launch latency (CPU launch → GPU start)</th><td class="num">median {}, '
-                "p95 {}, {} launches</td></tr>"
-            ).format(_us(latency["median_us"]), _us(latency["p95_us"]), _num(latency["count"]))
+        spread = f"median {_us(latency['median_us'])}, p95 {_us(latency['p95_us'])}"
+        extra.append(
+            (
+                "launch latency (CPU launch → GPU start)",
+                f"{spread}, {_num(latency['count'])} launches",
+            )
         )
     if duration.get("count"):
-        out.append(
-            Markup(
-                '<tr><th>kernel duration</th><td class="num">median {}; {} under 10 µs</td></tr>'
-            ).format(_us(duration["median_us"]), _pct(r["short_kernel_share"]))
+        short = _pct(r["short_kernel_share"])
+        extra.append(
+            ("kernel duration", f"median {_us(duration['median_us'])}; {short} under 10 µs")
         )
     if comm["comm_us"]:
-        out.append(
-            Markup(
-                '<tr><th>communication</th><td class="num">{}, {} overlapped, {} exposed</td></tr>'
-            ).format(_us(comm["comm_us"]), _pct(comm["overlap_share"]), _us(comm["exposed_us"]))
-        )
+        shares = f"{_pct(comm['overlap_share'])} overlapped, {_us(comm['exposed_us'])} exposed"
+        extra.append(("communication", f"{_us(comm['comm_us'])}, {shares}"))
     if r["data_share"]:
-        out.append(
-            Markup(
-                '<tr><th>data loading (host, share of step)</th><td class="num">{}</td></tr>'
-            ).format(_pct(r["data_share"]))
-        )
+        extra.append(("data loading (host, share of step)", _pct(r["data_share"])))
+    out = [
+        Markup("<h3>Rank {}</h3>\n<table><tbody>\n").format(r["rank"]),
+        rows("hn", facts, end="\n"),
+        rows("hn", extra),
+    ]
     cover = r["top_kernels_cover"]
     unlaunched = (
         Markup(", and {} launched before the profiler started").format(_num(cover["unlaunched"]))
@@ -296,20 +290,13 @@ def _rank_detail(r: Any) -> Markup:
             [s["step"], *(_us(s[k]) for k in _STEP_US), _num(s["kernels"])]
             for s in steps[:TABLE_STEPS]
         )
+        head = ("step", "#host", "#GPU span", "#idle", "#compute", "#non-compute", "#kernels")
         out.append(
             Markup(
-                "<h4>Per step (GPU work each ProfilerStep launched)</h4>\n"
-                '<p class="muted">{}</p>\n<table><thead><tr>{}</tr></thead><tbody>\n'
-                "{}{}</tbody></table>\n"
-            ).format(
-                r["attribution"],
-                heads(
-                    "step", "#host", "#GPU span", "#idle", "#compute", "#non-compute", "#kernels"
-                ),
-                rows("tnnnnnn", cells),
-                more if len(steps) > TABLE_STEPS else "",
-            )
+                '<h4>Per step (GPU work each ProfilerStep launched)</h4>\n<p class="muted">{}</p>\n'
+            ).format(r["attribution"])
         )
+        out.append(table(head, "tnnnnnn", cells, tail=more if len(steps) > TABLE_STEPS else ""))
     return join(out)
 
 
@@ -424,14 +411,11 @@ def _hta(hta: Any) -> Markup:
     if not hta:
         return Markup("")
     code = Markup("<code>{}</code><br>")
-    rows = []
-    for name, res in hta.items():
-        if res.get("ok"):
-            result = join(code.format(units.by_key("", row)) for row in res.get("rows", [])[:10])
-        else:
-            result = Markup('<span class="muted">did not run: {}</span>').format(res.get("error"))
-        rows.append(Markup("<tr><td>{}</td><td>{}</td></tr>").format(name, result))
-    return Markup(
-        "<h3>HTA analyses</h3>\n<table><thead><tr><th>analysis</th><th>result</th></tr></thead>"
-        "<tbody>\n{}</tbody></table>\n"
-    ).format(join(rows))
+    failed = Markup('<span class="muted">did not run: {}</span>')
+    cells = (
+        (name, join(code.format(units.by_key("", row)) for row in res.get("rows", [])[:10]))
+        if res.get("ok")
+        else (name, failed.format(res.get("error")))
+        for name, res in hta.items()
+    )
+    return Markup("<h3>HTA analyses</h3>\n") + table(("analysis", "result"), "tt", cells)

@@ -13,7 +13,7 @@ from markupsafe import Markup
 
 from ampdiag import units as humanize
 from ampdiag.render.sections import ReportSection, section
-from ampdiag.render.templating import join
+from ampdiag.render.templating import join, table
 from ampdiag.session import Session
 
 TITLE = "Weight updates"
@@ -76,50 +76,20 @@ def _html(sec: Any, optimizers: list[Any], params: list[Any]) -> Markup:
         )
     ]
     if params:
-        row = Markup(
-            '<tr><td><code>{}</code></td><td>{}</td><td class="num">{}</td><td class="num">{}</td>'
-            '<td class="num">{}</td></tr>'
+        cells = (
+            (p["name"], p["dtype"], num(p["numel"]), num(p["elements"]), pct(p["unchanged_share"]))
+            for p in params
         )
-        out.append(
-            Markup(
-                "<h3>Parameters losing the largest share of their updates</h3>\n<table><thead><tr>"
-                '<th>parameter</th><th>dtype</th><th class="num">values</th>'
-                '<th class="num">sampled updates</th><th class="num">rounded away</th></tr>'
-                "</thead><tbody>\n{}</tbody></table>\n"
-            ).format(
-                join(
-                    row.format(
-                        p["name"],
-                        p["dtype"],
-                        num(p["numel"]),
-                        num(p["elements"]),
-                        pct(p["unchanged_share"]),
-                    )
-                    for p in params
-                )
-            )
-        )
+        out.append(Markup("<h3>Parameters losing the largest share of their updates</h3>\n"))
+        out.append(table(("parameter", "dtype", *_COUNTS), "ctnnn", cells))
     if sec["steps"]:
-        row = Markup(
-            '<tr><td>{}</td><td><code>{}</code></td><td class="num">{}</td><td class="num">{}</td>'
-            '<td class="num">{}</td></tr>'
+        cells = (
+            (s["step"], s["optimizer"], s["params"], num(s["elements"]), pct(s["unchanged_share"]))
+            for s in sec["steps"]
         )
-        out.append(
-            Markup(
-                "<h3>Per sampled step</h3>\n<table><thead><tr><th>step</th><th>optimizer</th>"
-                '<th class="num">parameters</th><th class="num">sampled updates</th>'
-                '<th class="num">rounded away</th></tr></thead><tbody>\n{}</tbody></table>\n'
-            ).format(
-                join(
-                    row.format(
-                        s["step"],
-                        s["optimizer"],
-                        s["params"],
-                        num(s["elements"]),
-                        pct(s["unchanged_share"]),
-                    )
-                    for s in sec["steps"]
-                )
-            )
-        )
+        out.append(Markup("<h3>Per sampled step</h3>\n"))
+        out.append(table(("step", "optimizer", "#parameters", *_COUNTS[1:]), "tcnnn", cells))
     return join(out)
+
+
+_COUNTS = ("#values", "#sampled updates", "#rounded away")
