@@ -538,7 +538,9 @@ def compare(
     for name, why in dropped.items():
         rows[name].not_timed = why
     ok = [n for n in ok if n not in dropped]
-    _time_all(runner, ok, rows, result, started, tolerance, min_samples)
+    # the per-module forwards come after the rounds: the rounds leave them their share
+    after_s = sum(observed_s[n] / OBSERVED_PASSES * MODULE_PASSES for n in ok)
+    _time_all(runner, ok, rows, result, started, tolerance, min_samples, after_s)
     try:
         _module_costs(runner, ok, rows)
     except Exception as exc:  # the per-module split is evidence, never worth the comparison
@@ -735,7 +737,14 @@ def _time_all(
     started: float,
     tolerance: float,
     min_samples: int,
+    after_s: float = 0.0,
 ) -> None:
+    """Interleaved timed rounds until every median is tight, or the budget would be overrun.
+
+    A round starts only while it fits the budget with ``after_s`` (the per-module forwards
+    still to come) beside it, predicted from the last round's times; the least version's rounds
+    run whatever the budget.
+    """
     samples: dict[str, list[float]] = {n: [] for n in names}
     peaks: dict[str, int] = {}
     cuda = runner.device.type == "cuda"
@@ -756,13 +765,12 @@ def _time_all(
         rounds += 1
         if rounds >= 2:
             racing = _still_racing(racing, samples)
-        spent = time.perf_counter() - started
         tight = all(timing.tight(timing.estimate(samples[n]), tolerance) for n in racing)
-        if rounds >= min_samples and (tight or spent >= result.budget_s):
+        if rounds >= min_samples and tight:
             break
-        # every precision gets two samples (a spread) unless fewer were asked for: the speed
-        # probe runs the A/B only when that least cost fits its budget
-        if spent >= result.budget_s and rounds >= min(2, min_samples):
+        # every precision gets two samples (a spread) unless fewer were asked for
+        need = time.perf_counter() - started + sum(samples[n][-1] for n in racing) + after_s
+        if need > result.budget_s and rounds >= min(2, min_samples):
             break
     estimates = {n: timing.estimate([x * 1000 for x in s]) for n, s in samples.items()}
     for name, est in estimates.items():
