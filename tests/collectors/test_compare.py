@@ -322,3 +322,21 @@ def test_the_budget_note_never_calls_a_time_under_the_budget_over_it() -> None:
     assert budget_note({"spent_s": 0.99}, 1.01) is None
     overran = budget_note({"spent_s": 1.2}, 1.01) or ""
     assert "took 1.20 s, over its budget of 1.01 s" in overran
+
+
+def test_the_loss_scale_search_finds_the_first_finite_scale_from_any_start() -> None:
+    """`_largest_finite` from every start (a predicted scale) against every monotone answer."""
+    from ampdiag.sources.live.compare import _largest_finite
+
+    for count in range(1, 18):
+        for answer in range(count + 1):  # the first finite index (count: none is finite)
+            for start in range(count):
+                tried: list[int] = []
+
+                def finite(i: int, answer: int = answer, tried: list[int] = tried) -> bool:
+                    tried.append(i)
+                    return i >= answer
+
+                got = _largest_finite(count, finite, start)
+                assert got == min(answer, count - 1), (count, answer, start)
+                assert len(tried) == len(set(tried)) <= 2 + count.bit_length()
