@@ -1,15 +1,16 @@
 """Where ``ampdiag run``'s exit goes on a real-style script: each part timed in the process.
 
 Each round is a fresh ``ampdiag run`` of the script (``benchmarks/realscripts/``) in a child
-process whose exit path is wrapped with ``time.perf_counter`` timers (``--cpu``: process CPU time, which a busy machine does not stretch): the hooks' removal
-(``stop``), each collector's ``after_stop`` (the speed probe's precision A/B's observed, timed
-and per-module passes apart; the profiler's trace export and gzip apart), each collector's
-``section`` (the trace's one read apart), the analysis, the session's save and each renderer;
-last, the script's ``BLOCK_END`` to the last ``atexit`` handler (all of ampdiag's exit, not the
-interpreter's teardown after it: see ``bench_realscripts``). Printed: the median of each part
-over the rounds, in milliseconds, largest parts first within their stage.
+process whose exit path is wrapped with ``time.perf_counter`` timers (``--cpu``: process CPU
+time, which a busy machine does not stretch): the hooks' removal (``stop``), each collector's
+``after_stop`` (the speed probe's precision A/B's observed, timed and per-module passes apart;
+the profiler's trace export and gzip apart), each collector's ``section`` (the trace's one read
+apart), the analysis, the session's save and each renderer; last, the script's ``BLOCK_END`` to
+the last ``atexit`` handler (all of ampdiag's exit, not the interpreter's teardown after it:
+see ``bench_realscripts``). Printed: the median of each part over the rounds, in milliseconds,
+largest parts first within their stage.
 
-    flock /tmp/bench.lock python -m benchmarks.bench_exit_parts [--script nanogpt] [--rounds 3]
+    flock /tmp/bench.lock python -m benchmarks.bench_exit_parts [--script nanogpt] [--rounds 3] [--cpu]
 """
 
 from __future__ import annotations

@@ -173,7 +173,7 @@ class _Slow(nn.Module):
 
 
 def test_an_ab_over_its_budget_runs_its_least_version_and_says_so(tmp_path: Path) -> None:
-    """Bounded, stated cost: an A/B that cannot fit 10% of the block runs only its least version.
+    """Bounded, stated cost: an A/B that cannot fit 5% of the block runs only its least version.
 
     Whether the A/B runs must not hang on a noisy run's wall time (identical runs would get
     different verdicts), so its least version (one observed and two timed passes per precision)
