@@ -10,7 +10,8 @@ the last ``atexit`` handler (all of ampdiag's exit, not the interpreter's teardo
 see ``bench_realscripts``). Printed: the median of each part over the rounds, in milliseconds,
 largest parts first within their stage.
 
-    flock /tmp/bench.lock python -m benchmarks.bench_exit_parts [--script nanogpt] [--rounds 3] [--cpu]
+    flock /tmp/bench.lock python -m benchmarks.bench_exit_parts [--script nanogpt] [--rounds 3]
+        [--cpu]
 """
 
 from __future__ import annotations
