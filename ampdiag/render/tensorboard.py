@@ -26,6 +26,7 @@ plugin (``<run>/<worker>.<time>.pt.trace.json.gz``); Perfetto reads it directly.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import socket
@@ -219,17 +220,11 @@ class EventWriter:
         self._path.write_bytes(b"".join(self._records))
 
 
-def _crc32c_table() -> list[int]:
-    table = []
-    for i in range(256):
-        crc = i
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-        table.append(crc)
-    return table
-
-
-_CRC32C = _crc32c_table()
+#: CRC-32C's byte table (the reflected Castagnoli polynomial, one bit per halving).
+_CRC32C = [
+    functools.reduce(lambda c, _: (c >> 1) ^ (0x82F63B78 & -(c & 1)), range(8), i)
+    for i in range(256)
+]
 #: The last part of an event file's name: two writers in one process and second differ by it.
 _FILES = itertools.count()
 
