@@ -78,7 +78,7 @@ class DiagnoseConfig:
             precision are timed twice whatever the budget, so every figure has a spread).
         precision_ab_budget_s: The speed probe is ``ampdiag.compare`` on the run's model and
             batch: every precision the device runs (time, memory, error against FP32),
-            spending at most this many seconds and at most 10% of the block's wall time past
+            spending at most this many seconds and at most 5% of the block's wall time past
             its least version; a precision whose first pass shows that timing it would
             overrun that is left untimed, with the reason. 0: FP32 and the run's precision
             only (the A/B off).

@@ -8,7 +8,7 @@ writes reports/demo/. Two scenarios:
   vocabulary) at the head), and FP16 flushes most of them, so the report shows what ampdiag is
   for: the modules that lose their gradients, the loss scale that would keep them, and the
   precision A/B measured on the model. The model is small and the run long enough that the
-  A/B fits its budget (10% of the block) on a CPU.
+  A/B fits its budget (5% of the block) on a CPU.
 * ``amp``: the same model trained a few steps under ``--dtype`` autocast, with a GradScaler in
   FP16 (a correct setup).
 """

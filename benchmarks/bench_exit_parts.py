@@ -1,15 +1,17 @@
 """Where ``ampdiag run``'s exit goes on a real-style script: each part timed in the process.
 
 Each round is a fresh ``ampdiag run`` of the script (``benchmarks/realscripts/``) in a child
-process whose exit path is wrapped with ``time.perf_counter`` timers: the hooks' removal
-(``stop``), each collector's ``after_stop`` (the speed probe's precision A/B's observed, timed
-and per-module passes apart; the profiler's trace export, gzip and top ops
-apart), each collector's ``section``, the analysis, the session's save and each renderer;
-last, the script's ``BLOCK_END`` to the last ``atexit`` handler (all of ampdiag's exit, not the
-interpreter's teardown after it: see ``bench_realscripts``). Printed: the median of each part
-over the rounds, in milliseconds, largest parts first within their stage.
+process whose exit path is wrapped with ``time.perf_counter`` timers (``--cpu``: process CPU
+time, which a busy machine does not stretch): the hooks' removal (``stop``), each collector's
+``after_stop`` (the speed probe's precision A/B's observed, timed and per-module passes apart;
+the profiler's trace export and gzip apart), each collector's ``section`` (the trace's one read
+apart), the analysis, the session's save and each renderer; last, the script's ``BLOCK_END`` to
+the last ``atexit`` handler (all of ampdiag's exit, not the interpreter's teardown after it:
+see ``bench_realscripts``). Printed: the median of each part over the rounds, in milliseconds,
+largest parts first within their stage.
 
     flock /tmp/bench.lock python -m benchmarks.bench_exit_parts [--script nanogpt] [--rounds 3]
+        [--cpu]
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import ampdiag.render.html as html
 import ampdiag.render.tensorboard as tb
 import ampdiag.session as session
 import ampdiag.sources.live.collectors as collectors
+import ampdiag.sources.live.collectors.base as base
 import ampdiag.sources.live.collectors.profiler as profiler
 import ampdiag.sources.live.compare as compare
 import ampdiag.sources.live.diagnosis as diagnosis
@@ -65,7 +68,8 @@ timed(compare, "_time_all", "2 after_stop: speed probe: A/B timed rounds")
 timed(compare, "_module_costs", "2 after_stop: speed probe: A/B per-module passes")
 timed(tpp.profile, "export_chrome_trace", "2 after_stop: profiler: export_chrome_trace")
 timed(shutil, "copyfileobj", "2 after_stop: profiler: gzip")
-timed(profiler, "top_ops", "2 after_stop: profiler: top ops")
+timed(profiler, "top_ops", "2 after_stop: profiler: top ops (CUDA)")
+timed(base.RunContext, "read_trace", "3 session built: the trace read (cached)")
 for cls in collectors.registered():
     if "after_stop" in cls.__dict__:
         timed(cls, "after_stop", f"2 after_stop: {cls.name}")
@@ -96,13 +100,15 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--script", choices=sorted(SCRIPTS), default="nanogpt")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--cpu", action="store_true", help="process CPU time (a busy machine)")
     a = p.parse_args(argv)
     script, args = SCRIPTS[a.script]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     runs: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
-            cmd = [sys.executable, "-c", CHILD, "run", "--out", f"{tmp}/{r}", str(script), *args]
+            child = CHILD.replace("perf_counter", "process_time") if a.cpu else CHILD
+            cmd = [sys.executable, "-c", child, "run", "--out", f"{tmp}/{r}", str(script), *args]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
             line = next((x for x in proc.stderr.splitlines() if x.startswith("PARTS ")), None)
             if proc.returncode != 0 or line is None:
@@ -110,7 +116,9 @@ def main(argv: list[str] | None = None) -> None:
             runs.append(json.loads(line.removeprefix("PARTS ")))
     names = sorted({k for run in runs for k in run})
     med = {k: statistics.median(run.get(k, 0.0) for run in runs) for k in names}
-    print(f"{a.script}: ampdiag run's exit, medians of {a.rounds} rounds (ms)")
+    clock = "CPU" if a.cpu else "wall"
+    print(f"{a.script}: ampdiag run's exit, {clock} ms, medians of {a.rounds} rounds")
+    print(f"load average at the end: {os.getloadavg()}")
     for k in sorted(names, key=lambda k: (k.split(" ", 1)[0], k.count(":"), -med[k])):
         if med[k] >= 0.0005:
             print(f"  {med[k] * 1e3:8.1f}  {k[2:]}")

@@ -342,7 +342,7 @@ def derived_choice(session: Session) -> PrecisionChoice:
         budget = number(ab.get("budget_s"), finite=True) if isinstance(ab, Mapping) else None
         why = "each precision was timed once (no spread to compare)" + (
             f": the A/B budget was {units.micros(budget * 1e6)} "
-            "(precision_ab_budget_s, at most 10% of the block)"
+            "(precision_ab_budget_s, at most 5% of the block)"
             if budget is not None
             else ""
         )

@@ -23,8 +23,6 @@ starts: ``torch.autograd.profiler.profile._prepare_trace`` and ``_start_trace``
 from __future__ import annotations
 
 import gc
-import itertools
-import sys
 from typing import Any
 
 import torch
@@ -121,88 +119,3 @@ def start_points() -> list[tuple[Any, str]]:
 def inner_profile(prof: Any) -> Any:
     """The ``torch.autograd.profiler.profile`` a ``torch.profiler.profile`` drives, if any yet."""
     return getattr(prof, "profiler", None)
-
-
-def host_op_times(prof: Any) -> dict[str, list[float]] | None:
-    """Name -> [calls, self_us, total_us] of a finished profile's host events, or None.
-
-    Read from the recorded ``kineto_results`` events (the private ``prof.profiler``) with one
-    sweep per thread: what ``key_averages()`` gives for host time, without building its
-    ``FunctionEvent`` tree (seconds on a real script's window). An event's self time is its
-    duration less its direct children's (events of the same thread nested inside it); an op
-    nested in one of its own name (``aten::sum`` calling ``aten::sum``) is one call, as there.
-
-    Computed with the garbage collector paused: the sweep makes a tuple per event, and on a
-    window of millions of events the collections those allocations trigger (each one
-    traversing every tuple made so far) were a third of its time.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return _host_op_times(prof)
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _earliest_longest(span: tuple[int, int, str]) -> tuple[int, int]:
-    """Sort key: by start, the longer of two spans that start together first (the parent)."""
-    return span[0], -span[1]
-
-
-_LAST = ((sys.maxsize, sys.maxsize, ""),)
-"""A span after every other: it closes what is still open (and is never counted)."""
-
-
-def _host_op_times(prof: Any) -> dict[str, list[float]] | None:
-    try:
-        events = prof.profiler.kineto_results.events()
-        cpu = torch._C._autograd.DeviceType.CPU
-        by_thread: dict[int, list[tuple[int, int, str]]] = {}
-        for e in events:
-            if e.device_type() != cpu or e.is_async():
-                continue
-            name = e.name()
-            if name == "[memory]":
-                continue
-            start = e.start_ns()
-            tid = e.start_thread_id()
-            spans = by_thread.get(tid)
-            if spans is None:
-                spans = by_thread[tid] = []
-            spans.append((start, start + e.duration_ns(), name))
-        del events  # millions of wrappers: freed before the sweep, not after it
-    except Exception:
-        return None
-    out: dict[str, list[float]] = {}
-    for spans in by_thread.values():
-        spans.sort(key=_earliest_longest)
-        ends: list[int] = []
-        names: list[str] = []
-        child: list[int] = []
-        durs: list[int] = []
-        dups: list[bool] = []
-        for start, end, name in itertools.chain(spans, _LAST):
-            while ends and ends[-1] <= start:
-                ends.pop()
-                n = names.pop()
-                c = child.pop()
-                d = durs.pop()
-                row = out.get(n)
-                if row is None:
-                    row = out[n] = [0, 0.0, 0.0]
-                row[1] += max(0, d - c) / 1e3
-                if not dups.pop():
-                    row[0] += 1
-                    row[2] += d / 1e3
-            dur = end - start
-            dup = False
-            if ends:
-                child[-1] += dur
-                dup = names[-1] == name
-            ends.append(end)
-            names.append(name)
-            child.append(0)
-            durs.append(dur)
-            dups.append(dup)
-    return out

@@ -16,9 +16,9 @@ no images: what the HTML report draws per step (step time, the profiled steps' h
 category) TensorBoard draws itself from the scalars, and a per-rank step time is a table row;
 drawing PNGs would cost the user's exit a plotting library's import.
 
-The events are written with TensorBoard's own writer and protobufs
-(``tensorboard.summary.writer``, ``tensorboard.compat.proto``), not torch's SummaryWriter, so
-``ampdiag report --format tensorboard`` imports no torch.
+The events are TensorBoard's protobufs (``tensorboard.compat.proto``) in TFRecord framing,
+written here, not with torch's SummaryWriter, so ``ampdiag report --format tensorboard``
+imports no torch.
 
 The profiler trace under out/trace/ is in the layout of TensorBoard's (deprecated) profiler
 plugin (``<run>/<worker>.<time>.pt.trace.json.gz``); Perfetto reads it directly.
@@ -26,6 +26,11 @@ plugin (``<run>/<worker>.<time>.pt.trace.json.gz``); Perfetto reads it directly.
 
 from __future__ import annotations
 
+import functools
+import itertools
+import os
+import socket
+import struct
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -135,9 +140,17 @@ class EventWriter:
     """
 
     def __init__(self, folder: Path) -> None:
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        from tensorboard.compat.proto import event_pb2
 
-        self._file = EventFileWriter(str(folder))
+        folder.mkdir(parents=True, exist_ok=True)
+        # TensorBoard's writer's file name and first event; the records are framed here
+        # (`_record`): importing its writer (``tensorboard.summary``, fsspec, absl) cost the
+        # user's exit ~0.1 s, more than writing every event
+        self._path = folder / (
+            f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_FILES)}"
+        )
+        version = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
+        self._records = [_record(version.SerializeToString())]
         self._described: set[str] = set()
 
     def _metadata(self, tag: str, plugin: str) -> Any:
@@ -156,7 +169,8 @@ class EventWriter:
         from tensorboard.compat.proto import event_pb2, summary_pb2
 
         summary = summary_pb2.Summary(value=[value])
-        self._file.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+        event = event_pb2.Event(wall_time=time.time(), step=step, summary=summary)
+        self._records.append(_record(event.SerializeToString()))
 
     def add_scalar(self, tag: str, value: float, step: int = 0) -> None:
         """One point of a scalar curve."""
@@ -201,8 +215,35 @@ class EventWriter:
         self._add(summary_pb2.Summary.Value(tag=_clean(tag), histo=histo, metadata=meta), step)
 
     def close(self) -> None:
-        """Flushes and closes the event file."""
-        self._file.close()
+        """Writes the event file."""
+        self._path.write_bytes(b"".join(self._records))
+
+
+#: CRC-32C's byte table (the reflected Castagnoli polynomial, one bit per halving).
+_CRC32C = [
+    functools.reduce(lambda c, _: (c >> 1) ^ (0x82F63B78 & -(c & 1)), range(8), i)
+    for i in range(256)
+]
+#: The last part of an event file's name: two writers in one process and second differ by it.
+_FILES = itertools.count()
+
+
+def _masked_crc32c(data: bytes) -> int:
+    """TFRecord's checksum: CRC-32C (Castagnoli), rotated and offset (TensorBoard checks it)."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _record(data: bytes) -> bytes:
+    """One TFRecord: the length, its checksum, the data, its checksum (little-endian)."""
+    header = struct.pack("<Q", len(data))
+    return b"".join(
+        (header, struct.pack("<I", _masked_crc32c(header)), data,
+         struct.pack("<I", _masked_crc32c(data)))
+    )  # fmt: skip
 
 
 def _steps(session: Session, writer: EventWriter) -> None:

@@ -54,6 +54,8 @@ class RankTrace:
         cpu_ops: CPU op name -> [calls, inclusive_us], as torch's tools count them: an op that
             is the only child of a same-name op on its thread is part of that call, and data
             loading (``enumerate(DataLoader)``, ``enumerate(DataPipe)``) is not an op.
+        cpu_self: CPU op name -> self us: each op's time less its direct child ops' (the
+            innermost enclosing op on its thread is the parent), summed per name.
         memory: The ``[memory]`` allocator events (see ``MemoryEvent``), in file order.
         memory_columns: The same events as numpy columns: ``ts``, ``addr``, ``size``,
             ``device_type``, ``device_id``, ``allocated`` and ``reserved`` (the allocator's
@@ -78,6 +80,7 @@ class RankTrace:
         self.capabilities: list[str] = []
         self.steps: list[tuple[int, float, float, Any]] = []
         self.cpu_ops: dict[str, list[float]] = {}
+        self.cpu_self: dict[str, float] = {}
         self.memory_columns: dict[str, Any] = {}
         self._memory: list[MemoryEvent] | None = None
         self.modules: dict[str, list[float]] = {}

@@ -173,7 +173,7 @@ class _Slow(nn.Module):
 
 
 def test_an_ab_over_its_budget_runs_its_least_version_and_says_so(tmp_path: Path) -> None:
-    """Bounded, stated cost: an A/B that cannot fit 10% of the block runs only its least version.
+    """Bounded, stated cost: an A/B that cannot fit 5% of the block runs only its least version.
 
     Whether the A/B runs must not hang on a noisy run's wall time (identical runs would get
     different verdicts), so its least version (one observed and two timed passes per precision)
@@ -322,3 +322,21 @@ def test_the_budget_note_never_calls_a_time_under_the_budget_over_it() -> None:
     assert budget_note({"spent_s": 0.99}, 1.01) is None
     overran = budget_note({"spent_s": 1.2}, 1.01) or ""
     assert "took 1.20 s, over its budget of 1.01 s" in overran
+
+
+def test_the_loss_scale_search_finds_the_first_finite_scale_from_any_start() -> None:
+    """`_largest_finite` from every start (a predicted scale) against every monotone answer."""
+    from ampdiag.sources.live.compare import _largest_finite
+
+    for count in range(1, 18):
+        for answer in range(count + 1):  # the first finite index (count: none is finite)
+            for start in range(count):
+                tried: list[int] = []
+
+                def finite(i: int, answer: int = answer, tried: list[int] = tried) -> bool:
+                    tried.append(i)
+                    return i >= answer
+
+                got = _largest_finite(count, finite, start)
+                assert got == min(answer, count - 1), (count, answer, start)
+                assert len(tried) == len(set(tried)) <= 2 + count.bit_length()

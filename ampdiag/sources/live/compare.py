@@ -203,6 +203,9 @@ class _Runner:
         self.loss_fn, self.device, self.seed = loss_fn, device, seed
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.fp16_scale = FP16_LOSS_SCALE
+        #: FP32's largest gradient value (set from its observed run): where FP16's loss-scale
+        #: search starts (`_grads`).
+        self.grad_peak = 0.0
         #: Wall time of the last observed run's backed-off backwards (not part of a pass).
         self.backoff_s = 0.0
 
@@ -219,7 +222,9 @@ class _Runner:
         same scale a step-by-step backoff reaches, in at most 1 + log2(candidates) backwards
         (5 for 2**16 down to 1) instead of one per halving. One FP16 backward on a CPU without
         native FP16 costs several FP32 ones, and a surrogate loss can need a dozen halvings:
-        that was most of the A/B's time at exit.
+        that was most of the A/B's time at exit. It starts at the scale FP32's gradients
+        predict (``grad_peak``: the largest scale at which they stay within FP16's range): two
+        backwards (that scale finite, twice it not) where the prediction holds.
         """
         wrt = [p for _, p in self.params]
         self.backoff_s = 0.0
@@ -229,8 +234,8 @@ class _Runner:
         while scales[-1] > 1.0 and len(scales) < MAX_BACKOFFS:
             scales.append(scales[-1] / 2)
         spent = [0.0]
-        # (index, gradients, seconds) of the largest finite scale found so far: the search
-        # finds each next one at a smaller scale, so one set of gradients is kept
+        # (index, gradients, seconds) of the largest finite scale found so far: each finite
+        # one the search finds is at a larger scale than those before it, so one set is kept
         kept: list[tuple[int, tuple[Any, ...], float]] = []
 
         def backward(index: int) -> tuple[tuple[Any, ...], float]:
@@ -249,7 +254,11 @@ class _Runner:
                 kept[:] = [(index, got, took)]
             return ok
 
-        chosen = _largest_finite(len(scales), finite)
+        start = 0
+        if 0 < self.grad_peak < math.inf:
+            fits = math.floor(math.log2(torch.finfo(torch.float16).max / self.grad_peak))
+            start = min(len(scales) - 1, max(0, round(math.log2(scale)) - fits))
+        chosen = _largest_finite(len(scales), finite, start)
         if kept and kept[0][0] == chosen:
             _, grads, took = kept[0]
         else:  # none was finite: the smallest scale, where a GradScaler's backoff ends
@@ -389,19 +398,25 @@ class _Runner:
         return {n: t * 1000 for n, t in times.items()}
 
 
-def _largest_finite(count: int, finite: Callable[[int], bool]) -> int:
+def _largest_finite(count: int, finite: Callable[[int], bool], start: int = 0) -> int:
     """The first of ``count`` loss scales (largest first, halving) at which ``finite`` holds.
 
     ``finite(i)`` runs the backward at the ``i``-th scale. Whether FP16 gradients overflow is
     monotone in a power-of-two loss scale: multiplying by a power of two is exact in floating
     point short of overflow and underflow, so every value the backward computes grows with the
-    scale and one that overflows at a scale overflows at every larger one. The largest scale
-    first (the usual answer: one backward), then halving the range of the others. When none is
-    finite, the last (smallest) scale, without running it: a GradScaler's backoff ends there.
+    scale and one that overflows at a scale overflows at every larger one. The ``start``-th
+    scale first (by default the largest: the usual answer, one backward) and, when finite, the
+    one before it; then halving the range left. When none is finite, the last (smallest)
+    scale, without running it: a GradScaler's backoff ends there.
     """
-    if count <= 1 or finite(0):
+    if count <= 1:
         return 0
-    lo, hi = 1, count - 1  # the answer is in [lo, hi]; hi, the smallest scale, if none is
+    if finite(start):
+        if start == 0 or not finite(start - 1):
+            return start
+        lo, hi = 0, start - 1  # hi is finite
+    else:
+        lo, hi = min(start + 1, count - 1), count - 1  # hi, the smallest, if none is
     while lo < hi:
         mid = (lo + hi) // 2
         if finite(mid):
@@ -538,7 +553,9 @@ def compare(
     for name, why in dropped.items():
         rows[name].not_timed = why
     ok = [n for n in ok if n not in dropped]
-    _time_all(runner, ok, rows, result, started, tolerance, min_samples)
+    # the per-module forwards come after the rounds: the rounds leave them their share
+    after_s = sum(observed_s[n] / OBSERVED_PASSES * MODULE_PASSES for n in ok)
+    _time_all(runner, ok, rows, result, started, tolerance, min_samples, after_s)
     try:
         _module_costs(runner, ok, rows)
     except Exception as exc:  # the per-module split is evidence, never worth the comparison
@@ -589,6 +606,8 @@ def _observe_all(
             continue
         if name == "fp32":
             ref = observed
+            runner.grad_peak = max((float(g.abs().max()) for g in observed[2] if g.numel()),
+                                   default=0.0)  # fmt: skip
         _numerics(rows[name], observed, ref, [n for n, _ in runner.params])
         if name == "fp16":
             rows[name].loss_scale = runner.fp16_scale
@@ -735,7 +754,14 @@ def _time_all(
     started: float,
     tolerance: float,
     min_samples: int,
+    after_s: float = 0.0,
 ) -> None:
+    """Interleaved timed rounds until every median is tight, or the budget would be overrun.
+
+    A round starts only while it fits the budget with ``after_s`` (the per-module forwards
+    still to come) beside it, predicted from the last round's times; the least version's rounds
+    run whatever the budget.
+    """
     samples: dict[str, list[float]] = {n: [] for n in names}
     peaks: dict[str, int] = {}
     cuda = runner.device.type == "cuda"
@@ -756,13 +782,12 @@ def _time_all(
         rounds += 1
         if rounds >= 2:
             racing = _still_racing(racing, samples)
-        spent = time.perf_counter() - started
         tight = all(timing.tight(timing.estimate(samples[n]), tolerance) for n in racing)
-        if rounds >= min_samples and (tight or spent >= result.budget_s):
+        if rounds >= min_samples and tight:
             break
-        # every precision gets two samples (a spread) unless fewer were asked for: the speed
-        # probe runs the A/B only when that least cost fits its budget
-        if spent >= result.budget_s and rounds >= min(2, min_samples):
+        # every precision gets two samples (a spread) unless fewer were asked for
+        need = time.perf_counter() - started + sum(samples[n][-1] for n in racing) + after_s
+        if need > result.budget_s and rounds >= min(2, min_samples):
             break
     estimates = {n: timing.estimate([x * 1000 for x in s]) for n, s in samples.items()}
     for name, est in estimates.items():

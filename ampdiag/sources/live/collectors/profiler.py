@@ -272,7 +272,8 @@ class ProfilerCollector(Collector):
         try:
             with native_log.captured(self._native_log):
                 handler(prof)
-            self._top_ops = top_ops(prof)
+            if torch.cuda.is_available():  # on the CPU: from the trace file (`section`)
+                self._top_ops = top_ops(prof)
         except Exception as exc:  # a failed export is reported, never raised
             self._error = f"{type(exc).__name__}: {exc}"
 
@@ -325,46 +326,53 @@ class ProfilerCollector(Collector):
             "native_log": self._native_log,
         }
         if files:
-            out["breakdown"] = host_breakdown_of(
-                self._run.read_trace(files[-1]), self._recorded_steps
-            )
+            trace = self._run.read_trace(files[-1])
+            out["breakdown"] = host_breakdown_of(trace, self._recorded_steps)
+            if not torch.cuda.is_available():
+                out["top_ops"] = host_top_ops(trace)
         return out
 
 
 def top_ops(prof: profile, limit: int = TOP_OPS) -> list[dict[str, Any]]:
-    """The ops with the most self CPU time (and their device time).
+    """The ops with the most self CPU + device time, from ``key_averages()`` (CUDA runs).
 
-    On the CPU alone they are read from the profile's events in one sweep
-    (`compat.profiler.host_op_times`); with CUDA from ``key_averages()``, which also
-    attributes each kernel's time to the op that launched it.
+    It attributes each kernel's time to the op that launched it. A CPU-only run's are read
+    from its trace file instead (`host_top_ops`), which the exit reads anyway: building
+    ``key_averages()``' event tree takes seconds on a real script's window.
     """
-    rows: list[dict[str, Any]] = []
-    host = None if torch.cuda.is_available() else compat_profiler.host_op_times(prof)
-    if host is not None:
-        for name, (calls, self_us, total_us) in host.items():
-            rows.append(
-                {
-                    "name": name,
-                    "calls": int(calls),
-                    "self_cpu_us": self_us,
-                    "cpu_total_us": total_us,
-                    "self_device_us": 0.0,
-                }
-            )
-        rows.sort(key=lambda r: r["self_cpu_us"], reverse=True)
-        return [r for r in rows if not r["name"].startswith("ProfilerStep")][:limit]
-    for avg in prof.key_averages():
-        rows.append(
-            {
-                "name": avg.key,
-                "calls": int(avg.count),
-                "self_cpu_us": float(avg.self_cpu_time_total),
-                "cpu_total_us": float(avg.cpu_time_total),
-                "self_device_us": float(getattr(avg, "self_device_time_total", 0.0) or 0.0),
-            }
-        )
+    rows = [
+        {
+            "name": avg.key,
+            "calls": int(avg.count),
+            "self_cpu_us": float(avg.self_cpu_time_total),
+            "cpu_total_us": float(avg.cpu_time_total),
+            "self_device_us": float(getattr(avg, "self_device_time_total", 0.0) or 0.0),
+        }
+        for avg in prof.key_averages()
+    ]
     rows.sort(key=lambda r: r["self_cpu_us"] + r["self_device_us"], reverse=True)
     return [r for r in rows if not r["name"].startswith("ProfilerStep")][:limit]
+
+
+def host_top_ops(trace: RankTrace, limit: int = TOP_OPS) -> list[dict[str, Any]]:
+    """The CPU ops with the most self time in a trace read by the trace reader.
+
+    Calls and inclusive time are the reader's (`RankTrace.cpu_ops`: torch's count), self time
+    its `RankTrace.cpu_self`; user annotations (``ProfilerStep#N``, ``Optimizer.step#...``)
+    are spans, not ops.
+    """
+    rows: list[dict[str, Any]] = [
+        {
+            "name": name,
+            "calls": int(calls),
+            "self_cpu_us": trace.cpu_self.get(name, 0.0),
+            "cpu_total_us": total_us,
+            "self_device_us": 0.0,
+        }
+        for name, (calls, total_us) in trace.cpu_ops.items()
+    ]
+    rows.sort(key=lambda r: r["self_cpu_us"], reverse=True)
+    return rows[:limit]
 
 
 def trace_handler(folder: Path, worker: str) -> Callable[[profile], None]:

@@ -20,7 +20,7 @@ How it measures, observing and never changing:
   outputs) with ``torch.autograd.grad``, which touches no ``.grad``. FP32 and the run's own
   precision are timed twice at least whatever the budget, so that every figure has a spread;
   ``speed_probe_repeats`` rounds at least and more until each median is known to within 5%,
-  as long as the A/B's budget allows (``precision_ab_budget_s``, at most 10% of the block's
+  as long as the A/B's budget allows (``precision_ab_budget_s``, at most 5% of the block's
   wall time). The probe's figures are the A/B's two rows: one timing of each precision, stated
   once. Every figure is a median with its spread, and the ratio's interval is what the two
   medians' intervals allow: a run on a loaded machine that cannot tell the two apart says so
@@ -66,8 +66,9 @@ from ampdiag.sources.live.collectors.base import (
 from ampdiag.sources.live.compare import compare, model_device, supported_precisions
 from ampdiag.sources.live.discovery import dominant_autocast
 
-#: Share of the block's wall time the A/B may spend at most (its least version apart).
-BLOCK_SHARE = 0.1
+#: Share of the block's wall time the A/B may spend at most (its least version apart): half of
+#: what the whole exit may take (10%), the other half left to the trace, analysis and reports.
+BLOCK_SHARE = 0.05
 #: Timing stops once every median's spread (MAD) is at most this share of it.
 TOLERANCE = 0.05
 
@@ -192,7 +193,7 @@ class SpeedProbe(Collector):
         Whether the A/B runs is a function of the run, never of the wall time of a noisy
         block: its least version (per precision one observed pass, `compare.MIN_ROUNDS` timed
         rounds and the per-module forwards) runs whatever the budget; the budget
-        (``precision_ab_budget_s``, at most 10% of the block) bounds only the rounds beyond it
+        (``precision_ab_budget_s``, at most 5% of the block) bounds only the rounds beyond it
         and the timing of a precision other than FP32 and the run's own. FP8 asked for
         explicitly (``fp8=True``) runs whatever the budget. What the budget decided is stated
         (``budget_note``), and every surface shows it beside the verdict.
@@ -274,7 +275,7 @@ def budget_note(found: dict[str, Any], budget: float) -> str | None:
     if isinstance(spent, (int, float)) and spent > budget:
         parts.append(
             f"the precision A/B took {spent:.2f} s, over its budget of {budget:.2f} s "
-            "(precision_ab_budget_s, at most 10% of the block): its least version (one observed, "
+            "(precision_ab_budget_s, at most 5% of the block): its least version (one observed, "
             "two timed and the per-module passes of FP32 and the run's precision) ran all the same"
         )
     untimed = [
