@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Union
@@ -443,8 +444,9 @@ class ColumnBuilder:
         out = RankTrace(path, cols)
         out.steps = sorted(steps, key=lambda s: s[1])
         out.cpu_ops = cpu_ops
-        own = self_times(h_ts[ops_all], h_dur[ops_all], o_tid, h_name[ops_all], n_names)
-        out.cpu_self = {names[i]: float(own[i]) for i in np.flatnonzero(own).tolist()}
+        out._self_times = partial(
+            self_times, h_ts[ops_all], h_dur[ops_all], o_tid, h_name[ops_all], n_names
+        )
         out.memory_columns = mem
         out.modules = modules
         out.events = self.events
