@@ -108,11 +108,6 @@ def _stacked(parts: list[torch.Tensor]) -> torch.Tensor:
         return torch.stack([p.to(device) for p in parts])
 
 
-def _nothing() -> None:
-    """No origin (a clean step's)."""
-    return None
-
-
 def _grads_state(grads: list[torch.Tensor], sums: list[float]) -> tuple[bool, bool]:
     """(any gradient non-finite, every gradient zero) from one sum per gradient.
 
@@ -685,7 +680,7 @@ class Sentinel(Collector):
             self._keep_loss(step, values[a:b], scaled)
         # every value finite, one gradient sum not zero: the step is clean (the usual case)
         if all(map(math.isfinite, values)) and (not grads or any(values[c:])):
-            self._record(step, False, False, False, False, _nothing, _nothing)
+            self._record(step, False, False, False, False, lambda: None, lambda: None)
             return True
         bad_out = not all(map(math.isfinite, values[:a]))
         bad_loss = not all(map(math.isfinite, values[a:b]))
