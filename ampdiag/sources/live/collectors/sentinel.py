@@ -51,7 +51,7 @@ import torch
 
 from ampdiag.compat import scaler as compat_scaler
 from ampdiag.compat.autograd import version
-from ampdiag.compat.dtensor import local_tensor
+from ampdiag.compat.dtensor import is_dtensor, local_tensor
 from ampdiag.compat.modules import State, uncompiled
 from ampdiag.schema import Origin, SentinelSection
 from ampdiag.sources.live import global_hooks
@@ -101,10 +101,11 @@ def _as_float32(t: torch.Tensor) -> torch.Tensor:
 
 def _stacked(parts: list[torch.Tensor]) -> torch.Tensor:
     """The step's 0-dim float32 values as one tensor (on the first one's device)."""
-    device = parts[0].device
-    if any(p.device != device for p in parts):
-        parts = [p.to(device) for p in parts]
-    return torch.stack(parts)
+    try:  # one device: the usual case, asked of torch.stack rather than of each part
+        return torch.stack(parts)
+    except RuntimeError:
+        device = parts[0].device
+        return torch.stack([p.to(device) for p in parts])
 
 
 def _grads_state(grads: list[torch.Tensor], sums: list[float]) -> tuple[bool, bool]:
@@ -191,6 +192,7 @@ class Sentinel(Collector):
         self._index: dict[int, int] = {}
         self._handles: list[Any] = []
         self._params: list[tuple[str, torch.nn.Parameter]] = []
+        self._sharded = False  # a parameter is a DTensor (FSDP2): gradients read by shard
         # This step's calls, the role that computed each forward token, the calls running
         # now, and the tensors seen by id. Keyword input tokens, read after their call:
         # token -> (tokens before the call started, call) -- where they belong in the order.
@@ -284,6 +286,7 @@ class Sentinel(Collector):
             if p.requires_grad and id(p) not in known:
                 self._params.append((prefix + name, p))
                 known.add(id(p))
+                self._sharded = self._sharded or is_dtensor(p)
 
     def stop(self, run: RunContext) -> None:
         """Removes every hook; reads what is still on its way to the host."""
@@ -662,21 +665,27 @@ class Sentinel(Collector):
         """
         calls, losses, scaled = self._root_calls, self._loss, self._loss_scaled
         with internal_work():
-            grads = [local_tensor(p.grad) for _, p in self._params if p.grad is not None]
+            grads = [p.grad for _, p in self._params if p.grad is not None]
+            if self._sharded:  # DTensor gradients (FSDP2): this rank's shard
+                grads = [local_tensor(g) for g in grads]
             outs = [t for c in calls for t in c.out]
             ogs = [t for c in calls for t in c.grads]
             # one sum per gradient, read with the rest (`_grads_state` decides from them)
-            parts = [*outs, *losses, *ogs, *(_as_float32(g.sum()) for g in grads)]
+            parts = [*outs, *losses, *ogs, *[_as_float32(g.sum()) for g in grads]]
             if not parts:
                 return False
             values: list[float] = _stacked(parts).tolist()
         a, b, c = len(outs), len(outs) + len(losses), len(outs) + len(losses) + len(ogs)
         if scaled and self._forward_origin is None:
             self._keep_loss(step, values[a:b], scaled)
-        bad_out = not all(math.isfinite(v) for v in values[:a])
-        bad_loss = not all(math.isfinite(v) for v in values[a:b])
+        # every value finite, one gradient sum not zero: the step is clean (the usual case)
+        if all(map(math.isfinite, values)) and (not grads or any(values[c:])):
+            self._record(step, False, False, False, False, lambda: None, lambda: None)
+            return True
+        bad_out = not all(map(math.isfinite, values[:a]))
+        bad_loss = not all(map(math.isfinite, values[a:b]))
         bad_grads, zero = _grads_state(grads, values[c:])
-        bad_bwd = not all(math.isfinite(v) for v in values[b:c]) or bad_grads
+        bad_bwd = not all(map(math.isfinite, values[b:c])) or bad_grads
 
         def fwd_origin() -> dict[str, Any] | None:
             return self._localize(run, backward=False) if bad_out else None
