@@ -75,7 +75,8 @@ class DiagnoseConfig:
             under the run's autocast (see collectors/speed_probe.py; changes nothing).
         speed_probe_repeats: Timed rounds of each precision at least, within the A/B's
             budget (it goes on until each median is known to within 5%; FP32 and the run's
-            precision are timed twice whatever the budget, so every figure has a spread).
+            precision are timed three times whatever the budget, so every figure has a spread
+            that one stalled sample cannot move).
         precision_ab_budget_s: The speed probe is ``ampdiag.compare`` on the run's model and
             batch: every precision the device runs (time, memory, error against FP32),
             spending at most this many seconds and at most 5% of the block's wall time past

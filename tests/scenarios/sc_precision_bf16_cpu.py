@@ -12,7 +12,7 @@ is after any earlier FP16 work in the process), on a copy of the model and a bat
 FP32's and FP16's forward + backward (the run's loss; FP16's scaled as a GradScaler
 does), interleaved rounds, medians of wall and of thread CPU time. The fault is real when
 FP16's pass is many times FP32's and FP16's observed run and timing alone at that speed
-(`TIMING_PASSES` passes: two timed, the per-module forwards) are over the A/B's whole budget.
+(`TIMING_PASSES` passes: three timed, the per-module forwards) are over the A/B's whole budget.
 
 What must hold:
 
@@ -63,14 +63,14 @@ STEPS = 150  # a block long enough that 10% of it pays for FP32 and BF16, not fo
 ROUNDS = 3
 #: FP16 is slow here when its pass is at least this many times FP32's (measured: 10-15x).
 SLOW = 5.0
-#: Passes that timing a precision costs after its observed run: two timed rounds and the
+#: Passes that timing a precision costs after its observed run: three timed rounds and the
 #: per-module forwards (about 0.7 of a pass).
-TIMING_PASSES = 2.7
+TIMING_PASSES = 3.7
 #: Passes an observed run costs: the pass, and its hooks copying every leaf module's output
 #: and counting the saved tensors (about half a pass more).
 OBSERVED_PASSES = 1.5
 #: The slack of the ``ab-cost`` check past FP16's observed run, in FP16 passes: the model's
-#: copy and the machine's noise (timing FP16 costs 2.7 passes more).
+#: copy and the machine's noise (timing FP16 costs 3.7 passes more).
 SLACK_PASSES = 1.0
 _FP16_SPEED = re.compile(r"FP16[^.;\n]{0,40}?\d+\.\d+x")
 

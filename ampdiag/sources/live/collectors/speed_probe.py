@@ -18,7 +18,8 @@ How it measures, observing and never changing:
   (`ampdiag.compare`): FP32, the run's precision and every other the device runs, in
   interleaved rounds, forward and a backward of a surrogate loss (the sum of the floating
   outputs) with ``torch.autograd.grad``, which touches no ``.grad``. FP32 and the run's own
-  precision are timed twice at least whatever the budget, so that every figure has a spread;
+  precision are timed three times at least whatever the budget (while still racing), so that
+  every figure has a spread;
   ``speed_probe_repeats`` rounds at least and more until each median is known to within 5%,
   as long as the A/B's budget allows (``precision_ab_budget_s``, at most 5% of the block's
   wall time). The probe's figures are the A/B's two rows: one timing of each precision, stated
@@ -276,7 +277,8 @@ def budget_note(found: dict[str, Any], budget: float) -> str | None:
         parts.append(
             f"the precision A/B took {spent:.2f} s, over its budget of {budget:.2f} s "
             "(precision_ab_budget_s, at most 5% of the block): its least version (one observed, "
-            "two timed and the per-module passes of FP32 and the run's precision) ran all the same"
+            "three timed and the per-module passes of FP32 and the run's precision) ran all the "
+            "same"
         )
     untimed = [
         str(r.get("precision")).upper()
