@@ -259,3 +259,18 @@ def test_a_precision_the_ab_did_not_time_gets_no_measured_claim() -> None:
     assert rec.evidence["not_timed"] == {"fp16": why}
     assert "FP16 not timed" in rec.evidence["compared"] and "FP16 0" not in rec.evidence["compared"]
     assert contradictions(out) == []
+
+
+def test_a_switch_away_from_fp16_takes_the_scaler_setting_with_it() -> None:
+    # The scaler-config corpus scenario on a busy machine: the A/B measured BF16 clearly faster
+    # than the run's FP16, and "set growth_factor" (keep FP16) stood beside "train in BF16".
+    rows = [row("fp32", 10.0, 0.4, 1000), row("bf16", 7.0, 0.3, 500),
+            row("fp16", 70.0, 3.0, 500)]  # fmt: skip
+    s = session("cpu:float16", rows, probe_ratio=7.0)
+    config = Finding("grad-scaler-config", "medium", "growth_factor=256 skips 16 of 26 steps.",
+                     {}, fix="scaler = torch.amp.GradScaler('cpu', growth_factor=2.0)",
+                     section="numerics")  # fmt: skip
+    out = advise(s, [*autocast_slower(s), config])
+    assert [f.id for f in out] == ["prefer-bf16"]
+    assert "grad-scaler-config" in out[0].evidence["explains"]
+    assert contradictions(out) == []

@@ -360,7 +360,7 @@ def _measured_advice(
     The A/B's own choice, never another: the top finding and the A/B's ``recommended`` agree.
     An FP16 run with FP16 trouble whose A/B keeps FP16 (measured safe with a GradScaler's loss
     scale, and nothing else clearly faster) gets ``tune-grad-scaler``; one that leaves FP16
-    leads with what FP16 costs it (`consequence`).
+    leads with what FP16 costs it (`consequence`) and explains ``grad-scaler-config`` too.
     """
     choice, run = ab.choice, ab.run
     assert choice is not None and run is not None
@@ -376,7 +376,10 @@ def _measured_advice(
                 yield Advice(rec, merged)
         return
     numerics = trouble if run == "fp16" else []
-    explains = [*slower, *numerics]
+    # a GradScaler setting is moot once the run leaves FP16: its fix (keep FP16, set the
+    # scaler) is shown under the switch, not beside it as a second, contrary piece of advice
+    config = _actionable(findings, "grad-scaler-config") if run == "fp16" else []
+    explains = [*slower, *numerics, *config]
     yield Advice(_switch(session, ab, target, explains, numerics), explains)
 
 
