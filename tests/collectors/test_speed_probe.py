@@ -73,8 +73,10 @@ def test_speed_probe_measures_both_precisions_on_a_real_run(tmp_path: Path, one_
     rows = {r["precision"]: r for r in probe["precisions"]["results"]}
     assert probe["fp32_ms_all"] == rows["fp32"]["times_ms"]
     assert probe["autocast_ms_all"] == rows["fp16"]["times_ms"]
-    # at least two rounds each whatever the budget (a spread); five where the budget allows
-    assert len(probe["fp32_ms_all"]) == len(probe["autocast_ms_all"]) == probe["repeats"] >= 2
+    # at least two rounds each whatever the budget (a spread; three while still racing: one
+    # many times slower leaves the race after two); five where the budget allows
+    fp32_n, low_n = len(probe["fp32_ms_all"]), len(probe["autocast_ms_all"])
+    assert min(fp32_n, low_n) == probe["repeats"] >= 2 and max(fp32_n, low_n) >= 3
     assert probe["fp32_ms"] == pytest.approx(statistics.median(probe["fp32_ms_all"]), abs=1e-3)
     assert probe["autocast_ms"] == pytest.approx(
         statistics.median(probe["autocast_ms_all"]), abs=1e-3
@@ -322,5 +324,6 @@ def test_probe_repeats_until_tight_within_its_budgets() -> None:
     assert rounds(min_samples=5, tolerance=math.inf, budget_s=60.0) == 5
     # nothing is tight enough: more rounds only while the budget lasts
     assert rounds(min_samples=3, tolerance=0.0, budget_s=0.3) > 3
-    # the budget is spent: two rounds still, so that every figure has a spread
-    assert rounds(min_samples=5, budget_s=0.0) == 2
+    # the budget is spent: three rounds still, so that every figure has a spread that one
+    # stalled sample cannot move
+    assert rounds(min_samples=5, budget_s=0.0) == 3
