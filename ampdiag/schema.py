@@ -445,9 +445,8 @@ class UnderflowSummary(TypedDict, total=False):
 
 
 class NumericsDerived(TypedDict, total=False):
-    """``derived.numerics``: whether FP16 ran, its underflow, and FP16's limits (log2)."""
+    """``derived.numerics``: FP16's underflow, and FP16's limits (log2)."""
 
-    fp16_in_use: bool
     underflow: UnderflowSummary
     fp16_limits_log2: dict[str, float]  # flush, subnormal, overflow
 
@@ -608,6 +607,18 @@ class Figures(TypedDict, total=False):
     speed_vs_fp32: SpeedVsFp32 | None
 
 
+class Compute(TypedDict):
+    """``derived.compute``: what the run computes in (`ampdiag.analysis.compute`).
+
+    ``precision``: "fp16", "bf16" or "fp32"; ``autocast``: the low-precision autocast it
+    entered ("cpu:bfloat16"), and ``autocast_precision`` its name ("bf16"); None for none.
+    """
+
+    precision: str
+    autocast: str | None
+    autocast_precision: str | None
+
+
 class DerivedSection(TypedDict, total=False):
     """What analysis derives for the reports (``derived``, `ampdiag.analysis.derive`).
 
@@ -616,6 +627,7 @@ class DerivedSection(TypedDict, total=False):
     diverged, stalled...); ``errors``: part -> why it could not be derived.
     """
 
+    compute: Compute
     precision: PrecisionSummary
     memory: MemoryWhatIf
     numerics: NumericsDerived

@@ -26,6 +26,7 @@ P = TypeVar("P", bound=Part)
 PARTS: Registry[Registered[Part]] = Registry(
     "ampdiag.analysis",
     (
+        "compute",
         "precision",
         "memory_estimates",
         "numerics",

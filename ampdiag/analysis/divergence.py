@@ -36,8 +36,8 @@ from typing import Any
 
 from ampdiag import units
 from ampdiag.analysis import fp16range
+from ampdiag.analysis.compute import computes_in
 from ampdiag.analysis.derive import part
-from ampdiag.analysis.numerics import fp16_in_use
 from ampdiag.schema import DivergenceCause, DivergenceResult, LossTrend
 from ampdiag.session import Session
 
@@ -178,38 +178,6 @@ def unfixed_by_precision(session: Session) -> bool:
     div: DivergenceResult = session.section("derived").get("divergence") or {"steps": 0}
     cause = div.get("cause", {}).get("cause")
     return div.get("verdict") in ("diverged", "stalled") and cause == "not-precision"
-
-
-def run_precision(session: Session) -> str:
-    """What the run computed in: "fp16", "bf16" or "fp32".
-
-    Autocast seen, the parameters' dtypes, or an FSDP2 ``MixedPrecisionPolicy``'s
-    ``param_dtype`` (FSDP2 computes in it with FP32 parameters and no autocast).
-    """
-    models = [m for m in session.section("run").get("models") or [] if isinstance(m, dict)]
-    policies = {
-        str(p.get("param_dtype"))
-        for m in models
-        for p in m.get("fsdp_mixed_precision") or []
-        if isinstance(p, dict)
-    }
-    if fp16_in_use(session) or "float16" in policies:
-        return "fp16"
-    seen = session.section("run").get("autocast_seen") or {}
-    if (
-        any(str(k).endswith(":bfloat16") for k in seen)
-        or any("bfloat16" in (m.get("param_dtypes") or []) for m in models)
-        or "bfloat16" in policies
-    ):
-        return "bf16"
-    return "fp32"
-
-
-def _lowest(*precisions: Any) -> str:
-    """The lowest of precisions ("fp16" < "bf16" < "fp32"); unknown values ignored."""
-    order = ("fp16", "bf16", "fp32")
-    known = [p for p in precisions if p in order]
-    return min(known, key=order.index) if known else "fp32"
 
 
 def replayed_origin(replay: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -359,8 +327,7 @@ def cause(
 ) -> DivergenceCause:
     """Whether precision caused the first non-finite step, and the numbers that say so."""
     first = result["first"]
-    # the lower of what the live run saw and what the session recorded (an FSDP2 policy)
-    precision = _lowest((replay or {}).get("run_precision"), run_precision(session))
+    precision = computes_in(session)["precision"]  # the live replay's own among what it weighs
     out: DivergenceCause = {"run_precision": precision}
     if replay:
         out["replay_step"] = replay.get("step")

@@ -24,6 +24,7 @@ from typing import Any
 
 from ampdiag import timing
 from ampdiag.analysis import precision_choice as pc
+from ampdiag.analysis.compute import computes_in
 from ampdiag.analysis.derive import part
 from ampdiag.schema import Figures, SpeedVsFp32, StepTime
 from ampdiag.session import Session
@@ -78,7 +79,8 @@ def underflow_fraction(session: Session) -> float | None:
     numerics = session.section("derived").get("numerics")
     if not numerics or not numerics["underflow"].get("measured", True):
         return None
-    return numerics["underflow"]["underflow_fraction"] if numerics["fp16_in_use"] else None
+    fp16 = computes_in(session)["precision"] == "fp16"
+    return numerics["underflow"]["underflow_fraction"] if fp16 else None
 
 
 def skipped_steps(session: Session) -> dict[str, int] | None:
@@ -130,7 +132,7 @@ def low_precision_share(session: Session, measure: str) -> float | None:
 
 def _ab_speed(session: Session) -> SpeedVsFp32 | None:
     probe = session.section("speed_probe")
-    run = pc.run_precision(probe.get("autocast") or session.environment.get("autocast"))
+    run = computes_in(session)["autocast_precision"]
     rows = pc.rows_of(probe.get("precisions"))
     mine, base = rows.get(run or ""), rows.get("fp32")
     if run is None or run == "fp32" or mine is None or base is None:
@@ -190,7 +192,7 @@ def _probe_speed(session: Session) -> SpeedVsFp32 | None:
     est = probe_ratio(probe)
     if fp32 is None or amp is None or est is None:
         return None
-    run = pc.run_precision(probe.get("autocast") or session.environment.get("autocast"))
+    run = computes_in(session)["autocast_precision"]
     spreads = (number(probe.get("fp32_ms_spread")), number(probe.get("autocast_ms_spread")))
     return _speed("speed probe", run, (fp32, amp), spreads, est)
 

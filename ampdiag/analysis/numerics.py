@@ -1,9 +1,9 @@
 """The numerics figures derived from the collected sections, for the rules and the reports.
 
-Whether the run computes in FP16, and the measured FP16 underflow (`underflow_summary`): the
-derive step stores them as ``derived.numerics``, the headline figures and the rules read the
-same ones. A figure, not a judgement: the thresholds that turn it into a finding are the
-rules' (`ampdiag.analysis.rules.numerics`).
+The measured FP16 underflow (`underflow_summary`): the derive step stores it as
+``derived.numerics``, the headline figures and the rules read the same one. A figure, not a
+judgement: the thresholds that turn it into a finding are the rules'
+(`ampdiag.analysis.rules.numerics`).
 """
 
 from __future__ import annotations
@@ -15,17 +15,6 @@ from ampdiag.session import Session
 
 #: Modules named in the underflow evidence, largest share first.
 TOP_MODULES = 10
-
-
-def fp16_in_use(session: Session) -> bool:
-    """Whether the run computed in FP16: fp16 autocast seen, or fp16 parameters."""
-    run = session.section("run")
-    autocast = run.get("autocast_seen") or {}
-    if any(str(k).endswith(":float16") for k in autocast):
-        return True
-    if session.section("scaler").get("fp16_params"):
-        return True
-    return any("float16" in (m.get("param_dtypes") or []) for m in run.get("models") or [])
 
 
 def underflow_summary(session: Session) -> UnderflowSummary:
@@ -123,12 +112,11 @@ def underflow_summary(session: Session) -> UnderflowSummary:
 
 @part("numerics")
 def derived_numerics(session: Session) -> NumericsDerived | None:
-    """FP16 in use, the underflow summary and FP16's limits (derived part)."""
+    """The underflow summary and FP16's limits (derived part)."""
     seen = session.section("gradients") or session.section("activations")
     if not seen and not session.section("scaler").get("present"):
         return None
     return {
-        "fp16_in_use": fp16_in_use(session),
         "underflow": underflow_summary(session),
         "fp16_limits_log2": {
             "flush": fp16range.FP16_MIN_SUBNORMAL_LOG2,

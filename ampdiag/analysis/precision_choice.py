@@ -41,6 +41,7 @@ from typing import Any
 
 from ampdiag import timing, units
 from ampdiag.analysis import device as D
+from ampdiag.analysis.compute import computes_in
 from ampdiag.analysis.derive import derived, part
 from ampdiag.schema import PrecisionChoice
 from ampdiag.session import Session
@@ -56,10 +57,9 @@ SAFETY: dict[str, float] = {
 SIMPLICITY = ("fp32", "tf32", "bf16", "fp16")
 #: Display names.
 NAMES = {"fp32": "FP32", "tf32": "TF32", "bf16": "BF16", "fp16": "FP16"}
+
+
 #: The run's autocast dtype name -> precision name.
-DTYPE_PRECISION = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-
-
 def is_safe(row: Mapping[str, Any]) -> bool | None:
     """Whether a measured precision meets `SAFETY` (None when it failed to run)."""
     if row.get("error"):
@@ -261,13 +261,6 @@ def tie_break(choice: Choice, keep: str | None = "fp32") -> str:
     return f"{same}{name} is the simplest"
 
 
-def run_precision(autocast: Any) -> str | None:
-    """The precision name of an autocast state such as ``"cuda:bfloat16"`` (None if unknown)."""
-    if not isinstance(autocast, str):
-        return None
-    return DTYPE_PRECISION.get(autocast.partition(":")[2])
-
-
 def rows_of(ab: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
     """The A/B rows by precision name."""
     if not isinstance(ab, Mapping):
@@ -319,7 +312,7 @@ def _advisable(session: Session) -> dict[str, Mapping[str, Any]]:
 def derived_choice(session: Session) -> PrecisionChoice:
     """The A/B's choice for the run, or why there is none (derived part)."""
     probe = session.section("speed_probe")
-    run = run_precision(probe.get("autocast") or session.environment.get("autocast"))
+    run = computes_in(session)["autocast_precision"]
     ab = probe.get("precisions")
     rows = _advisable(session)
     why: str | None = None
@@ -349,46 +342,6 @@ def derived_choice(session: Session) -> PrecisionChoice:
         choice = None
     doc = asdict(choice) if choice is not None else None
     return {"run": run, "choice": doc, "why_not": why}  # type: ignore[typeddict-item]
-
-
-def training_step(precision: str, device: str) -> str:
-    """The training step in ``precision``: the code every precision advice ends with."""
-    if precision == "bf16":
-        return (
-            f"with torch.autocast(device_type={device!r}, dtype=torch.bfloat16):\n"
-            "    loss = loss_fn(model(x), y)\n"
-            "loss.backward()        # no GradScaler: BF16 neither underflows nor overflows\n"
-            "optimizer.step()\n"
-            "optimizer.zero_grad(set_to_none=True)"
-        )
-    if precision == "fp16":
-        return (
-            f"scaler = torch.amp.GradScaler({device!r})\n"
-            f"with torch.autocast(device_type={device!r}, dtype=torch.float16):\n"
-            "    loss = loss_fn(model(x), y)\n"
-            "scaler.scale(loss).backward()\n"
-            "scaler.step(optimizer)\n"
-            "scaler.update()"
-        )
-    tf32 = (
-        "torch.backends.cuda.matmul.allow_tf32 = True   # TF32 matmuls (measured fastest)\n"
-        "torch.backends.cudnn.allow_tf32 = True\n"
-        if precision == "tf32"
-        else ""
-    )
-    return (
-        tf32
-        + "# Train in FP32 here: no autocast, no GradScaler\n"
-        + (
-            "use_amp = device.type == 'cuda'   # keep autocast for the GPU\n"
-            if device == "cpu"
-            else "use_amp = False\n"
-        )
-        + f"with torch.autocast(device_type={device!r}, enabled=use_amp):\n"
-        "    loss = loss_fn(model(x), y)\n"
-        "loss.backward()\n"
-        "optimizer.step()"
-    )
 
 
 def bf16_runs_natively(environment: Mapping[str, Any], device: str) -> bool:

@@ -115,9 +115,7 @@ def summary(session: Session, report: Path | None = None, top: int = TOP) -> str
         )
     speed = stated.figures(session).get("speed_vs_fp32")
     if isinstance(speed, dict):
-        autocast = session.section("speed_probe").get("autocast") or session.environment.get(
-            "autocast"
-        )
+        autocast = stated.autocast(session)
         tied = {"faster": "faster", "slower": "slower", "tied": "tied within the spread"}
         lines.append(
             f"  {speed['source']}: FP32 {humanize.micros(speed['fp32_ms'] * 1e3)}, "

@@ -9,10 +9,21 @@ surfaces then state no such figure rather than compute their own.
 
 from __future__ import annotations
 
-from ampdiag.schema import Figures
+from ampdiag.schema import Compute, Figures
 from ampdiag.session import Session
 
 
 def figures(session: Session) -> Figures:
     """The session's ``derived.figures`` (empty when it was not analysed)."""
     return session.section("derived").get("figures") or {}
+
+
+def compute(session: Session) -> Compute | None:
+    """``derived.compute``: what the run computes in (None: not analysed)."""
+    return session.section("derived").get("compute")
+
+
+def autocast(session: Session) -> str | None:
+    """The low-precision autocast the run entered ("cpu:bfloat16"; None: none, not analysed)."""
+    computed = compute(session)
+    return computed["autocast"] if computed else None

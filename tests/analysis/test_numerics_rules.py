@@ -128,3 +128,31 @@ def test_no_activation_overflow_in_range_or_unmeasured() -> None:
     # an inf output is the NaN/inf origin's business, not a range finding
     inf_only = {"activations": activations_section({"a": float("inf")})}
     assert "activation-overflow" not in findings(inf_only)
+
+
+@pytest.mark.parametrize("scale", [2.0**8, 2.0**21, 2.0**40])
+@pytest.mark.parametrize("rule", ["grad-scaler-missing", "fp16-grad-underflow"])
+def test_the_fix_builds_the_recommended_scale(rule: str, scale: float) -> None:
+    """The fix's GradScaler line, run by torch, holds the recommended scale exactly (a scale
+    written as 2.09715e+06 builds 2097150, no power of two)."""
+    import torch
+
+    from ampdiag.analysis.registry import rules
+
+    underflow = {"underflow_fraction": 0.5, "recommended_init_scale": scale}
+    session = Session(
+        environment={"device_type": "cpu"},
+        sections={
+            "run": run_section("cpu:float16") | {"scaler": None},
+            "derived": {
+                "numerics": {
+                    "underflow": underflow | {"measured": True, "scale_reaches_target": True}
+                }
+            },
+        },
+    )
+    (f,) = next(r for r in rules() if rule in r.ids).func(session)
+    (line,) = [x for x in f.fix.splitlines() if x.startswith("scaler = torch.amp.GradScaler(")]
+    built: dict[str, Any] = {}
+    exec(line, {"torch": torch}, built)
+    assert built["scaler"].get_scale() == scale == f.evidence["recommended_init_scale"]

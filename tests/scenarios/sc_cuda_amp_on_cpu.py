@@ -87,7 +87,7 @@ def _names_cuda_amp(session: Session) -> str | None:
         return "no low-precision-inactive"
     if "torch.cuda.amp" not in f.title or "built for CUDA" not in f.title:
         return f"title does not name torch.cuda.amp: {f.title}"
-    if 'torch.autocast("cpu", dtype=torch.bfloat16)' not in f.fix:
+    if "torch.autocast(device_type='cpu', dtype=torch.bfloat16)" not in f.fix:
         return f"fix is not the CPU's autocast: {f.fix}"
     return None
 

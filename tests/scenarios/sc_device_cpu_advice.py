@@ -53,7 +53,7 @@ def run(out: Path) -> tuple[Session, Truth]:
             return f"only {sorted(named)} carry device code"
         missing = next(f for f in s.all_findings() if f.id == "grad-scaler-missing")
         code = missing.fix or ""
-        if f'GradScaler("{device}"' not in code or f"torch.autocast('{device}'" not in code:
+        if f"GradScaler({device!r}" not in code or f"autocast(device_type={device!r}" not in code:
             return f"grad-scaler-missing's fix is not {device} code: {code!r}"
         return None
 

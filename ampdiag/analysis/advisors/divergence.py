@@ -152,8 +152,7 @@ def _fix(session: Session, result: DivergenceResult, dev: str) -> str:
                 f"{why.get('text', why.get('why'))}.",
                 "Keep the weights in float32 and compute in low precision through autocast:",
                 "model = model.float()   # not model.half(); make the optimizer after it",
-                f"with torch.autocast('{dev}', dtype=torch.bfloat16):",
-                "    loss = loss_fn(model(x), y)",
+                terms.training_step("bf16", dev),
             ]
             if why.get("eps_below_fp16"):
                 lines.append(
@@ -169,8 +168,7 @@ def _fix(session: Session, result: DivergenceResult, dev: str) -> str:
         lines = [
             f"FP16 cannot hold step {step}: {why.get('text', why.get('why'))}.",
             f"Keep {module} in float32 (its forward and backward):",
-            f"with torch.autocast('{dev}', enabled=False):",
-            "    y = module(x.float())",
+            terms.fp32_module(dev),
         ]
         if why.get("bf16_finite"):
             lines.append("# The BF16 replay of this step is finite: BF16's range holds it.")

@@ -32,8 +32,8 @@ from ampdiag import units
 from ampdiag.analysis import device
 from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.advisors import Advice, advisor, find, number, terms, worst_severity
+from ampdiag.analysis.compute import computes_in
 from ampdiag.analysis.derive import derived
-from ampdiag.analysis.numerics import fp16_in_use
 from ampdiag.analysis.rules.accumulation import accumulation_broken
 from ampdiag.analysis.rules.memory import accumulation_fix
 from ampdiag.schema import DivergenceResult
@@ -189,16 +189,6 @@ def consequence(session: Session, trouble: list[Finding]) -> str:
     return "; ".join(clauses) or f"{len(trouble)} FP16 range problem(s)"
 
 
-def computes_fp16(session: Session) -> bool:
-    """Whether the run computes in FP16 (autocast or parameters).
-
-    The only runs FP16 advice is for: a BF16 or FP32 run's inf/NaN points at its origin,
-    not at the dtype.
-    """
-    autocast = str(session.environment.get("autocast") or "")
-    return fp16_in_use(session) or autocast.endswith(":float16")
-
-
 @advisor("prefer-bf16", "prefer-fp32", "prefer-fp16", "tune-grad-scaler")
 def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advice]:
     """One precision advice, from the A/B measurements when there are any.
@@ -234,7 +224,7 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
     loss-scale-collapse, activation-overflow, nonfinite-origin (not info) on a device with
     ``environment.bf16_supported`` (CUDA capability >= 8.0; any CPU). BF16 has FP32's
     exponent range: no underflow at 2^-24, no overflow at 65504, no GradScaler needed.
-    Neither is advised to a run that does not compute in FP16 (`computes_fp16`).
+    Neither is advised to a run that does not compute in FP16 (`computes_in`).
 
     tune-grad-scaler: the same evidence (less the forward-range findings, which no loss scale
     fixes) where BF16 is not supported or unknown. ``init_scale`` = the underflow finding's
@@ -246,7 +236,7 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
     nothing overflows, else torch's default 2000.
     """
     scaler_ids = (FP16_UNDERFLOW, *SCALER_MISUSE, *SCALE_TROUBLE)
-    fp16_run = computes_fp16(session)
+    fp16_run = computes_in(session)["precision"] == "fp16"
     trouble = _actionable(findings, *scaler_ids, *RANGE_TROUBLE) if fp16_run else []
     div = derived(session).get("divergence", DivergenceResult(steps=0))
     if div.get("cause", {}).get("cause") == "not-precision":
@@ -290,7 +280,7 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
                 f"(this {dev} device runs BF16, whose FP32-sized exponent range has no such loss)."
             ),
             evidence=evidence,
-            fix=terms.precision_fix(session, "bf16", pc.training_step("bf16", dev)) + caveat,
+            fix=terms.precision_fix(session, "bf16", terms.training_step("bf16", dev)) + caveat,
             section="precision",
             impact=min(1.0, 0.6 + 0.1 * len(trouble)),
         )
@@ -346,7 +336,7 @@ def _unmeasured_switch(session: Session, ab: pc.Measured, slower: Finding) -> Fi
             "precision": target,
             "run_precision": ab.run,
         },
-        fix=terms.precision_fix(session, target, pc.training_step(target, dev)),
+        fix=terms.precision_fix(session, target, terms.training_step(target, dev)),
         section="precision",
         impact=slower.impact,
     )
@@ -490,7 +480,7 @@ def _switch(
             + "."
         ),
         evidence=evidence,
-        fix=terms.precision_fix(session, target, pc.training_step(target, dev)),
+        fix=terms.precision_fix(session, target, terms.training_step(target, dev)),
         section="precision",
         impact=max(0.0, 1 - 1 / ratio["median"]) if ratio else 0.0,
     )
@@ -580,14 +570,13 @@ def _grad_scaler_settings(session: Session, merged: list[Finding], bf16: bool | 
         fix=terms.with_setting(
             session,
             terms.scaler_setting(session, init_scale, int(evidence["growth_interval"])),
-            f"scaler = torch.amp.GradScaler({dev!r}, init_scale={init_scale:.0f}, "
-            f"growth_interval={evidence['growth_interval']})\n"
-            f"with torch.autocast(device_type={dev!r}, dtype=torch.float16):\n"
-            "    loss = loss_fn(model(x), y)\n"
-            "scaler.scale(loss).backward()\n"
-            "scaler.unscale_(optimizer)   # before clipping, if you clip\n"
-            "scaler.step(optimizer)\n"
-            "scaler.update()",
+            terms.training_step(
+                "fp16",
+                dev,
+                init_scale=init_scale,
+                growth_interval=int(evidence["growth_interval"]),
+                unscale=True,
+            ),
         )
         + conflict_note
         + unknown_note,

@@ -31,8 +31,7 @@ from ampdiag.session import Session
 
 PLAIN = "# In a plain training loop:"
 
-#: Each precision's name in torch code, in timm's ``--amp-dtype`` and in Lightning's ``precision``.
-TORCH_DTYPE = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+#: Each precision's name in timm's ``--amp-dtype`` and in Lightning's ``precision``.
 AMP_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 LIGHTNING = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp32": "32-true", "tf32": "32-true"}
 ACCELERATE = {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "tf32": "no"}
@@ -186,13 +185,67 @@ def precision_fix(session: Session, precision: str, loop: str) -> str:
     return with_setting(session, precision_setting(session, precision), loop)
 
 
-def autocast_step(precision: str, device: str) -> str:
-    """A plain loop's forward and loss under autocast in ``precision`` ("bf16" or "fp16")."""
-    return (
-        f"with torch.autocast(device_type={device!r}, dtype={TORCH_DTYPE[precision]}):\n"
-        "    out = model(x)\n"
-        "    loss = loss_fn(out, y)"
+def training_step(
+    precision: str,
+    device: str,
+    *,
+    init_scale: float | None = None,
+    growth_interval: int | None = None,
+    unscale: bool = False,
+) -> str:
+    """The plain loop's training step in ``precision`` ("bf16", "fp16", "fp32", "tf32").
+
+    The one snippet of each precision that every fix shows (after the framework's setting:
+    `precision_fix`); FP16's GradScaler takes the settings a fix computed, and ``unscale``
+    the ``unscale_`` a clipping loop needs.
+    """
+    if precision == "bf16":
+        return (
+            f"with torch.autocast(device_type={device!r}, dtype=torch.bfloat16):\n"
+            "    loss = loss_fn(model(x), y)\n"
+            "loss.backward()        # no GradScaler: BF16 neither underflows nor overflows\n"
+            "optimizer.step()\n"
+            "optimizer.zero_grad(set_to_none=True)"
+        )
+    if precision == "fp16":
+        settings = "".join(
+            f", {k}={v:.0f}"
+            for k, v in (("init_scale", init_scale), ("growth_interval", growth_interval))
+            if v is not None
+        )
+        return (
+            f"scaler = torch.amp.GradScaler({device!r}{settings})\n"
+            f"with torch.autocast(device_type={device!r}, dtype=torch.float16):\n"
+            "    loss = loss_fn(model(x), y)\n"
+            "scaler.scale(loss).backward()\n"
+            + ("scaler.unscale_(optimizer)   # before clipping, if you clip\n" if unscale else "")
+            + "scaler.step(optimizer)\n"
+            "scaler.update()"
+        )
+    tf32 = (
+        "torch.backends.cuda.matmul.allow_tf32 = True   # TF32 matmuls (measured fastest)\n"
+        "torch.backends.cudnn.allow_tf32 = True\n"
+        if precision == "tf32"
+        else ""
     )
+    return (
+        tf32
+        + "# Train in FP32 here: no autocast, no GradScaler\n"
+        + (
+            "use_amp = device.type == 'cuda'   # keep autocast for the GPU\n"
+            if device == "cpu"
+            else "use_amp = False\n"
+        )
+        + f"with torch.autocast(device_type={device!r}, enabled=use_amp):\n"
+        "    loss = loss_fn(model(x), y)\n"
+        "loss.backward()\n"
+        "optimizer.step()"
+    )
+
+
+def fp32_module(device: str) -> str:
+    """One module kept in FP32 inside an autocast region: its forward and backward."""
+    return f"with torch.autocast('{device}', enabled=False):\n    y = module(x.float())"
 
 
 def scaler_setting(session: Session, init_scale: float, growth_interval: int) -> str | None:
@@ -267,7 +320,7 @@ def inactive_autocast(session: Session, device: str, precision: str) -> tuple[st
     """
     env = session.environment
     asked = env.get("framework_precision")
-    loop = autocast_step(precision, device)
+    loop = training_step(precision, device)
     if device == "cpu" and isinstance(asked, dict) and asked.get("accelerate") == "fp16":
         fw = framework(session)
         via = (
@@ -280,24 +333,14 @@ def inactive_autocast(session: Session, device: str, precision: str) -> tuple[st
             "the run trains in FP32"
         )
         why = why[0].upper() + why[1:]
-        return why, precision_fix(session, "bf16", autocast_step("bf16", "cpu"))
+        return why, precision_fix(session, "bf16", training_step("bf16", "cpu"))
     if device == "cpu" and cuda_amp_on_cpu(session):
         why = (
             "torch.cuda.amp.autocast() and torch.cuda.amp.GradScaler() are built for CUDA: "
             "on this CPU torch disabled both, so the run trains in FP32"
         )
-        setting = precision_setting(session, "bf16")
-        fix = with_setting(
-            session,
-            setting,
-            'with torch.autocast("cpu", dtype=torch.bfloat16):   # not torch.cuda.amp.autocast()\n'
-            "    out = model(x)\n"
-            "    loss = loss_fn(out, y)\n"
-            'loss.backward()   # no GradScaler: BF16 needs none (torch.amp.GradScaler("cuda") '
-            "on a GPU)\n"
-            "optimizer.step()",
-        )
-        return why, fix
+        loop = "# torch.autocast, not torch.cuda.amp.autocast():\n" + training_step("bf16", "cpu")
+        return why, precision_fix(session, "bf16", loop)
     return None, precision_fix(session, precision, loop)
 
 

@@ -9,6 +9,8 @@ from typing import Any
 from ampdiag import timing, units
 from ampdiag.analysis import figures
 from ampdiag.analysis import precision_choice as pc
+from ampdiag.analysis.advisors import terms
+from ampdiag.analysis.compute import NAMES
 from ampdiag.analysis.derive import derived
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
@@ -201,7 +203,7 @@ def _fix(
     session: Session, ab: pc.Measured, ratio: float, cause: str | None, device: str, dtype: str
 ) -> tuple[str, bool]:
     """The fix, and whether the A/B confirms the slowdown (False: it measured no slowdown)."""
-    run = pc.run_precision(f":{dtype}")
+    run = NAMES.get(dtype)
     why = (
         f"# Autocast is {ratio:.1f}x slower here: {CAUSES.get(cause or '', 'cause not measured')}."
     )
@@ -217,7 +219,7 @@ def _fix(
         return (
             f"{why}\n# The precision A/B measured {pc.NAMES.get(target, target)} the fastest "
             f"safe precision (see prefer-{'fp32' if target == 'tf32' else target}):\n"
-            + pc.training_step(target, device or "cpu"),
+            + terms.training_step(target, device or "cpu"),
             True,
         )
     env = session.environment
@@ -226,7 +228,7 @@ def _fix(
     if bf16_fast:
         return (
             f"{why}{note}\n# This device runs BF16 natively: try BF16, else train in FP32.\n"
-            + pc.training_step("bf16", device or "cpu"),
+            + terms.training_step("bf16", device or "cpu"),
             True,
         )
     if device == "cpu" and env.get("bf16_native") is False:
@@ -234,4 +236,4 @@ def _fix(
             "\n# This CPU has no native BF16/FP16 matmul (no AVX512_BF16 / AMX): autocast "
             "converts and emulates."
         )
-    return f"{why}{note}\n" + pc.training_step("fp32", device or "cpu"), True
+    return f"{why}{note}\n" + terms.training_step("fp32", device or "cpu"), True

@@ -8,6 +8,7 @@ from typing import Any
 
 from ampdiag.analysis import memory_estimates as estimates
 from ampdiag.analysis.advisors import terms
+from ampdiag.analysis.compute import computes_in
 from ampdiag.analysis.device import advisable
 from ampdiag.analysis.registry import rule
 from ampdiag.analysis.rules.accumulation import accumulation_broken
@@ -165,11 +166,11 @@ def accumulation_fix(session: Session, steps: int, micro: int | None) -> str:
     """The framework's accumulation setting, then the loop in the run's own precision.
 
     The fix changes the batch, not the precision: a BF16 run needs no scaler, an FP32 run no
-    autocast, and an FP16 run keeps its GradScaler (its autocast dtype: `low_precision`).
+    autocast, and an FP16 run keeps its GradScaler (its autocast dtype: `computes_in`).
     """
     return terms.with_setting(
         session, terms.accumulation_setting(session, steps), _accumulation_loop(steps, micro,
-        low_precision(session))
+        computes_in(session)["autocast"])
     )  # fmt: skip
 
 
@@ -250,16 +251,6 @@ def _no_micro_batch_fits(
     )
 
 
-def low_precision(session: Session) -> str | None:
-    """The run's low-precision autocast (``"cuda:bfloat16"``), or None for an FP32 run."""
-    seen = (session.section("run").get("autocast_seen") or {}).keys()
-    for key in seen:
-        if key.endswith(("float16", "bfloat16")):
-            return str(key)
-    env = session.environment.get("autocast")
-    return str(env) if env and str(env).endswith("16") else None
-
-
 @rule("amp-memory-not-reduced")
 def amp_memory_not_reduced(session: Session) -> Iterator[Finding]:
     """Autocast cannot reduce most of the memory (low).
@@ -271,7 +262,7 @@ def amp_memory_not_reduced(session: Session) -> Iterator[Finding]:
     ms = estimates.model_state_bytes(mem)
     peak = int((mem.get("peak") or {}).get("bytes") or 0)
     amp = estimates.amp_comparison(mem)
-    autocast = low_precision(session) or (amp or {}).get("dtype")
+    autocast = computes_in(session)["autocast"] or (amp or {}).get("dtype")
     if not autocast or not ms:
         return
     share = ms / peak if peak else 0.0

@@ -13,9 +13,10 @@ from typing import Any
 
 from ampdiag import units
 from ampdiag.analysis import divergence, fp16range
+from ampdiag.analysis.advisors import terms
+from ampdiag.analysis.compute import DTYPES, computes_in
 from ampdiag.analysis.derive import derived
 from ampdiag.analysis.device import advisable, device_type
-from ampdiag.analysis.numerics import fp16_in_use
 from ampdiag.analysis.registry import rule
 from ampdiag.schema import DivergenceResult
 from ampdiag.session import Finding, Session, Severity
@@ -55,6 +56,11 @@ def _scale_in_use(session: Session) -> float | None:
     return float(history[-1]["scale"]) if history else None
 
 
+def _fp16(session: Session) -> bool:
+    """Whether the run computes in FP16: the only runs FP16's range is a problem for."""
+    return computes_in(session)["precision"] == "fp16"
+
+
 @rule("fp16-grad-underflow")
 def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
     """FP16 holds >= 5% of nonzero gradient values as zero/subnormal (medium), >= 20% (high).
@@ -65,7 +71,7 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
     (``scale_reaches_target`` False) the fix is BF16.
     """
     dev = device_type(session.environment)
-    if not fp16_in_use(session):
+    if not _fp16(session):
         return
     u = derived(session).get("numerics", {}).get("underflow", {})
     frac = u.get("underflow_fraction", 0.0)
@@ -82,23 +88,17 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
         fix = (
             "No loss scale keeps FP16's underflow under 1% without overflowing other "
             "gradients: they span more than FP16's range, and this GPU has no BF16. Keep the "
-            "modules whose gradients fall out of range in FP32:\n"
-            f"with torch.autocast('{dev}', enabled=False):\n"
-            "    y = module(x.float())"
+            "modules whose gradients fall out of range in FP32:\n" + terms.fp32_module(dev)
         )
     elif u["scale_reaches_target"] is False:
         fix = (
             "No loss scale keeps FP16's underflow under 1% without overflowing other "
             "gradients: they span more than FP16's range. Train in bfloat16 (FP32's exponent "
-            "range, no GradScaler):\n"
-            f"with torch.autocast('{dev}', dtype=torch.bfloat16):\n"
-            "    loss = loss_fn(model(x), y)\n"
-            "loss.backward(); optimizer.step()"
+            "range, no GradScaler):\n" + terms.training_step("bf16", dev)
         )
     else:
-        rec_txt = f"{rec:g}" if rec else "2.**16"
         needs = (
-            f"smallest scale that keeps underflow under 1%: {rec_txt}"
+            f"smallest scale that keeps underflow under 1%: {rec:g}"
             if rec
             else "the scale needed is unmeasured; torch's default, grown by the scaler"
         )
@@ -107,9 +107,14 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
             ev["scale_held_by"] = {"growth_interval": held}
         fix = (
             f"Scale the loss so small gradients stay representable ({needs}):\n"
-            f'scaler = torch.amp.GradScaler("{dev}", init_scale={rec_txt}'
-            + (", growth_interval=2000)   # it grows; the scale is not fixed\n" if held else ")\n")
-            + "scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()"
+            + (
+                "# growth_interval=2000: the scale grows, it is not held fixed\n"
+                if held is not None
+                else ""
+            )
+            + terms.training_step(
+                "fp16", dev, init_scale=rec or None, growth_interval=None if held is None else 2000
+            )
             + (
                 "\nor train in bfloat16 (same exponent range as float32): "
                 f"torch.autocast('{dev}', dtype=torch.bfloat16)"
@@ -179,14 +184,7 @@ def grad_scaler_missing(session: Session) -> Iterator[Finding]:
             "underflow_fraction": u["underflow_fraction"],
             "recommended_init_scale": rec,
         },
-        fix=(
-            f'scaler = torch.amp.GradScaler("{device}", init_scale={rec or 2.0**16:g})\n'
-            f"with torch.autocast('{device}', dtype=torch.float16):\n"
-            "    loss = loss_fn(model(x), y)\n"
-            "scaler.scale(loss).backward()\n"
-            "scaler.step(optimizer)\n"
-            "scaler.update()"
-        ),
+        fix=terms.training_step("fp16", device, init_scale=rec or 2.0**16),
         section=SECTION,
         impact=0.9,
     )
@@ -200,7 +198,7 @@ def grad_scaler_disabled(session: Session) -> Iterator[Finding]:
     when the run is on the CPU.
     """
     info = session.section("scaler").get("scaler") or session.section("run").get("scaler")
-    if not info or info.get("enabled", True) or not fp16_in_use(session):
+    if not info or info.get("enabled", True) or not _fp16(session):
         return
     env_device = session.environment.get("device_type") or "cpu"
     scaler_device = info.get("device") or ""
@@ -473,7 +471,7 @@ def activation_overflow(session: Session) -> Iterator[Finding]:
     # Ties (a container repeats its last child's output): the innermost module.
     top = max(modules, key=lambda m: (m["max_abs"], str(m["module"]).count(".")))
     peak = float(top["max_abs"])
-    fp16 = fp16_in_use(session)
+    fp16 = _fp16(session)
     if peak >= THRESHOLDS.activation_overflow:
         sev: Severity = "high" if fp16 else "medium"
     elif peak >= THRESHOLDS.activation_near:
@@ -505,9 +503,8 @@ def activation_overflow(session: Session) -> Iterator[Finding]:
         # A what-if advises nothing: the run's own precision holds the value.
         fix=(
             "Keep that module's computation in float32:\n"
-            f"with torch.autocast('{dev}', enabled=False):\n"
-            "    y = module(x.float())\n"
-            "or normalize/scale its input (e.g. a LayerNorm before it)"
+            + terms.fp32_module(dev)
+            + "\nor normalize/scale its input (e.g. a LayerNorm before it)"
             + (", or train in bfloat16." if advisable(session.environment, "bf16") else ".")
         )
         if fp16
@@ -620,7 +617,7 @@ def nonfinite_origin(session: Session) -> Iterator[Finding]:
         "parent_code": parent_code,
         "where": where,
         "steps_with_nonfinite": count,
-        "dtype": _compute_dtype(session),
+        "dtype": DTYPES[computes_in(session)["precision"]],
     }
     if parent_code:
         evidence["between"] = list(origin.get("between") or [None, None])
@@ -683,16 +680,15 @@ def _origin_fix(
         return (
             f"{inspect} The FP32 replay of the step is non-finite too: not the precision. {guard}"
         )
-    if divergence.run_precision(session) == "fp32":
+    if computes_in(session)["precision"] == "fp32":
         return f"{inspect} The run computes in FP32: not the precision. {guard}"
     return (
         f"Inspect {module} at step {step}: a division by ~0, log of 0, sqrt of 0 in the "
         "backward, exp/softmax of large values"
-        + (", or an FP16 overflow" if fp16_in_use(session) else "")
+        + (", or an FP16 overflow" if _fp16(session) else "")
         + ". Compute it in float32:\n"
-        f"with torch.autocast('{dev}', enabled=False):\n"
-        "    y = module(x.float())\n"
-        "or add an epsilon (x / (d + 1e-6), torch.log(x.clamp_min(1e-6)))."
+        + terms.fp32_module(dev)
+        + "\nor add an epsilon (x / (d + 1e-6), torch.log(x.clamp_min(1e-6)))."
     )
 
 
@@ -701,16 +697,6 @@ def _replayed_fp32(session: Session, step: int) -> dict[str, Any] | None:
     replay = session.section("sentinel").get("replay") or {}
     fp32 = (replay.get("results") or {}).get("fp32") or {}
     return fp32 if replay.get("step") == step and isinstance(fp32.get("finite"), bool) else None
-
-
-def _compute_dtype(session: Session) -> str:
-    """The run's low-precision dtype: "float16", "bfloat16", or "float32" (no autocast)."""
-    if fp16_in_use(session):
-        return "float16"
-    autocast = session.section("run").get("autocast_seen") or {}
-    if any(str(k).endswith(":bfloat16") for k in autocast):
-        return "bfloat16"
-    return "float32"
 
 
 @rule("clip-before-unscale")

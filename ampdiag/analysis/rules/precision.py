@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ampdiag.analysis import device as D
 from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.advisors import terms
+from ampdiag.analysis.compute import computes_in
 from ampdiag.analysis.derive import derived
 from ampdiag.analysis.divergence import unfixed_by_precision
 from ampdiag.analysis.precision import reason_fixes
@@ -134,7 +135,7 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
     device = sec.get("device_type") or D.device_type(session.environment)
     # the run's own low precision when it set one (advice follows the run's dtype), never
     # one this device cannot run (BF16 below compute capability 8.0)
-    run = pc.run_precision(session.environment.get("autocast"))
+    run = computes_in(session)["autocast_precision"]
     if run not in ("bf16", "fp16") or not D.advisable(session.environment, run):
         run = "bf16" if device == "cpu" else "fp16"
     if not amp_attempted(session):
@@ -153,7 +154,7 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
                 "measured": False,
                 "not_measured": why,
             },
-            fix=terms.precision_fix(session, run, terms.autocast_step(run, device))
+            fix=terms.precision_fix(session, run, terms.training_step(run, device))
             + "\n# If FP32 is not deliberate. ampdiag.compare(model, batch, loss_fn) times FP32,"
             "\n# BF16 and FP16 on this model and says which is fastest and safe.",
             section="precision",

@@ -8,6 +8,7 @@ from typing import Any
 
 from ampdiag import units
 from ampdiag.analysis import device as D
+from ampdiag.analysis.advisors import terms
 from ampdiag.analysis.registry import rule
 from ampdiag.analysis.rules.distributed import straggler
 from ampdiag.session import Finding, Session, Severity
@@ -163,22 +164,14 @@ def _mixed_precision_fix(env: dict[str, Any] | Any) -> str:
     if D.runs_bf16(env) is False:
         return (
             "Run the forward pass under FP16 autocast with a GradScaler, the mixed precision "
-            f"{units.gpu(env)} runs:\n"
-            "scaler = torch.amp.GradScaler('cuda')\n"
-            "with torch.autocast('cuda', dtype=torch.float16):\n"
-            "    loss = loss_fn(model(x), y)\n"
-            "scaler.scale(loss).backward()\n"
-            "scaler.step(optimizer)\n"
-            "scaler.update()"
+            f"{units.gpu(env)} runs:\n" + terms.training_step("fp16", "cuda")
         )
     unknown = D.runs_bf16(env) is None
     return (
         "Run the forward pass under autocast "
         + ("(bf16 where supported, else fp16 + GradScaler):\n" if unknown else "in BF16:\n")
-        + "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
-        "    loss = loss_fn(model(x), y)\n"
-        "loss.backward()\n"
-        "# At least allow TF32 tensor cores for FP32 matmuls and convolutions:\n"
+        + terms.training_step("bf16", "cuda")
+        + "\n# At least allow TF32 tensor cores for FP32 matmuls and convolutions:\n"
         "torch.backends.cuda.matmul.allow_tf32 = True\n"
         "torch.backends.cudnn.allow_tf32 = True"
     )

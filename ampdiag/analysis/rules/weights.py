@@ -17,6 +17,7 @@ from typing import Any
 
 from ampdiag.analysis import device as D
 from ampdiag.analysis import precision_choice as pc
+from ampdiag.analysis.advisors import terms
 from ampdiag.analysis.derive import derived
 from ampdiag.analysis.registry import rule
 from ampdiag.schema import DivergenceResult
@@ -146,15 +147,8 @@ def fix_code(
         + (f"instead of model.to(torch.{stored})" if keep else "instead of 16-bit ones"),
         f"optimizer = {make}(model.parameters(), lr={lr_txt})   # made after it",
     ]
-    if dtype == "float16":
-        lines.append(pc.training_step("fp16", dev))
-    elif dtype == "bfloat16":
-        lines += [
-            f"with torch.autocast(device_type={dev!r}, dtype=torch.bfloat16):",
-            "    loss = loss_fn(model(x), y)",
-            "loss.backward()",
-            "optimizer.step()",
-        ]
+    if dtype in ("float16", "bfloat16"):
+        lines.append(terms.training_step(NAMES[dtype].lower(), dev))
     else:
         lines += ["loss = loss_fn(model(x), y)", "loss.backward()", "optimizer.step()"]
     if not keep:

@@ -40,7 +40,7 @@ def build(session: Session) -> ReportSection | None:
     run = session.section("run")
     scaler = run.get("scaler")
     history = scale_history(session)
-    autocast = str(session.environment.get("autocast") or "")
+    autocast = stated.autocast(session) or ""
     if not scaler and not history and not autocast.endswith(":float16"):
         return None
     figures: dict[str, Markup] = {}

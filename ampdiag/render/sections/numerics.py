@@ -56,6 +56,8 @@ def build(session: Session) -> ReportSection | None:
     if not grads and not acts and not sc.get("present"):
         return None
     derived: NumericsDerived = session.section("derived").get("numerics") or {}
+    compute = stated.compute(session)
+    fp16 = compute["precision"] == "fp16" if compute else None
     figures: dict[str, Markup] = {}
     history = sc.get("history") or []
     series: dict[str, dict[int, float]] = {}
@@ -84,7 +86,7 @@ def build(session: Session) -> ReportSection | None:
     skipped = stated.figures(session).get("skipped_steps")
     html = join(
         (
-            _summary(u, sc, skipped, first_nonfinite(session), derived.get("fp16_in_use")),
+            _summary(u, sc, skipped, first_nonfinite(session), fp16),
             templating.figures(figures),
             _predictions([p for p in acts.get("predictions", []) if p["scale_log2"] % 4 == 0]),
             _modules(modules[:TABLE_ROWS]),
@@ -102,7 +104,7 @@ def build(session: Session) -> ReportSection | None:
     # Outside FP16 the figure is what FP16 would do, never this run's problem.
     parts = [
         underflow
-        if derived.get("fp16_in_use") is not False
+        if fp16 is not False
         else f"if this run used FP16 without loss scaling: {underflow}"
     ]
     if history and skipped:

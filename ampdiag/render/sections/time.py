@@ -62,7 +62,6 @@ def runs_of(indices: list[int]) -> list[tuple[int, int]]:
 def figures(session: Session) -> dict[str, charts.Chart]:
     """The section's charts, by name (shared by the HTML and TensorBoard)."""
     prof = session.section("profiler")
-    probe = session.section("speed_probe")
     steps = [s for s in session.steps if isinstance(s.get("wall_s"), (int, float))]
     out: dict[str, charts.Chart] = {}
     breakdown = prof.get("breakdown", {})
@@ -101,7 +100,7 @@ def figures(session: Session) -> dict[str, charts.Chart]:
         out["speed-probe"] = charts.bars(
             [
                 "FP32",
-                str(probe.get("autocast") or session.environment.get("autocast") or "autocast"),
+                stated.autocast(session) or "autocast",
             ],
             {"ms": [float(speed["fp32_ms"]), float(speed["run_ms"])]},
             "ms per forward + backward (median of the samples)",
@@ -124,7 +123,7 @@ def build(session: Session) -> ReportSection | None:
     rows = breakdown.get("steps", [])
     top_ops = prof.get("top_ops") or []
     speed = stated.figures(session).get("speed_vs_fp32")
-    autocast = probe.get("autocast") or session.environment.get("autocast") or "autocast"
+    autocast = stated.autocast(session) or "autocast"
     html = join(
         (
             _breakdown(prof, categories(breakdown), rows),

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from ampdiag.analysis.compute import precision_of
 from ampdiag.compat import scaler as compat_scaler
 from ampdiag.compat.autocast import AutocastHeldOff
 from ampdiag.compat.dtensor import fsdp_mixed_precision, is_dtensor, local_tensor
@@ -384,31 +385,20 @@ def _scaler_enabled(run: RunContext) -> bool:
 
 def _autocast_dtype(run: RunContext) -> torch.dtype | None:
     """The low-precision dtype autocast computed the run's forwards in, or None."""
-    seen = " ".join(run.autocast)
-    if ":float16" in seen:
-        return torch.float16
-    return torch.bfloat16 if ":bfloat16" in seen else None
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision_of(run.autocast))
 
 
 def run_precision(run: RunContext) -> str:
-    """What the run computed in: "fp16", "bf16" or "fp32".
+    """What the run computed in: "fp16", "bf16" or "fp32" (`compute.precision_of`).
 
     Autocast seen at the forward, the parameters' dtypes, or an FSDP2 ``MixedPrecisionPolicy``
     (its ``param_dtype`` is what the forward and backward compute in, with FP32 parameters).
     """
-    seen = " ".join(run.autocast)
-    dtypes = {p.dtype for m in run.models for p in m.parameters()}
+    dtypes: list[object] = [*run.autocast, *(p.dtype for m in run.models for p in m.parameters())]
     for m in run.models:
-        try:
-            policies = fsdp_mixed_precision(m)
-        except Exception:  # a refinement: the policy unread
-            policies = []
-        seen += " " + " ".join(f":{p.get('param_dtype')}" for p in policies)
-    if ":float16" in seen or torch.float16 in dtypes:
-        return "fp16"
-    if ":bfloat16" in seen or torch.bfloat16 in dtypes:
-        return "bf16"
-    return "fp32"
+        with contextlib.suppress(Exception):  # a refinement: the policy unread
+            dtypes += [p.get("param_dtype") for p in fsdp_mixed_precision(m)]
+    return precision_of(dtypes)
 
 
 def replay_step(

@@ -51,7 +51,7 @@ from typing import Any, cast
 import torch
 
 from ampdiag import timing
-from ampdiag.analysis.precision_choice import run_precision
+from ampdiag.analysis.compute import autocast_precision
 from ampdiag.compat.fp8 import device_has_fp8
 from ampdiag.compat.modules import eager_copy_fix, uncompiled
 from ampdiag.config import DiagnoseConfig
@@ -147,7 +147,7 @@ class SpeedProbe(Collector):
             raised = sys.exc_info()[1] is not None
         model = self._model
         self._autocast = dominant_autocast(run.autocast)
-        own = run_precision(self._autocast)
+        own = autocast_precision(self._autocast)
         if not run.config.speed_probe:
             self._skipped = "disabled (speed_probe=False)"
         elif raised:
