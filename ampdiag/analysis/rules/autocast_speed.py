@@ -10,7 +10,7 @@ from ampdiag import timing, units
 from ampdiag.analysis import figures
 from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.advisors import terms
-from ampdiag.analysis.compute import NAMES
+from ampdiag.analysis.compute import NAMES, computes_in
 from ampdiag.analysis.derive import derived
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session, Severity
@@ -62,7 +62,7 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
     if side == "below":
         return
     env = session.environment
-    autocast = str(probe.get("autocast") or env.get("autocast") or "?")
+    autocast = computes_in(session)["autocast"] or "?"
     device, _, dtype = autocast.partition(":")
     interval = {
         "slowdown": round(est.median, 3),
