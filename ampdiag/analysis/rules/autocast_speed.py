@@ -219,7 +219,7 @@ def _fix(
         return (
             f"{why}\n# The precision A/B measured {pc.NAMES.get(target, target)} the fastest "
             f"safe precision (see prefer-{'fp32' if target == 'tf32' else target}):\n"
-            + terms.training_step(target, device or "cpu"),
+            + terms.precision_fix(session, target, terms.training_step(target, device or "cpu")),
             True,
         )
     env = session.environment
@@ -228,7 +228,7 @@ def _fix(
     if bf16_fast:
         return (
             f"{why}{note}\n# This device runs BF16 natively: try BF16, else train in FP32.\n"
-            + terms.training_step("bf16", device or "cpu"),
+            + terms.precision_fix(session, "bf16", terms.training_step("bf16", device or "cpu")),
             True,
         )
     if device == "cpu" and env.get("bf16_native") is False:
@@ -236,4 +236,5 @@ def _fix(
             "\n# This CPU has no native BF16/FP16 matmul (no AVX512_BF16 / AMX): autocast "
             "converts and emulates."
         )
-    return f"{why}{note}\n" + terms.training_step("fp32", device or "cpu"), True
+    fp32 = terms.training_step("fp32", device or "cpu")
+    return f"{why}{note}\n" + terms.precision_fix(session, "fp32", fp32), True

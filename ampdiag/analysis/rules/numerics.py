@@ -94,7 +94,8 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
         fix = (
             "No loss scale keeps FP16's underflow under 1% without overflowing other "
             "gradients: they span more than FP16's range. Train in bfloat16 (FP32's exponent "
-            "range, no GradScaler):\n" + terms.training_step("bf16", dev)
+            "range, no GradScaler):\n"
+            + terms.precision_fix(session, "bf16", terms.training_step("bf16", dev))
         )
     else:
         needs = (
