@@ -794,7 +794,9 @@ def _time_all(
         rounds += 1
         if rounds >= 2:
             racing = _still_racing(racing, samples)
-        tight = all(timing.tight(timing.least(samples[n]), tolerance) for n in racing)
+        # the two least passes within ``tolerance`` of each other (half the gap, the least's
+        # spread, within half of it): two passes a busy spell slowed alike agree less often
+        tight = all(timing.tight(timing.least(samples[n]), tolerance / 2) for n in racing)
         if rounds >= min_samples and tight:
             break
         # every precision still racing gets MIN_ROUNDS samples unless fewer were asked for
