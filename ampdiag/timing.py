@@ -98,13 +98,10 @@ def estimate(samples: Sequence[float]) -> Estimate:
 def least(samples: Sequence[float]) -> Estimate:
     """The least of ``samples`` (at least one), with the interval up to the second least.
 
-    For passes of one computation timed again and again (the precision A/B), where another
-    process only ever adds time -- a 1 ms pass descheduled for a 4 ms time slice measures 5 ms
-    -- the least sample is the least disturbed, and it stays right while any one pass ran
-    undisturbed; a median goes wrong once half of them were hit, which on a loaded machine is
-    most runs of millisecond passes. The second least bounds the interval: two undisturbed
-    passes agree, so a wide gap says the least may be a lone one (and a `tight` stop needs
-    them within the tolerance).
+    For one computation timed again and again (the precision A/B), where load only adds time
+    (a 1 ms pass that waits out a 4 ms time slice measures 5 ms), the least is the least
+    disturbed and right while one pass ran undisturbed; a median needs over half of them. Two
+    undisturbed passes agree: a wide gap to the second least says the least may be alone.
     """
     values = sorted(float(s) for s in samples)
     if not values:

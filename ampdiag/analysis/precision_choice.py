@@ -15,13 +15,9 @@ The choice is **the precision in use, unless a safe one is measured clearly fast
 - *in use* (the incumbent): the run's own precision when it is safe (``keep``; FP32 for
   ``ampdiag.compare`` on its own, and when the run's precision is not safe).
 - *clearly faster*: the lower end of the speed-up interval over the incumbent is at least
-  `SWITCH_SPEEDUP` (1.10x). Each time is the least of the interleaved passes, its interval
-  reaching the second least (`estimate`, `timing.least`): another process only adds time, so
-  a precision is clearly faster when even its second-least pass beats the incumbent's least
-  by 1.10x, and its speed-up (the figure, and the severity the advice reads from it) is the
-  ratio of the least times, which a median of passes half hit by the load does not keep
-  (a 1.2x loss measured 5.2x when two of three 1 ms FP16 passes took a 4 ms time slice). A
-  decision
+  `SWITCH_SPEEDUP` (1.10x): even its second-least pass beats the incumbent's least pass by
+  that (`estimate`, `TIMING`: load only adds time; a median of passes made a 1.2x loss 5.2x
+  when two of three 1 ms FP16 passes took a 4 ms time slice). A decision
   rests on that bound, never on a point estimate: identical runs whose intervals move a
   little keep the same choice, and a precision measured 0.93x as fast is never chosen as a
   "tie". Among several that clear it, the fastest; those it is not measured clearly faster
@@ -102,11 +98,9 @@ def unsafe_reasons(row: Mapping[str, Any]) -> list[str]:
 
 
 def estimate(row: Mapping[str, Any]) -> timing.Estimate | None:
-    """The row's time in ms as a `timing.Estimate` (None without an interval).
+    """The row's time in ms: its passes' least up to the second least (`timing.least`).
 
-    From its passes (``times_ms``) the least one, up to the second least (`timing.least`:
-    what another process's load cannot shorten); a row without them (an older session) is
-    its median ± spread.
+    A row without passes (an older session): its median ± spread; None without an interval.
     """
     times = [v for v in (number(x, finite=True) for x in row.get("times_ms") or []) if v]
     if len(times) >= timing.MIN_SAMPLES:
@@ -117,12 +111,6 @@ def estimate(row: Mapping[str, Any]) -> timing.Estimate | None:
     n = row.get("samples")
     samples = n if isinstance(n, int) and n >= timing.MIN_SAMPLES else timing.MIN_SAMPLES
     return timing.Estimate(t, t - s, t + s, samples)
-
-
-def interval(row: Mapping[str, Any]) -> tuple[float, float] | None:
-    """The row's time interval in ms (`estimate`; None without one)."""
-    est = estimate(row)
-    return (est.low, est.high) if est is not None else None
 
 
 #: A change of precision is chosen only when the lower end of its speed-up interval over the
@@ -150,10 +138,7 @@ def clears(base: Mapping[str, Any], row: Mapping[str, Any]) -> bool:
 
 
 def speedup(base: Mapping[str, Any], row: Mapping[str, Any]) -> dict[str, float] | None:
-    """``base`` time / ``row`` time, and its range from the two intervals (`estimate`).
-
-    ``median`` is the ratio of their figures (from their passes: of the least times).
-    """
+    """``base`` time / ``row`` time (``median``: of the `estimate` figures) and its range."""
     tb, tr = number(base.get("time_ms"), finite=True), number(row.get("time_ms"), finite=True)
     if not tb or not tr:
         return None
@@ -246,7 +231,7 @@ def choose(
     incumbent = next((r for r in safe if r["precision"] == keep), None) or next(
         (r for r in safe if r["precision"] == "fp32"), None
     )
-    if not any(interval(r) is not None for r in safe):
+    if not any(estimate(r) is not None for r in safe):
         first = str(incumbent["precision"]) if incumbent is not None else names[0]
         return Choice(first, [first, *(n for n in names if n != first)], unsafe, timed=False)
 

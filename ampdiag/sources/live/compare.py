@@ -72,9 +72,8 @@ OBSERVED_PASSES = 1.5
 #: spread that one stalled sample cannot move (`timing`: with two, a stall is half the samples,
 #: and the demo's FP16-on-CPU verdict flipped between identical runs at load 1.5).
 MIN_ROUNDS = 3
-#: The clock of a timed pass on a CPU: the process's CPU time, which the time another process
-#: holds the core does not stretch (wall time on a loaded 2-core machine measured a 3 ms GRU
-#: pass at 7-14 ms, and none or all of a precision's passes so hit). On a GPU, wall time.
+#: A timed pass's clock on a CPU: process CPU time, which another process holding the core
+#: does not stretch (a 3 ms GRU pass measured 7-14 ms of wall time at load 4). GPU: wall time.
 CLOCK = time.process_time
 #: The per-module forwards of a precision (`_module_costs`: two forwards, one of them in a
 #: dispatch mode), in passes of forward + backward.
