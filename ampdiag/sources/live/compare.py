@@ -802,11 +802,12 @@ def _time_all(
         need = time.perf_counter() - started + sum(walls[n] for n in racing) + after_s
         if need > result.budget_s and rounds >= min(MIN_ROUNDS, min_samples):
             break
-    estimates = {n: timing.least([x * 1000 for x in s]) for n, s in samples.items()}
+    times = {n: [round(x * 1000, 4) for x in s] for n, s in samples.items()}
+    estimates = {n: timing.least(t) for n, t in times.items()}  # the figures of the rows' times
     for name, est in estimates.items():
         row = rows[name]
         row.samples = est.samples
-        row.times_ms = [round(x * 1000, 4) for x in samples[name]]
+        row.times_ms = times[name]
         row.time_ms = est.median
         row.time_spread_ms = est.spread if est.samples >= timing.MIN_SAMPLES else None
         row.peak_bytes = peaks.get(name)
