@@ -11,7 +11,9 @@ mean or the interquartile range break with the first one).
 A threshold is then compared with the interval ``[median - MAD, median + MAD]``: the claim is
 made when the whole interval is beyond it, dropped when the whole interval is short of it, and
 reported as uncertain (with the interval, so the reader sees why) when the interval straddles
-it. Torch-free: rules and collectors both read it.
+it. Passes of one computation repeated back to back (the precision A/B) are summed up by
+their **least** sample instead (`least`): there the disturbance is one-sided. Torch-free:
+rules and collectors both read it.
 """
 
 from __future__ import annotations
@@ -93,11 +95,26 @@ def estimate(samples: Sequence[float]) -> Estimate:
     return Estimate(mid, mid - mad, mid + mad, len(values))
 
 
+def least(samples: Sequence[float]) -> Estimate:
+    """The least of ``samples`` (at least one), with the interval up to the second least.
+
+    For one computation timed again and again (the precision A/B), where load only adds time
+    (a 1 ms pass that waits out a 4 ms time slice measures 5 ms), the least is the least
+    disturbed and right while one pass ran undisturbed; a median needs over half of them. Two
+    undisturbed passes agree: a wide gap to the second least says the least may be alone.
+    """
+    values = sorted(float(s) for s in samples)
+    if not values:
+        raise ValueError("least() needs at least one sample")
+    return Estimate(values[0], values[0], values[min(1, len(values) - 1)], len(values))
+
+
 def quotient(num: Estimate, den: Estimate) -> Estimate:
     """``num / den`` with the interval their intervals allow (low over high, high over low).
 
-    A ratio of two medians, not a median of per-pair ratios: a stall corrupts a pair whichever
-    of its two samples it hits, so per-pair ratios go wrong twice as often as either median.
+    A ratio of two medians (or of two least times, `least`), not a median of per-pair
+    ratios: a stall corrupts a pair whichever of its two samples it hits, so per-pair ratios
+    go wrong twice as often as either median.
     """
     if den.median <= 0:
         raise ValueError("quotient() needs a positive denominator")

@@ -2,7 +2,7 @@
 
 For each model the same forward + backward (surrogate loss: the output's sum, FP16 with a loss
 scale of 2^16) is timed two ways, **interleaved round by round** so that the machine's drift
-lands on both alike:
+lands on both alike, both on compare's clock (`compare.CLOCK`: process CPU time on a CPU):
 
 - *plain*: a loop written here without ampdiag, every precision once per round (order rotated);
 - *compare*: one ``ampdiag.compare`` call per round, stopped after its first timed round
@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 from torch import nn
 
 from ampdiag import timing
-from ampdiag.sources.live.compare import FP16_LOSS_SCALE, compare
+from ampdiag.sources.live.compare import CLOCK, FP16_LOSS_SCALE, compare
 
 MODES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -57,11 +56,11 @@ def plain_round(model: nn.Module, x: torch.Tensor, r: int) -> dict[str, float]:
     names = list(MODES)
     for name in names[r % 3 :] + names[: r % 3]:
         dtype = MODES[name]
-        t0 = time.perf_counter()
+        t0 = CLOCK()  # compare's own clock on a CPU (process CPU time)
         with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
             loss = model(x).float().sum()
         torch.autograd.grad(loss * (FP16_LOSS_SCALE if name == "fp16" else 1.0), params)
-        out[name] = (time.perf_counter() - t0) * 1000
+        out[name] = (CLOCK() - t0) * 1000
     return out
 
 

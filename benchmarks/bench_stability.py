@@ -21,7 +21,8 @@ precision, the precision the top precision advice's fix names) it saw, and each 
 count; the figure the issue holds is 1 per workload.
 
 Usage: ``python -m benchmarks.bench_stability [--runs 8] [--only demo,bf16,diffusion]
-[--scenario activation-near-fp16-max]`` (``--only ''`` runs the scenarios alone).
+[--scenario activation-near-fp16-max] [--keep DIR]`` (``--only ''`` runs the scenarios alone;
+``--keep`` keeps every run's session, its A/B's samples included, to replay a decision on).
 About 2 minutes per round of the three on a shared 2-core machine.
 """
 
@@ -148,6 +149,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--only", default=",".join(WORKLOADS))
     parser.add_argument("--scenario", action="append", default=[], metavar="NAME")
+    parser.add_argument("--keep", metavar="DIR", help="keep each run's session under DIR")
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -160,7 +162,8 @@ def main() -> None:
     seen: dict[str, Counter[Outcome]] = {w: Counter() for w in workloads}
     took: dict[str, list[float]] = {w: [] for w in workloads}
     try:
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as scratch:
+            tmp = args.keep or scratch
             for i in range(args.runs):  # interleaved: each round runs every workload once
                 for w in workloads:
                     out = str(Path(tmp) / f"{w}-{i}")

@@ -18,7 +18,6 @@ Pure and torch-free.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping
 from typing import Any
 
@@ -169,7 +168,7 @@ def _speed(
 
 
 def probe_ratio(probe: Mapping[str, Any]) -> timing.Estimate | None:
-    """Autocast / FP32 time of the probe: the quotient of the two medians, with its interval.
+    """Autocast / FP32 time of the probe: the quotient of the two least times (`timing.least`).
 
     A session that kept only the two headline times (older sessions) gives one sample: no
     interval, so it can only be "uncertain".
@@ -181,9 +180,9 @@ def probe_ratio(probe: Mapping[str, Any]) -> timing.Estimate | None:
     f_all, a_all = probe.get("fp32_ms_all"), probe.get("autocast_ms_all")
     f = samples(f_all if isinstance(f_all, list) else [probe.get("fp32_ms")])
     a = samples(a_all if isinstance(a_all, list) else [probe.get("autocast_ms")])
-    if not f or not a or statistics.median(f) <= 0:
+    if not f or not a or min(f) <= 0:
         return None
-    return timing.quotient(timing.estimate(a), timing.estimate(f))
+    return timing.quotient(timing.least(a), timing.least(f))
 
 
 def _probe_speed(session: Session) -> SpeedVsFp32 | None:

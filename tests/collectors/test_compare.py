@@ -197,10 +197,13 @@ def test_an_ab_over_its_budget_runs_its_least_version_and_says_so(tmp_path: Path
     assert d.session is not None
     ab = d.session.section("speed_probe")["precisions"]
     assert ab["budget_s"] <= 0.1 * (block_s + 5)  # the block as ampdiag saw it, setup included
-    # two precisions timed, each at least three 40 ms forwards: over the budget all the same
+    # two precisions timed, each three 40 ms forwards: over the budget all the same
     timed = {r["precision"]: r for r in ab["results"] if r.get("time_ms") is not None}
     assert {"fp32", "bf16"} <= set(timed)
-    assert all(r["time_ms"] >= 40 and r["samples"] == 3 for r in timed.values())
+    assert all(r["samples"] == 3 for r in timed.values())
+    # each pass in process CPU time: the 40 ms a forward waits (as a process waits for a core
+    # another holds) is not the pass's time; a Linear(8, 4) pass computes in well under 20 ms
+    assert all(max(r["times_ms"]) < 20 for r in timed.values()), timed
     assert ab["spent_s"] >= 2 * 3 * 0.04 > ab["budget_s"]
     assert "over its budget" in ab["budget_note"] and "ran all the same" in ab["budget_note"]
 

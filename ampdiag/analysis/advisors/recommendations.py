@@ -56,8 +56,9 @@ class Thresholds:
     memory_headroom: float = 0.15
     # prefer-<precision> from the A/B (not merged with worse findings): medium when the lower
     # end of the speed-up over the run's own precision is at least the first; high when the
-    # median is also at least the second (the lower end falls with the machine's load: a
-    # 2.6x gain measured 1.46x-4.6x on a busy machine was medium, on a quiet one high).
+    # ratio of the least times is also at least the second (the lower end falls with the
+    # machine's load: a 2.6x gain measured 1.46x-4.6x on a busy machine was medium, on a
+    # quiet one high; `precision_choice.TIMING`).
     switch_speedup_medium: float = 1.10
     switch_speedup_high: float = 1.50
     # tune-input-pipeline: worker count bounds.
@@ -201,13 +202,15 @@ def precision_advice(session: Session, findings: list[Finding]) -> Iterator[Advi
     - The A/B keeps the run's precision: no switch is advised (and ``autocast-slower``, if the
       quick probe saw a slowdown, is reported as uncertain).
     - Else ``prefer-<choice>`` (bf16, fp32 -- also for TF32 matmuls -- or fp16) with the
-      measured speed-up over the run's precision (median and the range the spreads allow),
+      measured speed-up over the run's precision (the ratio of the least times and the range
+      the intervals allow, `precision_choice.TIMING`),
       the activation memory it saves and its error against FP32; it merges
       ``autocast-slower`` and, when the run leaves FP16, the FP16 findings, whose measured
       consequence then leads its title (`consequence`: "99.8% of the gradient values are lost
       to underflow in FP16 without loss scaling; the loss did not fall in 100 steps ...") and
       its ``evidence.consequence`` is "numerics" (else "speed": `ampdiag.analysis.verdict`).
-      Its own severity: high when the whole speed-up interval is >= 1.5x, medium >= 1.1x; at
+      Its own severity: medium when the speed-up's lower end is >= 1.1x, high when its ratio
+      of least times is also >= 1.5x; at
       least that of the FP16 findings it leaves.
     - An FP16 run with FP16 trouble whose A/B keeps FP16 (measured safe with a GradScaler's
       loss scale): ``tune-grad-scaler``.
@@ -403,6 +406,7 @@ def _measured_evidence(ab: pc.Measured, target: str) -> dict[str, Any]:
             if r.get("time_ms") is not None
         },
         "unsafe": ab.choice.unsafe,
+        "timing": pc.TIMING,
         **(
             {"not_timed": {p: r["not_timed"] for p, r in ab.rows.items() if r.get("not_timed")}}
             if any(r.get("not_timed") for r in ab.rows.values())

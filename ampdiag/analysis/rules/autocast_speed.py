@@ -35,11 +35,12 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
     The ratio is the run's one figure of its precision against FP32
     (`ampdiag.analysis.figures.speed_vs_fp32`): the precision A/B's where it timed both, else
     the speed probe's, so this finding, the time section and "Which precision" state one
-    number. It is the quotient of the medians of interleaved passes, with the interval their
-    spreads allow (`ampdiag.timing`); the thresholds are compared with that interval, so the
+    number. It is the quotient of the least times of interleaved passes (`timing.least`: the
+    load of another process only adds time), with the interval up to their second-least
+    passes; the thresholds are compared with that interval, so the
     severity is that of its lower end. An interval that straddles 1.10x (or a single pair)
     is reported as uncertain (info, with the interval): a loaded machine says it cannot tell
-    rather than flipping between runs. Evidence: both median times, the ratio and its
+    rather than flipping between runs. Evidence: both least times, the ratio and its
     interval, the run's median step time and the step time FP32 would give at the measured
     ratio, and the leaf modules that slowed down most.
 
@@ -72,7 +73,7 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
         "threshold": THRESHOLDS.slowdown_medium,
     }
     measured = f"{probe.get('measured', 'forward + backward')}, " + (
-        f"the precision A/B's medians (each over at least {est.samples} interleaved rounds)"
+        f"the precision A/B's least times (each of at least {est.samples} interleaved passes)"
         if by_ab
         else f"median of {est.samples} interleaved pairs each (speed probe)"
     )

@@ -296,9 +296,10 @@ def budget_note(found: dict[str, Any], budget: float) -> str | None:
 def probe_figures(found: dict[str, Any], own: str) -> dict[str, Any]:
     """The probe's figures: the A/B's FP32 row against the run's precision's row.
 
-    The medians with their spreads (median absolute deviation) and the samples; ``ratio``
-    (autocast / FP32) with ``ratio_low`` and ``ratio_high``, the interval the rules compare
-    with thresholds (`timing.quotient`); ``tight`` (whether both medians reached `TOLERANCE`);
+    The least times with their spreads (`timing.least`: half the gap to the second least) and
+    the samples; ``ratio`` (autocast / FP32) with ``ratio_low`` and ``ratio_high``, the
+    interval the rules compare with thresholds (`timing.quotient`); ``tight`` (whether both
+    reached `TOLERANCE`);
     ``modules``, the leaf modules' forward times in both (the most slowed down first).
     """
     rows = {r.get("precision"): r for r in found.get("results") or []}
@@ -307,7 +308,7 @@ def probe_figures(found: dict[str, Any], own: str) -> dict[str, Any]:
     if not f_all or not a_all:
         why = amp.get("error") or fp32.get("error") or found.get("skipped") or "nothing timed"
         return {"error": f"the precision A/B timed no FP32 and {own} pass: {why}"}
-    f, a = timing.estimate(f_all), timing.estimate(a_all)
+    f, a = timing.least(f_all), timing.least(a_all)
     ratio = timing.quotient(a, f) if f.median > 0 else None
     tolerance = TOLERANCE
     return {
