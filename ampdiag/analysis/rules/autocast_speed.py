@@ -63,7 +63,7 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
     if side == "below":
         return
     env = session.environment
-    autocast = computes_in(session)["autocast"] or "?"
+    autocast = str(probe.get("autocast") or computes_in(session)["autocast"] or "?")
     device, _, dtype = autocast.partition(":")
     interval = {
         "slowdown": round(est.median, 3),
