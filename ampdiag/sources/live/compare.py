@@ -407,16 +407,24 @@ def _largest_finite(count: int, finite: Callable[[int], bool], start: int = 0) -
     monotone in a power-of-two loss scale: multiplying by a power of two is exact in floating
     point short of overflow and underflow, so every value the backward computes grows with the
     scale and one that overflows at a scale overflows at every larger one. The ``start``-th
-    scale first (by default the largest: the usual answer, one backward) and, when finite, the
-    one before it; then halving the range left. When none is finite, the last (smallest)
-    scale, without running it: a GradScaler's backoff ends there.
+    scale first (by default the largest: the usual answer, one backward); when finite, larger
+    ones 1, 2, 4, ... steps before it until one overflows, then halving the range between (a
+    prediction a few scales short costs a few backwards, not a search of the whole range: on a
+    nanoGPT-style model two short, 4 backwards instead of 6, each an FP16 backward that a CPU
+    without native FP16 emulates). When ``start`` overflows, halving the range after it; when
+    none is finite, the last (smallest) scale, without running it: a GradScaler's backoff ends
+    there.
     """
     if count <= 1:
         return 0
     if finite(start):
-        if start == 0 or not finite(start - 1):
-            return start
-        lo, hi = 0, start - 1  # hi is finite
+        lo, hi, step = 0, start, 1  # hi is finite
+        while lo < hi:
+            probe = max(lo, hi - step)
+            if not finite(probe):
+                lo = probe + 1
+                break
+            hi, step = probe, step * 2
     else:
         lo, hi = min(start + 1, count - 1), count - 1  # hi, the smallest, if none is
     while lo < hi:
