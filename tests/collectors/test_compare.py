@@ -51,6 +51,26 @@ def test_changes_nothing_of_the_users() -> None:
     assert torch.equal(rng, torch.get_rng_state())
 
 
+def test_a_cpu_models_ab_queues_no_seed_for_cuda_generators() -> None:
+    """The A/B seeds the generators it forks, and no other.
+
+    ``torch.manual_seed`` also seeds every CUDA device (queued, on a process that has not
+    started CUDA, for whenever it does: outside the A/B's fork, so the user's CUDA generators
+    would start from the A/B's seed). Dropout still draws the same masks in every precision:
+    the FP32 loss of a model with dropout is the same in two A/Bs.
+    """
+    from unittest import mock
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.Dropout(0.5), nn.Linear(64, 8))
+    x = torch.randn(16, 32)
+    with mock.patch.object(torch.cuda, "manual_seed_all") as seed_all:
+        first = compare(model, x, precisions=["fp32"], budget_s=0.0, min_samples=1)
+        second = compare(model, x, precisions=["fp32"], budget_s=0.0, min_samples=1)
+    assert seed_all.call_count == 0
+    assert first.result("fp32").loss == second.result("fp32").loss is not None
+
+
 def test_activation_bytes_are_the_layers_inputs() -> None:
     # Linear(32->64) saves its input x; ReLU saves its output, which Linear(64->8) saves too
     # (one storage); the surrogate loss (a sum) saves nothing: N * (32 + 64) elements.
