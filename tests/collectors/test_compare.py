@@ -17,7 +17,7 @@ from torch import nn
 
 from ampdiag.sources.live import compare as compare_module
 from ampdiag.sources.live.compare import FP16_LOSS_SCALE, compare
-from ampdiag.sources.live.passes import EXACT_SQNR_DB
+from ampdiag.sources.live.passes import EXACT_SQNR_DB, sqnr_db
 from tests.scenarios.harness import one_thread
 
 
@@ -119,6 +119,25 @@ def test_sqnr_follows_the_mantissa_bits() -> None:
     assert 25 < bf16.output_sqnr_db_median < 70
     assert bf16.grad_sqnr_db_min is not None and bf16.grad_sqnr_db_min < EXACT_SQNR_DB
     assert abs(bf16.loss_rel_diff or 0) < 0.01 and bf16.safe
+
+
+def test_sqnr_is_float64s_on_large_and_on_tiny_tensors() -> None:
+    """`sqnr_db` against the ratio computed here in float64, to a millionth of a dB.
+
+    A million values rounded to BF16 (the A/B's sizes), values near 1e-21 (gradients of a
+    tiny loss: their float32 squares are zero, and the noise is not) and identical tensors.
+    """
+    g = torch.Generator().manual_seed(0)
+
+    def truth(ref: torch.Tensor, other: torch.Tensor) -> float:
+        r, o = ref.double(), other.double()
+        return 10 * float(torch.log10(r.pow(2).sum() / (r - o).pow(2).sum()))
+
+    for scale in (1.0, 1e-21):
+        ref = torch.randn(1_000_000, generator=g) * scale
+        other = ref.bfloat16().float()
+        assert abs(sqnr_db(ref, other) - truth(ref, other)) < 1e-6, scale
+    assert sqnr_db(ref, ref.clone()) == EXACT_SQNR_DB
 
 
 def test_no_speed_claim_without_an_interval() -> None:

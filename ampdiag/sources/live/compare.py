@@ -709,14 +709,15 @@ def _numerics(
         row.worst_output_module = min(out_sqnr, key=lambda n: out_sqnr[n])
         row.output_sqnr_db_min = out_sqnr[row.worst_output_module]
         row.output_sqnr_db_median = statistics.median(out_sqnr.values())
-    grad_sqnr = {n: sqnr_db(r, g) for n, r, g in zip(param_names, ref_grads, grads, strict=True)
-                 if bool(r.ne(0).any())}  # fmt: skip
+    ref_nonzero = [r.ne(0) for r in ref_grads]
+    grad_sqnr = {n: sqnr_db(r, g) for n, r, g, z in zip(param_names, ref_grads, grads, ref_nonzero,
+                                                         strict=True) if bool(z.any())}  # fmt: skip
     if grad_sqnr:
         row.worst_grad_param = min(grad_sqnr, key=lambda n: grad_sqnr[n])
         row.grad_sqnr_db_min = grad_sqnr[row.worst_grad_param]
         row.grad_sqnr_db_median = statistics.median(grad_sqnr.values())
-    nonzero = sum(int(r.ne(0).sum()) for r in ref_grads)
-    lost = sum(int((r.ne(0) & g.eq(0)).sum()) for r, g in zip(ref_grads, grads, strict=True))
+    nonzero = sum(int(z.sum()) for z in ref_nonzero)
+    lost = sum(int((z & g.eq(0)).sum()) for z, g in zip(ref_nonzero, grads, strict=True))
     row.grad_underflow = lost / nonzero if nonzero else 0.0
 
 
