@@ -359,6 +359,41 @@ def test_fp16_loss_scale_is_where_a_gradscaler_settles_in_fewer_backwards(
         assert 1 <= calls[0] < halvings + 1  # fewer than one per halving
 
 
+def test_fp16_loss_scale_search_starts_where_bf16s_gradients_put_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An embedding's FP32 gradient, summed over 512 uses of each token, is the largest.
+
+    FP32's gradients put FP16's loss scale nine halvings short of where a GradScaler settles
+    (FP16 computes the per-token gradients, not the embedding's sum); the gradients BF16
+    computed in the same ops put it there: two FP16 backwards (that scale finite, twice it
+    not), and the scale is the GradScaler's, measured with torch's own.
+    """
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(4, 64), nn.Linear(64, 64, bias=False), nn.Tanh(),
+                          nn.Linear(64, 16, bias=False))  # fmt: skip
+    with torch.no_grad():
+        model[0].weight.mul_(1e-3)
+    x = torch.randint(0, 4, (64, 32))
+    grad = torch.autograd.grad
+    calls = [0]
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("retain_graph"):  # the observed FP16 run's backwards (the graph kept)
+            calls[0] += 1
+        return grad(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", counting)
+    for big in (1.0, 10.0):
+        truth, _ = _gradscaler_settles_at(model, x, big)
+        calls[0] = 0
+        result = compare(model, x, lambda out, big=big: out.float().sum() * big,
+                         precisions=["fp32", "bf16", "fp16"], budget_s=0.0,
+                         min_samples=1)  # fmt: skip
+        assert result.result("fp16").loss_scale == truth
+        assert calls[0] == 2, (big, calls[0])
+
+
 def test_the_budget_note_never_calls_a_time_under_the_budget_over_it() -> None:
     """An A/B that took 0.99 s of a 1.01 s budget said it "took 0.99 s, over its budget of
     1.01 s" (seen on the diffusion Trainer, when an estimate made before it decided)."""

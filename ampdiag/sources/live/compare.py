@@ -228,6 +228,9 @@ class _Runner:
         #: FP32's largest gradient value (set from its observed run): where FP16's loss-scale
         #: search starts (`_grads`).
         self.grad_peak = 0.0
+        #: The largest BF16 gradient value its observed backward computed (`_low_peaks`): the
+        #: values FP16 computes in the same ops, so a closer start than ``grad_peak``.
+        self.low_peak = 0.0
         #: Wall time of the last observed run's backed-off backwards (not part of a pass).
         self.backoff_s = 0.0
 
@@ -244,9 +247,12 @@ class _Runner:
         same scale a step-by-step backoff reaches, in at most 1 + log2(candidates) backwards
         (5 for 2**16 down to 1) instead of one per halving. One FP16 backward on a CPU without
         native FP16 costs several FP32 ones, and a surrogate loss can need a dozen halvings:
-        that was most of the A/B's time at exit. It starts at the scale FP32's gradients
-        predict (``grad_peak``: the largest scale at which they stay within FP16's range): two
-        backwards (that scale finite, twice it not) where the prediction holds.
+        that was most of the A/B's time at exit. It starts at the scale the gradients BF16
+        computed predict (``low_peak``: the largest scale at which they stay within FP16's
+        range; FP32's, ``grad_peak``, when BF16 did not run): two backwards (that scale finite,
+        twice it not) where the prediction holds. FP32's gradients are the parameters'
+        (an embedding's or a norm's too, computed in FP32 under autocast) and predicted a
+        nanoGPT-style model's scale two halvings short.
         """
         wrt = [p for _, p in self.params]
         self.backoff_s = 0.0
@@ -277,8 +283,9 @@ class _Runner:
             return ok
 
         start = 0
-        if 0 < self.grad_peak < math.inf:
-            fits = math.floor(math.log2(torch.finfo(torch.float16).max / self.grad_peak))
+        peak = self.low_peak or self.grad_peak
+        if 0 < peak < math.inf:
+            fits = math.floor(math.log2(torch.finfo(torch.float16).max / peak))
             start = min(len(scales) - 1, max(0, round(math.log2(scale)) - fits))
         chosen = _largest_finite(len(scales), finite, start)
         if kept and kept[0][0] == chosen:
@@ -333,7 +340,12 @@ class _Runner:
                 ):
                     loss = self.loss_fn(self.model(*self.args, **self.kwargs)).float()
                 scale = self.fp16_scale if precision == "fp16" else 1.0
+                peaks: list[torch.Tensor] = []
+                if observe and precision == "bf16":
+                    handles += _low_peaks(loss.grad_fn, torch.bfloat16, peaks)
                 grads = self._grads(loss, scale, retry=observe and precision == "fp16")
+                if peaks:
+                    self.low_peak = float(torch.stack(peaks).float().max())
                 if precision == "fp16" and observe:
                     scale = self.fp16_scale
         finally:
@@ -416,6 +428,33 @@ class _Runner:
             for h in handles:
                 h.remove()
         return {n: t * 1000 for n, t in times.items()}
+
+
+def _low_peaks(root: Any, dtype: torch.dtype, peaks: list[torch.Tensor]) -> list[Any]:
+    """Hooks on every node of a backward's graph: each ``dtype`` gradient's largest value.
+
+    Appended to ``peaks`` as tensors (one host sync in all, after the backward). Returns the
+    hooks' handles. The nodes' outputs are the gradients autocast computes in the low
+    precision; a gradient accumulator has none.
+    """
+    handles: list[Any] = []
+
+    def hook(grad_inputs: tuple[Any, ...], _grad_outputs: tuple[Any, ...]) -> None:
+        for g in grad_inputs:
+            if isinstance(g, torch.Tensor) and g.dtype == dtype and g.numel():
+                peaks.append(g.detach().abs().amax())
+
+    seen: dict[int, Any] = {}  # the nodes held, so that no id is reused during the walk
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen[id(node)] = node
+        if type(node).__name__ != "AccumulateGrad":
+            handles.append(node.register_hook(hook))
+        stack.extend(n for n, _ in node.next_functions)
+    return handles
 
 
 def _largest_finite(count: int, finite: Callable[[int], bool], start: int = 0) -> int:
