@@ -17,7 +17,7 @@ from torch import nn
 
 from ampdiag.sources.live import compare as compare_module
 from ampdiag.sources.live.compare import FP16_LOSS_SCALE, compare
-from ampdiag.sources.live.passes import EXACT_SQNR_DB
+from ampdiag.sources.live.passes import EXACT_SQNR_DB, sqnr_db
 from tests.scenarios.harness import one_thread
 
 
@@ -49,6 +49,26 @@ def test_changes_nothing_of_the_users() -> None:
     assert all(torch.equal(a, b) for a, b in zip(buffers, model.buffers(), strict=True))
     assert all(p.grad is None for p in model.parameters())
     assert torch.equal(rng, torch.get_rng_state())
+
+
+def test_a_cpu_models_ab_queues_no_seed_for_cuda_generators() -> None:
+    """The A/B seeds the generators it forks, and no other.
+
+    ``torch.manual_seed`` also seeds every CUDA device (queued, on a process that has not
+    started CUDA, for whenever it does: outside the A/B's fork, so the user's CUDA generators
+    would start from the A/B's seed). Dropout still draws the same masks in every precision:
+    the FP32 loss of a model with dropout is the same in two A/Bs.
+    """
+    from unittest import mock
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.Dropout(0.5), nn.Linear(64, 8))
+    x = torch.randn(16, 32)
+    with mock.patch.object(torch.cuda, "manual_seed_all") as seed_all:
+        first = compare(model, x, precisions=["fp32"], budget_s=0.0, min_samples=1)
+        second = compare(model, x, precisions=["fp32"], budget_s=0.0, min_samples=1)
+    assert seed_all.call_count == 0
+    assert first.result("fp32").loss == second.result("fp32").loss is not None
 
 
 def test_activation_bytes_are_the_layers_inputs() -> None:
@@ -99,6 +119,25 @@ def test_sqnr_follows_the_mantissa_bits() -> None:
     assert 25 < bf16.output_sqnr_db_median < 70
     assert bf16.grad_sqnr_db_min is not None and bf16.grad_sqnr_db_min < EXACT_SQNR_DB
     assert abs(bf16.loss_rel_diff or 0) < 0.01 and bf16.safe
+
+
+def test_sqnr_is_float64s_on_large_and_on_tiny_tensors() -> None:
+    """`sqnr_db` against the ratio computed here in float64, to a millionth of a dB.
+
+    A million values rounded to BF16 (the A/B's sizes), values near 1e-21 (gradients of a
+    tiny loss: their float32 squares are zero, and the noise is not) and identical tensors.
+    """
+    g = torch.Generator().manual_seed(0)
+
+    def truth(ref: torch.Tensor, other: torch.Tensor) -> float:
+        r, o = ref.double(), other.double()
+        return 10 * float(torch.log10(r.pow(2).sum() / (r - o).pow(2).sum()))
+
+    for scale in (1.0, 1e-21):
+        ref = torch.randn(1_000_000, generator=g) * scale
+        other = ref.bfloat16().float()
+        assert abs(sqnr_db(ref, other) - truth(ref, other)) < 1e-6, scale
+    assert sqnr_db(ref, ref.clone()) == EXACT_SQNR_DB
 
 
 def test_no_speed_claim_without_an_interval() -> None:
@@ -323,6 +362,41 @@ def test_fp16_loss_scale_is_where_a_gradscaler_settles_in_fewer_backwards(
         assert 1 <= calls[0] < halvings + 1  # fewer than one per halving
 
 
+def test_fp16_loss_scale_search_starts_where_bf16s_gradients_put_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An embedding's FP32 gradient, summed over 512 uses of each token, is the largest.
+
+    FP32's gradients put FP16's loss scale nine halvings short of where a GradScaler settles
+    (FP16 computes the per-token gradients, not the embedding's sum); the gradients BF16
+    computed in the same ops put it there: two FP16 backwards (that scale finite, twice it
+    not), and the scale is the GradScaler's, measured with torch's own.
+    """
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(4, 64), nn.Linear(64, 64, bias=False), nn.Tanh(),
+                          nn.Linear(64, 16, bias=False))  # fmt: skip
+    with torch.no_grad():
+        model[0].weight.mul_(1e-3)
+    x = torch.randint(0, 4, (64, 32))
+    grad = torch.autograd.grad
+    calls = [0]
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("retain_graph"):  # the observed FP16 run's backwards (the graph kept)
+            calls[0] += 1
+        return grad(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", counting)
+    for big in (1.0, 10.0):
+        truth, _ = _gradscaler_settles_at(model, x, big)
+        calls[0] = 0
+        result = compare(model, x, lambda out, big=big: out.float().sum() * big,
+                         precisions=["fp32", "bf16", "fp16"], budget_s=0.0,
+                         min_samples=1)  # fmt: skip
+        assert result.result("fp16").loss_scale == truth
+        assert calls[0] == 2, (big, calls[0])
+
+
 def test_the_budget_note_never_calls_a_time_under_the_budget_over_it() -> None:
     """An A/B that took 0.99 s of a 1.01 s budget said it "took 0.99 s, over its budget of
     1.01 s" (seen on the diffusion Trainer, when an estimate made before it decided)."""
@@ -334,7 +408,13 @@ def test_the_budget_note_never_calls_a_time_under_the_budget_over_it() -> None:
 
 
 def test_the_loss_scale_search_finds_the_first_finite_scale_from_any_start() -> None:
-    """`_largest_finite` from every start (a predicted scale) against every monotone answer."""
+    """`_largest_finite` from every start (a predicted scale) against every monotone answer.
+
+    Each try is an FP16 backward: a prediction that is right costs two (one when it is the
+    largest scale), one a few scales short at most four (the nanoGPT-style model's is two
+    short: a whole-range search cost it six), and a wrong one never more than two searches of
+    the range.
+    """
     from ampdiag.sources.live.compare import _largest_finite
 
     for count in range(1, 18):
@@ -348,4 +428,8 @@ def test_the_loss_scale_search_finds_the_first_finite_scale_from_any_start() -> 
 
                 got = _largest_finite(count, finite, start)
                 assert got == min(answer, count - 1), (count, answer, start)
-                assert len(tried) == len(set(tried)) <= 2 + count.bit_length()
+                assert len(tried) == len(set(tried)) <= 2 * count.bit_length()
+                if answer == start < count - 1:
+                    assert len(tried) == (1 if start == 0 else 2), (count, start, tried)
+                if 0 < start - answer <= 2:
+                    assert len(tried) <= 4, (count, answer, start, tried)

@@ -335,9 +335,11 @@ def inactive_autocast(session: Session, device: str, precision: str) -> tuple[st
         why = why[0].upper() + why[1:]
         return why, precision_fix(session, "bf16", training_step("bf16", "cpu"))
     if device == "cpu" and cuda_amp_on_cpu(session):
+        # what the session saw: a CUDA GradScaler, and no autocast on the CPU (whether the
+        # script entered torch.cuda.amp.autocast, off here, or none: nanoGPT's CPU branch)
         why = (
-            "torch.cuda.amp.autocast() and torch.cuda.amp.GradScaler() are built for CUDA: "
-            "on this CPU torch disabled both, so the run trains in FP32"
+            "torch.cuda.amp.GradScaler() is built for CUDA: on this CPU torch disabled it, and "
+            "no autocast ran on the CPU, so the run trains in FP32"
         )
         loop = "# torch.autocast, not torch.cuda.amp.autocast():\n" + training_step("bf16", "cpu")
         return why, precision_fix(session, "bf16", loop)

@@ -189,6 +189,26 @@ def _precision(name: str, device: torch.device) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
+@contextmanager
+def _seeded(device: torch.device, seed: int) -> Iterator[None]:
+    """The CPU's random number generator, and a CUDA model's device's, forked and seeded.
+
+    Every pass starts from the same seed (dropout draws the same masks in each precision), and
+    the user's generators are as they were afterwards. Not ``torch.manual_seed``: on a process
+    that has not started CUDA it also queues a seed for every CUDA device, applied whenever
+    CUDA starts (outside the fork: the user's CUDA generators would start from the A/B's seed),
+    and records the caller's stack for that queue each time (2 ms a pass; 24 ms of a
+    nanoGPT-style exit).
+    """
+    cuda = device.type == "cuda"
+    with torch.random.fork_rng(devices=[device] if cuda else []):
+        torch.default_generator.manual_seed(seed)
+        if cuda:
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            torch.cuda.default_generators[index].manual_seed(seed)
+        yield
+
+
 def _leaves(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if not any(m.children()) and n]
 
@@ -212,6 +232,9 @@ class _Runner:
         #: FP32's largest gradient value (set from its observed run): where FP16's loss-scale
         #: search starts (`_grads`).
         self.grad_peak = 0.0
+        #: The largest BF16 gradient value its observed backward computed (`_low_peaks`): the
+        #: values FP16 computes in the same ops, so a closer start than ``grad_peak``.
+        self.low_peak = 0.0
         #: Wall time of the last observed run's backed-off backwards (not part of a pass).
         self.backoff_s = 0.0
 
@@ -228,9 +251,12 @@ class _Runner:
         same scale a step-by-step backoff reaches, in at most 1 + log2(candidates) backwards
         (5 for 2**16 down to 1) instead of one per halving. One FP16 backward on a CPU without
         native FP16 costs several FP32 ones, and a surrogate loss can need a dozen halvings:
-        that was most of the A/B's time at exit. It starts at the scale FP32's gradients
-        predict (``grad_peak``: the largest scale at which they stay within FP16's range): two
-        backwards (that scale finite, twice it not) where the prediction holds.
+        that was most of the A/B's time at exit. It starts at the scale the gradients BF16
+        computed predict (``low_peak``: the largest scale at which they stay within FP16's
+        range; FP32's, ``grad_peak``, when BF16 did not run): two backwards (that scale finite,
+        twice it not) where the prediction holds. FP32's gradients are the parameters'
+        (an embedding's or a norm's too, computed in FP32 under autocast) and predicted a
+        nanoGPT-style model's scale two halvings short.
         """
         wrt = [p for _, p in self.params]
         self.backoff_s = 0.0
@@ -261,8 +287,9 @@ class _Runner:
             return ok
 
         start = 0
-        if 0 < self.grad_peak < math.inf:
-            fits = math.floor(math.log2(torch.finfo(torch.float16).max / self.grad_peak))
+        peak = self.low_peak or self.grad_peak
+        if 0 < peak < math.inf:
+            fits = math.floor(math.log2(torch.finfo(torch.float16).max / peak))
             start = min(len(scales) - 1, max(0, round(math.log2(scale)) - fits))
         chosen = _largest_finite(len(scales), finite, start)
         if kept and kept[0][0] == chosen:
@@ -303,8 +330,7 @@ class _Runner:
             return t
 
         try:
-            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-                torch.manual_seed(self.seed)
+            with _seeded(self.device, self.seed):
                 # Timed runs carry no hook: they cost what the user's step would.
                 counting = (
                     torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
@@ -318,7 +344,12 @@ class _Runner:
                 ):
                     loss = self.loss_fn(self.model(*self.args, **self.kwargs)).float()
                 scale = self.fp16_scale if precision == "fp16" else 1.0
+                peaks: list[torch.Tensor] = []
+                if observe and precision == "bf16":
+                    handles += _low_peaks(loss.grad_fn, torch.bfloat16, peaks)
                 grads = self._grads(loss, scale, retry=observe and precision == "fp16")
+                if peaks:
+                    self.low_peak = float(torch.stack(peaks).float().max())
                 if precision == "fp16" and observe:
                     scale = self.fp16_scale
         finally:
@@ -391,17 +422,43 @@ class _Runner:
                 handles.append(module.register_forward_pre_hook(pre(name)))
                 handles.append(module.register_forward_hook(post(name)))
             with (
-                torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []),
+                _seeded(self.device, self.seed),
                 _precision(precision, self.device),
                 class_forward(self.model),
                 CastTimer() if casts else contextlib.nullcontext(),
             ):
-                torch.manual_seed(self.seed)
                 self.model(*self.args, **self.kwargs)
         finally:
             for h in handles:
                 h.remove()
         return {n: t * 1000 for n, t in times.items()}
+
+
+def _low_peaks(root: Any, dtype: torch.dtype, peaks: list[torch.Tensor]) -> list[Any]:
+    """Hooks on every node of a backward's graph: each ``dtype`` gradient's largest value.
+
+    Appended to ``peaks`` as tensors (one host sync in all, after the backward). Returns the
+    hooks' handles. The nodes' outputs are the gradients autocast computes in the low
+    precision; a gradient accumulator has none.
+    """
+    handles: list[Any] = []
+
+    def hook(grad_inputs: tuple[Any, ...], _grad_outputs: tuple[Any, ...]) -> None:
+        for g in grad_inputs:
+            if isinstance(g, torch.Tensor) and g.dtype == dtype and g.numel():
+                peaks.append(g.detach().abs().amax())
+
+    seen: dict[int, Any] = {}  # the nodes held, so that no id is reused during the walk
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen[id(node)] = node
+        if type(node).__name__ != "AccumulateGrad":
+            handles.append(node.register_hook(hook))
+        stack.extend(n for n, _ in node.next_functions)
+    return handles
 
 
 def _largest_finite(count: int, finite: Callable[[int], bool], start: int = 0) -> int:
@@ -411,16 +468,24 @@ def _largest_finite(count: int, finite: Callable[[int], bool], start: int = 0) -
     monotone in a power-of-two loss scale: multiplying by a power of two is exact in floating
     point short of overflow and underflow, so every value the backward computes grows with the
     scale and one that overflows at a scale overflows at every larger one. The ``start``-th
-    scale first (by default the largest: the usual answer, one backward) and, when finite, the
-    one before it; then halving the range left. When none is finite, the last (smallest)
-    scale, without running it: a GradScaler's backoff ends there.
+    scale first (by default the largest: the usual answer, one backward); when finite, larger
+    ones 1, 2, 4, ... steps before it until one overflows, then halving the range between (a
+    prediction a few scales short costs a few backwards, not a search of the whole range: on a
+    nanoGPT-style model two short, 4 backwards instead of 6, each an FP16 backward that a CPU
+    without native FP16 emulates). When ``start`` overflows, halving the range after it; when
+    none is finite, the last (smallest) scale, without running it: a GradScaler's backoff ends
+    there.
     """
     if count <= 1:
         return 0
     if finite(start):
-        if start == 0 or not finite(start - 1):
-            return start
-        lo, hi = 0, start - 1  # hi is finite
+        lo, hi, step = 0, start, 1  # hi is finite
+        while lo < hi:
+            probe = max(lo, hi - step)
+            if not finite(probe):
+                lo = probe + 1
+                break
+            hi, step = probe, step * 2
     else:
         lo, hi = min(start + 1, count - 1), count - 1  # hi, the smallest, if none is
     while lo < hi:
@@ -687,14 +752,15 @@ def _numerics(
         row.worst_output_module = min(out_sqnr, key=lambda n: out_sqnr[n])
         row.output_sqnr_db_min = out_sqnr[row.worst_output_module]
         row.output_sqnr_db_median = statistics.median(out_sqnr.values())
-    grad_sqnr = {n: sqnr_db(r, g) for n, r, g in zip(param_names, ref_grads, grads, strict=True)
-                 if bool(r.ne(0).any())}  # fmt: skip
+    ref_nonzero = [r.ne(0) for r in ref_grads]
+    grad_sqnr = {n: sqnr_db(r, g) for n, r, g, z in zip(param_names, ref_grads, grads, ref_nonzero,
+                                                         strict=True) if bool(z.any())}  # fmt: skip
     if grad_sqnr:
         row.worst_grad_param = min(grad_sqnr, key=lambda n: grad_sqnr[n])
         row.grad_sqnr_db_min = grad_sqnr[row.worst_grad_param]
         row.grad_sqnr_db_median = statistics.median(grad_sqnr.values())
-    nonzero = sum(int(r.ne(0).sum()) for r in ref_grads)
-    lost = sum(int((r.ne(0) & g.eq(0)).sum()) for r, g in zip(ref_grads, grads, strict=True))
+    nonzero = sum(int(z.sum()) for z in ref_nonzero)
+    lost = sum(int((z & g.eq(0)).sum()) for z, g in zip(ref_nonzero, grads, strict=True))
     row.grad_underflow = lost / nonzero if nonzero else 0.0
 
 
