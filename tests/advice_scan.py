@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 _WORDS = re.compile(r"\btrain (?:it )?in (fp32|float32|bf16|bfloat16|fp16|float16)\b", re.I)
@@ -62,3 +63,16 @@ def contradictions(findings: Iterable[Any]) -> list[str]:
         for b, sb in seen[i + 1 :]
         if not sa & sb
     ]
+
+
+def native_bf16_cpu() -> bool:
+    """This CPU's own flags: BF16 runs natively with AVX512_BF16 or AMX, emulated without.
+
+    Which precision advice fits a CPU run depends on it: where BF16 is emulated (slower than
+    FP32), FP32 is the precision to keep.
+    """
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return False
+    return bool(flags & {"avx512_bf16", "amx_bf16"})

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 import ampdiag
+from tests.advice_scan import advised
 from tests.frameworks.conftest import SETTINGS
 
 pytestmark = pytest.mark.slow
@@ -94,3 +95,11 @@ def test_nanogpt_on_a_cpu_is_told_its_cuda_scaler_is_off_without_an_autocast_it_
     title = found["low-precision-inactive"].title
     assert "GradScaler" in title and "FP32" in title, title
     assert "autocast()" not in title, title  # the script never called torch.cuda.amp.autocast
+    # what to do about it, by this CPU's own flags: BF16 autocast where it runs natively; on a
+    # CPU that emulates BF16 and FP16 (slower than FP32), FP32 is the fast precision to keep
+    native = any(
+        f in Path("/proc/cpuinfo").read_text().split() for f in ("avx512_bf16", "amx_bf16")
+    )
+    lpi = found["low-precision-inactive"]
+    assert advised(lpi.fix or "") == ({"bf16"} if native else {"fp32"}), lpi.fix
+    assert lpi.severity == ("high" if native else "low")

@@ -114,7 +114,9 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
     Either way the step does not get the low-precision speed-up: ``low-precision-inactive``
     (high) when the run tried mixed precision (autocast or a GradScaler seen), ``amp-off``
     (info) for a deliberate FP32 run, where neither was ever seen. Low, not high, when the run
-    diverged or stalled for a reason no precision fixes (`divergence.unfixed_by_precision`).
+    diverged or stalled for a reason no precision fixes (`divergence.unfixed_by_precision`),
+    and on a CPU that emulates BF16 and FP16 (no AVX512_BF16/AMX) unless the A/B measured one
+    faster: there the FP32 the run fell back to is the fast precision, and the fix keeps it.
 
     Matmuls that ran in low precision without autocast (parameters in bf16, as FSDP2's
     MixedPrecisionPolicy casts them) get the speed-up and do not count.
@@ -169,15 +171,43 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
     else:
         title = f"{mm['fp32_share']:.0%} of the matmul FLOPs ran in FP32 despite autocast."
     why, fix = terms.inactive_autocast(session, device, run)
+    if not why:
+        fix += "\n# and no enclosing autocast(enabled=False), and no .float(), around the matmuls"
     if why:
         title = f"{why} ({1 - mm['autocast_share']:.0%} of the matmul FLOPs ran without autocast)."
+    # a CPU that emulates BF16 and FP16 (no AVX512_BF16/AMX) runs them slower than FP32: the
+    # FP32 the run fell back to is the fast precision there, and a low-precision fix would
+    # cost it several times its step (nanoGPT's train.py on a CPU keeps a CUDA GradScaler)
+    # (unless the A/B measured a low precision the faster one on this run)
+    chosen = pc.measured(session).choice
+    emulated = (
+        device == "cpu"
+        and session.environment.get("bf16_native") is False
+        and (chosen is None or chosen.precision == "fp32")
+    )
+    if emulated:
+        title = (
+            title.rstrip(".") + "; on this CPU, with no native BF16 or FP16 (no AVX512_BF16/AMX),"
+            " FP32 is the fast precision."
+        )
+        fix = (
+            "# Keep FP32 on this CPU: it emulates BF16 and FP16, slower than FP32. Say so:\n"
+            + terms.precision_fix(session, "fp32", terms.training_step("fp32", device))
+            + "\n# Mixed precision pays on a CPU with AVX512_BF16/AMX, or on a GPU"
+            + (
+                ": on a CPU, torch.autocast(device_type='cpu', dtype=torch.bfloat16), not "
+                "torch.cuda.amp.autocast()"
+                if terms.cuda_amp_on_cpu(session)
+                else "."
+            )
+        )
     # a run that diverges whatever its precision: its divergence is the fix to make first
     later = unfixed_by_precision(session)
     if later:
         title = title.rstrip(".") + " (after the divergence, which no precision fixes)."
     yield Finding(
         id="low-precision-inactive",
-        severity="low" if later else "high",
+        severity="low" if later or emulated else "high",
         title=title,
         evidence={
             "matmul_autocast_share": round(mm["autocast_share"], 4),
@@ -190,10 +220,7 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
                 "fp32_share_max": THRESHOLDS.matmul_fp32_share_max,
             },
         },
-        fix=fix
-        if why
-        else fix + "\n# and no enclosing autocast(enabled=False), and no .float(), around the "
-        "matmuls",
+        fix=fix,
         section="precision",
         impact=max(1 - mm["autocast_share"], mm["fp32_share"]),
     )
