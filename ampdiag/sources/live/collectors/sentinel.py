@@ -258,12 +258,7 @@ class Sentinel(Collector):
                 _gathers_across_ranks(model)
             )
             self._root, self._run = model, run
-            self._handles.append(
-                global_hooks.on_module(model, global_hooks.MODULE_PRE, self._root_pre)
-            )
-            self._handles.append(
-                global_hooks.on_module(model, global_hooks.MODULE_POST_KWARGS, self._root_post)
-            )
+            self._handles.append(global_hooks.on_root(model, self._root_pre, self._root_post))
             self._replay.on_model(model)
         # a compiled model's submodules by the names the user knows (no "_orig_mod.")
         inner = uncompiled(model)[0]
