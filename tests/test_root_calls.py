@@ -27,7 +27,8 @@ class Base(nn.Module):
         self.fc = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(x)
+        out: torch.Tensor = self.fc(x)
+        return out
 
 
 class Derived(Base):
@@ -52,7 +53,7 @@ def _train(models: list[nn.Module], steps: int, block: Any, during: Callable[[],
             for m in models:
                 loss = loss + m(torch.ones(2, 4)).pow(2).mean()
                 forwards += 1
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             opt.step()
             during()
     return forwards
