@@ -302,7 +302,7 @@ def block_ended() -> None:
 # Root models: id(module) -> (pre callbacks, post callbacks), called by their class's patched
 # ``__call__`` (`on_root`); ids whose call that wrapper is handling now (`first_call`).
 _ROOTS: dict[int, tuple[tuple[Callable[..., Any], ...], tuple[Callable[..., Any], ...]]] = {}
-_HANDLING: set[int] = set()
+_HANDLING: dict[int, tuple[Callable[..., Any], ...]] = {}  # id -> the pre callbacks it called
 # Patched classes: cls -> [its own __call__ before (None: inherited), roots that need it].
 _CLASSES: dict[type, list[Any]] = {}
 
@@ -318,22 +318,23 @@ def _root_call(original: Callable[..., Any]) -> Callable[..., Any]:
         own = _ROOTS.get(key)
         if own is None or key in _HANDLING or not _grad_enabled() or in_backward():
             return original(self, *args, **kwargs)
-        pre, post = own
-        _HANDLING.add(key)
+        pre = own[0]
+        _HANDLING[key] = pre
         try:
             for callback in pre:
                 callback(self, args)
             try:
                 output = original(self, *args, **kwargs)
             except BaseException:
-                for callback in post:
+                for callback in _ROOTS.get(key, ((), ()))[1]:
                     callback(self, args, kwargs, None)
                 raise
-            for callback in post:
+            # read now: a callback added during the forward (`first_call`) ends with it
+            for callback in _ROOTS.get(key, ((), ()))[1]:
                 callback(self, args, kwargs, output)
             return output
         finally:
-            _HANDLING.discard(key)
+            del _HANDLING[key]
 
     __call__.__wrapped__ = original  # type: ignore[attr-defined]
     return __call__
@@ -408,12 +409,19 @@ def first_call(module: torch.nn.Module, args: Any) -> None:
     """Delivers a root's callbacks to the forward running now (the one that found the model).
 
     Called from a module pre-callback of that forward: its ``pre`` now, its ``post`` when the
-    forward ends (from torch's global post hook, registered then). Nothing when the class's
-    wrapper already handles this call (a model given to ``diagnose()``).
+    forward ends (from torch's global post hook, registered then). Where the class's wrapper
+    already handles this call (a model given to ``diagnose()``, or watched by another block),
+    only the ``pre`` callbacks added since it began (the wrapper calls every ``post``).
     """
     key = id(module)
     own = _ROOTS.get(key)
-    if own is None or key in _HANDLING:
+    if own is None:
+        return
+    taken = _HANDLING.get(key)
+    if taken is not None:
+        for callback in own[0]:
+            if all(callback is not c for c in taken):
+                callback(module, args)
         return
     pre, post = own
     for callback in pre:
