@@ -61,6 +61,7 @@ MODULE_POST_KWARGS = "module_post_kwargs"
 
 _LOCK = threading.Lock()
 _blocks = 0
+_threads: list[int] = []  # the threads of the blocks counted in
 # Set (a list item, which dynamo replays as a plain side effect) when a module forward ran
 # inside a region torch.compile traced: the callbacks did not see it.
 _COMPILED: list[bool] = [False]
@@ -287,16 +288,29 @@ def block_started() -> None:
     with _LOCK:
         _release_pending()
         _blocks += 1
+        _threads.append(threading.get_ident())
 
 
 def block_ended() -> None:
-    """Counts a block out (after it removed its callbacks); the last one removes torch's hooks."""
+    """Counts a block out (after it removed its callbacks); the last one removes torch's hooks.
+
+    So does one whose other blocks all run in its own thread (a window's block inside the
+    run-wide one): no other thread may be iterating torch's dicts, and a long run goes on
+    without the module hooks a window needed.
+    """
     global _blocks
     with _LOCK:
         _blocks = max(0, _blocks - 1)
+        me = threading.get_ident()
+        if me in _threads:
+            _threads.remove(me)
         if _blocks == 0:
+            _threads.clear()
             for shared in _SHARED.values():
                 shared.uninstall(force=True)
+        elif all(t == me for t in _threads):
+            for shared in _SHARED.values():
+                shared.uninstall()
 
 
 # Root models: id(module) -> (pre callbacks, post callbacks), called by their class's patched
