@@ -72,6 +72,11 @@ LOSS = origin.LOSS
 MAX_LISTED = 100
 #: Finite step losses kept before the first non-finite one: the run's first, and its last.
 LOSS_HEAD, LOSS_TAIL = 8, 56
+#: A root output (and the gradient at it) of at most this many values is reduced at the
+#: step's check, with the rest: one torch call fewer in each hook. A larger one is reduced at
+#: once, while it is in the cache, and is not kept alive until the check (bench_sentinel:
+#: TinyGPT's 262,144 logits kept cost more than the calls they save).
+DEFER_MAX = 1 << 16
 
 
 def finite_token(t: torch.Tensor) -> torch.Tensor:
@@ -326,10 +331,10 @@ class Sentinel(Collector):
             t = _first_tensor(output, 4)
             if t is None or not t.is_floating_point():
                 return
-            if self._exact or t.numel() > MAX_OUTPUT_VALUES:
+            if self._exact or t.numel() > DEFER_MAX:
                 with internal_work():
                     call.out.append(finite_token(t.detach()))
-            else:  # reduced at the step's check with the rest, in one fused call (`_check`)
+            else:  # a small output: reduced at the step's check with the rest (`_check`)
                 call.out.append(t.detach())
             if not t.requires_grad:
                 return
@@ -357,7 +362,7 @@ class Sentinel(Collector):
                 run = self._run
                 live = compat_scaler.scale_tensor(run.scaler if run else None)
                 call.scale = live.detach().clone() if live is not None else None
-            if self._exact or not small:
+            if self._exact or grad.numel() > DEFER_MAX:
                 with internal_work():
                     call.grads.append(finite_token(grad))
             else:  # reduced at the step's check (`_check`)
