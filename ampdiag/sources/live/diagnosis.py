@@ -118,6 +118,7 @@ class Diagnosis:
         chosen = collectors if collectors is not None else default_collectors(config)
         # stable: the profiler's step() (which opens the next profiled step) comes last
         self._collectors = sorted(chosen, key=lambda c: c.step_end_last)
+        self._callees: dict[str, list[Collector]] = {}  # method -> collectors (`_each`)
         self._discovery: Discovery | None = None
         self._steps = StepLog(config.max_steps_recorded)
         self._step_start = 0.0
@@ -183,6 +184,7 @@ class Diagnosis:
                 self._found_optimizer(optimizer)
         except BaseException:
             self._collectors = started
+            self._callees = {}
             self._teardown()
             raise
         self._step_start = time.perf_counter()
@@ -357,7 +359,14 @@ class Diagnosis:
     # --- collectors -------------------------------------------------------------------------------
 
     def _each(self, method: str, *args: Any) -> None:
-        for collector in self._collectors:
+        callees = self._callees.get(method)
+        if callees is None:  # the collectors that do something there (a no-op costs a call)
+            callees = self._callees[method] = [
+                c
+                for c in self._collectors
+                if method in vars(c) or getattr(type(c), method) is not getattr(Collector, method)
+            ]
+        for collector in callees:
             try:
                 getattr(collector, method)(self.run, *args)
             except Exception as exc:  # a collector bug must never break the user's training

@@ -7,14 +7,12 @@ does, without the user passing anything. Everything here is removed by `Discover
 **Where autocast is seen.** What counts is the autocast state the model's ops actually ran
 in, wherever autocast was entered: around the loop, inside ``forward``, in a wrapped forward
 (Accelerate and so HF Trainer do ``model.forward = autocast(...)(model.forward)``, entered
-*after* the root's forward pre-hooks), in a framework's precision plugin, or around part of
-the model. So the state is not read at the root's entry but inside its forward: at the
-forward pre-hooks of the first and the last submodule with parameters of their own that run
-(the *probes*, found during the root's first forward), and at the root's entry only when no
-probe ran. A forward counts under a low-precision state when either probe saw it (a model
-whose embedding runs outside autocast and the rest inside still computes under autocast).
-That is two hooks per forward, whatever the model's size. The precision audit records, op
-by op, the state every op ran in on its step; tests hold the two to the same answer.
+*after* the root's call begins), in a framework's precision plugin, or around part of the
+model. So a root forward counts under the state at its entry, or, when that is none, under
+the first low-precision state that ``torch.autocast.__enter__`` set while it ran (patched:
+observed, then passed through) -- a model whose embedding runs outside autocast and the rest
+inside still computes under autocast. Nothing runs per module. The precision audit records,
+op by op, the state every op ran in on its step; tests hold the two to the same answer.
 """
 
 from __future__ import annotations
@@ -94,10 +92,6 @@ def dominant_autocast(seen: dict[str, int]) -> str | None:
     return max(states, key=states.__getitem__) if states else None
 
 
-def _has_own_parameters(module: torch.nn.Module) -> bool:
-    return any(True for _ in module.parameters(recurse=False))
-
-
 class AutocastWatch:
     """The autocast state each forward of the watched roots computed in (see the module doc).
 
@@ -108,61 +102,32 @@ class AutocastWatch:
     def __init__(self, on_state: Callable[[str | None], None]) -> None:
         self._on_state = on_state
         self._handles: list[Any] = []
-        self._probes: dict[int, list[torch.nn.Module]] = {}
-        self._learning: Any = None
         self._root: int | None = None
-        self._root_state: str | None = None
-        self._seen: str | None = None
-        self._probed = False
+        self._state: str | None = None
 
     def watch(self, root: torch.nn.Module) -> None:
-        """Hooks a root model's forward (entry and exit)."""
-        self._handles.append(global_hooks.on_module(root, MODULE_PRE, self._pre))
-        self._handles.append(global_hooks.on_module(root, MODULE_POST, self._post))
+        """Watches a root model's forwards (entry and exit)."""
+        self._handles.append(global_hooks.on_root(root, self._pre, self._post))
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
         if self._root is not None:  # a root called inside another root's forward
             return
         self._root = id(module)
-        self._root_state = autocast_state()
-        self._seen = None
-        self._probed = False
-        if id(module) not in self._probes and self._learning is None:
-            # The first forward: learn which submodules run first and last.
-            self._probes[id(module)] = []
-            self._learning = global_hooks.add(MODULE_PRE, self._learn)
+        self._state = autocast_state()
 
-    def _learn(self, module: torch.nn.Module, args: Any) -> None:
-        if self._root is None or not _has_own_parameters(module):
-            return
-        self._check(module, args)
-        found = self._probes[self._root]
-        found[min(len(found), 1) :] = [module]  # [first, last]
+    def entered(self) -> None:
+        """``torch.autocast`` was entered in this thread (its state is set now)."""
+        if self._root is not None and self._state is None:
+            self._state = autocast_state()
 
-    def _check(self, module: torch.nn.Module, args: Any) -> None:
-        if self._root is None:
-            return
-        self._probed = True
-        if self._seen is None:
-            self._seen = autocast_state()
-
-    def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+    def _post(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         if self._root != id(module):
             return
         self._root = None
-        if self._learning is not None:
-            self._learning.remove()
-            self._learning = None
-            found = self._probes.get(id(module), [])
-            for probe in found:
-                self._handles.append(global_hooks.on_module(probe, MODULE_PRE, self._check))
-        self._on_state(self._seen if self._probed else self._root_state)
+        self._on_state(self._state)
 
     def close(self) -> None:
         """Removes every hook. Safe to call twice."""
-        if self._learning is not None:
-            self._learning.remove()
-            self._learning = None
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -242,6 +207,7 @@ class Discovery:
         )
         self._patch_backward()
         self._patch_scaler()
+        self._patch_autocast()
 
     # --- modules -------------------------------------------------------------------------------
 
@@ -260,9 +226,8 @@ class Discovery:
                 self._on_model(module)
             finally:
                 self.discovering = None
-            if self._depth == 0:
-                # Hooks registered now run from the next call on: this forward's state.
-                self._autocast._pre(module, args)
+            if self._depth == 0:  # the root callbacks registered now see this forward too
+                global_hooks.first_call(module, args)
         self._depth += 1
 
     def _forward_post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -383,6 +348,19 @@ class Discovery:
 
         self._patches.wrap(scaler_cls, "scale", make_scale)
         self._patches.wrap(scaler_cls, "update", make_update)
+
+    def _patch_autocast(self) -> None:
+        watch = self._autocast
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def enter(self: Any) -> Any:
+                result = original(self)
+                watch.entered()
+                return result
+
+            return enter
+
+        self._patches.wrap(torch.amp.autocast_mode.autocast, "__enter__", make)
 
     def close(self) -> None:
         """Removes every hook and patch. Safe to call twice."""

@@ -15,6 +15,16 @@ a forward hook (different numbers). So callbacks meant for one module (`on_modul
 here, keyed by the module's id, and called from torch's global hooks, which neither copies,
 pickling nor the fast path look at.
 
+**A root model's forwards without torch's global hooks.** While any global module hook is
+registered, torch sends every module's call down its slow path (a few microseconds each, and
+~0.5 ms on a 30 ms step of a small transformer), so what is watched on every step -- the root
+model's forwards (`on_root`) -- is seen by patching the root's *class* ``__call__`` instead (a
+wrapper that passes every other instance straight through; restored exactly, like the other
+patches), and torch's global module hooks are registered only while some callback needs every
+module (the first step's discovery, a sampled step's statistics). Once a forward ran inside
+torch.compile they stay registered until the last block ends: dynamo guards on their number,
+so adding and removing them between steps would recompile the user's model.
+
 **Training forwards only.** Module callbacks see the forwards that build an autograd graph
 outside a backward pass: not ``no_grad``/``inference_mode`` forwards (evaluation, generation
 inside the step), not the submodules that activation checkpointing recomputes during the
@@ -51,6 +61,7 @@ MODULE_POST_KWARGS = "module_post_kwargs"
 
 _LOCK = threading.Lock()
 _blocks = 0
+_threads: list[int] = []  # the threads of the blocks counted in
 # Set (a list item, which dynamo replays as a plain side effect) when a module forward ran
 # inside a region torch.compile traced: the callbacks did not see it.
 _COMPILED: list[bool] = [False]
@@ -185,8 +196,10 @@ class _Shared:
                 lambda o, a, k: self.call(o)
             )
 
-    def uninstall(self) -> None:
+    def uninstall(self, force: bool = False) -> None:
         if self.handle is not None and self.empty():
+            if _COMPILED[0] and _blocks and not force:  # dynamo guards on their number
+                return
             if self.calling:
                 self.pending = True
                 return
@@ -275,16 +288,166 @@ def block_started() -> None:
     with _LOCK:
         _release_pending()
         _blocks += 1
+        _threads.append(threading.get_ident())
 
 
 def block_ended() -> None:
-    """Counts a block out (after it removed its callbacks); the last one removes torch's hooks."""
+    """Counts a block out (after it removed its callbacks); the last one removes torch's hooks.
+
+    So does one whose other blocks all run in its own thread (a window's block inside the
+    run-wide one): no other thread may be iterating torch's dicts, and a long run goes on
+    without the module hooks a window needed.
+    """
     global _blocks
     with _LOCK:
         _blocks = max(0, _blocks - 1)
+        me = threading.get_ident()
+        if me in _threads:
+            _threads.remove(me)
         if _blocks == 0:
+            _threads.clear()
+            for shared in _SHARED.values():
+                shared.uninstall(force=True)
+        elif all(t == me for t in _threads):
             for shared in _SHARED.values():
                 shared.uninstall()
+
+
+# Root models: id(module) -> (pre callbacks, post callbacks), called by their class's patched
+# ``__call__`` (`on_root`); ids whose call that wrapper is handling now (`first_call`).
+_ROOTS: dict[int, tuple[tuple[Callable[..., Any], ...], tuple[Callable[..., Any], ...]]] = {}
+_HANDLING: dict[int, tuple[Callable[..., Any], ...]] = {}  # id -> the pre callbacks it called
+# Patched classes: cls -> [its own __call__ before (None: inherited), roots that need it].
+_CLASSES: dict[type, list[Any]] = {}
+
+
+def _root_call(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A class's ``__call__`` that calls its watched roots' callbacks around ``original``."""
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _is_compiling():  # asked first: nothing read here becomes a guard
+            _COMPILED[0] = True
+            return original(self, *args, **kwargs)
+        key = id(self)
+        own = _ROOTS.get(key)
+        if own is None or key in _HANDLING or not _grad_enabled() or in_backward():
+            return original(self, *args, **kwargs)
+        pre = own[0]
+        _HANDLING[key] = pre
+        try:
+            for callback in pre:
+                callback(self, args)
+            try:
+                output = original(self, *args, **kwargs)
+            except BaseException:
+                for callback in _ROOTS.get(key, ((), ()))[1]:
+                    callback(self, args, kwargs, None)
+                raise
+            # read now: a callback added during the forward (`first_call`) ends with it
+            for callback in _ROOTS.get(key, ((), ()))[1]:
+                callback(self, args, kwargs, output)
+            return output
+        finally:
+            del _HANDLING[key]
+
+    __call__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __call__
+
+
+class RootHandle:
+    """Removes one root's callbacks, and its class's patch with the last root (safe twice)."""
+
+    def __init__(self, module: torch.nn.Module, pre: Callable[..., Any], post: Callable[..., Any]):
+        self._key, self._cls = id(module), type(module)
+        self._callbacks: tuple[Callable[..., Any], Callable[..., Any]] | None = (pre, post)
+
+    def remove(self) -> None:
+        """Removes the callbacks; the class's own ``__call__`` returns with its last root."""
+        with _LOCK:
+            callbacks, self._callbacks = self._callbacks, None
+            if callbacks is None:
+                return
+            pre, post = _ROOTS.get(self._key, ((), ()))
+            pre = tuple(c for c in pre if c is not callbacks[0])
+            post = tuple(c for c in post if c is not callbacks[1])
+            if pre or post:
+                _ROOTS[self._key] = (pre, post)
+            else:
+                _ROOTS.pop(self._key, None)
+            entry = _CLASSES.get(self._cls)
+            if entry is None:
+                return
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del _CLASSES[self._cls]
+            if vars(self._cls).get("__call__") is not entry[2]:
+                return  # replaced by someone else meanwhile: theirs stays (ours passes through)
+            if entry[0] is None:
+                delattr(self._cls, "__call__")
+            else:
+                setattr(self._cls, "__call__", entry[0])  # noqa: B010
+
+
+def on_root(
+    module: torch.nn.Module, pre: Callable[..., Any], post: Callable[..., Any]
+) -> RootHandle:
+    """Calls ``pre`` and ``post`` around each training forward of a root ``module``.
+
+    ``pre(module, args)`` before, ``post(module, args, kwargs, output)`` after (``output``
+    None when it raised). No torch hook: ``type(module).__call__`` is wrapped (see the module
+    doc). A forward already running when this is called is not seen (`first_call` delivers it).
+    """
+    with _LOCK:
+        key, cls = id(module), type(module)
+        old_pre, old_post = _ROOTS.get(key, ((), ()))
+        _ROOTS[key] = ((*old_pre, pre), (*old_post, post))
+        entry = _CLASSES.get(cls)
+        if entry is None:
+            own = vars(cls).get("__call__")
+            current = cls.__call__
+            # a subclass of a patched class wraps the real call, not the parent's wrapper
+            original = getattr(current, "__wrapped__", current) if _is_ours(current) else current
+            wrapper = _root_call(original)
+            entry = _CLASSES[cls] = [own, 0, wrapper]
+            setattr(cls, "__call__", wrapper)  # noqa: B010
+        entry[1] += 1
+        return RootHandle(module, pre, post)
+
+
+def _is_ours(fn: Any) -> bool:
+    return any(entry[2] is fn for entry in _CLASSES.values())
+
+
+def first_call(module: torch.nn.Module, args: Any) -> None:
+    """Delivers a root's callbacks to the forward running now (the one that found the model).
+
+    Called from a module pre-callback of that forward: its ``pre`` now, its ``post`` when the
+    forward ends (from torch's global post hook, registered then). Where the class's wrapper
+    already handles this call (a model given to ``diagnose()``, or watched by another block),
+    only the ``pre`` callbacks added since it began (the wrapper calls every ``post``).
+    """
+    key = id(module)
+    own = _ROOTS.get(key)
+    if own is None:
+        return
+    taken = _HANDLING.get(key)
+    if taken is not None:
+        for callback in own[0]:
+            if all(callback is not c for c in taken):
+                callback(module, args)
+        return
+    pre, post = own
+    for callback in pre:
+        callback(module, args)
+    handle: list[Handle] = []
+
+    def once(m: Any, a: Any, kwargs: Any, output: Any) -> None:
+        handle[0].remove()
+        for callback in post:
+            callback(m, a, kwargs, output)
+
+    handle.append(on_module(module, MODULE_POST_KWARGS, once))
 
 
 class SampledHooks:

@@ -49,6 +49,12 @@ class _Slot:
         slot = self
 
         def dispatcher(*args: Any, **kwargs: Any) -> Any:
+            layers = slot.layers
+            if len(layers) == 1:  # one block (the usual case): no search through the layers
+                layer = layers[0]
+                if layer.thread == threading.get_ident() and layer.wrapper is not None:
+                    return layer.wrapper(*args, **kwargs)
+                return slot.original(*args, **kwargs)
             return slot.call_below(None, args, kwargs)
 
         _copy_identity(dispatcher, self.original)
@@ -114,6 +120,9 @@ class Patches:
                 slot.install()
 
         def original(*args: Any, **kwargs: Any) -> Any:
+            layers = slot.layers
+            if layers and layers[0] is layer:  # the bottom layer: the original is below it
+                return slot.original(*args, **kwargs)
             return slot.call_below(layer, args, kwargs)
 
         _copy_identity(original, slot.original)

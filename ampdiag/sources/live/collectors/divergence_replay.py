@@ -76,7 +76,9 @@ class RootCall:
     and RNG states it began with (what a replay enters again), and one 0-dim token each for
     its output, its losses and the gradient at its output (each finite exactly when what it
     stands for is: `sentinel.finite_token`), with a reference to that gradient and the loss
-    scale it carries.
+    scale it carries. Where the sentinel checks the step itself (a CPU model), ``out`` and
+    ``grads`` hold the tensors until its check, which reduces them with the rest and leaves
+    tokens there when the step is not clean (what `ReplayKeeper` then reads).
     """
 
     args: tuple[Any, ...]

@@ -72,6 +72,11 @@ LOSS = origin.LOSS
 MAX_LISTED = 100
 #: Finite step losses kept before the first non-finite one: the run's first, and its last.
 LOSS_HEAD, LOSS_TAIL = 8, 56
+#: A root output (and the gradient at it) of at most this many values is reduced at the
+#: step's check, with the rest: one torch call fewer in each hook. A larger one is reduced at
+#: once, while it is in the cache, and is not kept alive until the check (bench_sentinel:
+#: TinyGPT's 262,144 logits kept cost more than the calls they save).
+DEFER_MAX = 1 << 16
 
 
 def finite_token(t: torch.Tensor) -> torch.Tensor:
@@ -258,12 +263,7 @@ class Sentinel(Collector):
                 _gathers_across_ranks(model)
             )
             self._root, self._run = model, run
-            self._handles.append(
-                global_hooks.on_module(model, global_hooks.MODULE_PRE, self._root_pre)
-            )
-            self._handles.append(
-                global_hooks.on_module(model, global_hooks.MODULE_POST_KWARGS, self._root_post)
-            )
+            self._handles.append(global_hooks.on_root(model, self._root_pre, self._root_post))
             self._replay.on_model(model)
         # a compiled model's submodules by the names the user knows (no "_orig_mod.")
         inner = uncompiled(model)[0]
@@ -331,25 +331,42 @@ class Sentinel(Collector):
             t = _first_tensor(output, 4)
             if t is None or not t.is_floating_point():
                 return
-            with internal_work():
-                call.out.append(finite_token(t.detach()))
-            if t.requires_grad:
+            if self._exact or t.numel() > DEFER_MAX:
+                with internal_work():
+                    call.out.append(finite_token(t.detach()))
+            else:  # a small output: reduced at the step's check with the rest (`_check`)
+                call.out.append(t.detach())
+            if not t.requires_grad:
+                return
+            grad_fn = t.grad_fn
+            if grad_fn is None:
                 t.register_hook(partial(self._root_grad, call))  # type: ignore[no-untyped-call]
+            else:  # the gradient at the output, as a tensor hook gets it (no Python handle)
+                grad_fn.register_prehook(partial(self._root_grad_in, call, t.output_nr))
         except Exception as exc:  # observing must never break the user's step
             self._error(exc)
 
-    def _root_grad(self, call: RootCall, grad: torch.Tensor) -> None:
+    def _root_grad_in(self, call: RootCall, index: int, grad_outputs: Any) -> None:
+        self._root_grad(call, grad_outputs[index])
+
+    def _root_grad(self, call: RootCall, grad: torch.Tensor | None) -> None:
         if grad is None:
             return
         try:
-            with internal_work():
-                # the largest output gradient kept (fp32_replay's bound): bounded memory
-                if call.grad is None and grad.numel() <= MAX_OUTPUT_VALUES:
-                    call.grad = grad.detach()  # a reference: nothing writes into it
-                    run = self._run
-                    live = compat_scaler.scale_tensor(run.scaler if run else None)
-                    call.scale = live.detach().clone() if live is not None else None
-                call.grads.append(finite_token(grad.detach()))
+            if grad.requires_grad:  # a backward with create_graph: its graph is not kept
+                grad = grad.detach()
+            small = grad.numel() <= MAX_OUTPUT_VALUES
+            # the largest output gradient kept (fp32_replay's bound): bounded memory
+            if call.grad is None and small:
+                call.grad = grad  # a reference: nothing writes into it
+                run = self._run
+                live = compat_scaler.scale_tensor(run.scaler if run else None)
+                call.scale = live.detach().clone() if live is not None else None
+            if self._exact or grad.numel() > DEFER_MAX:
+                with internal_work():
+                    call.grads.append(finite_token(grad))
+            else:  # reduced at the step's check (`_check`)
+                call.grads.append(grad)
         except Exception as exc:  # observing must never break the user's backward
             self._error(exc)
 
@@ -659,9 +676,14 @@ class Sentinel(Collector):
         """The step's check from the root's outputs, the losses and the gradients (one read).
 
         Before the optimizer step (the weights still the step's own) or, where none ran (a
-        GradScaler's skip: the weights unchanged), at the step's end. The first non-finite
-        forward (and backward) is then localized by `_localize`. Returns whether every value
-        was finite (the replay keeper then reads nothing again).
+        GradScaler's skip: the weights unchanged), at the step's end. The root's outputs, the
+        gradients at them and the parameter gradients are summed here (inf/NaN propagate into
+        a sum; the cheapest pass on a CPU, where a fused 2-norm measured slower) and read with
+        the losses in one transfer. When a sum is not finite (an inf/NaN, or a low-precision
+        sum that overflowed) or every gradient is zero, each value is decided exactly
+        (`finite_token`, `_grads_state`). The
+        first non-finite forward (and backward) is then localized by `_localize`. Returns
+        whether every value was finite (the replay keeper then reads nothing again).
         """
         calls, losses, scaled = self._root_calls, self._loss, self._loss_scaled
         with internal_work():
@@ -670,22 +692,28 @@ class Sentinel(Collector):
                 grads = [local_tensor(g) for g in grads]
             outs = [t for c in calls for t in c.out]
             ogs = [t for c in calls for t in c.grads]
-            # one sum per gradient, read with the rest (`_grads_state` decides from them)
-            parts = [*outs, *losses, *ogs, *[_as_float32(g.sum()) for g in grads]]
-            if not parts:
+            tensors = [*outs, *ogs, *grads]
+            if not tensors and not losses:
                 return False
-            values: list[float] = _stacked(parts).tolist()
-        a, b, c = len(outs), len(outs) + len(losses), len(outs) + len(losses) + len(ogs)
+            # stacked in the widest dtype (float32 from the losses)
+            values: list[float] = _stacked([*[t.sum() for t in tensors], *losses]).tolist()
+        a, b, c = len(outs), len(outs) + len(ogs), len(tensors)
         if scaled and self._forward_origin is None:
-            self._keep_loss(step, values[a:b], scaled)
-        # every value finite, one gradient sum not zero: the step is clean (the usual case)
-        if all(map(math.isfinite, values)) and (not grads or any(values[c:])):
+            self._keep_loss(step, values[c:], scaled)
+        # every value finite, one gradient not zero: the step is clean (the usual case)
+        if all(map(math.isfinite, values)) and (not grads or any(values[b:c])):
             self._record(step, False, False, False, False, lambda: None, lambda: None)
             return True
-        bad_out = not all(map(math.isfinite, values[:a]))
-        bad_loss = not all(map(math.isfinite, values[a:b]))
-        bad_grads, zero = _grads_state(grads, values[c:])
-        bad_bwd = not all(map(math.isfinite, values[b:c])) or bad_grads
+        with internal_work():  # each value exactly, as tokens (what the replay keeper reads)
+            for call in calls:
+                call.out = [finite_token(t) if t.dim() else t for t in call.out]
+                call.grads = [finite_token(t) if t.dim() else t for t in call.grads]
+            exact = [*(t for call in calls for t in call.out), *(t for c in calls for t in c.grads)]
+            tokens = _stacked(exact).tolist() if exact else []
+        bad_out = not all(map(math.isfinite, tokens[:a]))
+        bad_loss = not all(map(math.isfinite, values[c:]))
+        bad_grads, zero = _grads_state(grads, values[b:c])
+        bad_bwd = not all(map(math.isfinite, tokens[a:])) or bad_grads
 
         def fwd_origin() -> dict[str, Any] | None:
             return self._localize(run, backward=False) if bad_out else None
