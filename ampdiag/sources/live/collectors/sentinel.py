@@ -331,11 +331,11 @@ class Sentinel(Collector):
             t = _first_tensor(output, 4)
             if t is None or not t.is_floating_point():
                 return
-            if self._exact or t.numel() > DEFER_MAX:
-                with internal_work():
+            with internal_work():  # ours, not the model's ops (the precision audit skips them)
+                if self._exact or t.numel() > DEFER_MAX:
                     call.out.append(finite_token(t.detach()))
-            else:  # a small output: reduced at the step's check with the rest (`_check`)
-                call.out.append(t.detach())
+                else:  # a small output: reduced at the step's check with the rest (`_check`)
+                    call.out.append(t.detach())
             if not t.requires_grad:
                 return
             grad_fn = t.grad_fn
@@ -353,20 +353,20 @@ class Sentinel(Collector):
         if grad is None:
             return
         try:
-            if grad.requires_grad:  # a backward with create_graph: its graph is not kept
-                grad = grad.detach()
-            small = grad.numel() <= MAX_OUTPUT_VALUES
-            # the largest output gradient kept (fp32_replay's bound): bounded memory
-            if call.grad is None and small:
-                call.grad = grad  # a reference: nothing writes into it
-                run = self._run
-                live = compat_scaler.scale_tensor(run.scaler if run else None)
-                call.scale = live.detach().clone() if live is not None else None
-            if self._exact or grad.numel() > DEFER_MAX:
-                with internal_work():
+            with internal_work():  # ours, not the model's ops (the precision audit skips them)
+                if grad.requires_grad:  # a backward with create_graph: its graph is not kept
+                    grad = grad.detach()
+                small = grad.numel() <= MAX_OUTPUT_VALUES
+                # the largest output gradient kept (fp32_replay's bound): bounded memory
+                if call.grad is None and small:
+                    call.grad = grad  # a reference: nothing writes into it
+                    run = self._run
+                    live = compat_scaler.scale_tensor(run.scaler if run else None)
+                    call.scale = live.detach().clone() if live is not None else None
+                if self._exact or grad.numel() > DEFER_MAX:
                     call.grads.append(finite_token(grad))
-            else:  # reduced at the step's check (`_check`)
-                call.grads.append(grad)
+                else:  # reduced at the step's check (`_check`)
+                    call.grads.append(grad)
         except Exception as exc:  # observing must never break the user's backward
             self._error(exc)
 
