@@ -227,3 +227,44 @@ def test_hf_gpt2_attention_dropout_on_a_cpu_is_sdpas_math_fallback(tmp_path: Pat
     texts += list(session.sections["derived"]["precision"]["reason_fixes"].values())
     assert not any("F.scaled_dot_product_attention instead" in t for t in texts)
     assert any("dropout_p=0.1 on the CPU" in t and "attn_pdrop=0.0" in t for t in texts)
+
+
+def test_run_clm_from_scratch_is_told_its_own_config_override(
+    tmp_path: Path, accelerate_state: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run_clm.py builds its model from ``--config_overrides``: SDPA's fix is one more there."""
+    transformers = pytest.importorskip("transformers")
+    from dataclasses import dataclass
+
+    @dataclass
+    class ModelArguments:  # run_clm.py's, the two fields a from-scratch run sets
+        model_type: str | None = None
+        config_overrides: str | None = None
+
+    given = "n_embd=32,n_layer=1,n_head=2,n_positions=64,vocab_size=64,attn_pdrop=0.1"
+    argv = ["run_clm.py", "--model_type", "gpt2", "--config_overrides", given,
+            "--output_dir", str(tmp_path / "o"), "--bf16", "--max_steps", "2",
+            "--per_device_train_batch_size", "4", "--report_to", "none", "--use_cpu",
+            "--save_strategy", "no"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    model_args, args = transformers.HfArgumentParser(
+        (ModelArguments, transformers.TrainingArguments)
+    ).parse_args_into_dataclasses()
+    cfg = transformers.CONFIG_MAPPING[model_args.model_type]()
+    cfg.update_from_string(model_args.config_overrides)  # as run_clm.py does
+    model = transformers.GPT2LMHeadModel(cfg)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 64, (8, 64), generator=g)
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
+    with ampdiag.diagnose(out=tmp_path / "diag", **QUIET) as d:
+        trainer.train()
+    assert d.session is not None
+    f = one(d.session, "fp32-ops-in-autocast")
+    assert "sdpa-math-fallback" in f.evidence["reasons"], f.evidence["reasons"]
+    (line,) = [ln for ln in f.fix.splitlines() if ln.startswith("--config_overrides ")]
+    # the fix, applied as run_clm.py applies it: dropout 0, the user's other settings kept
+    fixed = transformers.CONFIG_MAPPING["gpt2"]()
+    fixed.update_from_string(line.split()[1])
+    assert fixed.attn_pdrop == 0.0
+    assert (fixed.n_embd, fixed.n_layer, fixed.n_positions) == (32, 1, 64)

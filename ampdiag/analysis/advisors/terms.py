@@ -49,6 +49,8 @@ class Framework:
         via: An installed library's trainer that builds the Accelerator itself ("Trainer
             (denoising_diffusion_pytorch)"), whose arguments are then the lever; "" if none.
         via_args: That trainer's arguments that set precision or accumulation.
+        config_overrides: The value of ``--config_overrides`` (HF ``run_clm.py`` and its
+            siblings: the model's config settings when it trains from scratch), if given.
     """
 
     name: str = ""
@@ -56,6 +58,7 @@ class Framework:
     flags: tuple[str, ...] = ()
     via: str = ""
     via_args: tuple[str, ...] = ()
+    config_overrides: str | None = None
 
     @property
     def label(self) -> str:
@@ -83,6 +86,9 @@ def framework(session: Session) -> Framework:
         flags=tuple(str(f) for f in flags) if isinstance(flags, list) else (),
         via=str(raw.get("via") or ""),
         via_args=tuple(str(a) for a in args) if isinstance(args, list) else (),
+        config_overrides=(
+            str(raw["config_overrides"]) if raw.get("config_overrides") is not None else None
+        ),
     )
 
 
@@ -367,4 +373,21 @@ def custom_function_fix(device: str) -> str:
         "    @staticmethod\n"
         f"    @torch.amp.custom_bwd(device_type={device!r})\n"
         "    def backward(ctx, grad): ..."
+    )
+
+
+def sdpa_dropout_setting(session: Session) -> str | None:
+    """Attention dropout 0 in the script's own flag, where its command line sets the config.
+
+    ``run_clm.py --model_type gpt2 --config_overrides n_embd=64,...``: the model is built from
+    the command line, so the lever is one more override there (GPT-2's name for the attention
+    dropout; most other configs call it ``attention_dropout``). None elsewhere.
+    """
+    given = framework(session).config_overrides
+    if given is None:
+        return None
+    kept = [kv for kv in given.split(",") if kv and not kv.startswith("attn_pdrop=")]
+    return (
+        f"--config_overrides {','.join([*kept, 'attn_pdrop=0.0'])}   # on the command line "
+        "(GPT-2; attention_dropout=0.0 for most other model types)"
     )

@@ -63,6 +63,9 @@ def fp32_ops_in_autocast(session: Session) -> Iterator[Finding]:
     top = _top(s)
     reasons = sorted(s["reasons"].items(), key=lambda kv: -kv[1]["time_us"])
     known = reason_fixes(sec)
+    flag = terms.sdpa_dropout_setting(session)
+    if flag is not None and "sdpa-math-fallback" in known:  # the model built from the CLI
+        known["sdpa-math-fallback"] += "\n" + flag
     fixes = [f"[{reason}] {known.get(reason, '')}" for reason, _ in reasons]
     names = ", ".join(f"{o['op']} in {o['module']} ({o['reason']})" for o in top[:3])
     yield Finding(

@@ -143,7 +143,20 @@ def framework(run: RunContext, precision: dict[str, str]) -> dict[str, Any]:
             found = {"name": "script"}
     if found and flags:
         found["flags"] = flags
+    if found.get("name") == "hf-trainer":  # run_clm.py's model settings (from scratch)
+        overrides = _flag_value(sys.argv[1:], "--config_overrides")
+        if overrides is not None:
+            found["config_overrides"] = overrides
     return found
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of ``flag`` on a command line (``--flag v`` or ``--flag=v``), or None."""
+    for i, arg in enumerate(argv):
+        name, eq, value = str(arg).partition("=")
+        if name == flag:
+            return value if eq else (str(argv[i + 1]) if i + 1 < len(argv) else None)
+    return None
 
 
 def describe_environment(run: RunContext | None = None) -> Environment:
