@@ -310,6 +310,20 @@ def test_an_untimed_precision_keeps_its_numerics_and_makes_no_speed_claim(
     assert result.recommended in ("fp32", "bf16") and "FP16 not timed" in result.reason
 
 
+def _count_fp16_backwards(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A counter of the observed FP16 run's backwards (those that keep the graph)."""
+    grad = torch.autograd.grad
+    calls = [0]
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("retain_graph"):
+            calls[0] += 1
+        return grad(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", counting)
+    return calls
+
+
 def _gradscaler_settles_at(model: nn.Module, x: torch.Tensor, big: float) -> tuple[float, int]:
     """The loss scale a real GradScaler trains at on this model, and the steps it skipped.
 
@@ -343,15 +357,7 @@ def test_fp16_loss_scale_is_where_a_gradscaler_settles_in_fewer_backwards(
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 16))
     x = torch.randn(32, 64)
-    grad = torch.autograd.grad
-    calls = [0]
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("retain_graph"):  # the observed FP16 run's backwards (the graph kept)
-            calls[0] += 1
-        return grad(*args, **kwargs)
-
-    monkeypatch.setattr(torch.autograd, "grad", counting)
+    calls = _count_fp16_backwards(monkeypatch)
     for big in (10.0, 100.0):  # 9 and 12 halvings
         truth, halvings = _gradscaler_settles_at(model, x, big)
         assert halvings >= 2 and truth >= 1.0
@@ -378,15 +384,7 @@ def test_fp16_loss_scale_search_starts_where_bf16s_gradients_put_it(
     with torch.no_grad():
         model[0].weight.mul_(1e-3)
     x = torch.randint(0, 4, (64, 32))
-    grad = torch.autograd.grad
-    calls = [0]
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("retain_graph"):  # the observed FP16 run's backwards (the graph kept)
-            calls[0] += 1
-        return grad(*args, **kwargs)
-
-    monkeypatch.setattr(torch.autograd, "grad", counting)
+    calls = _count_fp16_backwards(monkeypatch)
     for big in (1.0, 10.0):
         truth, _ = _gradscaler_settles_at(model, x, big)
         calls[0] = 0
