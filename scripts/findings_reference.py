@@ -144,7 +144,7 @@ NOTES: dict[str, tuple[str, str]] = {
     ),
     "out-of-memory": ("high", "what held the memory, then the memory fixes above"),
     "autocast-slower": (
-        "medium ≥ 1.10x, high ≥ 1.50x (lower end of the interval); info when it straddles "
+        "medium ≥ 1.10x (lower end of the interval), never high; info when it straddles "
         "1.10x or the A/B timed the run's precision as fast as the fastest",
         "the precision the A/B measured fastest and safe",
     ),
@@ -157,7 +157,7 @@ NOTES: dict[str, tuple[str, str]] = {
     ),
     "stalled": ("high", "the same cause-based fix as `diverged`"),
     "prefer-bf16": (
-        "worst of merged; own: high ≥ 1.5x, medium ≥ 1.1x, low > 1x (whole speed-up interval)",
+        "worst of merged; own: medium ≥ 1.1x at the speed-up's lower end (never high on speed)",
         "the training step in BF16, in the run's framework's terms",
     ),
     "prefer-fp32": ("as `prefer-bf16`", "the training step in FP32 (TF32 matmuls on CUDA)"),

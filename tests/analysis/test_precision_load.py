@@ -12,11 +12,11 @@ their median and median absolute deviation (computed here with `statistics`).
 
 The truth is the generating times, not anything ampdiag computes:
 
-- FP32 1.3x as fast as FP16 (the healthy FP16 MLP's measured gain): a switch worth 1.1x but
-  not 1.5x, so ``prefer-fp32`` medium on every placement -- the same as with no stall;
-- 2x as fast: ``prefer-fp32`` high, its gain stated as 2x (within the jitter), every time;
+- FP32 1.3x as fast as FP16 (the healthy FP16 MLP's measured gain): a switch worth 1.1x, so
+  ``prefer-fp32`` medium on every placement -- the same as with no stall;
+- 2x as fast: ``prefer-fp32`` medium, its gain stated as 2x (within the jitter), every time;
 - 4% apart, inside the jitter: no switch, every time (a stall does not make one);
-- a BF16 run whose BF16 takes 1.7x FP32's time (the GRU's): ``prefer-fp32`` high every time.
+- a BF16 run whose BF16 takes 1.7x FP32's time (the GRU's): ``prefer-fp32`` medium every time.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ def test_a_real_1_3x_gain_is_the_same_medium_switch_however_the_stalls_fall() ->
     assert verdicts("fp16", 1.0, 1.3) == {("prefer-fp32", "medium"): 2 * len(STALLS)}
 
 
-def test_a_clear_2x_gain_is_reported_as_2x_and_high_every_time() -> None:
-    assert verdicts("fp16", 1.0, 2.0) == {("prefer-fp32", "high"): 2 * len(STALLS)}
+def test_a_clear_2x_gain_is_reported_as_2x_and_the_same_severity_every_time() -> None:
+    assert verdicts("fp16", 1.0, 2.0) == {("prefer-fp32", "medium"): 2 * len(STALLS)}
     rows = [row("fp32", 1.0, {0, 2, 4}, 0), row("fp16", 2.0, {1, 3, 4}, 5)]
     (rec,) = [f for f in advise(session("cpu:float16", rows), []) if f.id == "prefer-fp32"]
     # the generating times' ratio, within the jitter pool's range (0.98-1.03)
@@ -84,5 +84,20 @@ def test_a_gap_inside_the_jitter_is_no_switch_whatever_stalls() -> None:
     assert verdicts("fp16", 1.0, 1.04) == {(): 2 * len(STALLS)}
 
 
-def test_an_emulated_bf16_run_1_7x_slower_is_high_every_time() -> None:
-    assert verdicts("bf16", 1.0, 1.7) == {("prefer-fp32", "high"): 2 * len(STALLS)}
+def test_an_emulated_bf16_run_1_7x_slower_is_the_same_switch_every_time() -> None:
+    assert verdicts("bf16", 1.0, 1.7) == {("prefer-fp32", "medium"): 2 * len(STALLS)}
+
+
+def test_a_gain_whose_size_moves_between_processes_keeps_its_severity() -> None:
+    # The GRU's BF16 (healthy-gru-bf16): 1.75x FP32's time in a quiet process; in some
+    # processes of a loaded machine every pass ran 1.1-1.4 ms slower in CPU time, FP32 and
+    # BF16 alike (FP32 4.1-5.1 ms against 2.8-3.4), which measured the same gain 1.40x-1.75x.
+    seen = set()
+    for offset in (0.0, 0.5, 1.0, 1.5, 2.0):
+        rows = [
+            row("fp32", 3.2 + offset, set(), 0),
+            row("bf16", 5.6 + offset, set(), 5),
+        ]
+        recs = [f for f in advise(session("cpu:bfloat16", rows), []) if f.id.startswith("prefer-")]
+        seen.add(tuple((f.id, f.severity) for f in recs))
+    assert seen == {(("prefer-fp32", "medium"),)}

@@ -197,13 +197,15 @@ def test_autocast_slower_thresholds_from_constructed_sessions() -> None:
     assert not slower(TEN, [10.5, 10.4, 10.6, 10.5, 10.5])
     (medium,) = slower(TEN, [12.0, 12.1, 11.9, 12.0, 12.2])
     assert medium.severity == "medium"
-    (high,) = slower(TEN, [40.0] * 5)
-    assert high.severity == "high"
+    # 4x slower is the same severity (a measured speed's size moves between identical runs),
+    # said in its figures
+    (far,) = slower(TEN, [40.0] * 5)
+    assert far.severity == "medium" and "4.04x" in far.title
     # the step at the ratio of the least passes: 50 ms x 9.9 / 40
-    assert high.evidence["step_ms"] == 50.0 and high.evidence["estimated_fp32_step_ms"] == 12.375
-    assert high.evidence["slowest_modules"] == ["<b>x</b>: 1.00 ms -> 4.00 ms"]
-    assert high.evidence["pairs"] == 5
-    assert "AVX512_BF16" in high.fix
+    assert far.evidence["step_ms"] == 50.0 and far.evidence["estimated_fp32_step_ms"] == 12.375
+    assert far.evidence["slowest_modules"] == ["<b>x</b>: 1.00 ms -> 4.00 ms"]
+    assert far.evidence["pairs"] == 5
+    assert "AVX512_BF16" in far.fix
 
 
 def test_autocast_slower_compares_the_interval_not_one_sample() -> None:
@@ -215,9 +217,6 @@ def test_autocast_slower_compares_the_interval_not_one_sample() -> None:
     (noisy,) = slower([151.0, 24.0, 112.0], [120.0, 118.0, 125.0])
     assert noisy.severity == "info" and "straddles" in noisy.evidence["uncertain"]
     assert noisy.evidence["slowdown_low"] < 1.1 < noisy.evidence["slowdown_high"]
-    # a ratio whose interval reaches 1.5x only at its upper end is medium, not high
-    (lower_end,) = slower(TEN, [14.0, 16.0, 15.0, 17.0, 13.0])
-    assert lower_end.severity == "medium"
     # a single pair gives no interval
     (single,) = slower([10.0], [40.0])
     assert single.severity == "info" and "single" in single.evidence["uncertain"]

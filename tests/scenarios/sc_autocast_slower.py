@@ -9,7 +9,7 @@ forward + backward of the same batch in FP32 and under FP16 autocast, interleave
 the ratio of the two medians is taken. The scenario runs with one intra-op thread (training,
 ampdiag's probe and its own timing alike), so that a busy shared machine's thread barriers do
 not swamp millisecond passes. When FP16 is at least ``SLOW`` times slower (a
-margin of 2x over the 1.5x high threshold), ``autocast-slower`` must be a claim, not an
+wide margin over a 1.10x slowdown), ``autocast-slower`` must be a claim, not an
 uncertain remark. A CPU that runs FP16 at least as fast as FP32 (ratio at most ``FAST``)
 forbids it instead; in between the scenario claims nothing about it (no timing is asserted as
 a number).
