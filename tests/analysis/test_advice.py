@@ -10,6 +10,7 @@ from ampdiag.analysis import advisors as advice_mod
 from ampdiag.analysis import analyze
 from ampdiag.analysis.advisors import Advisor, advise
 from ampdiag.analysis.advisors.recommendations import THRESHOLDS
+from ampdiag.analysis.rules.accumulation import grad_accumulation_broken
 from ampdiag.session import Finding, Session
 from tests.advice_scan import advised
 
@@ -326,3 +327,24 @@ def test_grad_accumulation_fix_keeps_the_runs_precision(
     assert advised(rec.fix) == precisions
     compile(rec.fix, "<fix>", "exec")
     assert ("scaler.scale(loss).backward()" in rec.fix) == (precisions == {"fp16"})
+
+
+@pytest.mark.parametrize(
+    ("autocast", "precisions"),
+    [("cpu:float16", {"fp16"}), ("cuda:bfloat16", {"bf16"}), (None, set())],
+)
+def test_broken_accumulation_fix_keeps_the_runs_precision(
+    autocast: str | None, precisions: set[str]
+) -> None:
+    """Fixing where gradients are reset must not take the run's autocast or scaler away."""
+    step = {"step": 3, "micro_batches": 4, "forwards": 4, "zeroed_before": [2], "how": "zero"}
+    session = Session(
+        environment={"autocast": autocast} if autocast else {},
+        sections={"accumulation": {"steps": [step]}},
+    )
+    (rec,) = grad_accumulation_broken(session)
+    assert advised(rec.fix) == precisions
+    compile(rec.fix, "<fix>", "exec")
+    assert ("scaler.scale(loss).backward()" in rec.fix) == (precisions == {"fp16"})
+    code = [line for line in rec.fix.splitlines() if not line.lstrip().startswith("#")]
+    assert "accum = 4" in code and sum("zero_grad(" in line for line in code) == 2

@@ -249,6 +249,34 @@ def training_step(
     )
 
 
+def accumulation_loop(steps: int, autocast: str | None, loader_batch: int | str | None) -> str:
+    """The plain loop accumulating ``steps`` micro-batches, in the run's own precision.
+
+    A fix of the batch (`use-grad-accumulation`, a broken accumulation) changes the batch, not
+    the precision: ``autocast`` is the run's (`computes_in`), so a BF16 run needs no scaler, an
+    FP32 run no autocast, and an FP16 run keeps its GradScaler. ``loader_batch`` is stated
+    beside the loader when the fix changes it.
+    """
+    dtype = autocast.rsplit(":", 1)[-1] if autocast else None
+    fp16 = dtype == "float16"
+    body = "loss = loss_fn(model(x), y) / accum"
+    note = f"  # loader batch_size={loader_batch}" if loader_batch is not None else ""
+    lines = [
+        f"accum = {steps}",
+        "optimizer.zero_grad(set_to_none=True)",
+        f"for i, (x, y) in enumerate(loader):{note}",
+    ]
+    if dtype:
+        lines += [f"    with torch.autocast(device_type, dtype=torch.{dtype}):", f"        {body}"]
+    else:
+        lines.append(f"    {body}")
+    lines.append("    scaler.scale(loss).backward()" if fp16 else "    loss.backward()")
+    lines.append("    if (i + 1) % accum == 0:")
+    step = "scaler.step(optimizer); scaler.update()" if fp16 else "optimizer.step()"
+    lines += [f"        {step}", "        optimizer.zero_grad(set_to_none=True)"]
+    return "\n".join(lines)
+
+
 def fp32_module(device: str) -> str:
     """One module kept in FP32 inside an autocast region: its forward and backward."""
     return f"with torch.autocast('{device}', enabled=False):\n    y = module(x.float())"

@@ -12,6 +12,7 @@ from statistics import median
 from typing import Any
 
 from ampdiag.analysis.advisors import terms
+from ampdiag.analysis.compute import computes_in
 from ampdiag.analysis.registry import rule
 from ampdiag.session import Finding, Session
 
@@ -115,12 +116,7 @@ def grad_accumulation_broken(session: Session) -> Iterator[Finding]:
             terms.accumulation_setting(session, n),
             f"# Reset gradients once per optimizer step: {call} runs between the backward "
             "passes of one step\n"
-            "for i, (x, y) in enumerate(loader):\n"
-            "    loss = loss_fn(model(x), y) / accum\n"
-            "    loss.backward()\n"
-            "    if (i + 1) % accum == 0:\n"
-            "        optimizer.step()\n"
-            "        optimizer.zero_grad(set_to_none=True)",
+            + terms.accumulation_loop(n, computes_in(session)["autocast"], None),
         ),
         section="numerics",
         impact=1.0 - kept / n,

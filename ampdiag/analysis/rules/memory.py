@@ -168,30 +168,10 @@ def accumulation_fix(session: Session, steps: int, micro: int | None) -> str:
     The fix changes the batch, not the precision: a BF16 run needs no scaler, an FP32 run no
     autocast, and an FP16 run keeps its GradScaler (its autocast dtype: `computes_in`).
     """
-    return terms.with_setting(
-        session, terms.accumulation_setting(session, steps), _accumulation_loop(steps, micro,
-        computes_in(session)["autocast"])
-    )  # fmt: skip
-
-
-def _accumulation_loop(steps: int, micro: int | None, autocast: str | None) -> str:
-    dtype = autocast.rsplit(":", 1)[-1] if autocast else None
-    fp16 = dtype == "float16"
-    body = "loss = loss_fn(model(x), y) / accum"
-    lines = [
-        f"accum = {steps}",
-        "optimizer.zero_grad(set_to_none=True)",
-        f"for i, (x, y) in enumerate(loader):  # loader batch_size={micro or 'batch // accum'}",
-    ]
-    if dtype:
-        lines += [f"    with torch.autocast(device_type, dtype=torch.{dtype}):", f"        {body}"]
-    else:
-        lines.append(f"    {body}")
-    lines.append("    scaler.scale(loss).backward()" if fp16 else "    loss.backward()")
-    lines.append("    if (i + 1) % accum == 0:")
-    step = "scaler.step(optimizer); scaler.update()" if fp16 else "optimizer.step()"
-    lines += [f"        {step}", "        optimizer.zero_grad(set_to_none=True)"]
-    return "\n".join(lines)
+    loop = terms.accumulation_loop(
+        steps, computes_in(session)["autocast"], micro or "batch // accum"
+    )
+    return terms.with_setting(session, terms.accumulation_setting(session, steps), loop)
 
 
 def _no_micro_batch_fits(
