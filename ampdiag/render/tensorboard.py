@@ -254,12 +254,9 @@ def summary_rows(session: Session) -> list[tuple[str, str]]:
         if isinstance(spread, (int, float)):
             text += f" ± {humanize.micros(spread * 1e6)}"
         text += f" over {step['steps']} steps"
-        rows.append(
-            (
-                "Step time (median)",
-                text + (", the first left out" if step.get("first_left_out") else ""),
-            )
-        )
+        if step.get("first_left_out"):
+            text += ", the first left out"
+        rows.append(("Step time (median)", text))
     if fig.get("final_loss") is not None:
         rows.append(("Final loss", humanize.scalar(fig["final_loss"])))
     if fig.get("memory_peak_bytes") is not None:
