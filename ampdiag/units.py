@@ -28,6 +28,11 @@ def number(value: Any, finite: bool = False) -> float | None:
     return None if finite and not math.isfinite(v) else v
 
 
+def ints(values: Any) -> list[int]:
+    """The int items of a stored list of steps (none when it is not a list)."""
+    return [int(v) for v in values if isinstance(v, int)] if isinstance(values, list) else []
+
+
 def _not_finite(value: Any) -> str | None:
     """What a value that is not a finite number reads as; None for a finite number.
 

@@ -1,23 +1,13 @@
 """Communication of one rank, and across ranks: collectives per step, exposed time, stragglers.
 
-Two sides of the same collectives are read, whichever the trace has:
-
-- on the GPU, the NCCL kernels (HTA's COMMUNICATION kernels): their time overlapped with
-  computation kernels, the rest exposed;
-- on the host, the collective as the process group ran it (``gloo:all_reduce`` on gloo's own
-  thread, ``nccl:*`` annotations): its time overlapped with host compute ops (forward, backward,
-  optimizer), the rest exposed.
-
-A collective ends on every rank at about the same moment (none can leave before the last has
-joined), so the time a rank spends in it is its wait for the last arrival plus the transfer.
-Across ranks, the *k*-th collective of a step is the same collective on each rank (DDP and FSDP
-issue them in one order); the rank that spends the least time in it arrived last, and each
-other rank's extra time in it (its duration less the shortest) is time it waited for that rank.
-This needs no clock shared between machines: only durations on each rank's own clock.
-
-A *micro-batch* is one forward of a ``DistributedDataParallel`` model (its
-``DistributedDataParallel.forward`` annotation). Gradient all-reduces counted per micro-batch
-tell ``no_sync()`` accumulation (all in the last micro-batch) from all-reduces in every one.
+Read from either side of the collectives, whichever the trace has: the NCCL kernels on the
+GPU (overlapped with computation kernels, the rest exposed), or the collective as the process
+group ran it on the host (``gloo:all_reduce``, ``nccl:*``; overlapped with host compute ops).
+All ranks leave a collective together, so the *k*-th collective of a step, the same on each
+rank, was joined last by the rank that spent the least time in it, and each other rank's
+extra time in it is its wait: durations on each rank's own clock, no shared clock needed.
+A *micro-batch* is one ``DistributedDataParallel.forward``: the all-reduces per micro-batch
+tell ``no_sync()`` accumulation from all-reduces in every one.
 """
 
 from __future__ import annotations

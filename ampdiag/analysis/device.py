@@ -1,18 +1,11 @@
 """What the run's GPU can do, from its CUDA compute capability: the predicates advice rests on.
 
-The capability comes from the session's environment (``device_capability``, "major.minor"): a
-live run reads it from torch, a trace from its ``deviceProperties`` (``computeMajor`` /
-``computeMinor``). Each predicate answers True, False, or None where the session does not say
-(a CPU run, a trace without ``deviceProperties``), so advice can tell "not on this GPU" from
-"unknown":
-
-- tensor cores (FP16): Volta, 7.0 and later;
-- BF16 and TF32 tensor cores: Ampere, 8.0 and later;
-- FP8 tensor cores: Ada and Hopper, 8.9 and later.
-
-Advice goes by `advisable`: no BF16 or TF32 for a GPU below 8.0 (torch emulates BF16 there,
-slower than FP32, and ``torch.cuda.is_bf16_supported()`` still says True), TF32 only on CUDA,
-FP8 only where it runs natively.
+The capability comes from the session's environment (``device_capability``, "major.minor"):
+a live run reads it from torch, a trace from its ``deviceProperties``. Each predicate answers
+True, False, or None where the session does not say (a CPU run, a trace without
+``deviceProperties``), so advice can tell "not on this GPU" from "unknown". Advice goes by
+`advisable`: no BF16 below 8.0 because torch emulates it there, slower than FP32, while
+``torch.cuda.is_bf16_supported()`` still says True.
 """
 
 from __future__ import annotations

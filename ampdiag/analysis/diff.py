@@ -1,17 +1,11 @@
 """Before/after: what changed between two sessions of the same training code.
 
 A fix is proven by running again and comparing. `diff_sessions` puts the figures a user checks
-after a fix side by side — step time, memory peak, gradient underflow, skipped steps, the
-share of work that ran in low precision, the final loss — and sorts the findings into
-resolved (in A, not in B), new (in B, not in A) and unchanged (in both).
-
-Every figure is read by one small function of a single session (`METRICS`), so a diff's
-numbers are exactly the two sessions' own numbers; a figure one session lacks is ``None``
-("not measured"), never zero. Findings are compared by their stable ids over
-`Session.all_findings` (recommendations and the findings they merged), so a symptom that a
-fix removed shows as resolved even when another recommendation had explained it.
-
-Pure: no torch, no rendering (``ampdiag diff`` is a report path).
+after a fix side by side (`METRICS`, each read from one session's headline figures, so a
+diff's numbers are the two sessions' own; ``None`` where one lacks it) and sorts the findings
+into resolved, new and unchanged by their stable ids over `Session.all_findings`, so a
+symptom a fix removed shows as resolved even when a recommendation had explained it.
+Pure: no torch, no rendering.
 """
 
 from __future__ import annotations
@@ -34,14 +28,7 @@ Verdict = Literal["better", "worse", "same", "changed", "not measured"]
 
 
 def _scalar(key: str, field: str | None = None) -> Callable[[Session], float | None]:
-    """A reader of a headline figure (`ampdiag.analysis.figures`) or its ``field``, or None.
-
-    ``underflow_fraction`` is only stated for runs that computed in FP16: for a BF16 or FP32
-    run it is a what-if, not something the run lost. The memory peak is the profiled steps';
-    the step time (``median_s``) leaves step 0 out when 3 or more ran, its spread
-    (``spread_s``) is the steps' median absolute deviation; skipped steps are None where no
-    GradScaler was seen.
-    """
+    """A reader of a headline figure (`ampdiag.analysis.figures` defines each) or its ``field``."""
 
     def read(session: Session) -> float | None:
         value = derived(session).get("figures", {}).get(key)

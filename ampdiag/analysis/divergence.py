@@ -85,10 +85,6 @@ REPLAY_KEYS = (
 CAUSES = ("precision", "not-precision", "unknown")
 
 
-def _ints(values: Any) -> list[int]:
-    return [int(v) for v in values if isinstance(v, int)] if isinstance(values, list) else []
-
-
 def losses(session: Session) -> list[tuple[int, float]]:
     """(step, loss) of every step that recorded one, in order (non-finite ones as nan/inf)."""
     out = []
@@ -195,7 +191,7 @@ def replayed_origin(replay: dict[str, Any] | None) -> dict[str, Any] | None:
     return dict(origin) if isinstance(origin, dict) and origin.get("module") else None
 
 
-def _is_wrapper_name(module: Any) -> bool:
+def is_wrapper_name(module: Any) -> bool:
     """Whether the sentinel named a model's root ("(OptimizedModule)"), not a submodule."""
     return isinstance(module, str) and module.startswith("(") and module != "(loss)"
 
@@ -209,7 +205,7 @@ def assess(session: Session) -> DivergenceResult | None:
         return None
     sc = session.section("scaler")
     enabled = bool((sc.get("scaler") or {}).get("enabled"))
-    skipped = set(_ints(sc.get("skipped_steps")))
+    skipped = set(units.ints(sc.get("skipped_steps")))
     n_steps = max(len(session.steps), int(sentinel.get("steps_watched") or 0))
     last_step = max([i for i, _ in points] + [n_steps - 1]) if n_steps or points else -1
     # The sentinel's last step: past the listed steps of a long run, and past a window's
@@ -221,12 +217,12 @@ def assess(session: Session) -> DivergenceResult | None:
         skips_last = max(recorded, default=last_step)
         last_step = max(last_step, watched_last)
     loss_bad = sorted(
-        set(_ints(sentinel.get("loss_nonfinite_steps")))
+        set(units.ints(sentinel.get("loss_nonfinite_steps")))
         | {i for i, v in points if not math.isfinite(v)}
     )
     fwd = sentinel.get("forward_origin") or None
     bwd = sentinel.get("backward_origin") or None
-    backward_only = _ints(sentinel.get("backward_only_steps"))
+    backward_only = units.ints(sentinel.get("backward_only_steps"))
     # The first non-finite step that matters, and what held it.
     candidates: list[tuple[int, str, str | None]] = []
     if fwd:
@@ -269,7 +265,7 @@ def assess(session: Session) -> DivergenceResult | None:
     holders = sorted({h for s, h, _ in candidates if s == step})
     replay = sentinel.get("replay") or {}
     located = replayed_origin(replay) if replay.get("step") == step else None
-    if located and (module is None or _is_wrapper_name(module)):
+    if located and (module is None or is_wrapper_name(module)):
         module = located["module"]  # the compiled model's submodule, from the eager replay
     if replay.get("step") == step and replay.get("parameters_finite_after") is False:
         holders.append("parameter")  # measured after the step's update

@@ -5,15 +5,7 @@ time, final loss, memory peak, gradient underflow, skipped steps, loss scale and
 precision runs against FP32. Each is computed here, once, and stored by the derive step as
 ``derived.figures``; a surface reads it there (`stored`) and only formats it, so two surfaces
 cannot state two values of one quantity. A figure the session cannot give is ``None``
-("not measured"), never zero.
-
-The speed of the run's precision against FP32 is measured twice in a live run: by the quick
-speed probe and, when its budget allows, by the precision A/B, which times every precision
-until its median is tight. The A/B's figure is the run's figure where it timed both FP32 and
-the run's precision (more than once each); the probe's otherwise. ``autocast-slower``, the
-time section and the console read this one figure.
-
-Pure and torch-free.
+("not measured"), never zero. Pure and torch-free.
 """
 
 from __future__ import annotations

@@ -36,6 +36,12 @@ class Family:
 
 _COMM, _COMP = "COMMUNICATION", "COMPUTATION"
 
+
+def _tensor_core(name: str, pattern: str, exclude: str | None = None) -> Family:
+    """A family of tensor-core GEMM / convolution / attention kernels."""
+    return Family(name, _COMP, pattern, tensor_core=True, matmul=True, exclude=exclude)
+
+
 FAMILIES: tuple[Family, ...] = (
     # --- communication ---------------------------------------------------------------------
     Family("nccl", _COMM, r"^nccl.*kernel"),
@@ -68,64 +74,39 @@ FAMILIES: tuple[Family, ...] = (
     # FlashAttention 2 (flash_fwd_kernel, flash_bwd_*; PyTorch's pytorch_flash::), 3
     # (flash::compute_attn_ws, flash::FlashAttnFwdSm90), cuDNN SDPA, CUTLASS memory-efficient
     # attention in half precision
-    Family(
+    _tensor_core(
         "flash-attention",
-        _COMP,
         r"flash_(fwd|bwd)|flash::|flashattn|flash_attn|fmha_cutlass[fb]_(f16|bf16)|_sdpa_",
-        tensor_core=True,
-        matmul=True,
     ),
     # FP8 GEMMs (a GEMM word, not fbgemm's FP8 quantize kernels): DeepGEMM
     # (deep_gemm::fp8_gemm_kernel, m_grouped_gemm), DeepSeek's grouped fp8 GEMMs,
     # cuBLASLt / CUTLASS e4m3 / e5m2 GEMMs
-    Family(
+    _tensor_core(
         "fp8-gemm",
-        _COMP,
         r"deep_gemm::|fp8.*(?<![a-z])gemm|(?<![a-z])gemm.*(fp8|e4m3|e5m2)"
         r"|(e4m3|e5m2).*(?<![a-z])gemm",
-        tensor_core=True,
-        matmul=True,
     ),
-    Family(
-        "grouped-gemm",
-        _COMP,
-        r"grouped_?gemm|gemm_?grouped|m_grouped|k_grouped",
-        tensor_core=True,
-        matmul=True,
-        exclude=r"simt",
-    ),
+    _tensor_core("grouped-gemm", r"grouped_?gemm|gemm_?grouped|m_grouped|k_grouped", r"simt"),
     # cuBLAS 12 on Hopper / Blackwell (nvjet_tst_128x256_64x4_1x2_h_bz_coopa_nnt)
-    Family("nvjet", _COMP, r"^nvjet", tensor_core=True, matmul=True),
+    _tensor_core("nvjet", r"^nvjet"),
     # CUTLASS 3 kernels (cutlass::device_kernel<...GemmKernel...>, cutlass3x_sm90_tensorop_*)
     # and CUTLASS 2 tensor-op GEMMs / convolutions (cutlass_80_tensorop_s1688gemm)
-    Family(
-        "cutlass-tensorop",
-        _COMP,
-        r"tensorop|cutlass::device_kernel<.*gemm|cutlass3x_sm\d+",
-        tensor_core=True,
-        matmul=True,
-        exclude=r"simt",
+    _tensor_core(
+        "cutlass-tensorop", r"tensorop|cutlass::device_kernel<.*gemm|cutlass3x_sm\d+", r"simt"
     ),
     # warpgroup MMA (Hopper) and the MMA instruction names: hmma, imma, wmma, hgmma
-    Family("wgmma", _COMP, r"wgmma|warpgroup|gmma", tensor_core=True, matmul=True),
-    Family("xmma", _COMP, r"xmma", tensor_core=True, matmul=True),
+    _tensor_core("wgmma", r"wgmma|warpgroup|gmma"),
+    _tensor_core("xmma", r"xmma"),
     # cuBLAS / cuDNN names by architecture and instruction shape: sm80_/sm90_/sm100_ GEMMs,
     # volta_h884gemm, turing_fp16_s1688gemm, ampere_bf16_s16816gemm, i8816
-    Family(
-        "mma-shape",
-        _COMP,
-        r"h884|h1688|h16816|s884|s1688|s16816|i8816|i16832|161616|hmma|imma|wmma|_mma",
-        tensor_core=True,
-        matmul=True,
+    _tensor_core(
+        "mma-shape", r"h884|h1688|h16816|s884|s1688|s16816|i8816|i16832|161616|hmma|imma|wmma|_mma"
     ),
-    Family(
+    _tensor_core(
         "sm-gemm",
-        _COMP,
         r"(?<![a-z0-9])sm_?(70|75|80|86|87|89|90a?|100a?|103|110|120)_\w*(gemm|conv|fprop|dgrad"
         r"|wgrad)",
-        tensor_core=True,
-        matmul=True,
-        exclude=r"simt|sgemm|dgemm",
+        r"simt|sgemm|dgemm",
     ),
 )
 

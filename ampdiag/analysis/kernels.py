@@ -1,22 +1,14 @@
 """What GPU kernel names say: HTA's kernel types, and the precision the kernel computed in.
 
-Kernel types follow HTA 0.5 (``hta.utils.utils.get_kernel_type``), so the timeline's compute /
-non-compute split is HTA's, with one deliberate difference: the communication families of the
-kernel taxonomy (`ampdiag.analysis.kernel_families`: DeepEP, NVSHMEM, other all-to-all, custom
-all-reduce, Transformer Engine userbuffers) are COMMUNICATION too, where HTA calls them
-computation. On NCCL-only traces the two agree exactly.
+Kernel types follow HTA 0.5 (``hta.utils.utils.get_kernel_type``, the regexes below), so the
+timeline's compute / non-compute split is HTA's, with one deliberate difference: the
+communication families of the kernel taxonomy (`ampdiag.analysis.kernel_families`: DeepEP,
+NVSHMEM, other all-to-all, custom all-reduce, Transformer Engine userbuffers) are
+COMMUNICATION too, where HTA calls them computation. On NCCL-only traces the two agree exactly.
 
-- COMMUNICATION: the name matches ``^nccl.*Kernel``;
-- MEMORY: ``^Memcpy``, ``^Memset`` or ``^dma``;
-- COMPUTATION: anything else, except names matching ``.*Memcpy``, ``^Memset`` or ``.*Sync``
-  (those are OTHER).
-
-Precision is read from the names the libraries give their kernels: cuBLAS/cuDNN
-(``volta_sgemm_*`` FP32 SIMT, ``volta_h884gemm`` FP16 tensor cores, ``ampere_s16816gemm`` /
-``cutlass_80_tensorop_s1688gemm`` TF32 tensor cores, ``ampere_fp16_s16816gemm_fp16``,
-``ampere_bf16_*``), CUTLASS and XMMA (``sm80_xmma_gemm_bf16bf16_*``, ``*_tf32f32_*``), and the
-template arguments of ATen kernels (``<float>``, ``c10::Half``, ``c10::BFloat16``).
-A name that says nothing is "unknown"; nothing is guessed.
+Precision is read from the names the libraries give their kernels (cuBLAS/cuDNN, CUTLASS and
+XMMA, the template arguments of ATen kernels: `_PRECISION_RULES`). A name that says nothing
+is "unknown"; nothing is guessed.
 """
 
 from __future__ import annotations
@@ -63,14 +55,9 @@ def kernel_type(name: str) -> str:
 
 @lru_cache(maxsize=65536)
 def precision(name: str) -> tuple[str, bool, bool]:
-    """(precision, runs on tensor cores, is a GEMM/convolution) as far as the name says.
+    """(precision in PRECISIONS, runs on tensor cores, is a GEMM/convolution) as a name says.
 
-    Args:
-        name: A computation kernel's name.
-
-    Returns:
-        precision in PRECISIONS; tensor cores only where the name belongs to a tensor-core
-        family of the kernel taxonomy; GEMM/conv for matrix-multiply-like kernels.
+    Tensor cores only where the name belongs to a tensor-core family of the kernel taxonomy.
     """
     low = name.lower()
     prec = "unknown"

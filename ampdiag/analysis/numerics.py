@@ -18,25 +18,13 @@ TOP_MODULES = 10
 
 
 def underflow_summary(session: Session) -> UnderflowSummary:
-    """The measured underflow figures.
+    """The measured underflow figures (each defined in docs/how-it-works.md, "Numerics").
 
-    ``underflow_fraction`` is the largest of: the share of nonzero FP32 gradient values that
-    FP16 held as zero or subnormal where the backward cast them to FP16 (the autocast
-    boundary: counted against the FP32 value, so values flushed to zero count); the same
-    share of the gradients entering every module (``activation_grad_subnormal_fraction``),
-    counted against their true values from the FP32 replay of each sampled step where it ran
-    (else over the nonzero FP16 values, which cannot show what flushed to zero); and the
-    zero-or-subnormal share of the nonzero parameter gradients FP16 held (under autocast,
-    those of the parameters it cast: ``gradients.totals.fp16_computed``). ``worst_module`` is the
-    module with the largest such share.
-    ``recommended_init_scale``: the smallest power of two that keeps the predicted share
-    under 1% without overflow, searched up to 2^120 -- from the replays, the largest over
-    the sampled steps (``recommended_at_step``); ``scale_reaches_target`` False when no
-    scale does (the gradients span more than FP16's range).
-    Where replays ran but none gave an FP32 truth (``activations.replay_failed``: the model
-    computes in low precision outside autocast, the replay's output was not the step's...),
-    FP16's values understate what it flushed: the activation-gradient figures and the scale
-    are None, and ``unmeasured`` names them with the reason.
+    ``underflow_fraction`` is the largest of three shares counted against the higher-precision
+    value, so values FP16 flushed to zero count: at the autocast boundary, inside the model
+    against the FP32 replay's true gradients, and of the parameter gradients FP16 held. Where no
+    replay gave an FP32 truth, FP16's own values understate what it flushed: those figures and
+    the scale are None, and ``unmeasured`` says why.
     """
     acts = session.section("activations")
     grads = session.section("gradients")

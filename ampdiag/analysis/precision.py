@@ -126,18 +126,7 @@ def _share(part: float, whole: float) -> float:
 
 
 def summarize(section: PrecisionSection, top: int = 10) -> PrecisionSummary:
-    """The precision summary of an audit section.
-
-    Returns:
-        A dict with ``flops`` and ``time_us`` ({low, fp32, cast}), ``fp32_flops_share`` and
-        ``fp32_time_share`` (of low + FP32 work), ``matmul`` (FLOP-counted ops: low/fp32
-        FLOPs, ``fp32_share``, ``autocast_share`` of their FLOPs run with autocast active),
-        ``top_fp32_by_flops`` / ``top_fp32_by_time`` (op, module, reason, phase, count, flops,
-        time_us), ``top_fp32`` (the two without repeats: the table's rows), ``reasons``
-        (reason -> count, flops, time_us), ``casts`` (origin -> count, bytes, time_us, plus
-        ``total``), ``modules`` (module -> low/fp32 time and FLOPs) and
-        ``device_differences``.
-    """
+    """The precision summary of an audit section (its keys: `ampdiag.schema.PrecisionSummary`)."""
     totals = _Totals()
     for r in _work_rows(section):
         totals.add(r)

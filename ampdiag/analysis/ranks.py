@@ -1,20 +1,12 @@
 """The ranks of a distributed run side by side, and their findings merged.
 
-A merged session (`ampdiag.sources.ranks`) holds each rank's summary under ``ranks.summaries``:
-its row of the table and its findings, from its session analyzed on its own, as if reported
-alone (merged sessions of older versions held whole sessions under ``ranks.members``, analyzed
-here). A finding every rank has is stated
-once (``evidence.ranks = "all"``), one only some ranks have is named with those ranks. The
-findings about the ranks together (stragglers, communication) come from the merged timeline.
-
-Where the ranks' inf/NaN findings differ (``nonfinite-origin``, ``diverged``, ``stalled``), the
-merge goes by evidence, not by severity: a NaN made on one rank reaches the others through a
-collective (an all-reduce, FSDP's reduce-scatter), where it first shows as a gradient. The rank
-that made it is the one whose first non-finite value came earliest -- the earliest step, then
-the forward before the loss before the backward, a module's own output before a parameter
-gradient (`_origin_key`) -- and the merged finding states that rank's evidence (its step,
-phase and module, ``origin_rank``) and names the other ranks as having received it
-(``received_ranks``).
+A merged session (`ampdiag.sources.ranks`) holds each rank's row and findings, from its
+session analyzed alone, under ``ranks.summaries`` (older merged sessions held whole sessions
+under ``ranks.members``, analyzed here). A finding every rank has is stated once, one only
+some ranks have names them. A NaN reaches the other ranks through a collective, so the
+inf/NaN findings are merged by which rank made the value first (`_origin_key`; see "Ranks
+merged by evidence" in docs/how-it-works.md). The findings about the ranks together
+(stragglers, communication) come from the merged timeline.
 """
 
 from __future__ import annotations

@@ -1,31 +1,12 @@
 """The run's verdict in one word, and which finding leads: the most severe measured consequence.
 
-Every finding at medium or above is one of three consequences (`consequence`), ranked:
-
-=================  ===========================================================================
-consequence        findings
-=================  ===========================================================================
-``broken``         diverged, stalled, out-of-memory, nothing-measured: the run failed to train
-``numerics``       everything that is neither: gradients lost to underflow, a misused
-                   GradScaler, overflow, inf/NaN origins, a broken accumulation, memory near
-                   capacity; a precision advice that leaves a precision for its numerics
-``speed``          where the time goes: the time and timeline sections, autocast that is not
-                   in effect, and a precision advice that rests on a measured speed-up alone
-=================  ===========================================================================
-
-The verdict word follows the worst consequence present: ``diverged`` / ``stalled`` /
-``out of memory`` / ``nothing measured`` for a broken run; ``at risk`` when a numerics (or
-memory) finding is at medium or above; ``slow`` when only speed findings are; ``healthy``
-when no finding reaches medium (a speed claim within the measured noise is info, so a run
-whose only speed figure cannot be told from a tie stays healthy). A separate field from the
-session's ``status`` (ok / error / interrupted: whether the block ran to its end): a run that
-ran to its end and diverged is ``status ok``, ``diverged``. Stored by
-`ampdiag.analysis.analyze` as ``derived.verdict``; every surface's status line reads it.
-
-The lead (the verdict sentence) is the first finding of `ampdiag.analysis.registry.rank`,
-which orders actionable findings by consequence first (`tier`), then severity and impact:
-a run whose gradients are lost to underflow leads with that, whatever speed-up a switch of
-precision also measured.
+Every finding at medium or above costs the run its training (``broken``), its numerics or its
+time (``speed``) (`consequence`); the verdict word follows the worst present, and
+`ampdiag.analysis.registry.rank` leads with it (`tier`), so lost gradients lead whatever
+speed-up a switch of precision also measured. The words and what earns each: the table in
+docs/how-it-works.md ("The verdict"). A separate field from the session's ``status`` (whether
+the block ran to its end): a run that ran to its end and diverged is ``status ok``,
+``diverged``. Stored by `ampdiag.analysis.analyze` as ``derived.verdict``.
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
 """TensorBoard event files under out/tensorboard/<run>/: per-step scalars, the rest as text.
 
-The run is named after the output folder: ``tensorboard --logdir reports/demo/tensorboard``
-shows the run "demo" (not "tensorboard" or "."), and a diff's folder holds both runs, each
-under its own label. Per-step
-quantities are scalars (step wall time, loss, loss scale and skipped steps, gradient norm and
-underflow per sampled step); a figure measured once (the step's time shares, underflow, peak
-memory, speed against FP32, per-module underflow, per-rank shares) is a row of a Markdown table
-in the text dashboard (``summary/figures``, ``numerics/modules``, ``timeline/ranks``), not a
-one-point curve. Each tag is written by one function and carries its description (`TAGS`),
-shown in TensorBoard beside the chart. The figures are read from the session's headline
-figures (`ampdiag.analysis.figures`), the same values the HTML report and the console state.
-The findings are a Markdown table and one text entry per finding (tags ``ampdiag/findings``
-and ``findings/<id>``, stored as ``T/text_summary`` as torch's SummaryWriter does). There are
-no images: what the HTML report draws per step (step time, the profiled steps' host time by
-category) TensorBoard draws itself from the scalars, and a per-rank step time is a table row;
-drawing PNGs would cost the user's exit a plotting library's import.
-
-The events are TensorBoard's protobufs (``tensorboard.compat.proto``) in TFRecord framing,
-written here, not with torch's SummaryWriter, so ``ampdiag report --format tensorboard``
-imports no torch.
-
-The profiler trace under out/trace/ is in the layout of TensorBoard's (deprecated) profiler
-plugin (``<run>/<worker>.<time>.pt.trace.json.gz``); Perfetto reads it directly.
+What is written, tag by tag: `TAGS` (docs/guide/reports.md for the user). The run is named
+after the output folder, so ``--logdir reports/x/tensorboard`` shows "x" and a diff's runs
+stay apart. A figure measured once is a Markdown table row, not a one-point curve, read from
+the headline figures (`ampdiag.analysis.figures`) that the HTML report and the console state.
+No images: TensorBoard draws the per-step charts from the scalars, and a plotting library
+would cost the user's exit its import. The events are TensorBoard's protobufs in TFRecord
+framing written here, not by torch's SummaryWriter, so ``ampdiag report --format
+tensorboard`` imports no torch.
 """
 
 from __future__ import annotations
@@ -131,12 +117,12 @@ def _clean(value: Any) -> Any:
 
 
 class EventWriter:
-    """Scalars, texts, histograms and PNG images as TensorBoard events, without torch.
+    """Scalars, texts and histograms as TensorBoard events, without torch.
 
     The records are those torch's SummaryWriter writes for the same calls (a text is a string
-    tensor of the "text" plugin under ``<tag>/text_summary``), so TensorBoard's dashboards and
-    earlier readers see the same tags. Tags and texts may hold any characters (a module's name
-    can): a lone surrogate, which protobuf cannot encode, becomes "?".
+    tensor of the "text" plugin under ``<tag>/text_summary``), so TensorBoard's dashboards read
+    them. A lone surrogate in a tag or text (a module's name can hold one), which protobuf
+    cannot encode, becomes "?".
     """
 
     def __init__(self, folder: Path) -> None:
@@ -268,12 +254,9 @@ def summary_rows(session: Session) -> list[tuple[str, str]]:
         if isinstance(spread, (int, float)):
             text += f" ± {humanize.micros(spread * 1e6)}"
         text += f" over {step['steps']} steps"
-        rows.append(
-            (
-                "Step time (median)",
-                text + (", the first left out" if step.get("first_left_out") else ""),
-            )
-        )
+        if step.get("first_left_out"):
+            text += ", the first left out"
+        rows.append(("Step time (median)", text))
     if fig.get("final_loss") is not None:
         rows.append(("Final loss", humanize.scalar(fig["final_loss"])))
     if fig.get("memory_peak_bytes") is not None:

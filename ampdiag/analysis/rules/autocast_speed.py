@@ -34,24 +34,16 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
     """The step under autocast takes >= 1.10x its FP32 time (medium; a speed claim is never high).
 
     The ratio is the run's one figure of its precision against FP32
-    (`ampdiag.analysis.figures.speed_vs_fp32`): the precision A/B's where it timed both, else
-    the speed probe's, so this finding, the time section and "Which precision" state one
-    number. It is the quotient of the least times of interleaved passes (`timing.least`: the
-    load of another process only adds time), with the interval up to their second-least
-    passes; the thresholds are compared with that interval, so the
-    severity is that of its lower end. An interval that straddles 1.10x (or a single pair)
-    is reported as uncertain (info, with the interval): a loaded machine says it cannot tell
-    rather than flipping between runs. Evidence: both least times, the ratio and its
-    interval, the run's median step time and the step time FP32 would give at the measured
-    ratio, and the leaf modules that slowed down most.
+    (`ampdiag.analysis.figures.speed_vs_fp32`), so this finding, the time section and "Which
+    precision" state one number. The thresholds are compared with its interval (the least times
+    of interleaved passes up to their second-least: another process's load only adds time), so
+    the severity is that of its lower end; an interval that straddles 1.10x (or a single pair) is
+    info: a loaded machine says it cannot tell rather than flipping between runs.
 
-    The cause is measured per module by the precision A/B (`cause_of`): the casts' time inside
-    each slowed module against its low-precision kernels' -- ``"kernels"`` when the kernels
-    themselves are slower than FP32's (a CPU without native FP16), ``"casts"`` when the
-    conversions eat the gain. The fix follows the A/B's choice (`precision_choice`): switch to
-    the precision it chose; when the A/B keeps the run's own precision (no safe precision
-    measured clearly faster, `precision_choice.SWITCH_SPEEDUP`), the slowdown is not confirmed
-    and the finding is info. Without an A/B the fix says the advice was not measured.
+    The cause is measured per module by the precision A/B (`cause_of`): the low-precision kernels
+    themselves slower than FP32's (a CPU without native FP16), or the casts eating the gain. The
+    fix follows the A/B's choice (`precision_choice`); where it keeps the run's own precision the
+    slowdown is not confirmed and the finding is info.
     """
     probe = session.section("speed_probe")
     speed = derived(session).get("figures", {}).get("speed_vs_fp32")

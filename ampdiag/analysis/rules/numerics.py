@@ -550,8 +550,7 @@ def _nonfinite_origin(session: Session) -> tuple[dict[str, Any], int] | None:
         if (
             located
             and replay.get("step") == first["step"]
-            and str(first.get("module", "")).startswith("(")
-            and first.get("module") != "(loss)"
+            and divergence.is_wrapper_name(first.get("module"))
         ):
             # a compiled model, seen whole by the sentinel: the eager replay names the submodule
             first = {

@@ -94,26 +94,17 @@ def build(session: Session) -> ReportSection | None:
 def _peak(mem: Any, what: Any) -> Markup:
     """The peak, when and where, against the capacity."""
     pk = mem.get("peak") or {}
-    out = []
-    if pk.get("bytes"):
-        step = Markup(" in <code>{}</code>").format(pk["step"]) if pk.get("step") else ""
-        batch = (
-            Markup(" at batch {}").format(mem["observed_batch"])
-            if mem.get("observed_batch")
-            else ""
-        )
-        capacity = (
-            humanize.nbytes(what["capacity_bytes"]) if what.get("capacity_bytes") else "unknown"
-        )
-        source = (
-            Markup(" ({})").format(what["capacity_source"]) if what.get("capacity_source") else ""
-        )
-        out.append(
-            Markup("<p>Peak: <strong>{}</strong>{}{}. Capacity: {}{}.</p>\n").format(
-                humanize.nbytes(pk["bytes"]), step, batch, capacity, source
-            )
-        )
-    return join(out)
+    if not pk.get("bytes"):
+        return Markup("")
+    step = Markup(" in <code>{}</code>").format(pk["step"]) if pk.get("step") else ""
+    batch = (
+        Markup(" at batch {}").format(mem["observed_batch"]) if mem.get("observed_batch") else ""
+    )
+    capacity = humanize.nbytes(what["capacity_bytes"]) if what.get("capacity_bytes") else "unknown"
+    source = Markup(" ({})").format(what["capacity_source"]) if what.get("capacity_source") else ""
+    return Markup("<p>Peak: <strong>{}</strong>{}{}. Capacity: {}{}.</p>\n").format(
+        humanize.nbytes(pk["bytes"]), step, batch, capacity, source
+    )
 
 
 def _by_category(mem: Any) -> Markup:

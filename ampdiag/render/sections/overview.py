@@ -6,7 +6,6 @@ The report adds the top recommendations and the table of every finding below it 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from markupsafe import Markup
 
@@ -147,10 +146,6 @@ def counts(session: Session) -> str:
     return ", ".join(parts) + " finding" + ("s" if len(session.findings) != 1 else "")
 
 
-def _steps_where(values: Any) -> list[int]:
-    return [int(v) for v in values if isinstance(v, int)] if isinstance(values, list) else []
-
-
 def figures(session: Session) -> dict[str, charts.Chart]:
     """The loss per step, the first thing a person looks at in a training run.
 
@@ -162,8 +157,8 @@ def figures(session: Session) -> dict[str, charts.Chart]:
     if len(finite) < 2:
         return {}
     nonfinite = [i for i, v in losses if isinstance(v, (int, float)) and not math.isfinite(v)]
-    nonfinite += _steps_where(session.section("sentinel").get("loss_nonfinite_steps"))
-    skipped = _steps_where(session.section("scaler").get("skipped_steps"))
+    nonfinite += humanize.ints(session.section("sentinel").get("loss_nonfinite_steps"))
+    skipped = humanize.ints(session.section("scaler").get("skipped_steps"))
     notes = []
     if skipped:
         notes.append(f"dashed: {len(skipped)} step{'s' if len(skipped) != 1 else ''} skipped")

@@ -98,10 +98,7 @@ def figures(session: Session) -> dict[str, charts.Chart]:
     if isinstance(speed, dict):
         by = "precision A/B" if speed.get("source") == "precision A/B" else "speed probe"
         out["speed-probe"] = charts.bars(
-            [
-                "FP32",
-                stated.autocast(session) or "autocast",
-            ],
+            ["FP32", stated.autocast(session) or "autocast"],
             {"ms": [float(speed["fp32_ms"]), float(speed["run_ms"])]},
             "ms per forward + backward (median of the samples)",
             f"The same step in FP32 and under autocast ({by})",
