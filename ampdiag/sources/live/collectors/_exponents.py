@@ -185,7 +185,7 @@ def signed_histograms(
     ``flat`` (our own float32 copy, rewritten in place) holds ``sizes[i]`` values for row
     ``rows[i]`` in order. ``bits >> 23`` (arithmetic) is ``exponent - 256`` for a negative
     value and ``exponent`` for a positive one, so ``+ 512 * row + 256`` is the bin: two
-    in-place passes and a bincount. Sum over the sign axis for `raw_histograms`' form.
+    in-place passes and a bincount.
     """
     key = (sizes, rows, flat.device)
     offsets = cache.get(key) if cache is not None else None
@@ -205,31 +205,18 @@ def _count_codes(codes: torch.Tensor, offsets: torch.Tensor, nrows: int) -> torc
     return count(codes, nrows * 2 * BINS).view(nrows, 2, BINS)
 
 
-def histograms(
-    samples: list[torch.Tensor],
-    rows: list[int] | None = None,
-    nrows: int | None = None,
-    cache: dict[tuple[object, ...], torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """Exponent histograms of whole tensors (samples), shape (nrows, 256), int64, on device.
-
-    Args:
-        samples: Floating tensors on one device (e.g. copies of ``sample_view``s).
-        rows: The histogram row each sample counts into (default: its position). Samples
-            sharing a row add up.
-        nrows: Rows of the result (default ``max(rows) + 1``).
-        cache: Holds the per-value row offsets between calls (same sizes -> reused).
-    """
-    return signed_histograms_of(samples, rows, nrows, cache).sum(dim=1)
-
-
 def signed_histograms_of(
     samples: list[torch.Tensor],
     rows: list[int] | None = None,
     nrows: int | None = None,
     cache: dict[tuple[object, ...], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """`histograms` by sign, shape (nrows, 2, 256) (fold the sign on the host: cheaper)."""
+    """Exponent histograms of whole tensors by sign, shape (nrows, 2, 256), int64, on device.
+
+    ``rows``: the row each sample counts into (default: its position; samples sharing a row
+    add up); ``nrows`` default ``max(rows) + 1``; ``cache`` keeps the per-value row offsets.
+    Fold the sign on the host: cheaper.
+    """
     if rows is None:
         rows = list(range(len(samples)))
     if nrows is None:
@@ -338,14 +325,3 @@ def host_signed_histograms(
     codes >>= 23  # arithmetic (int32)
     codes += offsets
     return np.bincount(codes, minlength=n * 2 * BINS).reshape(n, 2, BINS)
-
-
-def raw_histograms(tensors: list[torch.Tensor], limit: int, cache: dict[Any, Any]) -> torch.Tensor:
-    """Per-tensor exponent histograms, shape (len(tensors), 256), int64, on the device.
-
-    Args:
-        tensors: Floating tensors on one device.
-        limit: Values examined per tensor (0: all).
-        cache: Holds the offsets tensor between calls (same sizes -> reused).
-    """
-    return sampled_signed_histograms([t.detach() for t in tensors], limit, cache).sum(dim=1)

@@ -6,7 +6,7 @@ of its output (one ``aminmax``, kept on the device; a NaN propagates through it)
 a tensor hook on that output, which sees the gradient entering the module in the backward and
 keeps a small copy of a sample of it (at most ``numerics_sample_elements`` values,
 ``_exponents.sample_view``). At the end of the step one exponent histogram of all those
-samples (``_exponents.histograms``) tells which share FP16 holds as zero or subnormal at the
+samples (``signed_histograms_of``) tells which share FP16 holds as zero or subnormal at the
 scale in use and, shifted by the scale, predicts the share at any candidate scale 2^0..2^24.
 
 Values that FP16 flushes to zero are invisible in an FP16 gradient (a zero looks like any
