@@ -51,7 +51,13 @@ from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors import COLLECTORS
 from ampdiag.sources.live.collectors._exponents import BINS, sample_view, signed_histograms_of
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
-from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
+from ampdiag.sources.live.collectors.base import (
+    Collector,
+    RunContext,
+    graph_nodes,
+    internal_work,
+    tensors_in,
+)
 from ampdiag.sources.live.collectors.fp32_replay import (
     MAX_OUTPUT_VALUES,
     REPLAY_VALUES,
@@ -182,16 +188,9 @@ class ActivationsCollector(Collector):
         if not self._active or self._walked == run.step or loss.grad_fn is None:
             return
         self._walked = run.step
-        seen: dict[int, Any] = {}  # holds the nodes, so that no id is reused during the walk
-        todo: list[Any] = [loss.grad_fn]
-        while todo:
-            node = todo.pop()
-            if node is None or id(node) in seen:
-                continue
-            seen[id(node)] = node
+        for node in graph_nodes(loss.grad_fn):
             if node.name() == "ToCopyBackward0":
                 self._node_handles.append(node.register_hook(partial(self._boundary, node)))
-            todo.extend(n for n, _ in node.next_functions)
 
     def _boundary(self, node: Any, grad_inputs: Any, grad_outputs: Any) -> None:
         # The backward of a cast: grad_outputs[0] arrives in the cast's output dtype, and

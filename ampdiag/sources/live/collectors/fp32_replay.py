@@ -33,7 +33,7 @@ import torch
 from ampdiag.compat.autocast import AutocastHeldOff
 from ampdiag.compat.modules import eager_copy_fix, uncompiled, upcast_copy, without_hooks
 from ampdiag.sources.live.collectors._exponents import sample_view
-from ampdiag.sources.live.collectors.base import tensors_in
+from ampdiag.sources.live.collectors.base import graph_nodes, tensors_in
 
 _LOW = (torch.float16, torch.bfloat16)
 #: The largest output gradient kept for the replay (values): bounded memory.
@@ -188,16 +188,4 @@ def _recomputes(out: torch.Tensor) -> bool:
     outside anything the replay holds off (a non-reentrant one notices the changed dtypes
     itself and raises).
     """
-    seen: set[int] = set()
-    keep: list[Any] = []  # holds the nodes, so that no id is reused during the walk
-    todo: list[Any] = [out.grad_fn]
-    while todo:
-        node = todo.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        keep.append(node)
-        if node.name().startswith("CheckpointFunctionBackward"):
-            return True
-        todo.extend(n for n, _ in node.next_functions)
-    return False
+    return any(n.name().startswith("CheckpointFunctionBackward") for n in graph_nodes(out.grad_fn))

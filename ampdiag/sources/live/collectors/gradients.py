@@ -43,7 +43,7 @@ from ampdiag.sources.live.collectors._exponents import (
     sampled_signed_histograms,
 )
 from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
-from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work
+from ampdiag.sources.live.collectors.base import Collector, RunContext, graph_nodes, internal_work
 
 if TYPE_CHECKING:
     import numpy as np
@@ -297,22 +297,12 @@ def fp32_computed(root: Any) -> set[int]:
     """
     cast: set[int] = set()
     direct: set[int] = set()
-    seen: dict[int, Any] = {}  # holds the nodes, so that no id is reused during the walk
-    todo: list[Any] = [root]
-    while todo:
-        node = todo.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen[id(node)] = node
+    for node in graph_nodes(root):
         is_cast = node.name() == "ToCopyBackward0"
         for nxt, _ in node.next_functions:
-            if nxt is None:
-                continue
             variable = getattr(nxt, "variable", None)
             if isinstance(variable, torch.Tensor):
                 (cast if is_cast else direct).add(id(variable))
-            else:
-                todo.append(nxt)
     return direct - cast if cast else set()
 
 
