@@ -167,15 +167,11 @@ class SpeedProbeSection(TypedDict, total=False):
     fp32_ms_all: list[float]
     autocast_ms_all: list[float]
     ratio: float
-    ratio_spread: float
     ratio_low: float
     ratio_high: float
     tight: bool
     tolerance: float
     budget_s: float
-    # older sessions: the headline times were the best samples, the medians beside them
-    fp32_ms_median: float
-    autocast_ms_median: float
     modules: list[dict[str, Any]]
     autocast: str
     precisions: dict[str, Any]
