@@ -1,39 +1,22 @@
 """Per-module forward range, activation-gradient underflow and where NaN/inf first appears.
 
-On sampled steps only (the hooks are registered for a sampled step and removed after it, so
-other steps run without them), a forward hook on every module of the model records the range
-of its output (one ``aminmax``, kept on the device; a NaN propagates through it) and registers
-a tensor hook on that output, which sees the gradient entering the module in the backward and
-keeps a small copy of a sample of it (at most ``numerics_sample_elements`` values,
-``_exponents.sample_view``). At the end of the step one exponent histogram of all those
-samples (``signed_histograms_of``) tells which share FP16 holds as zero or subnormal at the
-scale in use and, shifted by the scale, predicts the share at any candidate scale 2^0..2^24.
+What is measured, and why against FP32, is in docs/how-it-works.md (Numerics). How, on sampled
+steps only (hooks armed for the step, removed after it): a forward hook on every module keeps
+its output's range (one ``aminmax`` on the device) and hooks that output's gradient, keeping a
+sample of it (`_exponents.sample_view`); one exponent histogram of the step's samples, shifted
+by the scale, predicts the share FP16 loses at any candidate scale.
 
-Values that FP16 flushes to zero are invisible in an FP16 gradient (a zero looks like any
-zero), so underflow is also counted where it happens, against the higher-precision value: at
-every autocast boundary the backward crosses from FP32 into FP16 (the cast of an FP16 output
-to FP32 for the loss, or for an FP32-policy op), a hook on the cast's backward node sees the
-FP32 gradient just before it is cast to FP16. Its nonzero values that FP16 holds as zero or
-subnormal at the scale in use (|g·S| < 2^-14) are lost ("boundary" in the section); their
-exponent histogram, unscaled, predicts the loss at any other scale. The nodes are found by
-walking the loss's graph once per sampled step (`on_loss`).
+A value FP16 flushed is a zero like any other, so underflow is also counted where it happens:
+a hook on the backward of each FP32 -> FP16 cast in the loss's graph (walked once per sampled
+step, `on_loss`) sees the FP32 gradient just before the cast ("boundary"). Where that cast is
+at the model's output, the step's inputs and that gradient are kept (`_replays` says on which
+steps) and an FP32 replay before the optimizer step (`fp32_replay.reference_gradients`) gives
+the true gradient entering every module: the figures inside the model are counted against it,
+and each replayed step contributes the smallest scale that keeps its loss under 1% (the
+recommendation is the largest: gradients shrink or grow as a run goes on).
 
-Where that boundary is the model's output, the step's inputs and the FP32 gradient there are
-kept (on the first 8 such sampled steps, then the 2^k-th: `_replays`), and before the step's
-optimizer step (the step's own weights) an FP32 replay
-(`fp32_replay.reference_gradients`) gives the true gradient entering every module. Every
-underflow figure inside the model is counted against it: per module, the share of nonzero
-true values FP16 holds as zero or subnormal at the step's scale (``lost_fraction``; values
-FP16 flushed to zero count, unlike a share of the FP16 values that survived), and, per sampled
-step, the smallest scale that keeps that step's loss under 1%. The recommended init_scale is
-the largest of those over the sampled steps (``recommended_at_step`` names the step): a scale
-chosen from pooled values, or from the last step only, is too small for the steps whose
-gradients are smallest (gradients shrink or grow as a run goes on).
-
-The step's results (the ranges, the histograms, the scale) go to the host in one transfer
-(`_host.Deferred`) and are accumulated there with numpy. The first module, in execution
-order, whose output (forward) or incoming gradient (backward) holds inf/NaN is the NaN
-origin, with its step. Hooks never change a tensor: they return None.
+A step's results go to the host in one transfer (`_host.Deferred`) and are accumulated with
+numpy. Hooks never change a tensor: they return None.
 """
 
 from __future__ import annotations

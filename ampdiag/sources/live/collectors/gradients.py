@@ -1,29 +1,16 @@
 """Parameter-gradient statistics on sampled steps, measured on the device in a few fused passes.
 
-Just before the optimizer uses the gradients (``scaler.step`` or ``optimizer.step``), on a
-sampled step: one ``torch._foreach_norm`` pass for the per-parameter norms (stacked with the
-loss scale), and one exponent histogram of every gradient at once
-(``_exponents.sampled_signed_histograms``: one strided view per matrix, a cat into a reused
-buffer, two in-place bit operations and a bincount over at most ``numerics_sample_elements``
-values per tensor). The two result tensors go to the host
-in one transfer per sampled step (without stalling on CUDA, see ``_host.Deferred``), where
-numpy turns them into the figures (no Python loop over values or bins). On the CPU there is
-nothing to transfer: the same gather feeds numpy's shift, offsets and bincount
-(``_exponents.host_signed_histograms``, cheaper than torch ops on arrays this small) and the
-norms are read as they are.
+Just before the optimizer uses the gradients (``scaler.step`` or ``optimizer.step``): one
+``_foreach_norm`` pass (stacked with the loss scale) and one exponent histogram of every
+gradient at once (`_exponents.sampled_signed_histograms`), one transfer to the host per
+sampled step (`_host.Deferred`), where numpy turns them into the figures. On the CPU nothing is
+transferred: numpy counts the same gathered buffer (`_exponents.host_signed_histograms`,
+cheaper than torch ops on arrays this small).
 
-From the histograms and the loss scale S: per parameter and in total, the zero share, the
-shares of nonzero values FP16 would flush (|g·S| < 2^-24) or hold as subnormal
-(|g·S| < 2^-14), would overflow (|g·S| >= 2^16), the non-finite count and the norm of the true
-(unscaled) gradient; and a histogram of log2|g| against FP16's range.
-
-Under autocast a parameter's gradient is FP16's only when autocast cast the parameter: a
-LayerNorm's or an embedding's weight (FP32-policy ops) and a part of the model outside
-autocast get FP32 gradients, whose small values FP16 never held. On a sampled step the loss's
-graph tells them apart (`fp32_computed`: parameters the backward reaches only without a cast,
-where it casts others), and ``totals["fp16_computed"]`` counts the others alone: the share
-FP16 held as zero or subnormal. A run that casts no parameter (FP32, or FP16 parameters) has
-no such split: every parameter counts, as FP16 would hold its gradient.
+Under autocast only a parameter autocast cast has an FP16 gradient: a LayerNorm's or an
+embedding's weight (FP32-policy ops) gets an FP32 one, whose small values FP16 never held. The
+loss's graph tells them apart (`fp32_computed`), and ``totals["fp16_computed"]`` counts the
+others alone. A run that casts no parameter has no such split.
 """
 
 from __future__ import annotations
