@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -325,3 +326,19 @@ def host_signed_histograms(
     codes >>= 23  # arithmetic (int32)
     codes += offsets
     return np.bincount(codes, minlength=n * 2 * BINS).reshape(n, 2, BINS)
+
+
+def shares(counts: Mapping[str, Any], overflow: bool = False) -> dict[str, float]:
+    """The shares of a histogram's `fp16range.range_counts`, as the sections state them.
+
+    Zero: of all values; flush, subnormal (and overflow): of the finite nonzero ones.
+    """
+    nz = counts["n"] - counts["zero"] - counts["nonfinite"]
+    out = {
+        "zero_fraction": counts["zero"] / counts["n"] if counts["n"] else 0.0,
+        "flush_fraction": counts["flush"] / nz if nz > 0 else 0.0,
+        "subnormal_fraction": counts["subnormal"] / nz if nz > 0 else 0.0,
+    }
+    if overflow:
+        out["overflow_fraction"] = counts["overflow"] / nz if nz > 0 else 0.0
+    return out

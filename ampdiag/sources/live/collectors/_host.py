@@ -109,3 +109,11 @@ def absorb_ready(
         else:
             keep.append(item)
     return keep
+
+
+def grown(arr: Any, extra: int, tail: tuple[int, ...], dtype: Any) -> Any:
+    """``arr`` (None: empty) with ``extra`` more rows of zeros, each of shape ``tail``."""
+    import numpy as np
+
+    more = np.zeros((extra, *tail), dtype=dtype)
+    return more if arr is None else np.concatenate([arr, more])

@@ -32,8 +32,13 @@ from ampdiag.compat import scaler as compat_scaler
 from ampdiag.schema import ActivationsSection
 from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors import COLLECTORS
-from ampdiag.sources.live.collectors._exponents import BINS, sample_view, signed_histograms_of
-from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
+from ampdiag.sources.live.collectors._exponents import (
+    BINS,
+    sample_view,
+    shares,
+    signed_histograms_of,
+)
+from ampdiag.sources.live.collectors._host import Deferred, absorb_ready, grown
 from ampdiag.sources.live.collectors.base import (
     Collector,
     RunContext,
@@ -309,15 +314,11 @@ class ActivationsCollector(Collector):
         import numpy as np
 
         m = hist.shape[0]
-        if self._acc_raw is None or self._acc_unscaled is None:
-            self._acc_raw = np.zeros((m, BINS), dtype=np.int64)
-            self._acc_unscaled = np.zeros((m, UBINS), dtype=np.int64)
-        elif self._acc_raw.shape[0] < m:
-            extra = m - self._acc_raw.shape[0]
-            self._acc_raw = np.concatenate([self._acc_raw, np.zeros((extra, BINS), np.int64)])
-            self._acc_unscaled = np.concatenate(
-                [self._acc_unscaled, np.zeros((extra, UBINS), np.int64)]
-            )
+        extra = m - (0 if self._acc_raw is None else self._acc_raw.shape[0])
+        if extra > 0:
+            self._acc_raw = grown(self._acc_raw, extra, (BINS,), np.int64)
+            self._acc_unscaled = grown(self._acc_unscaled, extra, (UBINS,), np.int64)
+        assert self._acc_raw is not None and self._acc_unscaled is not None
         self._acc_raw[:m] += hist
         np.add.at(self._acc_unscaled[:m].T, _shift_index(scale), hist.T)
 
@@ -393,13 +394,11 @@ class ActivationsCollector(Collector):
         )
         hist = np.rint(hist * np.maximum(weight, 1.0)[:, None]).astype(np.int64)
         m = hist.shape[0]
-        if self._ref_acc is None or self._ref_lost is None:
-            self._ref_acc = np.zeros((m, BINS), dtype=np.int64)
-            self._ref_lost = np.zeros((m, 3), dtype=np.int64)
-        elif self._ref_acc.shape[0] < m:
-            extra = m - self._ref_acc.shape[0]
-            self._ref_acc = np.concatenate([self._ref_acc, np.zeros((extra, BINS), np.int64)])
-            self._ref_lost = np.concatenate([self._ref_lost, np.zeros((extra, 3), np.int64)])
+        extra = m - (0 if self._ref_acc is None else self._ref_acc.shape[0])
+        if extra > 0:
+            self._ref_acc = grown(self._ref_acc, extra, (BINS,), np.int64)
+            self._ref_lost = grown(self._ref_lost, extra, (3,), np.int64)
+        assert self._ref_acc is not None and self._ref_lost is not None
         self._ref_acc[:m] += hist
         shift = round(math.log2(scale)) if math.isfinite(scale) and scale > 0 else 0
         c = fp16range.range_counts_rows(hist, shift)
@@ -453,21 +452,13 @@ class ActivationsCollector(Collector):
             if idx < len(raw) and any(raw[idx]):
                 seen = True
                 counts = fp16range.range_counts(raw[idx])
-                nz = counts["n"] - counts["zero"] - counts["nonfinite"]
-                exps = {
-                    i - OFF - fp16range.BIAS: int(c)
-                    for i, c in enumerate(uns[idx])
-                    if 0 < i < UBINS - 1 and c
-                }
+                exps = _unscaled_exponents(uns[idx])
                 fp16range.merge(all_exps, exps)
                 rec = fp16range.recommend_scale_log2(exps)
                 row |= {
                     "grad_dtype": self._grad_dtype.get(idx),
                     "counts": counts,
-                    "zero_fraction": counts["zero"] / counts["n"],
-                    "flush_fraction": counts["flush"] / nz if nz > 0 else 0.0,
-                    "subnormal_fraction": counts["subnormal"] / nz if nz > 0 else 0.0,
-                    "overflow_fraction": counts["overflow"] / nz if nz > 0 else 0.0,
+                    **shares(counts, overflow=True),
                     "exponents": {str(k): v for k, v in sorted(exps.items())},
                     "recommended_scale_log2": rec,
                 }
@@ -539,11 +530,7 @@ class ActivationsCollector(Collector):
             return None
         counts = fp16range.range_counts(self._bnd_raw.tolist())
         nz = counts["n"] - counts["zero"] - counts["nonfinite"]
-        exps = {
-            i - OFF - fp16range.BIAS: int(c)
-            for i, c in enumerate(self._bnd_unscaled.tolist())
-            if 0 < i < UBINS - 1 and c
-        }
+        exps = _unscaled_exponents(self._bnd_unscaled.tolist())
         return {
             "counts": counts,
             # Nonzero FP32 values FP16 holds as zero or subnormal at the scale in use.
@@ -565,6 +552,11 @@ def _replays(n: int) -> bool:
     run still has replays spread over its whole length at a negligible amortised cost.
     """
     return n < REPLAY_FIRST or n & (n - 1) == 0
+
+
+def _unscaled_exponents(row: list[int]) -> dict[int, int]:
+    """{log2 exponent: count} of a row of unscaled bins (`_shift_index`), zeros and inf/NaN out."""
+    return {i - OFF - fp16range.BIAS: int(c) for i, c in enumerate(row) if 0 < i < UBINS - 1 and c}
 
 
 def _shift_index(scale: float) -> Any:

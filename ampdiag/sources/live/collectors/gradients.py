@@ -28,8 +28,9 @@ from ampdiag.sources.live.collectors import COLLECTORS
 from ampdiag.sources.live.collectors._exponents import (
     host_signed_histograms,
     sampled_signed_histograms,
+    shares,
 )
-from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
+from ampdiag.sources.live.collectors._host import Deferred, absorb_ready, grown
 from ampdiag.sources.live.collectors.base import Collector, RunContext, graph_nodes, internal_work
 
 if TYPE_CHECKING:
@@ -148,10 +149,10 @@ class GradientsCollector(Collector):
         total = len(self._rows)
         if self._acc is None or self._acc.shape[0] < total:
             grow = total - (0 if self._acc is None else self._acc.shape[0])
-            self._acc = _grown(self._acc, grow, (len(FIELDS),), np.int64)
-            self._norm_last = _grown(self._norm_last, grow, (), np.float64)
-            self._norm_max = _grown(self._norm_max, grow, (), np.float64)
-            self._nsteps = _grown(self._nsteps, grow, (), np.int64)
+            self._acc = grown(self._acc, grow, (len(FIELDS),), np.int64)
+            self._norm_last = grown(self._norm_last, grow, (), np.float64)
+            self._norm_max = grown(self._norm_max, grow, (), np.float64)
+            self._nsteps = grown(self._nsteps, grow, (), np.int64)
         return np.fromiter((self._rows[n] for n in names), dtype=np.intp, count=len(names))
 
     def _absorb(
@@ -236,24 +237,20 @@ class GradientsCollector(Collector):
                 prm |= {"norm_last": last[row], "norm_max": top[row], "steps": nst[row]}
                 if name in self._fp32_names:
                     prm["computed_in"] = "float32"
-                params.append({"name": name, **prm} | _shares(prm))
+                params.append({"name": name, **prm} | shares(prm))
         totals = dict.fromkeys(FIELDS, 0)
         for rec in steps:
             for f in FIELDS:
                 totals[f] += rec[f]
-        nz = totals["n"] - totals["zero"] - totals["nonfinite"]
         split: dict[str, Any] = {}
         if self._fp32_names and self._fp16_acc is not None:
             fp16 = dict(zip(FIELDS, self._fp16_acc.tolist(), strict=True))
-            split["fp16_computed"] = fp16 | _shares(fp16) | {"fp32_params": len(self._fp32_names)}
+            split["fp16_computed"] = fp16 | shares(fp16) | {"fp32_params": len(self._fp32_names)}
         return {
             "sample_elements": self._limit,
             "steps": steps,
             "params": params,
-            "totals": totals
-            | _shares(totals)
-            | {"overflow_fraction": totals["overflow"] / nz if nz > 0 else 0.0}
-            | split,
+            "totals": totals | shares(totals, overflow=True) | split,
             # Sparse {log2 exponent: count}: as held in the backward (g·S) and true (g).
             "hist_held": {str(k): v for k, v in sorted(self._hist_held.items())},
             "hist_true": {str(k): v for k, v in sorted(self._hist_true.items())},
@@ -262,16 +259,6 @@ class GradientsCollector(Collector):
                 "held": {str(k): v for k, v in sorted(self._last_hist.get("held", {}).items())},
             },
         }
-
-
-def _shares(counts: dict[str, Any]) -> dict[str, float]:
-    """Zero share of all values; flush and subnormal shares of the finite nonzero ones."""
-    nz = counts["n"] - counts["zero"] - counts["nonfinite"]
-    return {
-        "zero_fraction": counts["zero"] / counts["n"] if counts["n"] else 0.0,
-        "flush_fraction": counts["flush"] / nz if nz > 0 else 0.0,
-        "subnormal_fraction": counts["subnormal"] / nz if nz > 0 else 0.0,
-    }
 
 
 def fp32_computed(root: Any) -> set[int]:
@@ -321,10 +308,3 @@ def device_stats(
     if stacked.dtype != torch.float32:
         stacked = stacked.float()
     return Deferred([hists, stacked], copy=False)
-
-
-def _grown(arr: Any, extra: int, tail: tuple[int, ...], dtype: Any) -> Any:
-    import numpy as np
-
-    more = np.zeros((extra, *tail), dtype=dtype)
-    return more if arr is None else np.concatenate([arr, more])
