@@ -76,15 +76,7 @@ class Deferred:
 
     def values(self) -> list[float]:
         """All values as floats, parts concatenated flat (waits for a running copy)."""
-        out: list[float] = []
-        if self._arrays is not None:
-            for a in self._arrays:
-                out += [float(v) for v in a.reshape(-1).tolist()]
-            return out
-        self._wait()
-        for p in self._host:
-            out += [float(v) for v in p.reshape(-1).to(torch.float64).tolist()]
-        return out
+        return [float(v) for a in self.arrays() for v in a.reshape(-1).tolist()]
 
 
 def pack(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
