@@ -172,6 +172,9 @@ class SpeedProbeSection(TypedDict, total=False):
     tight: bool
     tolerance: float
     budget_s: float
+    # older sessions: the headline times were the best samples, the medians beside them
+    fp32_ms_median: float
+    autocast_ms_median: float
     modules: list[dict[str, Any]]
     autocast: str
     precisions: dict[str, Any]
