@@ -174,33 +174,13 @@ def _offsets(rows: tuple[int, ...], sizes: tuple[int, ...], device: torch.device
     return torch.repeat_interleave(base, torch.tensor(sizes, dtype=torch.int64)).to(device)
 
 
-def signed_histograms(
-    flat: torch.Tensor,
-    rows: tuple[int, ...],
-    sizes: tuple[int, ...],
-    nrows: int,
-    cache: dict[tuple[object, ...], torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """Exponent histograms by sign, shape (nrows, 2, 256), int64: [row, 0] negative values.
-
-    ``flat`` (our own float32 copy, rewritten in place) holds ``sizes[i]`` values for row
-    ``rows[i]`` in order. ``bits >> 23`` (arithmetic) is ``exponent - 256`` for a negative
-    value and ``exponent`` for a positive one, so ``+ 512 * row + 256`` is the bin: two
-    in-place passes and a bincount.
-    """
-    key = (sizes, rows, flat.device)
-    offsets = cache.get(key) if cache is not None else None
-    if offsets is None:
-        offsets = _offsets(rows, sizes, flat.device)
-        if cache is not None:
-            if len(cache) > 16:
-                cache.clear()
-            cache[key] = offsets
-    return _count_codes(flat.view(torch.int32), offsets, nrows)
-
-
 def _count_codes(codes: torch.Tensor, offsets: torch.Tensor, nrows: int) -> torch.Tensor:
-    """Histograms (nrows, 2, 256) of float32 bits ``codes`` (int32, rewritten in place)."""
+    """Histograms (nrows, 2, 256) of float32 bits ``codes`` (int32, rewritten in place).
+
+    ``bits >> 23`` (arithmetic) is ``exponent - 256`` for a negative value and ``exponent``
+    for a positive one, so ``+ 512 * row + 256`` (``offsets``) is the bin: two in-place passes
+    and a bincount. Row 0 of the sign axis holds the negative values.
+    """
     codes >>= 23  # arithmetic; ``__irshift__`` is a cheaper kernel than bitwise_right_shift_
     codes += offsets
     return count(codes, nrows * 2 * BINS).view(nrows, 2, BINS)
@@ -224,8 +204,17 @@ def signed_histograms_of(
         nrows = max(rows) + 1 if rows else 0
     if not samples:
         return torch.zeros(nrows, 2, BINS, dtype=torch.int64)
-    flat, plan = _gather(samples, 0)
-    return signed_histograms(flat, tuple([rows[i] for i in plan.order]), plan.sizes, nrows, cache)
+    flat, plan = _gather(samples, 0)  # our own float32 copy: rewritten in place
+    ordered = tuple([rows[i] for i in plan.order])
+    key = (plan.sizes, ordered, flat.device)
+    offsets = cache.get(key) if cache is not None else None
+    if offsets is None:
+        offsets = _offsets(ordered, plan.sizes, flat.device)
+        if cache is not None:
+            if len(cache) > 16:
+                cache.clear()
+            cache[key] = offsets
+    return _count_codes(flat.view(torch.int32), offsets, nrows)
 
 
 def count(codes: torch.Tensor, bins: int) -> torch.Tensor:
