@@ -167,7 +167,6 @@ class SpeedProbeSection(TypedDict, total=False):
     fp32_ms_all: list[float]
     autocast_ms_all: list[float]
     ratio: float
-    ratio_spread: float
     ratio_low: float
     ratio_high: float
     tight: bool

@@ -7,14 +7,3 @@ checked on and what it returns when the private API is missing or changed.
 """
 
 from __future__ import annotations
-
-import torch
-
-TORCH_VERSION: tuple[int, int] = tuple(  # type: ignore[assignment]
-    int(p) for p in torch.__version__.split("+")[0].split(".")[:2]
-)
-
-
-def torch_at_least(major: int, minor: int) -> bool:
-    """Whether the running torch is at least major.minor."""
-    return (major, minor) <= TORCH_VERSION

@@ -1,9 +1,9 @@
 """torch's private fused multi-tensor ops (``torch._foreach_*``), with a loop where one is missing.
 
 ``_foreach_norm`` and ``_foreach_copy_`` run one kernel (or one dispatch) for a whole list of
-tensors, which is what keeps a sampled step's statistics cheap. They are private and not in
-every torch (``_foreach_copy_`` arrived in 2.1), so each has a plain per-tensor fallback with
-the same results.
+tensors, which is what keeps a sampled step's statistics cheap. They are private (a torch
+release may change or drop them), so each has a plain per-tensor fallback with the same
+results.
 """
 
 from __future__ import annotations

@@ -2,15 +2,15 @@
 
 Two private torch features live here, and only here:
 
-* ``torch.profiler._memory_profiler.MemoryProfile`` (torch >= 2.1, checked on 2.4 - 2.13; its
-  export is marked deprecated). It replays a profile's op tree and labels every tensor
-  parameter, gradient, optimizer state, activation, temporary, input or autograd detail.
+* ``torch.profiler._memory_profiler.MemoryProfile`` (checked on torch 2.4 - 2.13; its export
+  is marked deprecated). It replays a profile's op tree and labels every tensor parameter,
+  gradient, optimizer state, activation, temporary, input or autograd detail.
   `categorized_timeline` returns None when the module or the attributes it reads are missing
   or changed, and the caller falls back to ampdiag's own categorization
   (`ampdiag.analysis.memory_timeline`), which needs only the public trace and the known tensors.
-* ``torch.cuda.memory._record_memory_history`` / ``_snapshot`` (torch >= 2.1, the ``enabled=``
-  keyword form). `start_cuda_history` returns False when unavailable; `cuda_snapshot` returns
-  None. The snapshot is a plain dict in torch's documented format (``segments``,
+* ``torch.cuda.memory._record_memory_history`` / ``_snapshot`` (the ``enabled=`` keyword
+  form). `start_cuda_history` returns False when unavailable; `cuda_snapshot` returns None.
+  The snapshot is a plain dict in torch's documented format (``segments``,
   ``device_traces``), the same object ``torch.cuda.memory._dump_snapshot`` pickles.
 """
 
@@ -27,7 +27,6 @@ from ampdiag.analysis.memory_timeline import (  # our category names, in plot or
     CATEGORIES,
     SAVED_MARK,
 )
-from ampdiag.compat import torch_at_least
 
 log = logging.getLogger("ampdiag")
 
@@ -45,8 +44,6 @@ _TORCH_TO_OURS = {
 
 def memory_profiler_available() -> bool:
     """Whether torch's (private) memory profiler can be used on this torch."""
-    if not torch_at_least(2, 1):
-        return False
     try:
         from torch.profiler import _memory_profiler as mp
     except ImportError:
@@ -270,7 +267,7 @@ def _saved_labels(
 
 def cuda_history_available() -> bool:
     """Whether CUDA memory history can be recorded here (a CUDA device and the private API)."""
-    if not torch.cuda.is_available() or not torch_at_least(2, 1):
+    if not torch.cuda.is_available():
         return False
     return hasattr(torch.cuda.memory, "_record_memory_history") and hasattr(
         torch.cuda.memory, "_snapshot"

@@ -20,6 +20,7 @@ from ampdiag.analysis.device import parse_capability, runs_bf16
 from ampdiag.analysis.timeline import analyze_rank, header_facts, summarize_ranks
 from ampdiag.errors import InputError
 from ampdiag.session import Session
+from ampdiag.trace.files import open_binary
 from ampdiag.trace.reader import read_trace
 
 if TYPE_CHECKING:
@@ -70,16 +71,11 @@ def split_foreign(files: list[Path]) -> tuple[list[Path], list[Path]]:
     A folder of traces may hold other JSON (``metrics.json``, a config): those are skipped
     rather than failing the whole folder. Only the first bytes are read (decompressed).
     """
-    import gzip
-
     traces: list[Path] = []
     foreign: list[Path] = []
     for f in files:
         try:
-            with open(f, "rb") as fh:
-                magic = fh.read(2)
-            opener: Any = gzip.open if magic == b"\x1f\x8b" else open
-            with opener(f, "rb") as fh:
+            with open_binary(f) as fh:
                 head = fh.read(SNIFF_BYTES)
         except (OSError, EOFError):
             head = b""

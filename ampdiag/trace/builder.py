@@ -516,17 +516,7 @@ def self_times(ts: Any, dur: Any, thread: Any, name: Any, n_names: int) -> Any:
     order = np.lexsort((-end, ts, thread))
     s, e, th = ts[order], end[order], thread[order]
     lo = np.searchsorted(th, th, side="left")  # each op's thread's first index
-    q = np.arange(n) - 1  # the parent is at q or before it
-    levels = [e]  # level k holds max(e[i - 2**k + 1 .. i])
-    while (1 << len(levels)) <= n:
-        prev, w = levels[-1], 1 << (len(levels) - 1)
-        cur = prev.copy()
-        cur[w:] = np.maximum(prev[w:], prev[:-w])
-        levels.append(cur)
-    for k in range(len(levels) - 1, -1, -1):
-        w = 1 << k
-        jump = (q - w + 1 >= lo) & (levels[k][np.clip(q, 0, n - 1)] <= s)
-        q = np.where(jump, q - w, q)
+    q = _last_open(e, np.arange(n) - 1, lo, s, ended_at=True)  # the parent is at q or before
     has = (q >= lo) & (e[np.clip(q, 0, n - 1)] > s)
     d = dur[order]
     children = np.bincount(q[has], weights=d[has], minlength=n)
@@ -575,22 +565,31 @@ def innermost(start: Any, end: Any, thread: Any, t: Any, t_thread: Any) -> Any:
     hit = started & (e[np.clip(p, 0, n - 1)] >= t)
     rest = np.flatnonzero(started & ~hit)
     if len(rest):
-        # block maxima: level k holds max(e[i - 2**k + 1 .. i])
-        levels = [e]
-        while (1 << len(levels)) <= n:
-            prev, w = levels[-1], 1 << (len(levels) - 1)
-            cur = prev.copy()
-            cur[w:] = np.maximum(prev[w:], prev[:-w])
-            levels.append(cur)
-        q, tq, lq = p[rest], t[rest], lo[rest]
-        for k in range(len(levels) - 1, -1, -1):
-            w = 1 << k
-            jump = (q - w + 1 >= lq) & (levels[k][np.clip(q, 0, n - 1)] < tq)
-            q = np.where(jump, q - w, q)
-        p[rest] = q
-        hit[rest] = (q >= lq) & (e[np.clip(q, 0, n - 1)] >= tq)
+        p[rest] = q = _last_open(e, p[rest], lo[rest], t[rest], ended_at=False)
+        hit[rest] = (q >= lo[rest]) & (e[np.clip(q, 0, n - 1)] >= t[rest])
     out[hit] = order[p[hit]]
     return out
+
+
+def _last_open(e: Any, q: Any, lo: Any, t: Any, ended_at: bool) -> Any:
+    """Each ``q`` moved back to the last index, down to ``lo``, whose span is open at ``t``.
+
+    Open: its end ``e`` is after ``t`` (or at it, unless ``ended_at``). Below ``lo`` where none
+    is. A descent over block maxima of the ends (``log2(n)`` vectorised steps).
+    """
+    n = len(e)
+    levels = [e]  # level k holds max(e[i - 2**k + 1 .. i])
+    while (1 << len(levels)) <= n:
+        prev, w = levels[-1], 1 << (len(levels) - 1)
+        cur = prev.copy()
+        cur[w:] = np.maximum(prev[w:], prev[:-w])
+        levels.append(cur)
+    for k in range(len(levels) - 1, -1, -1):
+        w = 1 << k
+        ends = levels[k][np.clip(q, 0, n - 1)]
+        jump = (q - w + 1 >= lo) & ((ends <= t) if ended_at else (ends < t))
+        q = np.where(jump, q - w, q)
+    return q
 
 
 def _pid_text(pid: Any) -> str:

@@ -6,9 +6,8 @@ friends, matched to the GPU by correlation id), ``ProfilerStep#N`` spans, the ho
 step breakdown classifies, per-name totals of CPU ops and the ``[memory]`` allocator events.
 Nothing else is kept, so memory stays a small fraction of the JSON's size.
 
-:func:`read_trace` decodes with msgspec (:mod:`ampdiag.trace.decode`); a file it cannot cut
-safely is read by the lenient standard-library stream (:mod:`ampdiag.trace.lenient`). Both give
-the same records, through the same column builder.
+:func:`read_trace` decodes with msgspec (:mod:`ampdiag.trace.decode`), else with the
+lenient standard-library stream (:mod:`ampdiag.trace.lenient`): the same records.
 
 Variations accepted: float (nanosecond-precision) timestamps, missing ``distributedInfo`` or
 rank (taken from the file name, else the file's position), legacy category names (``Kernel``,
@@ -32,9 +31,6 @@ def read_trace(path: str | Path, index: int = 0) -> RankTrace:
     Args:
         path: A ``.json`` or ``.json.gz`` trace (gzip is detected from the content).
         index: The file's position among the ranks (the rank of last resort).
-
-    Returns:
-        The RankTrace.
 
     Raises:
         InputError: Unreadable, not JSON, truncated, or not a Kineto trace.

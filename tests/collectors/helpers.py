@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ampdiag.sources.live import global_hooks
-from ampdiag.sources.live.collectors._exponents import raw_histograms
+from ampdiag.sources.live.collectors._exponents import (
+    sampled_signed_histograms,
+    signed_histograms_of,
+)
+
+
+def raw_histograms(tensors: list[torch.Tensor], limit: int, cache: dict[Any, Any]) -> torch.Tensor:
+    """Per-tensor exponent histograms of at most ``limit`` values each, (n, 256) int64."""
+    return sampled_signed_histograms([t.detach() for t in tensors], limit, cache).sum(dim=1)
+
+
+def histograms(samples: list[torch.Tensor]) -> torch.Tensor:
+    """Exponent histograms of whole tensors, one row each, (n, 256) int64."""
+    return signed_histograms_of(samples).sum(dim=1)
 
 
 def raw_histogram(t: torch.Tensor, limit: int) -> torch.Tensor:

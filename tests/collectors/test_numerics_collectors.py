@@ -12,8 +12,7 @@ from torch import nn
 
 import ampdiag
 from ampdiag.analysis import fp16range
-from ampdiag.sources.live.collectors._exponents import raw_histograms
-from tests.collectors.helpers import raw_histogram
+from tests.collectors.helpers import raw_histogram, raw_histograms
 
 QUIET = {"profile": False, "report": False, "tensorboard": False, "console": False}
 

@@ -13,14 +13,13 @@ import ampdiag
 from ampdiag.analysis import fp16range
 from ampdiag.config import DiagnoseConfig, is_sampled_step
 from ampdiag.sources.live.collectors._exponents import (
-    histograms,
     host_signed_histograms,
     sample_view,
     sampled_signed_histograms,
     signed_histograms_of,
 )
 from ampdiag.sources.live.collectors.gradients import device_stats
-from tests.collectors.helpers import module_callbacks, raw_histogram
+from tests.collectors.helpers import histograms, module_callbacks, raw_histogram
 from tests.collectors.test_numerics_collectors import QUIET, direct_fp16, mlp, train, wide_values
 
 

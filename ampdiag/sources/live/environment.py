@@ -58,18 +58,12 @@ def distributed_info() -> dict[str, int]:
 def framework_precision(run: RunContext) -> dict[str, str]:
     """The mixed precision a framework was asked for, where torch alone cannot tell.
 
-    ``Accelerator(mixed_precision="fp16")`` on a CPU enters no autocast and makes no
-    GradScaler: the run trains in FP32 although mixed precision was asked for, which is not
-    the same as a deliberate FP32 run. Read only when the user's code imported Accelerate.
-
-    Accelerate keeps that request in process-wide state that outlives its Accelerator: in a
-    notebook or a test suite, an Accelerator made earlier would mark a later plain FP32 run.
-    So the request counts only when this run's model or optimizer was prepared by Accelerate
-    (`accelerate_prepared`): the models and optimizers the run found, whether the user passed
-    them to ``diagnose()`` or not. A run where no model and no optimizer was found (a block of
-    bare tensor code) has nothing that ties it to the Accelerator, so the request does not
-    count there either: the verdict rests on what this run did, never on what the process did
-    before it.
+    ``Accelerator(mixed_precision="fp16")`` on a CPU enters no autocast and makes no GradScaler:
+    the run trains in FP32 although mixed precision was asked for, which is not the same as a
+    deliberate FP32 run. Accelerate keeps that request in process-wide state that outlives its
+    Accelerator (a notebook, a test suite), so it counts only when this run's models or
+    optimizers (given or found) were prepared by Accelerate (`accelerate_prepared`): the verdict
+    rests on what this run did, never on what the process did before it.
     """
     found: dict[str, str] = {}
     mode = accelerate_mixed_precision()

@@ -17,13 +17,13 @@ on the batch. Gradients are never saved tensors, so they are never counted.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from ampdiag.compat.autograd import saved_tensors
+from ampdiag.sources.live.collectors.base import graph_nodes
 
 #: How many one-input nodes a parameter's cast may pass through (cast, transpose, view, ...).
 MAX_CAST_CHAIN = 8
@@ -108,19 +108,6 @@ class SavedMemory:
     def weight_cast_bytes(self) -> int:
         """Bytes of the parameters' copies (autocast casts)."""
         return sum(self.weight_casts.values())
-
-
-def graph_nodes(root: Any) -> Iterator[Any]:
-    """Every autograd node reachable from ``root`` (public ``next_functions``), once each."""
-    seen: set[int] = set()
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        yield node
-        stack.extend(fn for fn, _ in node.next_functions)
 
 
 def saved_by_graph(root: torch.Tensor, params: ParameterIndex) -> SavedMemory:

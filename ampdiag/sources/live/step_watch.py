@@ -1,15 +1,12 @@
 """The step boundaries (and each step's loss) of a run, at the lightest cost: outside a window.
 
-While a window of steps (``DiagnoseConfig.steps``, a loss-spike trigger) is closed, nothing of
-the diagnosis runs: no module hook, no profiler, no collector. What is left is counting the
-steps, with the same boundaries `Diagnosis` uses (after the first optimizer's ``step()``; with
-a GradScaler after its ``update()``, since ``scaler.step`` may skip ``optimizer.step``; or at
-``d.step()`` once called), so that the window opens at the step it names. That is one global
-optimizer post-hook callback and one observe-only patch of ``GradScaler.update``: a Python
-call per step. For the trigger, the losses passed to ``backward`` and ``GradScaler.scale`` are
-summed per step too (a patch of ``Tensor.backward``) and copied to the host without waiting
-(`_host.Deferred`: on the CPU at once, on CUDA read at a later boundary once the copy is done,
-so the loop never waits for the device). Everything is removed by `StepWatch.close`.
+While a window of steps is closed nothing of the diagnosis runs (docs/guide/windows.md); what
+is left is counting the steps, at the boundaries `Diagnosis` uses (the first optimizer's
+``step()``; with a GradScaler its ``update()``, since ``scaler.step`` may skip
+``optimizer.step``; or ``d.step()`` once called), so that the window opens at the step it
+names: one global optimizer post-hook and an observe-only patch of ``GradScaler.update``. For
+a trigger, each step's losses are summed too (a patch of ``Tensor.backward``) and copied to
+the host without waiting (`_host.Deferred`). `StepWatch.close` removes everything.
 """
 
 from __future__ import annotations

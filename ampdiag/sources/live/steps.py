@@ -86,12 +86,9 @@ class StepLog:
     def saw_loss(self, loss: torch.Tensor, from_scaler: bool) -> None:
         """Adds a (detached) loss of the step in progress to its sum.
 
-        The step's loss is the sum of its micro-batches' losses as backpropagated, the unscaled
-        ones given to GradScaler.scale preferred over the scaled ones passed to backward. With
-        the usual accumulation recipe (each loss divided by the number of micro-batches N) that
-        is the mean of the micro-batch losses, the figure a step without accumulation reports;
-        with losses summed instead it is N times that, which is what the optimizer follows
-        (`accumulation-loss-not-averaged` says so).
+        The step's loss is the sum of its micro-batches' losses as backpropagated (with ``loss / N``
+        each, their mean: docs/how-it-works.md, Gradient accumulation), the unscaled ones given to
+        GradScaler.scale preferred over the scaled ones passed to backward.
         """
         value = loss if loss.dim() == 0 else loss.reshape(())
         if value.dtype != torch.float32:  # no call into torch for the usual FP32 loss

@@ -38,7 +38,6 @@ class WindowedDiagnosis:
         given: The model, optimizer and scaler given to ``diagnose()``.
 
     Attributes:
-        out: The output folder (the rank's, in a distributed run).
         session: The window's Session, set on exit.
         run: The window's block's `RunContext`, set on exit.
     """

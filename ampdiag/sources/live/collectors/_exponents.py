@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -173,54 +174,16 @@ def _offsets(rows: tuple[int, ...], sizes: tuple[int, ...], device: torch.device
     return torch.repeat_interleave(base, torch.tensor(sizes, dtype=torch.int64)).to(device)
 
 
-def signed_histograms(
-    flat: torch.Tensor,
-    rows: tuple[int, ...],
-    sizes: tuple[int, ...],
-    nrows: int,
-    cache: dict[tuple[object, ...], torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """Exponent histograms by sign, shape (nrows, 2, 256), int64: [row, 0] negative values.
-
-    ``flat`` (our own float32 copy, rewritten in place) holds ``sizes[i]`` values for row
-    ``rows[i]`` in order. ``bits >> 23`` (arithmetic) is ``exponent - 256`` for a negative
-    value and ``exponent`` for a positive one, so ``+ 512 * row + 256`` is the bin: two
-    in-place passes and a bincount. Sum over the sign axis for `raw_histograms`' form.
-    """
-    key = (sizes, rows, flat.device)
-    offsets = cache.get(key) if cache is not None else None
-    if offsets is None:
-        offsets = _offsets(rows, sizes, flat.device)
-        if cache is not None:
-            if len(cache) > 16:
-                cache.clear()
-            cache[key] = offsets
-    return _count_codes(flat.view(torch.int32), offsets, nrows)
-
-
 def _count_codes(codes: torch.Tensor, offsets: torch.Tensor, nrows: int) -> torch.Tensor:
-    """Histograms (nrows, 2, 256) of float32 bits ``codes`` (int32, rewritten in place)."""
+    """Histograms (nrows, 2, 256) of float32 bits ``codes`` (int32, rewritten in place).
+
+    ``bits >> 23`` (arithmetic) is ``exponent - 256`` for a negative value and ``exponent``
+    for a positive one, so ``+ 512 * row + 256`` (``offsets``) is the bin: two in-place passes
+    and a bincount. Row 0 of the sign axis holds the negative values.
+    """
     codes >>= 23  # arithmetic; ``__irshift__`` is a cheaper kernel than bitwise_right_shift_
     codes += offsets
     return count(codes, nrows * 2 * BINS).view(nrows, 2, BINS)
-
-
-def histograms(
-    samples: list[torch.Tensor],
-    rows: list[int] | None = None,
-    nrows: int | None = None,
-    cache: dict[tuple[object, ...], torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """Exponent histograms of whole tensors (samples), shape (nrows, 256), int64, on device.
-
-    Args:
-        samples: Floating tensors on one device (e.g. copies of ``sample_view``s).
-        rows: The histogram row each sample counts into (default: its position). Samples
-            sharing a row add up.
-        nrows: Rows of the result (default ``max(rows) + 1``).
-        cache: Holds the per-value row offsets between calls (same sizes -> reused).
-    """
-    return signed_histograms_of(samples, rows, nrows, cache).sum(dim=1)
 
 
 def signed_histograms_of(
@@ -229,15 +192,29 @@ def signed_histograms_of(
     nrows: int | None = None,
     cache: dict[tuple[object, ...], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """`histograms` by sign, shape (nrows, 2, 256) (fold the sign on the host: cheaper)."""
+    """Exponent histograms of whole tensors by sign, shape (nrows, 2, 256), int64, on device.
+
+    ``rows``: the row each sample counts into (default: its position; samples sharing a row
+    add up); ``nrows`` default ``max(rows) + 1``; ``cache`` keeps the per-value row offsets.
+    Fold the sign on the host: cheaper.
+    """
     if rows is None:
         rows = list(range(len(samples)))
     if nrows is None:
         nrows = max(rows) + 1 if rows else 0
     if not samples:
         return torch.zeros(nrows, 2, BINS, dtype=torch.int64)
-    flat, plan = _gather(samples, 0)
-    return signed_histograms(flat, tuple([rows[i] for i in plan.order]), plan.sizes, nrows, cache)
+    flat, plan = _gather(samples, 0)  # our own float32 copy: rewritten in place
+    ordered = tuple([rows[i] for i in plan.order])
+    key = (plan.sizes, ordered, flat.device)
+    offsets = cache.get(key) if cache is not None else None
+    if offsets is None:
+        offsets = _offsets(ordered, plan.sizes, flat.device)
+        if cache is not None:
+            if len(cache) > 16:
+                cache.clear()
+            cache[key] = offsets
+    return _count_codes(flat.view(torch.int32), offsets, nrows)
 
 
 def count(codes: torch.Tensor, bins: int) -> torch.Tensor:
@@ -340,12 +317,17 @@ def host_signed_histograms(
     return np.bincount(codes, minlength=n * 2 * BINS).reshape(n, 2, BINS)
 
 
-def raw_histograms(tensors: list[torch.Tensor], limit: int, cache: dict[Any, Any]) -> torch.Tensor:
-    """Per-tensor exponent histograms, shape (len(tensors), 256), int64, on the device.
+def shares(counts: Mapping[str, Any], overflow: bool = False) -> dict[str, float]:
+    """The shares of a histogram's `fp16range.range_counts`, as the sections state them.
 
-    Args:
-        tensors: Floating tensors on one device.
-        limit: Values examined per tensor (0: all).
-        cache: Holds the offsets tensor between calls (same sizes -> reused).
+    Zero: of all values; flush, subnormal (and overflow): of the finite nonzero ones.
     """
-    return sampled_signed_histograms([t.detach() for t in tensors], limit, cache).sum(dim=1)
+    nz = counts["n"] - counts["zero"] - counts["nonfinite"]
+    out = {
+        "zero_fraction": counts["zero"] / counts["n"] if counts["n"] else 0.0,
+        "flush_fraction": counts["flush"] / nz if nz > 0 else 0.0,
+        "subnormal_fraction": counts["subnormal"] / nz if nz > 0 else 0.0,
+    }
+    if overflow:
+        out["overflow_fraction"] = counts["overflow"] / nz if nz > 0 else 0.0
+    return out

@@ -76,15 +76,7 @@ class Deferred:
 
     def values(self) -> list[float]:
         """All values as floats, parts concatenated flat (waits for a running copy)."""
-        out: list[float] = []
-        if self._arrays is not None:
-            for a in self._arrays:
-                out += [float(v) for v in a.reshape(-1).tolist()]
-            return out
-        self._wait()
-        for p in self._host:
-            out += [float(v) for v in p.reshape(-1).to(torch.float64).tolist()]
-        return out
+        return [float(v) for a in self.arrays() for v in a.reshape(-1).tolist()]
 
 
 def pack(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -109,3 +101,11 @@ def absorb_ready(
         else:
             keep.append(item)
     return keep
+
+
+def grown(arr: Any, extra: int, tail: tuple[int, ...], dtype: Any) -> Any:
+    """``arr`` (None: empty) with ``extra`` more rows of zeros, each of shape ``tail``."""
+    import numpy as np
+
+    more = np.zeros((extra, *tail), dtype=dtype)
+    return more if arr is None else np.concatenate([arr, more])

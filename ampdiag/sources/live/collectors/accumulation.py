@@ -1,30 +1,21 @@
 """Gradient accumulation: is every micro-batch's gradient kept, and are their losses averaged?
 
-A step with several backward passes (``micro_batches`` in its step record, counted by the
-engine) accumulates gradients. On sampled steps with two or more, this collector measures,
-on the model's first trainable parameter (the reference; every backward reaches it):
+On sampled steps with two or more backward passes, on the model's first trainable parameter
+(every backward reaches it); the findings are in docs/how-it-works.md (Gradient accumulation).
 
-* **Zeroing between backward passes** (`grad-accumulation-broken`). A tensor hook on the
-  reference sees each incoming micro-batch gradient *before* it is added to ``.grad``; from the
-  second backward of a step on, a ``.grad`` that is None (``zero_grad(set_to_none=True)``), or
-  all zero while the previous backward left it nonzero (``zero_grad(set_to_none=False)``), was
-  reset: only the micro-batches after the reset survive.
-* **The weight of each micro-batch's loss** (`accumulation-loss-not-averaged`). Before each
-  backward, the graph behind the backpropagated tensor is walked from its root through scalar
-  arithmetic (``/ N``, ``* w``, ``+``, ``-``, casts, and GradScaler's ``* scale``) down to the
-  node that made the loss (a reduction such as ``cross_entropy`` or ``mean``); autograd hooks on
-  the root and on that node give d(root)/d(loss), and dividing by the GradScaler's scale (when
-  one is enabled) gives the micro-batch's loss weight ``f``. Averaged micro-batches have
-  ``f = 1/N``, so the weights sum to 1; summed ones have ``f = 1`` and sum to N.
-  ``grad_norm_ratio`` = ``f * |G_N| / |g_1|`` (``G_N`` the accumulated gradient, ``g_1`` the
-  first micro-batch's contribution) is the accumulated gradient over the first micro-batch's
-  own, unweighted gradient: near N when summed, near 1 or below when averaged (it also depends
-  on how aligned the micro-batches' gradients are, which the weight sum does not).
+* **Zeroing** (`grad-accumulation-broken`): a tensor hook on that parameter sees each
+  micro-batch's gradient *before* it is added to ``.grad``; from the second backward on, a
+  ``.grad`` that is None, or all zero after a nonzero one, was reset.
+* **Loss weight** (`accumulation-loss-not-averaged`): the graph behind the backpropagated
+  tensor is walked through scalar arithmetic (``/ N``, ``* w``, ``+``, casts, GradScaler's
+  ``* scale``) down to the node that made the loss; hooks on both give d(root)/d(loss), over
+  the scale: the weight ``f``, about 1/N averaged, 1 summed. ``grad_norm_ratio`` =
+  ``f * |G_N| / |g_1|`` (accumulated over the first micro-batch's unweighted gradient) also
+  depends on how aligned the micro-batches are, which the weights do not.
 
-Each step also records the model's forward calls: a step with several backward passes but one
-forward (several losses of one batch, each backpropagated) is not accumulation, and the rules
-skip it. Everything stays on the device until the step ends (one read per sampled step); the hooks
-return None, so gradients are untouched.
+A step with several backward passes but one forward (several losses of one batch) is not
+accumulation: the forward calls are recorded and the rules skip it. Everything stays on the
+device until the step ends; the hooks return None.
 """
 
 from __future__ import annotations

@@ -1,39 +1,22 @@
 """Per-module forward range, activation-gradient underflow and where NaN/inf first appears.
 
-On sampled steps only (the hooks are registered for a sampled step and removed after it, so
-other steps run without them), a forward hook on every module of the model records the range
-of its output (one ``aminmax``, kept on the device; a NaN propagates through it) and registers
-a tensor hook on that output, which sees the gradient entering the module in the backward and
-keeps a small copy of a sample of it (at most ``numerics_sample_elements`` values,
-``_exponents.sample_view``). At the end of the step one exponent histogram of all those
-samples (``_exponents.histograms``) tells which share FP16 holds as zero or subnormal at the
-scale in use and, shifted by the scale, predicts the share at any candidate scale 2^0..2^24.
+What is measured, and why against FP32, is in docs/how-it-works.md (Numerics). How, on sampled
+steps only (hooks armed for the step, removed after it): a forward hook on every module keeps
+its output's range (one ``aminmax`` on the device) and hooks that output's gradient, keeping a
+sample of it (`_exponents.sample_view`); one exponent histogram of the step's samples, shifted
+by the scale, predicts the share FP16 loses at any candidate scale.
 
-Values that FP16 flushes to zero are invisible in an FP16 gradient (a zero looks like any
-zero), so underflow is also counted where it happens, against the higher-precision value: at
-every autocast boundary the backward crosses from FP32 into FP16 (the cast of an FP16 output
-to FP32 for the loss, or for an FP32-policy op), a hook on the cast's backward node sees the
-FP32 gradient just before it is cast to FP16. Its nonzero values that FP16 holds as zero or
-subnormal at the scale in use (|g·S| < 2^-14) are lost ("boundary" in the section); their
-exponent histogram, unscaled, predicts the loss at any other scale. The nodes are found by
-walking the loss's graph once per sampled step (`on_loss`).
+A value FP16 flushed is a zero like any other, so underflow is also counted where it happens:
+a hook on the backward of each FP32 -> FP16 cast in the loss's graph (walked once per sampled
+step, `on_loss`) sees the FP32 gradient just before the cast ("boundary"). Where that cast is
+at the model's output, the step's inputs and that gradient are kept (`_replays` says on which
+steps) and an FP32 replay before the optimizer step (`fp32_replay.reference_gradients`) gives
+the true gradient entering every module: the figures inside the model are counted against it,
+and each replayed step contributes the smallest scale that keeps its loss under 1% (the
+recommendation is the largest: gradients shrink or grow as a run goes on).
 
-Where that boundary is the model's output, the step's inputs and the FP32 gradient there are
-kept (on the first 8 such sampled steps, then the 2^k-th: `_replays`), and before the step's
-optimizer step (the step's own weights) an FP32 replay
-(`fp32_replay.reference_gradients`) gives the true gradient entering every module. Every
-underflow figure inside the model is counted against it: per module, the share of nonzero
-true values FP16 holds as zero or subnormal at the step's scale (``lost_fraction``; values
-FP16 flushed to zero count, unlike a share of the FP16 values that survived), and, per sampled
-step, the smallest scale that keeps that step's loss under 1%. The recommended init_scale is
-the largest of those over the sampled steps (``recommended_at_step`` names the step): a scale
-chosen from pooled values, or from the last step only, is too small for the steps whose
-gradients are smallest (gradients shrink or grow as a run goes on).
-
-The step's results (the ranges, the histograms, the scale) go to the host in one transfer
-(`_host.Deferred`) and are accumulated there with numpy. The first module, in execution
-order, whose output (forward) or incoming gradient (backward) holds inf/NaN is the NaN
-origin, with its step. Hooks never change a tensor: they return None.
+A step's results go to the host in one transfer (`_host.Deferred`) and are accumulated with
+numpy. Hooks never change a tensor: they return None.
 """
 
 from __future__ import annotations
@@ -49,9 +32,20 @@ from ampdiag.compat import scaler as compat_scaler
 from ampdiag.schema import ActivationsSection
 from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors import COLLECTORS
-from ampdiag.sources.live.collectors._exponents import BINS, sample_view, signed_histograms_of
-from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
-from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work, tensors_in
+from ampdiag.sources.live.collectors._exponents import (
+    BINS,
+    sample_view,
+    shares,
+    signed_histograms_of,
+)
+from ampdiag.sources.live.collectors._host import Deferred, absorb_ready, grown
+from ampdiag.sources.live.collectors.base import (
+    Collector,
+    RunContext,
+    graph_nodes,
+    internal_work,
+    tensors_in,
+)
 from ampdiag.sources.live.collectors.fp32_replay import (
     MAX_OUTPUT_VALUES,
     REPLAY_VALUES,
@@ -182,16 +176,9 @@ class ActivationsCollector(Collector):
         if not self._active or self._walked == run.step or loss.grad_fn is None:
             return
         self._walked = run.step
-        seen: dict[int, Any] = {}  # holds the nodes, so that no id is reused during the walk
-        todo: list[Any] = [loss.grad_fn]
-        while todo:
-            node = todo.pop()
-            if node is None or id(node) in seen:
-                continue
-            seen[id(node)] = node
+        for node in graph_nodes(loss.grad_fn):
             if node.name() == "ToCopyBackward0":
                 self._node_handles.append(node.register_hook(partial(self._boundary, node)))
-            todo.extend(n for n, _ in node.next_functions)
 
     def _boundary(self, node: Any, grad_inputs: Any, grad_outputs: Any) -> None:
         # The backward of a cast: grad_outputs[0] arrives in the cast's output dtype, and
@@ -327,15 +314,11 @@ class ActivationsCollector(Collector):
         import numpy as np
 
         m = hist.shape[0]
-        if self._acc_raw is None or self._acc_unscaled is None:
-            self._acc_raw = np.zeros((m, BINS), dtype=np.int64)
-            self._acc_unscaled = np.zeros((m, UBINS), dtype=np.int64)
-        elif self._acc_raw.shape[0] < m:
-            extra = m - self._acc_raw.shape[0]
-            self._acc_raw = np.concatenate([self._acc_raw, np.zeros((extra, BINS), np.int64)])
-            self._acc_unscaled = np.concatenate(
-                [self._acc_unscaled, np.zeros((extra, UBINS), np.int64)]
-            )
+        extra = m - (0 if self._acc_raw is None else self._acc_raw.shape[0])
+        if extra > 0:
+            self._acc_raw = grown(self._acc_raw, extra, (BINS,), np.int64)
+            self._acc_unscaled = grown(self._acc_unscaled, extra, (UBINS,), np.int64)
+        assert self._acc_raw is not None and self._acc_unscaled is not None
         self._acc_raw[:m] += hist
         np.add.at(self._acc_unscaled[:m].T, _shift_index(scale), hist.T)
 
@@ -411,13 +394,11 @@ class ActivationsCollector(Collector):
         )
         hist = np.rint(hist * np.maximum(weight, 1.0)[:, None]).astype(np.int64)
         m = hist.shape[0]
-        if self._ref_acc is None or self._ref_lost is None:
-            self._ref_acc = np.zeros((m, BINS), dtype=np.int64)
-            self._ref_lost = np.zeros((m, 3), dtype=np.int64)
-        elif self._ref_acc.shape[0] < m:
-            extra = m - self._ref_acc.shape[0]
-            self._ref_acc = np.concatenate([self._ref_acc, np.zeros((extra, BINS), np.int64)])
-            self._ref_lost = np.concatenate([self._ref_lost, np.zeros((extra, 3), np.int64)])
+        extra = m - (0 if self._ref_acc is None else self._ref_acc.shape[0])
+        if extra > 0:
+            self._ref_acc = grown(self._ref_acc, extra, (BINS,), np.int64)
+            self._ref_lost = grown(self._ref_lost, extra, (3,), np.int64)
+        assert self._ref_acc is not None and self._ref_lost is not None
         self._ref_acc[:m] += hist
         shift = round(math.log2(scale)) if math.isfinite(scale) and scale > 0 else 0
         c = fp16range.range_counts_rows(hist, shift)
@@ -471,21 +452,13 @@ class ActivationsCollector(Collector):
             if idx < len(raw) and any(raw[idx]):
                 seen = True
                 counts = fp16range.range_counts(raw[idx])
-                nz = counts["n"] - counts["zero"] - counts["nonfinite"]
-                exps = {
-                    i - OFF - fp16range.BIAS: int(c)
-                    for i, c in enumerate(uns[idx])
-                    if 0 < i < UBINS - 1 and c
-                }
+                exps = _unscaled_exponents(uns[idx])
                 fp16range.merge(all_exps, exps)
                 rec = fp16range.recommend_scale_log2(exps)
                 row |= {
                     "grad_dtype": self._grad_dtype.get(idx),
                     "counts": counts,
-                    "zero_fraction": counts["zero"] / counts["n"],
-                    "flush_fraction": counts["flush"] / nz if nz > 0 else 0.0,
-                    "subnormal_fraction": counts["subnormal"] / nz if nz > 0 else 0.0,
-                    "overflow_fraction": counts["overflow"] / nz if nz > 0 else 0.0,
+                    **shares(counts, overflow=True),
                     "exponents": {str(k): v for k, v in sorted(exps.items())},
                     "recommended_scale_log2": rec,
                 }
@@ -557,11 +530,7 @@ class ActivationsCollector(Collector):
             return None
         counts = fp16range.range_counts(self._bnd_raw.tolist())
         nz = counts["n"] - counts["zero"] - counts["nonfinite"]
-        exps = {
-            i - OFF - fp16range.BIAS: int(c)
-            for i, c in enumerate(self._bnd_unscaled.tolist())
-            if 0 < i < UBINS - 1 and c
-        }
+        exps = _unscaled_exponents(self._bnd_unscaled.tolist())
         return {
             "counts": counts,
             # Nonzero FP32 values FP16 holds as zero or subnormal at the scale in use.
@@ -583,6 +552,11 @@ def _replays(n: int) -> bool:
     run still has replays spread over its whole length at a negligible amortised cost.
     """
     return n < REPLAY_FIRST or n & (n - 1) == 0
+
+
+def _unscaled_exponents(row: list[int]) -> dict[int, int]:
+    """{log2 exponent: count} of a row of unscaled bins (`_shift_index`), zeros and inf/NaN out."""
+    return {i - OFF - fp16range.BIAS: int(c) for i, c in enumerate(row) if 0 < i < UBINS - 1 and c}
 
 
 def _shift_index(scale: float) -> Any:

@@ -297,3 +297,16 @@ def tensors_in(value: Any, max_depth: int = 4) -> Iterator[torch.Tensor]:
     elif hasattr(value, "__dataclass_fields__"):
         for name in value.__dataclass_fields__:
             yield from tensors_in(getattr(value, name, None), max_depth - 1)
+
+
+def graph_nodes(root: Any) -> Iterator[Any]:
+    """Every autograd node reachable from ``root`` (public ``next_functions``), once each."""
+    seen: dict[int, Any] = {}  # holds the nodes, so that no id is reused during the walk
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen[id(node)] = node
+        yield node
+        stack.extend(fn for fn, _ in node.next_functions)

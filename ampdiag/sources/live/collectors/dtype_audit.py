@@ -1,15 +1,11 @@
 """The precision audit: which dtype every ATen op of one sampled step really ran in, and why.
 
-On the audited step (``DiagnoseConfig.precision_step``, default the second step: the first one
-pays for lazy initialization and autocast's weight-cast cache warm-up) a TorchDispatchMode is
-entered at the root model's first training forward (grad mode on) and left before the optimizer
-step, so it sees the forward and the backward *after* autocast has cast the inputs. The step's
-own ops only: a forward of the model under ``no_grad``/``inference_mode`` (a generate-every-N
-callback, an eval loop) and the code after it up to the next training forward (its sampling)
-are not recorded. For each op it records
-the input and output dtypes, whether autocast was active when the op was called, the module it
-ran under (forward and backward), its FLOPs (torch.utils.flop_counter's registered formulas)
-and its time, and for every op that ran in FP32 one reason:
+On the audited step (``DiagnoseConfig.precision_step``; which ops are audited:
+docs/how-it-works.md, Precision audit) a TorchDispatchMode is entered at the root model's
+first training forward and left before the optimizer step, so it sees the forward and the
+backward *after* autocast's casts. Per op: the dtypes in and out, whether autocast was active,
+the module (forward and backward), the FLOPs (torch.utils.flop_counter's formulas), the time,
+and for every op that ran in FP32 one reason:
 
 ``autocast-fp32-policy``
     autocast keeps the op (or the composite it decomposes from) in FP32 on this device, or it

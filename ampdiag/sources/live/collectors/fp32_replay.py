@@ -1,25 +1,16 @@
 """The true (FP32) gradients inside the model: what FP16 lost, and the loss scale it needs.
 
-An FP16 backward cannot show what it flushed: a gradient that underflowed is a zero like any
-other, so a share counted over the FP16 values that survived understates the loss, and a scale
-chosen from them is too small exactly when the scale in use is far too small. The reference is
-an FP32 replay: the model's forward on a sampled step's inputs with autocast off, and a
-backward of the FP32 gradient that arrived at the model's output in that step (captured at the
-autocast boundary, divided by the loss scale) -- so every module's incoming gradient is the
-true value FP16 should have held (times the scale).
+An FP16 backward cannot show what it flushed, so a share counted over the values that survived
+understates the loss (docs/how-it-works.md, Numerics). The reference: the model's forward on a
+sampled step's inputs with autocast off and a backward of the FP32 gradient that arrived at
+the model's output (divided by the loss scale), before the optimizer step, on a hook-free copy
+(`ampdiag.compat.modules.without_hooks`), under `ampdiag.compat.autocast.AutocastHeldOff` (a
+forward that enters autocast itself, as Accelerate's ``prepare`` makes it, is held out of it).
 
-Run on every sampled step whose backward crossed the autocast boundary at the model's output,
-before the optimizer step (the step's own weights), on a hook-free copy of the model
-(`ampdiag.compat.modules.without_hooks`: neither the user's hooks nor the other collectors'
-see the replay). A model may enter autocast inside its own ``forward`` (Accelerate's
-``prepare`` wraps it so; a user's forward may say ``with torch.autocast(...)``): the replay,
-forward and backward, runs under `ampdiag.compat.autocast.AutocastHeldOff`, so every torch
-call computes with autocast off wherever the code turns it on. Where the replay still is not
-FP32 (an explicit cast, FP16 parameters), or cannot run, `ReplayError` says why, and the
-caller reports the figures it would have measured as unmeasured, with that reason -- never
-the FP16 values' understated ones as if true. It observes and never changes:
-``torch.autograd.grad`` leaves every ``.grad`` alone, buffers are copied back, and the RNG is
-forked (dropout draws nothing the training would see).
+Where the replay still is not FP32 (an explicit cast, FP16 parameters) or cannot run,
+`ReplayError` says why and the caller reports the figures as unmeasured -- never the FP16
+values' understated ones as if true. It changes nothing: ``torch.autograd.grad`` leaves every
+``.grad`` alone, buffers are copied back, the RNG is forked.
 """
 
 from __future__ import annotations
@@ -33,7 +24,7 @@ import torch
 from ampdiag.compat.autocast import AutocastHeldOff
 from ampdiag.compat.modules import eager_copy_fix, uncompiled, upcast_copy, without_hooks
 from ampdiag.sources.live.collectors._exponents import sample_view
-from ampdiag.sources.live.collectors.base import tensors_in
+from ampdiag.sources.live.collectors.base import graph_nodes, tensors_in
 
 _LOW = (torch.float16, torch.bfloat16)
 #: The largest output gradient kept for the replay (values): bounded memory.
@@ -188,16 +179,4 @@ def _recomputes(out: torch.Tensor) -> bool:
     outside anything the replay holds off (a non-reentrant one notices the changed dtypes
     itself and raises).
     """
-    seen: set[int] = set()
-    keep: list[Any] = []  # holds the nodes, so that no id is reused during the walk
-    todo: list[Any] = [out.grad_fn]
-    while todo:
-        node = todo.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        keep.append(node)
-        if node.name().startswith("CheckpointFunctionBackward"):
-            return True
-        todo.extend(n for n, _ in node.next_functions)
-    return False
+    return any(n.name().startswith("CheckpointFunctionBackward") for n in graph_nodes(out.grad_fn))

@@ -1,18 +1,11 @@
 """The amax of every ``nn.Linear``'s FP8 operands on each sampled step: how far it moves.
 
-The FP8 readiness (`ampdiag.sources.live.fp8`) measures each Linear on one batch. Whether a
-delayed-scaling recipe (Transformer Engine's ``DelayedScaling``: this step's scale comes from
-the amax history of earlier steps) survives the training depends on something one batch cannot
-show: how the amax of the layer's input, weight and output gradient moves from step to step.
-A value above the history's amax saturates at the format's largest; an amax that grows 4x
-between steps clamps everything in its top three quarters.
-
-So, on sampled steps only (the hooks are registered for a sampled step and removed after
-it), a forward hook on every Linear reduces its input and its weight to one amax each and
-puts a tensor hook on its output, whose gradient is reduced likewise in the backward. The
-values stay on the device and go to the host in one transfer per step (`_host.Deferred`).
-It runs where the FP8 readiness does: ``diagnose(fp8=True)``, or by default on a GPU with
-FP8. Hooks never change a tensor (they return None).
+The FP8 readiness (`ampdiag.sources.live.fp8`) measures each Linear on one batch; whether a
+delayed-scaling recipe (this step's scale from earlier steps' amax) survives training depends
+on how the amax moves from step to step, which one batch cannot show (docs/how-it-works.md,
+FP8 readiness). On sampled steps only, where the FP8 readiness runs: a forward hook on every
+Linear reduces its input and weight to one amax each and hooks its output, whose gradient is
+reduced likewise; one transfer per step (`_host.Deferred`). Hooks return None.
 """
 
 from __future__ import annotations

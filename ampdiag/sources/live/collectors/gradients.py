@@ -1,29 +1,16 @@
 """Parameter-gradient statistics on sampled steps, measured on the device in a few fused passes.
 
-Just before the optimizer uses the gradients (``scaler.step`` or ``optimizer.step``), on a
-sampled step: one ``torch._foreach_norm`` pass for the per-parameter norms (stacked with the
-loss scale), and one exponent histogram of every gradient at once
-(``_exponents.sampled_signed_histograms``: one strided view per matrix, a cat into a reused
-buffer, two in-place bit operations and a bincount over at most ``numerics_sample_elements``
-values per tensor). The two result tensors go to the host
-in one transfer per sampled step (without stalling on CUDA, see ``_host.Deferred``), where
-numpy turns them into the figures (no Python loop over values or bins). On the CPU there is
-nothing to transfer: the same gather feeds numpy's shift, offsets and bincount
-(``_exponents.host_signed_histograms``, cheaper than torch ops on arrays this small) and the
-norms are read as they are.
+Just before the optimizer uses the gradients (``scaler.step`` or ``optimizer.step``): one
+``_foreach_norm`` pass (stacked with the loss scale) and one exponent histogram of every
+gradient at once (`_exponents.sampled_signed_histograms`), one transfer to the host per
+sampled step (`_host.Deferred`), where numpy turns them into the figures. On the CPU nothing is
+transferred: numpy counts the same gathered buffer (`_exponents.host_signed_histograms`,
+cheaper than torch ops on arrays this small).
 
-From the histograms and the loss scale S: per parameter and in total, the zero share, the
-shares of nonzero values FP16 would flush (|g·S| < 2^-24) or hold as subnormal
-(|g·S| < 2^-14), would overflow (|g·S| >= 2^16), the non-finite count and the norm of the true
-(unscaled) gradient; and a histogram of log2|g| against FP16's range.
-
-Under autocast a parameter's gradient is FP16's only when autocast cast the parameter: a
-LayerNorm's or an embedding's weight (FP32-policy ops) and a part of the model outside
-autocast get FP32 gradients, whose small values FP16 never held. On a sampled step the loss's
-graph tells them apart (`fp32_computed`: parameters the backward reaches only without a cast,
-where it casts others), and ``totals["fp16_computed"]`` counts the others alone: the share
-FP16 held as zero or subnormal. A run that casts no parameter (FP32, or FP16 parameters) has
-no such split: every parameter counts, as FP16 would hold its gradient.
+Under autocast only a parameter autocast cast has an FP16 gradient: a LayerNorm's or an
+embedding's weight (FP32-policy ops) gets an FP32 one, whose small values FP16 never held. The
+loss's graph tells them apart (`fp32_computed`), and ``totals["fp16_computed"]`` counts the
+others alone. A run that casts no parameter has no such split.
 """
 
 from __future__ import annotations
@@ -41,9 +28,10 @@ from ampdiag.sources.live.collectors import COLLECTORS
 from ampdiag.sources.live.collectors._exponents import (
     host_signed_histograms,
     sampled_signed_histograms,
+    shares,
 )
-from ampdiag.sources.live.collectors._host import Deferred, absorb_ready
-from ampdiag.sources.live.collectors.base import Collector, RunContext, internal_work
+from ampdiag.sources.live.collectors._host import Deferred, absorb_ready, grown
+from ampdiag.sources.live.collectors.base import Collector, RunContext, graph_nodes, internal_work
 
 if TYPE_CHECKING:
     import numpy as np
@@ -161,10 +149,10 @@ class GradientsCollector(Collector):
         total = len(self._rows)
         if self._acc is None or self._acc.shape[0] < total:
             grow = total - (0 if self._acc is None else self._acc.shape[0])
-            self._acc = _grown(self._acc, grow, (len(FIELDS),), np.int64)
-            self._norm_last = _grown(self._norm_last, grow, (), np.float64)
-            self._norm_max = _grown(self._norm_max, grow, (), np.float64)
-            self._nsteps = _grown(self._nsteps, grow, (), np.int64)
+            self._acc = grown(self._acc, grow, (len(FIELDS),), np.int64)
+            self._norm_last = grown(self._norm_last, grow, (), np.float64)
+            self._norm_max = grown(self._norm_max, grow, (), np.float64)
+            self._nsteps = grown(self._nsteps, grow, (), np.int64)
         return np.fromiter((self._rows[n] for n in names), dtype=np.intp, count=len(names))
 
     def _absorb(
@@ -249,24 +237,20 @@ class GradientsCollector(Collector):
                 prm |= {"norm_last": last[row], "norm_max": top[row], "steps": nst[row]}
                 if name in self._fp32_names:
                     prm["computed_in"] = "float32"
-                params.append({"name": name, **prm} | _shares(prm))
+                params.append({"name": name, **prm} | shares(prm))
         totals = dict.fromkeys(FIELDS, 0)
         for rec in steps:
             for f in FIELDS:
                 totals[f] += rec[f]
-        nz = totals["n"] - totals["zero"] - totals["nonfinite"]
         split: dict[str, Any] = {}
         if self._fp32_names and self._fp16_acc is not None:
             fp16 = dict(zip(FIELDS, self._fp16_acc.tolist(), strict=True))
-            split["fp16_computed"] = fp16 | _shares(fp16) | {"fp32_params": len(self._fp32_names)}
+            split["fp16_computed"] = fp16 | shares(fp16) | {"fp32_params": len(self._fp32_names)}
         return {
             "sample_elements": self._limit,
             "steps": steps,
             "params": params,
-            "totals": totals
-            | _shares(totals)
-            | {"overflow_fraction": totals["overflow"] / nz if nz > 0 else 0.0}
-            | split,
+            "totals": totals | shares(totals, overflow=True) | split,
             # Sparse {log2 exponent: count}: as held in the backward (g·S) and true (g).
             "hist_held": {str(k): v for k, v in sorted(self._hist_held.items())},
             "hist_true": {str(k): v for k, v in sorted(self._hist_true.items())},
@@ -275,16 +259,6 @@ class GradientsCollector(Collector):
                 "held": {str(k): v for k, v in sorted(self._last_hist.get("held", {}).items())},
             },
         }
-
-
-def _shares(counts: dict[str, Any]) -> dict[str, float]:
-    """Zero share of all values; flush and subnormal shares of the finite nonzero ones."""
-    nz = counts["n"] - counts["zero"] - counts["nonfinite"]
-    return {
-        "zero_fraction": counts["zero"] / counts["n"] if counts["n"] else 0.0,
-        "flush_fraction": counts["flush"] / nz if nz > 0 else 0.0,
-        "subnormal_fraction": counts["subnormal"] / nz if nz > 0 else 0.0,
-    }
 
 
 def fp32_computed(root: Any) -> set[int]:
@@ -297,22 +271,12 @@ def fp32_computed(root: Any) -> set[int]:
     """
     cast: set[int] = set()
     direct: set[int] = set()
-    seen: dict[int, Any] = {}  # holds the nodes, so that no id is reused during the walk
-    todo: list[Any] = [root]
-    while todo:
-        node = todo.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen[id(node)] = node
+    for node in graph_nodes(root):
         is_cast = node.name() == "ToCopyBackward0"
         for nxt, _ in node.next_functions:
-            if nxt is None:
-                continue
             variable = getattr(nxt, "variable", None)
             if isinstance(variable, torch.Tensor):
                 (cast if is_cast else direct).add(id(variable))
-            else:
-                todo.append(nxt)
     return direct - cast if cast else set()
 
 
@@ -344,10 +308,3 @@ def device_stats(
     if stacked.dtype != torch.float32:
         stacked = stacked.float()
     return Deferred([hists, stacked], copy=False)
-
-
-def _grown(arr: Any, extra: int, tail: tuple[int, ...], dtype: Any) -> Any:
-    import numpy as np
-
-    more = np.zeros((extra, *tail), dtype=dtype)
-    return more if arr is None else np.concatenate([arr, more])

@@ -1,33 +1,22 @@
 """Memory: model state from the live tensors, the profiled timeline by category, CUDA snapshots.
 
-* Model state (exact): parameter, gradient and optimizer-state bytes, summed as
-  ``numel * element_size`` over the live tensors at the end of the block (shared storages
-  counted once).
-* Peak: the most bytes live at once in the profiled steps: every allocation the allocator
-  reported inside the window (until its reported free), the model state seen here (live from
-  before the window too), and the storages of the model's inputs (the forward's tensor
-  arguments on profiled steps, "inputs"). A tensor allocated before the window and unknown here
-  (a target that is no model input, a module buffer) is not counted: the profile never reports
-  its free, so it cannot tell whether it was still live (`ampdiag.compat.memory`).
-* Timeline (profiled steps): read from the profile the profiler collector already records
-  (``profile_memory=True``; no second profiler). torch's memory profiler labels the tensors
-  (`ampdiag.compat.memory.categorized_timeline`); when it is unavailable, ampdiag's own
-  categorizer reads the Kineto trace (`ampdiag.analysis.memory_timeline.timeline_from_trace`).
-  Both use the parameter, gradient and optimizer-state addresses seen at the end of each
-  profiled step.
-* CUDA: ``_record_memory_history`` over the block, a snapshot at its end (also when it raised,
-  e.g. ``torch.OutOfMemoryError``: the failing frames still hold their tensors), written as
-  ``memory/snapshot.pickle`` (open it at https://pytorch.org/memory_viz) and summarized into
-  the section; the allocator counters from ``torch.cuda.memory_stats``.
-* Activations (sampled and profiled steps): just before each backward, the storages autograd
-  saved for it, parameters and their autocast copies excluded
-  (`ampdiag.sources.live.saved_activations`). Their bytes against the step's batch size give
-  ``live_activation_points`` (the per-sample fit); on profiled steps their addresses label the
-  timeline's activations, so a weight's cast or a gradient is never an activation there.
-  Reading a saved tensor runs the user's saved-tensor hooks, if any (non-reentrant activation
-  checkpointing would recompute its segment, CPU offloading would copy back): a step whose
-  forward ran under the user's ``torch.autograd.graph.saved_tensors_hooks`` (seen through an
-  observe-only patch of its ``__enter__``/``__exit__``) is not counted.
+What each figure counts (and leaves out) is defined in docs/how-it-works.md (Memory). Where it
+comes from:
+
+* Model state: ``numel * element_size`` over the live tensors at the end of the block (shared
+  storages once).
+* Timeline and peak (profiled steps): the profile the profiler collector records (no second
+  profiler), labelled by torch's memory profiler (`ampdiag.compat.memory`) or, when that is
+  unavailable, by `ampdiag.analysis.memory_timeline`; both use the model-state addresses seen
+  at the end of each profiled step and the model's inputs.
+* CUDA: ``_record_memory_history`` over the block and a snapshot at its end (also when it
+  raised: the failing frames still hold their tensors), written as ``memory/snapshot.pickle``
+  and summarized (`ampdiag.sources.snapshot`); the counters of ``torch.cuda.memory_stats``.
+* Activations (sampled and profiled steps): before each backward, the storages autograd saved
+  (`ampdiag.sources.live.saved_activations`). Reading a saved tensor runs the user's
+  saved-tensor hooks (a checkpoint would recompute, an offload copy back), so a step whose
+  forward ran under ``saved_tensors_hooks`` (an observe-only patch of its ``__enter__`` /
+  ``__exit__``) is not counted.
 * Batch size: the first dimension of the first tensor argument of the model's forward.
 """
 

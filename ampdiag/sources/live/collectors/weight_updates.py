@@ -1,33 +1,24 @@
 """Low-precision weights: does the optimizer's update survive in the parameter's own dtype?
 
-A model cast with ``model.to(torch.bfloat16)`` (or ``model.half()``) hands the optimizer BF16
-or FP16 parameters: every update is rounded to the weight's own spacing, and one smaller than
-half of it is lost -- the weight does not move although its gradient was not zero. BF16 keeps
-8 significant bits, so with a small learning rate most updates of a trained-size weight round
-away (a "stale weights" run); FP32 weights under autocast keep them.
+A model cast with ``model.to(torch.bfloat16)`` hands the optimizer BF16 or FP16 parameters:
+each update is rounded to the weight's own spacing, and one smaller than half of it is lost.
+BF16 keeps 8 significant bits, so with a small learning rate most updates of a trained-size
+weight round away ("stale weights"); FP32 weights under autocast keep them.
 
-What this collector measures, per optimizer, on sampled steps only:
+Per optimizer, on sampled steps:
 
-* **Inventory** (sampled steps): the parameters each optimizer updates -- those with a
-  gradient -- that are stored in BF16 or FP16 (count, elements, dtypes, a few names); a frozen
-  BF16 base model beside FP32 adapters is not among them.
-* **Rounded-away updates**: before ``optimizer.step()``, for up to `MAX_PARAMS` of those
-  parameters with a dense gradient, a copy of up to `MAX_ELEMENTS` of their values (evenly
-  spaced) and where their gradient is nonzero; after the step (the optimizer's post-hook), the
-  same values again. An element whose gradient was nonzero and whose stored value is
-  bit-for-bit unchanged lost its update (every torch optimizer moves an element with a
-  nonzero gradient: SGD by ``lr * g``, Adam by ``lr * m / (sqrt(v) + eps)``). A step the
-  GradScaler skipped never reaches the hooks, so it is not counted; a group with ``lr == 0``
-  is left out (its update is zero by design) and not counted as updated.
+* **Inventory**: the parameters it updates (those with a gradient) stored in BF16 or FP16; a
+  frozen BF16 base model beside FP32 adapters is not among them.
+* **Rounded-away updates**: before ``optimizer.step()``, for up to `MAX_PARAMS` of those, a
+  copy of up to `MAX_ELEMENTS` evenly spaced values and where their gradient is nonzero; after
+  the step, the same values again. A value whose gradient was nonzero and that is bit-for-bit
+  unchanged lost its update (every torch optimizer moves such an element). A step the
+  GradScaler skipped never reaches the hooks; a group with ``lr == 0`` is left out.
 * **Master copies**: a parameter whose optimizer state holds a same-shape FP32 (or 16-bit
-  integer: the low half of an FP32 master) tensor is updated through that master copy -- its
-  stored value may stay put while the master moves -- so it is counted apart
-  (``master_params``) and not measured.
+  integer: the low half of an FP32 master) tensor is updated through it, so it is counted
+  apart (``master_params``), not measured.
 
-Cost: nothing on steps that are not sampled; on a sampled step at most
-``MAX_PARAMS * MAX_ELEMENTS`` values and flags copied on the device, and one host read of the
-counts after the step. The copies are taken under `internal_work` and never touch the
-parameters or their gradients.
+The copies are taken under `internal_work` and never touch the parameters or gradients.
 """
 
 from __future__ import annotations
