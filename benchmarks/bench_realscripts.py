@@ -40,6 +40,7 @@ SCRIPTS = {
     "mingpt": (HERE / "realscripts" / "mingpt_like.py", ["--iters", "30", "--gen-every", "10"]),
     "nanogpt": (HERE / "realscripts" / "nanogpt_like.py", ["--iters", "20"]),
     "accelerate_ema": (HERE / "realscripts" / "accelerate_ema_like.py", ["--steps", "20"]),
+    "unet": (HERE / "realscripts" / "unet_like.py", ["--steps", "20"]),
     "timm": (HERE / "realscripts" / "timm_like.py", []),
     "hf_trainer": (HERE / "realscripts" / "hf_trainer_like.py", ["--steps", "20"]),
 }
