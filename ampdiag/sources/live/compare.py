@@ -371,14 +371,12 @@ class _Runner:
         """Per leaf module, the forward's time (ms) in ``precision``, or its casts' time.
 
         ``casts=False``: wall time between the module's forward pre- and post-hook.
-        ``casts=True``: the time of the casts (``_to_copy`` ops from one floating-point dtype
-        to another: autocast's of inputs and weights) run inside each module, timed one by one
-        in a dispatch mode -- a separate pass, since the mode's own overhead would inflate the
-        modules' times. A copy that keeps the dtype (to another device) and a conversion from
-        or to an integer or boolean tensor (an index made a float, a mask) are no casts of a
-        precision: they happen in FP32 as well (a cast FP32 does too is a model's own
-        ``.half()``, rare; its FP32 pass, run to subtract such casts, cost a many-leaf model
-        more than its FP32 forward).
+        ``casts=True``: the time of the casts (``_to_copy`` from one floating-point dtype to
+        another: autocast's of inputs and weights) inside each module, timed one by one in a
+        dispatch mode -- a separate pass, since the mode's overhead would inflate the modules'
+        times. An index or mask made a float, or a copy keeping the dtype, happens in FP32 too:
+        no cast of a precision (an FP32 pass once subtracted such casts, at more than an FP32
+        forward's cost on a many-leaf model).
         """
         times: dict[str, float] = {}
         stack: list[str] = []
@@ -412,21 +410,16 @@ class _Runner:
             def __torch_dispatch__(
                 self, func: Any, types: Any, args: Any = (), kwargs: Any = None
             ) -> Any:
-                source = args[0] if args else None
-                if (
-                    not stack
-                    or op_name(func)[0] != "_to_copy"
-                    or not isinstance(source, torch.Tensor)
-                    or not source.is_floating_point()
-                ):
+                x: Any = args[0] if args else None
+                cast = stack and op_name(func)[0] == "_to_copy" and isinstance(x, torch.Tensor)
+                if not cast or not x.is_floating_point():
                     return func(*args, **(kwargs or {}))
                 sync()
                 t0 = time.perf_counter()
                 out = func(*args, **(kwargs or {}))
                 sync()
-                took = time.perf_counter() - t0
-                if out.is_floating_point() and out.dtype != source.dtype:
-                    times[stack[-1]] = times.get(stack[-1], 0.0) + took
+                if out.is_floating_point() and out.dtype != x.dtype:
+                    times[stack[-1]] = times.get(stack[-1], 0.0) + (time.perf_counter() - t0)
                 return out
 
         handles = []
@@ -911,10 +904,8 @@ def _module_costs(runner: _Runner, names: list[str], rows: dict[str, PrecisionRe
     one timing the modules, one the casts (`_Runner.module_times`). ``cause`` is ``"casts"``
     when the casts take at least half of the extra time, else ``"kernels"``: the low-precision
     kernels themselves are slower than FP32's (on a CPU without native FP16, a convolution's
-    FP16 kernel is, by far). Only for the precisions not measured faster than FP32 (``faster``
-    not True): where a precision loses time they say why (`autocast-slower`'s cause); a faster
-    one has no loss to explain, and its forwards (with FP32's, 160 ms of a diffusion UNet's
-    exit on a CPU) are not run.
+    FP16 kernel is, by far). A precision measured faster (``faster``) has no loss to explain
+    (`autocast-slower`'s cause): its forwards are not run.
     """
     names = [n for n in names if n == "fp32" or rows[n].faster is not True]
     if "fp32" not in names or len(names) < 2:

@@ -579,16 +579,11 @@ def make_config(config: DiagnoseConfig | None, overrides: Mapping[str, Any]) -> 
 
 @contextlib.contextmanager
 def _older_objects_set_aside() -> Iterator[None]:
-    """The exit's garbage collections walk only the objects the exit made.
+    """The exit's garbage collections walk only what the exit made (``gc.freeze`` until it ends).
 
-    The exit allocates enough (the trace read, the session) to trigger a full collection,
-    which walks every object the collector tracks in the process, torch's and the user's: 115
-    ms of a diffusion UNet's 2.3 s exit (`benchmarks.bench_exit_parts --script unet`).
-    ``gc.freeze()`` sets the objects alive when the exit begins aside until it ends
-    (``gc.unfreeze()`` returns them to the oldest generation, where they were or would be
-    after one collection); a cycle among them that dies meanwhile is collected after it.
-    Not where the process froze objects itself (unfreezing would release those too) or turned
-    the collector off.
+    A full collection its allocations trigger walked torch's and the user's objects: 115 ms of a
+    UNet's 2.3 s exit (`bench_exit_parts --script unet`). Not where the process froze objects
+    itself (unfreezing would release those too) or turned the collector off.
     """
     if gc.get_freeze_count() or not gc.isenabled():
         yield

@@ -110,10 +110,8 @@ class RunContext:
         """One of this run's trace files, read once for every section that needs it.
 
         The memory timeline and the profiler's step breakdown each need the whole trace: one
-        read (decompressing and decoding it) less at the user's exit. ``source``: the same
-        trace before it was gzipped (the profiler's export), read instead of decompressing
-        ``path`` again. The caller must not change what it gets; `Diagnosis` forgets the reads
-        once the session is built.
+        read (decoding it) less at the user's exit; ``source``, its JSON before the gzip. The
+        caller must not change what it gets; `Diagnosis` forgets the reads once it is built.
         """
         from ampdiag.trace.reader import read_trace
 

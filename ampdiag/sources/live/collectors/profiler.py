@@ -3,14 +3,11 @@
 The trace is written gzipped in the file names and layout of torch's own
 ``tensorboard_trace_handler`` (the ones the TensorBoard profiler plugin reads), compressed at
 the fastest level rather than that handler's 9 (or the default 6), which cost the user's exit
-several times longer for a smaller file: on a nanoGPT-style script's three profiled steps (10 MB
-of JSON), zlib's level 1 takes 42 ms for 864 kB and level 6 96 ms for 596 kB; and by ISA-L's
-gzip (a dependency, which the reader uses too) where it is installed: on a diffusion UNet's
-three steps (64 MB of JSON) 50 ms against zlib's 215, for the same 5.5 MB. The exit's one read
-of the trace (`RunContext.read_trace`) reads the exported JSON before it is compressed, not the
-gzip back (110 ms less there). The section holds the profiled steps,
-the step-time breakdown read back from that trace, and the top ops by self time as the
-profiler's own ``key_averages()`` counts them.
+several times longer for a smaller file (nanoGPT-style, 10 MB of JSON: level 1 42 ms for 864 kB,
+level 6 96 ms for 596 kB), by ISA-L's gzip (a UNet's 64 MB: 50 ms against zlib's 215, the same
+5.5 MB). The exit's one read of it (`RunContext.read_trace`) is of the JSON before the gzip.
+The section holds the profiled steps, the step-time breakdown read back from that trace, and
+the top ops by self time as the profiler's own ``key_averages()`` counts them.
 """
 
 from __future__ import annotations
@@ -286,10 +283,7 @@ class ProfilerCollector(Collector):
             self._error = f"{type(exc).__name__}: {exc}"
 
     def _read(self, path: Path, plain: Path) -> None:
-        """The exit's one read of the trace, from its JSON before it is gzipped (`trace_handler`).
-
-        A trace this cannot read is read again from ``path`` by the section, which reports it.
-        """
+        """The exit's one read of the trace from its JSON (else `section` reads ``path``)."""
         if self._run is not None:
             with contextlib.suppress(Exception):
                 self._run.read_trace(path, source=plain)
@@ -397,9 +391,8 @@ def trace_handler(
 ) -> Callable[[profile, Callable[[Path, Path], None] | None], None]:
     """Writes a profile's trace as ``<worker>.<time_ns>.pt.trace.json.gz`` in ``folder``.
 
-    torch's ``tensorboard_trace_handler(use_gzip=True)``'s layout, at the fastest level. The
-    handler's second argument, when given, is called with the gzip's path and the exported
-    JSON's before it is compressed (and removed).
+    torch's ``tensorboard_trace_handler(use_gzip=True)``'s layout, at the fastest level;
+    ``read(gzip path, JSON path)`` is called before the JSON is compressed and removed.
     """
 
     def handler(prof: profile, read: Callable[[Path, Path], None] | None = None) -> None:
