@@ -53,6 +53,7 @@ import ampdiag.sources.live.collectors.base as base
 import ampdiag.sources.live.collectors.profiler as profiler
 import ampdiag.sources.live.compare as compare
 import ampdiag.sources.live.diagnosis as diagnosis
+import ampdiag.sources.live.collectors.speed_probe as speed_probe
 
 D = diagnosis.Diagnosis
 timed(D, "stop", "1 stop: hooks removed")
@@ -63,13 +64,15 @@ timed(session.Session, "save", "5 session.save")
 timed(html, "write_html", "6 render: html")
 timed(tb, "write_tensorboard", "6 render: tensorboard")
 timed(console, "summary", "6 render: console")
+timed(speed_probe, "copy_of", "2 after_stop: speed probe: the model's copy")
+timed(speed_probe, "compare", "2 after_stop: speed probe: A/B in all")
 timed(compare, "_observe_all", "2 after_stop: speed probe: A/B observed passes")
 timed(compare, "_time_all", "2 after_stop: speed probe: A/B timed rounds")
 timed(compare, "_module_costs", "2 after_stop: speed probe: A/B per-module passes")
 timed(tpp.profile, "export_chrome_trace", "2 after_stop: profiler: export_chrome_trace")
 timed(shutil, "copyfileobj", "2 after_stop: profiler: gzip")
 timed(profiler, "top_ops", "2 after_stop: profiler: top ops (CUDA)")
-timed(base.RunContext, "read_trace", "3 session built: the trace read (cached)")
+timed(base.RunContext, "read_trace", "2 after_stop: profiler: the trace read (shared)")
 for cls in collectors.registered():
     if "after_stop" in cls.__dict__:
         timed(cls, "after_stop", f"2 after_stop: {cls.name}")

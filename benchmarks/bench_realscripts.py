@@ -2,9 +2,13 @@
 
 The scripts (``benchmarks/realscripts/``) are written here in the style of minGPT's trainer (a
 generate-every-N callback, DataLoader workers, clipping, AdamW) and nanoGPT's ``train.py``
-(autocast, gradient accumulation, an eval loop every N iterations). Each round runs every
-script plainly (``python script.py``) and diagnosed (``python -m ampdiag run script.py``) as
-fresh processes, in alternating order, so the machine's drift lands on both alike. Measured
+(autocast, gradient accumulation, an eval loop every N iterations), and, with ``--script``,
+loops in the style of an Accelerate trainer with an EMA copy, of timm's ``train.py``, of an HF
+``Trainer`` run and of denoising-diffusion-pytorch's ``Trainer`` on its UNet (``unet``: 152
+leaf modules under emulated BF16, what the exit's precision A/B costs most on). Each round
+runs every script plainly (``python script.py``) and diagnosed (``python -m ampdiag run
+script.py``) as fresh processes, in alternating order, so the machine's drift lands on both
+alike. Measured
 from outside: the process's wall time, and the script's own block (its ``BLOCK_START`` to
 ``BLOCK_END`` lines); the diagnosed exit is the process's end less ``BLOCK_END``, in wall
 time and in CPU time (the process's, its children's included, less its own at ``BLOCK_END``,
@@ -40,6 +44,7 @@ SCRIPTS = {
     "mingpt": (HERE / "realscripts" / "mingpt_like.py", ["--iters", "30", "--gen-every", "10"]),
     "nanogpt": (HERE / "realscripts" / "nanogpt_like.py", ["--iters", "20"]),
     "accelerate_ema": (HERE / "realscripts" / "accelerate_ema_like.py", ["--steps", "20"]),
+    "unet": (HERE / "realscripts" / "unet_like.py", ["--steps", "20"]),
     "timm": (HERE / "realscripts" / "timm_like.py", []),
     "hf_trainer": (HERE / "realscripts" / "hf_trainer_like.py", ["--steps", "20"]),
 }

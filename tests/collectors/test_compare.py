@@ -431,3 +431,61 @@ def test_the_loss_scale_search_finds_the_first_finite_scale_from_any_start() -> 
                     assert len(tried) == (1 if start == 0 else 2), (count, start, tried)
                 if 0 < start - answer <= 2:
                     assert len(tried) <= 4, (count, answer, start, tried)
+
+
+class _Embeds(nn.Module):
+    """A leaf that makes a time step (an integer) a float itself, copies it, then projects it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 1))
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        x = t[:, None].float().to(torch.float32, copy=True)
+        return nn.functional.linear(x, self.weight)
+
+
+def _runner(model: nn.Module, x: torch.Tensor) -> Any:
+    return compare_module._Runner(
+        model, (x,), {}, compare_module._default_loss, torch.device("cpu"), 0
+    )
+
+
+def test_the_casts_of_a_precision_are_autocasts_not_a_models_own_conversions() -> None:
+    # Truth from autocast's policy: under BF16 autocast a linear's input and weight are cast
+    # FP32 -> BF16 inside its module; an integer made a float by the model (a time step) is
+    # converted in FP32 too, and a copy that keeps the dtype is no cast of a precision.
+    model = nn.Sequential(_Embeds(), nn.Linear(4, 4))
+    runner = _runner(model, torch.arange(8))
+    # module_times' keys are the leaf modules in which a cast was timed
+    assert set(runner.module_times("fp32", casts=True)) == set()
+    assert set(runner.module_times("bf16", casts=True)) == {"0", "1"}
+
+
+def test_per_module_forwards_run_only_for_a_precision_not_measured_faster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A precision measured faster than FP32 has no lost time to explain: its per-module
+    # forwards are not run. Truth: the forwards counted as they run.
+    runner = _runner(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)), torch.randn(4, 8))
+    ran: list[tuple[str, bool]] = []
+    real = compare_module._Runner.module_times
+
+    def counting(self: Any, precision: str, casts: bool) -> dict[str, float]:
+        ran.append((precision, casts))
+        return real(self, precision, casts)
+
+    monkeypatch.setattr(compare_module._Runner, "module_times", counting)
+    rows = {n: compare_module.PrecisionResult(n) for n in ("fp32", "bf16", "fp16")}
+    rows["bf16"].faster, rows["fp16"].faster = True, False
+    compare_module._module_costs(runner, list(rows), rows)
+    assert sorted(ran) == [("fp16", False), ("fp16", True), ("fp32", False)]
+    assert rows["bf16"].modules == [] and rows["fp16"].modules
+    ran.clear()
+    rows = {n: compare_module.PrecisionResult(n) for n in ("fp32", "bf16")}
+    rows["bf16"].faster = True
+    compare_module._module_costs(runner, list(rows), rows)
+    assert ran == []  # nothing slower: not even FP32's forward
+    rows["bf16"].faster = None  # within the noise: it may be slower
+    compare_module._module_costs(runner, list(rows), rows)
+    assert sorted(ran) == [("bf16", False), ("bf16", True), ("fp32", False)]

@@ -26,9 +26,12 @@ def test_the_trace_is_read_once_and_left_as_read(
     reads: list[Any] = []
     real = reader.read_trace
 
+    sources: list[str] = []
+
     def counting(*args: Any, **kwargs: Any) -> Any:
         rt = real(*args, **kwargs)
         reads.append((rt, copy.deepcopy(rt.steps)))
+        sources.append(str(args[0]))
         return rt
 
     monkeypatch.setattr(reader, "read_trace", counting)
@@ -43,6 +46,9 @@ def test_the_trace_is_read_once_and_left_as_read(
     s = d.session
     assert len(d.run.trace_files) == 1
     assert len(reads) == 1  # the memory timeline and the breakdown: one read
+    # read from the exported JSON before it was gzipped (no decompression), named as written
+    assert sources[0].endswith(".pt.trace.json") and reads[0][0].path == d.run.trace_files[0]
+    assert str(d.run.trace_files[0]).endswith(".pt.trace.json.gz")
     assert d.run.traces == {}  # not held after the session is built
     shared, steps_as_read = reads[0]
     assert shared.steps == steps_as_read  # neither section changed the shared trace

@@ -371,9 +371,12 @@ class _Runner:
         """Per leaf module, the forward's time (ms) in ``precision``, or its casts' time.
 
         ``casts=False``: wall time between the module's forward pre- and post-hook.
-        ``casts=True``: the time of the ``_to_copy`` ops (autocast's casts of inputs and
-        weights) run inside each module, timed one by one in a dispatch mode -- a separate
-        pass, since the mode's own overhead would inflate the modules' times.
+        ``casts=True``: the time of the casts (``_to_copy`` from one floating-point dtype to
+        another: autocast's of inputs and weights) inside each module, timed one by one in a
+        dispatch mode -- a separate pass, since the mode's overhead would inflate the modules'
+        times. An index or mask made a float, or a copy keeping the dtype, happens in FP32 too:
+        no cast of a precision (an FP32 pass once subtracted such casts, at more than an FP32
+        forward's cost on a many-leaf model).
         """
         times: dict[str, float] = {}
         stack: list[str] = []
@@ -407,13 +410,16 @@ class _Runner:
             def __torch_dispatch__(
                 self, func: Any, types: Any, args: Any = (), kwargs: Any = None
             ) -> Any:
-                if not stack or op_name(func)[0] != "_to_copy":
+                x: Any = args[0] if args else None
+                cast = stack and op_name(func)[0] == "_to_copy" and isinstance(x, torch.Tensor)
+                if not cast or not x.is_floating_point():
                     return func(*args, **(kwargs or {}))
                 sync()
                 t0 = time.perf_counter()
                 out = func(*args, **(kwargs or {}))
                 sync()
-                times[stack[-1]] = times.get(stack[-1], 0.0) + (time.perf_counter() - t0)
+                if out.is_floating_point() and out.dtype != x.dtype:
+                    times[stack[-1]] = times.get(stack[-1], 0.0) + (time.perf_counter() - t0)
                 return out
 
         handles = []
@@ -892,27 +898,24 @@ def _time_all(
 
 
 def _module_costs(runner: _Runner, names: list[str], rows: dict[str, PrecisionResult]) -> None:
-    """Each low precision's leaf modules against FP32: forward time, casts, kernels, cause.
+    """Each slower low precision's leaf modules against FP32: forward time, casts, kernels, cause.
 
-    Two forwards per precision (untimed as a whole, after the timing rounds): one timing the
-    modules, one the casts (in FP32: the model's own, which autocast's are counted above).
-    ``cause`` is ``"casts"`` when the casts take at least half of the extra time, else
-    ``"kernels"``: the low-precision kernels themselves are slower than FP32's (on a CPU
-    without native FP16, a convolution's FP16 kernel is, by far).
+    Two forwards per low precision, one in FP32 (untimed as a whole, after the timing rounds):
+    one timing the modules, one the casts (`_Runner.module_times`). ``cause`` is ``"casts"``
+    when the casts take at least half of the extra time, else ``"kernels"``: the low-precision
+    kernels themselves are slower than FP32's (on a CPU without native FP16, a convolution's
+    FP16 kernel is, by far). A precision measured faster (``faster``) has no loss to explain
+    (`autocast-slower`'s cause): its forwards are not run.
     """
-    if "fp32" not in names:
+    names = [n for n in names if n == "fp32" or rows[n].faster is not True]
+    if "fp32" not in names or len(names) < 2:
         return
     base = runner.module_times("fp32", casts=False)
-    # the casts the model does itself (a .float()) happen in FP32 too: only autocast's count
-    base_casts = runner.module_times("fp32", casts=True)
     for name in names:
         if name in ("fp32", "tf32"):
             continue
         own = runner.module_times(name, casts=False)
-        casts = {
-            m: max(0.0, t - base_casts.get(m, 0.0))
-            for m, t in runner.module_times(name, casts=True).items()
-        }
+        casts = runner.module_times(name, casts=True)
         modules = []
         for module, ms in own.items():
             ref = base.get(module)

@@ -106,17 +106,18 @@ class RunContext:
     found_in_forward: set[int] = field(default_factory=set)
     traces: dict[Path, Any] = field(default_factory=dict, repr=False)
 
-    def read_trace(self, path: Path) -> Any:
+    def read_trace(self, path: Path, source: Path | None = None) -> Any:
         """One of this run's trace files, read once for every section that needs it.
 
         The memory timeline and the profiler's step breakdown each need the whole trace: one
-        read (decompressing and decoding it) less at the user's exit. The caller must not
-        change what it gets; `Diagnosis` forgets the reads once the session is built.
+        read (decoding it) less at the user's exit; ``source``, its JSON before the gzip. The
+        caller must not change what it gets; `Diagnosis` forgets the reads once it is built.
         """
         from ampdiag.trace.reader import read_trace
 
         if path not in self.traces:
-            self.traces[path] = read_trace(path)
+            self.traces[path] = read_trace(source or path)
+            self.traces[path].path = path
         return self.traces[path]
 
     def on_block_thread(self) -> bool:
