@@ -22,10 +22,11 @@ class DiagnoseConfig:
         profile_warmup: Profiler warm-up steps (traced but discarded), after the skip.
         profile_active: Steps the profiler records.
         profile_long_step_s: A step before the profiler's window (the last skipped or warm-up
-            step) that takes longer than this many seconds: the profiler records one step
-            rather than ``profile_active`` (a run warning says so: "1 step recorded: steps
-            take N s"). A long step of small ops (an LBFGS step's 20 closure evaluations over
-            an unrolled LSTM) is millions of profiler events, each recorded step tens of
+            step) that takes more than this many seconds of CPU time in the thread that trains
+            (the machine's load does not stretch it): the profiler records one step rather
+            than ``profile_active`` (a run warning says so: "1 step recorded: steps take N s
+            of CPU time"). A long step of small ops (an LBFGS step's 20 closure evaluations
+            over an unrolled LSTM) is millions of profiler events, each recorded step tens of
             seconds of the user's exit (torch's own trace processing and export, then reading
             it back). ``0`` turns it off; without a step before the window
             (``profile_skip = profile_warmup = 0``) it never applies.

@@ -94,14 +94,14 @@ class ProfilerCollector(Collector):
         # allocated before profiling (no rate limit without glog), inside the user's steps
         self._window_log: contextlib.ExitStack | None = None
         self._ready: tuple[profile, Any] | None = None
-        self._step_began = time.perf_counter()  # when the step in progress began
+        self._step_began = _now()  # when the step in progress began
         self._active: int | None = None  # the steps recorded when the window was shortened
 
     def start(self, run: RunContext) -> None:
         """Starts the profiler, unless another one runs (then the block runs without it)."""
         cfg = run.config
         self._run = run
-        self._step_began = time.perf_counter()
+        self._step_began = _now()
         self._thread = threading.get_ident()
         busy = compat_profiler.running()
         if busy is None and not exclusive.claim(exclusive.PROFILER, self):
@@ -198,7 +198,7 @@ class ProfilerCollector(Collector):
         """Advances the profiler's schedule (or stops it when another profiler records)."""
         local = run.window_step(step)  # the schedule counts from the block's first step
         self._steps_seen = local + 1
-        began, self._step_began = self._step_began, time.perf_counter()
+        began, self._step_began = self._step_began, _now()
         if self._prof is None:
             return
         busy = compat_profiler.running(ignore=self._prof) if self._may_check(local) else None
@@ -211,7 +211,7 @@ class ProfilerCollector(Collector):
         cfg = run.config
         first = cfg.profile_skip + cfg.profile_warmup
         if local + 1 == first:
-            self._shorten_for(run, self._step_began - began)
+            self._shorten_for(run, _took(began, self._step_began))
         if run.is_profiled(step):
             self._recorded_steps.append(step)
         if self._active is not None and local + 1 >= first + self._active:
@@ -233,8 +233,10 @@ class ProfilerCollector(Collector):
 
         Every event a recorded step holds costs the user's exit (torch's processing of the
         recorded events, its export, reading the trace back): a long step of small ops is
-        millions of them, tens of seconds each step. Decided from the step's own duration
-        (``step_s``), before any is recorded; the other collectors see the shorter window
+        millions of them, tens of seconds each step. Decided from the step's own CPU time in
+        the thread that trains (``step_s``, `_took`), before any is recorded: wall time
+        decided it before, and identical runs recorded one step or three as the machine's
+        load stretched a 0.4 s step past 2 s. The other collectors see the shorter window
         (`RunContext.is_profiled`).
         """
         cfg = run.config
@@ -242,7 +244,8 @@ class ProfilerCollector(Collector):
             return
         self._active = run.profile_active = 1
         run.warn(
-            f"1 step recorded: steps take {step_s:.1f} s (profile_active={cfg.profile_active} "
+            f"1 step recorded: steps take {step_s:.1f} s of CPU time "
+            f"(profile_active={cfg.profile_active} "
             f"asked; steps over profile_long_step_s={cfg.profile_long_step_s:g} s record one, "
             "each recorded step of many small ops costing the exit seconds)",
             user=True,
@@ -363,6 +366,20 @@ def top_ops(prof: profile, limit: int = TOP_OPS) -> list[dict[str, Any]]:
     ]
     rows.sort(key=lambda r: r["self_cpu_us"] + r["self_device_us"], reverse=True)
     return [r for r in rows if not r["name"].startswith("ProfilerStep")][:limit]
+
+
+def _now() -> tuple[int, float, float]:
+    """The calling thread, its CPU time and the wall clock: a step's start or end (`_took`)."""
+    return threading.get_ident(), time.thread_time(), time.perf_counter()
+
+
+def _took(began: tuple[int, float, float], ended: tuple[int, float, float]) -> float:
+    """A step's CPU time in the thread that ran it (wall time where two threads marked it).
+
+    The events a step records are made by the thread that dispatches its ops, and another
+    process's load does not add to that thread's CPU time.
+    """
+    return ended[1] - began[1] if began[0] == ended[0] else ended[2] - began[2]
 
 
 def host_top_ops(trace: RankTrace, limit: int = TOP_OPS) -> list[dict[str, Any]]:
