@@ -552,7 +552,7 @@ class Sentinel(Collector):
 
     def before_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
         """Replays the step in FP32 when it is the first non-finite one (weights unchanged)."""
-        finite = False
+        finite, self._loss_of = False, None  # the user's loss: not held past its backward
         if not self._exact and not self._checked:
             self._checked = True
             finite = self._check(run, run.step)
