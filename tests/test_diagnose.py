@@ -220,3 +220,35 @@ def test_a_second_run_into_the_same_folder_lists_only_its_own_trace(tmp_path: Pa
     assert len(list((tmp_path / "trace").glob("*.pt.trace.json.gz"))) == 2
     assert len(s.section("profiler")["trace_files"]) == 1
     assert len(list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))) == 1
+
+
+def test_a_block_inside_another_leaves_the_outer_one_every_step_and_loss(tmp_path: Path) -> None:
+    """Two blocks in one thread (a window's inside the run-wide one) patch the same calls.
+
+    The inner block's patches must hand each call on to the outer's: the outer block records
+    every step and loss of its span, the inner one its own, against the loop's loss.item().
+    """
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    losses: list[float] = []
+
+    def step() -> None:
+        opt.zero_grad()
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        losses.append(loss.item())
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    quiet = {"report": False, "tensorboard": False, "console": False}
+    with ampdiag.diagnose(out=tmp_path / "outer", **quiet) as outer:  # type: ignore[arg-type]
+        step()
+        with ampdiag.diagnose(out=tmp_path / "inner", **quiet) as inner:  # type: ignore[arg-type]
+            step()
+            step()
+        step()
+    assert outer.session is not None and inner.session is not None
+    assert [s["loss"] for s in outer.session.steps] == losses
+    assert [s["loss"] for s in inner.session.steps] == losses[1:3]

@@ -6,6 +6,7 @@ the mechanics: the finiteness token, the hooks' lifetime, and bit-identical trai
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,29 @@ def test_all_zero_gradients_are_recorded_per_step(quiet_diagnose: Callable[..., 
             opt.step()
     assert d.session is not None
     assert d.session.section("sentinel")["zero_grad_steps"] == [1]
+
+
+def test_a_disabled_scalers_loss_is_read_once_per_step_and_each_step_its_own(
+    quiet_diagnose: Callable[..., Any],
+) -> None:
+    # A CPU GradScaler disabled: scale() returns the loss itself, then passed to backward.
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    seen = []
+    with quiet_diagnose(model, opt, scaler, collectors=[Sentinel()]) as d:
+        for step in range(4):
+            opt.zero_grad()
+            loss = model(torch.randn(3, 4)).square().mean() + (math.nan if step == 2 else 0.0)
+            seen.append(loss.item())
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    assert d.session is not None
+    sec = d.session.section("sentinel")
+    assert sec["loss_nonfinite_steps"] == [2]
+    assert sec["loss_history"] == [[0, seen[0]], [1, seen[1]]]  # finite, up to the first NaN
 
 
 @pytest.mark.slow

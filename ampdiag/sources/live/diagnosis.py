@@ -279,8 +279,9 @@ class Diagnosis:
             self.run.framework = calling_framework()
 
     def _found_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        if any(o is optimizer for o in self.run.optimizers):
-            return
+        for known in self.run.optimizers:  # a loop, not any(): no generator on every step
+            if known is optimizer:
+                return
         self.run.optimizers.append(optimizer)
         self._find_framework()
         if self._primary_optimizer is None:
@@ -315,7 +316,7 @@ class Diagnosis:
             self._end_step()
 
     def _saw_loss(self, loss: torch.Tensor, from_scaler: bool) -> None:
-        self._steps.saw_loss(loss.detach(), from_scaler)
+        self._steps.saw_loss(loss, from_scaler)
         self._each("on_loss", loss, from_scaler)
 
     def _before_backward(self, tensor: torch.Tensor) -> None:

@@ -192,19 +192,9 @@ class Discovery:
         self._global_module_hooks: list[Any] = []
         self._global_module_hooks.append(global_hooks.add(MODULE_PRE, self._forward_pre))
         self._global_module_hooks.append(global_hooks.add(MODULE_POST, self._forward_post))
-        self._handles.append(
-            global_hooks.add(
-                OPTIMIZER_PRE,
-                lambda opt, args, kwargs: (
-                    self._step_pre(opt, args, kwargs) if self._mine() else None
-                ),
-            )
-        )
-        self._handles.append(
-            global_hooks.add(
-                OPTIMIZER_POST, lambda opt: on_optimizer_post(opt) if self._mine() else None
-            )
-        )
+        self._on_optimizer_post = on_optimizer_post
+        self._handles.append(global_hooks.add(OPTIMIZER_PRE, self._step_pre))
+        self._handles.append(global_hooks.add(OPTIMIZER_POST, self._step_post))
         self._patch_backward()
         self._patch_scaler()
         self._patch_autocast()
@@ -266,6 +256,8 @@ class Discovery:
         pre-hook no gradient of this step exists yet. The closure is handed on wrapped (same
         call, same result) so that the report comes when it returns, before the update.
         """
+        if threading.get_ident() != self._thread or is_internal_work():  # not `_mine`: a frame
+            return None
         # args[0] is the optimizer itself (the hook sees step's own arguments).
         closure = kwargs.get("closure") if kwargs else None
         in_args = closure is None and len(args) > 1 and callable(args[1])
@@ -292,6 +284,10 @@ class Discovery:
         if in_args:
             return (args[0], closure_then_report, *args[2:]), kwargs
         return args, {**kwargs, "closure": closure_then_report}
+
+    def _step_post(self, optimizer: torch.optim.Optimizer) -> None:
+        if threading.get_ident() == self._thread and not is_internal_work():
+            self._on_optimizer_post(optimizer)
 
     def _reevaluate(self, closure: Callable[[], Any], label: str) -> Any:
         """Runs a closure the optimizer called again in its step, its backward unreported."""

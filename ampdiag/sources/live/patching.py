@@ -111,25 +111,29 @@ class Patches:
 
     def wrap(self, owner: object, name: str, make: Callable[[Any], Any]) -> None:
         """Replaces ``owner.name`` by ``make(original)`` for calls from this thread."""
-        layer = _Layer(threading.get_ident())
+        me = threading.get_ident()
+        layer = _Layer(me)
         with _LOCK:
             key = (id(owner), name)
             slot = _SLOTS.get(key)
             if slot is None:
                 slot = _SLOTS[key] = _Slot(owner, name)
                 slot.install()
+            # Placed now (no wrapper yet: calls pass through), so that what is below is known.
+            below_mine = any(item.thread == me for item in slot.layers)
+            slot.layers = (*slot.layers, layer)
+        self._mine.append((slot, layer))
+        if not below_mine:
+            # Nothing of this thread below, now or later (layers only go on top): the
+            # original itself, one frame fewer on every call.
+            layer.wrapper = make(slot.original)
+            return
 
         def original(*args: Any, **kwargs: Any) -> Any:
-            layers = slot.layers
-            if layers and layers[0] is layer:  # the bottom layer: the original is below it
-                return slot.original(*args, **kwargs)
             return slot.call_below(layer, args, kwargs)
 
         _copy_identity(original, slot.original)
         layer.wrapper = make(original)
-        with _LOCK:
-            slot.layers = (*slot.layers, layer)
-        self._mine.append((slot, layer))
 
     def restore(self) -> None:
         """Removes this block's layers (the original returns with the last one). Safe twice."""

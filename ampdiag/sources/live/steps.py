@@ -84,13 +84,16 @@ class StepLog:
         return len(self._rows)
 
     def saw_loss(self, loss: torch.Tensor, from_scaler: bool) -> None:
-        """Adds a (detached) loss of the step in progress to its sum.
+        """Adds a loss of the step in progress (detached here) to its sum.
 
         The step's loss is the sum of its micro-batches' losses as backpropagated (with ``loss / N``
         each, their mean: docs/how-it-works.md, Gradient accumulation), the unscaled ones given to
         GradScaler.scale preferred over the scaled ones passed to backward.
         """
-        value = loss if loss.dim() == 0 else loss.reshape(())
+        if not from_scaler and self._scaled is not None:
+            return  # the step's loss is the scaled sum's now: this one would never be read
+        value = loss.detach()
+        value = value if value.dim() == 0 else value.reshape(())
         if value.dtype != torch.float32:  # no call into torch for the usual FP32 loss
             value = value.float()
         if from_scaler:
@@ -131,8 +134,12 @@ class StepLog:
         pending, self._pending = self._pending, []
         if not pending:
             return
+        losses = [t for _, t in pending]
         try:
-            packed = pack([t for _, t in pending], pending[0][1].device)
+            try:  # one call: each loss is a detached 0-dim FP32 tensor (`saw_loss`)
+                packed = torch.stack(losses)
+            except RuntimeError:  # on different devices
+                packed = pack(losses, losses[0].device)
             self._inflight.append(([row for row, _ in pending], Deferred(packed, copy=False)))
         except Exception:  # a loss that cannot be read (a meta tensor): no value, no failure
             pass

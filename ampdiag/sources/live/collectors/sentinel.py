@@ -211,6 +211,8 @@ class Sentinel(Collector):
         self._bwd: list[torch.Tensor] = []
         self._loss: list[torch.Tensor] = []
         self._loss_scaled: list[bool] = []  # each loss: given to GradScaler.scale (unscaled)
+        self._loss_of: torch.Tensor | None = None  # the latest loss, and its token
+        self._loss_token = torch.zeros(())
         self._pending: list[
             tuple[
                 int,
@@ -323,50 +325,42 @@ class Sentinel(Collector):
         if not self._recording():
             return
         try:
-            call = RootCall(
-                tuple(args), dict(kwargs or {}), self._pre_state, _autocast_now(), self._pre_rng
-            )
+            # the wrapper's own tuple and dict (nothing else holds or changes them)
+            call = RootCall(args, kwargs or {}, self._pre_state, _autocast_now(), self._pre_rng)
             self._pre_rng, self._pre_state = None, []
             self._root_calls.append(call)
             t = _first_tensor(output, 4)
             if t is None or not t.is_floating_point():
                 return
             with internal_work():  # ours, not the model's ops (the precision audit skips them)
-                if self._exact or t.numel() > DEFER_MAX:
-                    call.out.append(finite_token(t.detach()))
-                else:  # a small output: reduced at the step's check with the rest (`_check`)
-                    call.out.append(t.detach())
-            if not t.requires_grad:
-                return
+                # a small output: reduced at the step's check with the rest (`_check`)
+                big = self._exact or t.numel() > DEFER_MAX
+                call.out.append(finite_token(t.detach()) if big else t.detach())
             grad_fn = t.grad_fn
-            if grad_fn is None:
-                t.register_hook(partial(self._root_grad, call))  # type: ignore[no-untyped-call]
-            else:  # the gradient at the output, as a tensor hook gets it (no Python handle)
-                grad_fn.register_prehook(partial(self._root_grad_in, call, t.output_nr))
+            if grad_fn is not None:  # the gradient at the output, as a tensor hook gets it
+                grad_fn.register_prehook(partial(self._root_grad, call, t.output_nr))
+            elif t.requires_grad:
+                hook = partial(self._root_grad, call, 0)
+                t.register_hook(lambda g: hook((g,)))  # type: ignore[no-untyped-call]
         except Exception as exc:  # observing must never break the user's step
             self._error(exc)
 
-    def _root_grad_in(self, call: RootCall, index: int, grad_outputs: Any) -> None:
-        self._root_grad(call, grad_outputs[index])
-
-    def _root_grad(self, call: RootCall, grad: torch.Tensor | None) -> None:
-        if grad is None:
-            return
+    def _root_grad(self, call: RootCall, index: int, grads: Any) -> None:
         try:
+            grad = grads[index]  # the gradient at the root's output (its node's input ``index``)
+            if grad is None:
+                return
+            n, run = grad.numel(), self._run
+            live = compat_scaler.scale_tensor(run.scaler) if run and run.scaler else None
             with internal_work():  # ours, not the model's ops (the precision audit skips them)
                 if grad.requires_grad:  # a backward with create_graph: its graph is not kept
                     grad = grad.detach()
-                small = grad.numel() <= MAX_OUTPUT_VALUES
                 # the largest output gradient kept (fp32_replay's bound): bounded memory
-                if call.grad is None and small:
+                if call.grad is None and n <= MAX_OUTPUT_VALUES:
                     call.grad = grad  # a reference: nothing writes into it
-                    run = self._run
-                    live = compat_scaler.scale_tensor(run.scaler if run else None)
                     call.scale = live.detach().clone() if live is not None else None
-                if self._exact or grad.numel() > DEFER_MAX:
-                    call.grads.append(finite_token(grad))
-                else:  # reduced at the step's check (`_check`)
-                    call.grads.append(grad)
+                # a small one: reduced at the step's check (`_check`)
+                call.grads.append(finite_token(grad) if self._exact or n > DEFER_MAX else grad)
         except Exception as exc:  # observing must never break the user's backward
             self._error(exc)
 
@@ -543,18 +537,22 @@ class Sentinel(Collector):
 
     def on_loss(self, run: RunContext, loss: torch.Tensor, from_scaler: bool) -> None:
         """Keeps the loss (one value) for the step's check."""
-        self._seen = {}  # the forward is over: what it saw is not looked up again
-        if loss.is_floating_point():
-            t = loss.detach()
-            token = _as_float32(t if t.dim() == 0 else t.reshape(()))
-            self._loss.append(token)
-            self._loss_scaled.append(from_scaler)
-            if self._root_calls:  # the latest forward's loss, in the replay keeper's check
-                self._root_calls[-1].losses.append(token)
+        if self._exact:
+            self._seen = {}  # the forward is over: what it saw is not looked up again
+        if not loss.is_floating_point():
+            return
+        if self._loss_of is not loss:  # (a disabled GradScaler's scale() returns the loss)
+            t, self._loss_of = loss.detach(), loss
+            self._loss_token = _as_float32(t if t.dim() == 0 else t.reshape(()))
+        token = self._loss_token
+        self._loss.append(token)
+        self._loss_scaled.append(from_scaler)
+        if self._root_calls:  # the latest forward's loss, in the replay keeper's check
+            self._root_calls[-1].losses.append(token)
 
     def before_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
         """Replays the step in FP32 when it is the first non-finite one (weights unchanged)."""
-        finite = False
+        finite, self._loss_of = False, None  # the user's loss: not held past its backward
         if not self._exact and not self._checked:
             self._checked = True
             finite = self._check(run, run.step)
@@ -569,7 +567,7 @@ class Sentinel(Collector):
             self._replay.on_step_end(run, step, self._root_calls, finite)
             self._steps += 1
             self._checked = False
-            self._root_calls, self._loss, self._loss_scaled = [], [], []
+            self._root_calls, self._loss, self._loss_scaled, self._loss_of = [], [], [], None
             return
         self._replay.on_step_end(run, step, self._root_calls)
         self._root_calls = []
@@ -589,7 +587,7 @@ class Sentinel(Collector):
                 )
         self._steps += 1
         self._fwd, self._fwd_idx, self._bwd, self._bwd_idx, self._loss = [], [], [], [], []
-        self._loss_scaled = []
+        self._loss_scaled, self._loss_of = [], None
         self._calls, self._stack, self._seen = [], [], {}
         if self._pending:
             self._resolve(wait=False)
@@ -702,7 +700,7 @@ class Sentinel(Collector):
             self._keep_loss(step, values[c:], scaled)
         # every value finite, one gradient not zero: the step is clean (the usual case)
         if all(map(math.isfinite, values)) and (not grads or any(values[b:c])):
-            self._record(step, False, False, False, False, lambda: None, lambda: None)
+            self._last_step, self._last_loss_bad = step, False  # `_record` of a clean step
             return True
         with internal_work():  # each value exactly, as tokens (what the replay keeper reads)
             for call in calls:
