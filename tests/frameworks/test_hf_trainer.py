@@ -158,7 +158,9 @@ def test_trainer_bf16(tmp_path: Path, kind: str) -> None:
     # The speed probe compared FP32 with bf16: its FP32 passes really ran without autocast.
     probe = session.sections["speed_probe"]
     assert probe["skipped"] is None and probe["autocast"] == "cpu:bfloat16"
-    assert probed.count(None) == probed.count("cpu:bfloat16") > 0
+    # (as many timed FP32 passes as bf16 ones; bf16, measured slower here, also runs its
+    # per-module forwards, which FP32's timing does not need)
+    assert 0 < probed.count(None) <= probed.count("cpu:bfloat16")
     # The audit saw the matmuls run in bf16 with autocast active.
     assert session.sections["precision"]["autocast_dtypes"] == {"cpu": "bfloat16"}
     ids = {f.id for f in session.findings}

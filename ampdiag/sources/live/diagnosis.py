@@ -10,14 +10,12 @@ it propagates unchanged after the session is written with ``status: "error"``.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
-import gc
 import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, fields, replace
 from functools import partial
 from pathlib import Path
@@ -229,13 +227,12 @@ class Diagnosis:
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
             error = describe_exception(exc, tb)
         try:
-            with _older_objects_set_aside():
-                self._after_stop()
-                try:
-                    self.session = self._build_session(status, error)
-                finally:
-                    self.run.traces.clear()  # the sections' shared reads, held no longer
-                self._write_outputs()
+            self._after_stop()
+            try:
+                self.session = self._build_session(status, error)
+            finally:
+                self.run.traces.clear()  # the sections' shared reads of the trace, held no longer
+            self._write_outputs()
         except Exception as failure:  # ampdiag's own bug must not replace the user's outcome
             print(
                 f"ampdiag: could not write the report to {self.out}: {failure!r}", file=sys.stderr
@@ -576,21 +573,3 @@ def make_config(config: DiagnoseConfig | None, overrides: Mapping[str, Any]) -> 
     if settings.trigger is not None and settings.trigger not in TRIGGERS:
         raise ValueError(f"trigger={settings.trigger!r}: the known triggers are {TRIGGERS}")
     return settings
-
-
-@contextlib.contextmanager
-def _older_objects_set_aside() -> Iterator[None]:
-    """The exit's garbage collections walk only what the exit made (``gc.freeze`` until it ends).
-
-    A full collection its allocations trigger walked torch's and the user's objects: 115 ms of a
-    UNet's 2.3 s exit (`bench_exit_parts --script unet`). Not where the process froze objects
-    itself (unfreezing would release those too) or turned the collector off.
-    """
-    if gc.get_freeze_count() or not gc.isenabled():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
