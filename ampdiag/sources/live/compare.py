@@ -52,7 +52,7 @@ from ampdiag import timing
 from ampdiag.analysis import precision_choice
 from ampdiag.compat.autocast import dispatch_mode_class
 from ampdiag.compat.dispatch import op_name
-from ampdiag.sources.live.collectors.base import tensors_in
+from ampdiag.sources.live.collectors.base import graph_nodes, tensors_in
 from ampdiag.sources.live.environment import bf16_native
 from ampdiag.sources.live.passes import class_forward, sqnr_db
 
@@ -454,16 +454,9 @@ def _low_peaks(root: Any, dtype: torch.dtype, peaks: list[torch.Tensor]) -> list
             if isinstance(g, torch.Tensor) and g.dtype == dtype and g.numel():
                 peaks.append(g.detach().abs().amax())
 
-    seen: dict[int, Any] = {}  # the nodes held, so that no id is reused during the walk
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen[id(node)] = node
+    for node in graph_nodes(root):
         if type(node).__name__ != "AccumulateGrad":
             handles.append(node.register_hook(hook))
-        stack.extend(n for n, _ in node.next_functions)
     return handles
 
 
