@@ -132,6 +132,11 @@ def test_the_default_demo_shows_the_headline(tmp_path: Path) -> None:
     assert rows["bf16"]["loss"] is not None
     assert "bf16" in timed or "budget" in (rows["bf16"]["not_timed"] or "")
     assert f"init_scale={int(scale)}" in r.stderr  # the console prints the measured fix
+    # one piece of precision advice: the underflow's fix (a scaler, or a precision with FP32's
+    # range) offers no precision the lead advises against (on a CPU that emulates BF16, no
+    # AVX512_BF16/AMX, the lead keeps FP32: its alternative was "train in bfloat16")
+    told = [*session.findings, found["fp16-grad-underflow"]]
+    assert contradictions(told) == [], [(f.id, f.fix) for f in told]
 
 
 def test_report_into_unwritable_out_is_exit_2(tmp_path: Path) -> None:

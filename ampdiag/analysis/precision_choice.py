@@ -355,6 +355,22 @@ def derived_choice(session: Session) -> PrecisionChoice:
     return {"run": run, "choice": doc, "why_not": why}  # type: ignore[typeddict-item]
 
 
+def fp32_fast_here(session: Session, device: str) -> bool:
+    """Whether FP32 is the fast precision of this run: a CPU that emulates BF16 and FP16.
+
+    A CPU without AVX512_BF16/AMX converts and emulates both, slower than FP32 (nanoGPT's
+    ``train.py`` about 4x), so advice that trades FP16's range for BF16's would cost the run
+    its speed where FP32 keeps the range too; unless the A/B measured a low precision faster
+    on this very run.
+    """
+    chosen = measured(session).choice
+    return (
+        device == "cpu"
+        and session.environment.get("bf16_native") is False
+        and (chosen is None or chosen.precision == "fp32")
+    )
+
+
 def bf16_runs_natively(environment: Mapping[str, Any], device: str) -> bool:
     """Whether the device runs BF16 kernels natively (CPU: AVX512_BF16/AMX; CUDA: sm80+).
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from ampdiag import units
 from ampdiag.analysis import divergence, fp16range
+from ampdiag.analysis import precision_choice as pc
 from ampdiag.analysis.advisors import terms
 from ampdiag.analysis.compute import DTYPES, computes_in
 from ampdiag.analysis.derive import derived
@@ -61,6 +62,35 @@ def _fp16(session: Session) -> bool:
     return computes_in(session)["precision"] == "fp16"
 
 
+def _wide_range(session: Session, device: str) -> str | None:
+    """The precision that gives FP16's values FP32's exponent range, as advice names it.
+
+    BF16; FP32 on a CPU that emulates BF16 (slower than FP32 there: `pc.fp32_fast_here`);
+    None where BF16 is not advisable (a GPU below compute capability 8.0).
+    """
+    if pc.fp32_fast_here(session, device):
+        return "fp32"
+    return "bf16" if advisable(session.environment, "bf16") else None
+
+
+#: The alternative, in a sentence, for each precision `_wide_range` names; then its setting.
+_INSTEAD = {
+    "bf16": "train in bfloat16 (same exponent range as float32)",
+    "fp32": "train in FP32 (this CPU emulates BF16 and FP16, no AVX512_BF16/AMX: FP32 is its "
+    "fast precision, with no GradScaler)",
+}
+
+
+def _instead(session: Session, device: str) -> str | None:
+    """The alternative to FP16 with FP32's range, with the run's setting for it (or None)."""
+    wide = _wide_range(session, device)
+    if wide is None:
+        return None
+    code = f"torch.autocast('{device}', dtype=torch.bfloat16)" if wide == "bf16" else ""
+    setting = terms.precision_setting(session, wide) or code
+    return _INSTEAD[wide] + (f": {setting}" if setting else "")
+
+
 @rule("fp16-grad-underflow")
 def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
     """FP16 holds >= 5% of nonzero gradient values as zero/subnormal (medium), >= 20% (high).
@@ -82,20 +112,19 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
     scale = _scale_in_use(session)
     ev = {k: v for k, v in u.items() if k != "measured"}
     ev |= {"scale_in_use": scale if scale is not None else 1.0, "threshold": 0.05}
-    bf16 = advisable(session.environment, "bf16")
+    wide = _wide_range(session, dev)
     held = None
-    if u["scale_reaches_target"] is False and not bf16:
+    if u["scale_reaches_target"] is False and wide is None:
         fix = (
             "No loss scale keeps FP16's underflow under 1% without overflowing other "
             "gradients: they span more than FP16's range, and this GPU has no BF16. Keep the "
             "modules whose gradients fall out of range in FP32:\n" + terms.fp32_module(dev)
         )
-    elif u["scale_reaches_target"] is False:
+    elif wide is not None and u["scale_reaches_target"] is False:
         fix = (
             "No loss scale keeps FP16's underflow under 1% without overflowing other "
-            "gradients: they span more than FP16's range. Train in bfloat16 (FP32's exponent "
-            "range, no GradScaler):\n"
-            + terms.precision_fix(session, "bf16", terms.training_step("bf16", dev))
+            f"gradients: they span more than FP16's range. T{_INSTEAD[wide][1:]}:\n"
+            + terms.precision_fix(session, wide, terms.training_step(wide, dev))
         )
     else:
         needs = (
@@ -116,12 +145,7 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
             + terms.training_step(
                 "fp16", dev, init_scale=rec or None, growth_interval=None if held is None else 2000
             )
-            + (
-                "\nor train in bfloat16 (same exponent range as float32): "
-                f"torch.autocast('{dev}', dtype=torch.bfloat16)"
-                if bf16
-                else ""
-            )
+            + (f"\nor {alt}" if (alt := _instead(session, dev)) else "")
         )
     yield Finding(
         id="fp16-grad-underflow",
@@ -394,12 +418,7 @@ def loss_scale_collapse(session: Session) -> Iterator[Finding]:
         fix=(
             "A collapsing scale means a real inf/NaN (not a too-large scale). Find its origin "
             "(see nonfinite-origin), e.g. an overflowing activation or a log/div of 0"
-            + (
-                "; or train in bfloat16: "
-                f"torch.autocast('{dev}', dtype=torch.bfloat16) with no GradScaler."
-                if advisable(session.environment, "bf16")
-                else "."
-            )
+            + (f"; or {alt}." if (alt := _instead(session, dev)) else ".")
         ),
         section=SECTION,
         impact=0.8 if sev == "high" else 0.5,
@@ -506,7 +525,7 @@ def activation_overflow(session: Session) -> Iterator[Finding]:
             "Keep that module's computation in float32:\n"
             + terms.fp32_module(dev)
             + "\nor normalize/scale its input (e.g. a LayerNorm before it)"
-            + (", or train in bfloat16." if advisable(session.environment, "bf16") else ".")
+            + (f", or {alt}." if (alt := _instead(session, dev)) else ".")
         )
         if fp16
         else "",

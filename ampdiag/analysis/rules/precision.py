@@ -178,16 +178,9 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
         fix += "\n# and no enclosing autocast(enabled=False), and no .float(), around the matmuls"
     if why:
         title = f"{why} ({1 - mm['autocast_share']:.0%} of the matmul FLOPs ran without autocast)."
-    # a CPU that emulates BF16 and FP16 (no AVX512_BF16/AMX) runs them slower than FP32: the
-    # FP32 the run fell back to is the fast precision there, and a low-precision fix would
-    # cost it several times its step (nanoGPT's train.py on a CPU keeps a CUDA GradScaler)
-    # (unless the A/B measured a low precision the faster one on this run)
-    chosen = pc.measured(session).choice
-    emulated = (
-        device == "cpu"
-        and session.environment.get("bf16_native") is False
-        and (chosen is None or chosen.precision == "fp32")
-    )
+    # the FP32 the run fell back to is the fast precision on such a CPU (nanoGPT's train.py
+    # on a CPU keeps a CUDA GradScaler): a low-precision fix would cost it several times
+    emulated = pc.fp32_fast_here(session, device)
     if emulated:
         title = (
             title.rstrip(".") + "; on this CPU, with no native BF16 or FP16 (no AVX512_BF16/AMX),"
