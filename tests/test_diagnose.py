@@ -252,3 +252,75 @@ def test_a_block_inside_another_leaves_the_outer_one_every_step_and_loss(tmp_pat
     assert outer.session is not None and inner.session is not None
     assert [s["loss"] for s in outer.session.steps] == losses
     assert [s["loss"] for s in inner.session.steps] == losses[1:3]
+
+
+class _Checkpointed(torch.nn.Module):
+    """A model whose first layer (its first trainable parameter) is recomputed in the backward
+    by reentrant checkpointing: that parameter's gradient accumulates in a nested backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(4, 8)
+        self.last = torch.nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        hidden = checkpoint(self.first, x, use_reentrant=True)
+        return self.last(torch.relu(hidden))
+
+
+@pytest.mark.parametrize("collectors", [None, []], ids=["default", "no-collector"])
+def test_micro_batches_whichever_way_the_backward_runs(
+    quiet_diagnose: Callable[..., Any], collectors: list[Any] | None
+) -> None:
+    """Each step's backward passes as the loop counts them: through ``Tensor.backward``,
+    ``torch.autograd.backward`` (no patched method on the way) and reentrant checkpointing;
+    the same with no collector (torch's hook appends itself: no Python frame) and with the
+    default ones (a collector wants each pass)."""
+    torch.manual_seed(0)
+    model = _Checkpointed()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    plans = [["tensor"], ["autograd", "autograd"], ["tensor", "autograd", "tensor"]] * 2
+    counted = []
+    with quiet_diagnose(collectors=collectors, speed_probe=False) as d:
+        for plan in plans:
+            opt.zero_grad()
+            for how in plan:
+                x = torch.randn(8, 4, requires_grad=True)  # the checkpoint needs an input grad
+                loss = model(x).pow(2).mean() / len(plan)
+                if how == "tensor":
+                    loss.backward()
+                else:
+                    torch.autograd.backward(loss)
+            counted.append(len(plan))
+            opt.step()
+    assert d.session is not None
+    assert [s["micro_batches"] for s in d.session.steps] == counted
+
+
+@pytest.mark.parametrize("collectors", [None, []], ids=["default", "no-collector"])
+def test_an_lbfgs_step_is_one_micro_batch_however_often_it_re_evaluates(
+    quiet_diagnose: Callable[..., Any], collectors: list[Any] | None
+) -> None:
+    """LBFGS calls the closure (forward and backward) several times in one step: one batch."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    calls: list[int] = []
+
+    def closure() -> torch.Tensor:
+        calls[-1] += 1
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    with quiet_diagnose(collectors=collectors, speed_probe=False) as d:
+        for _ in range(3):
+            calls.append(0)
+            opt.step(closure)
+    assert all(n > 1 for n in calls)  # the pattern is exercised: re-evaluated in every step
+    assert d.session is not None
+    assert [s["micro_batches"] for s in d.session.steps] == [1] * len(calls)
