@@ -183,11 +183,11 @@ class _Seen:
 
 def _autocast_now() -> list[tuple[str, torch.dtype]]:
     """The autocast states enabled now (device type, dtype): what a replay enters again."""
-    return [
-        (dev, torch.get_autocast_dtype(dev))
-        for dev in ("cpu", "cuda")
-        if torch.is_autocast_enabled(dev)
-    ]
+    states: list[tuple[str, torch.dtype]] = []
+    for dev in ("cpu", "cuda"):  # (a loop: no comprehension's frame on every forward)
+        if torch.is_autocast_enabled(dev):
+            states.append((dev, torch.get_autocast_dtype(dev)))
+    return states
 
 
 @COLLECTORS.register
@@ -324,7 +324,8 @@ class Sentinel(Collector):
         try:
             self._pre_state = self._replay.state_now()
             if not self._exact:
-                self._pre_rng = torch.get_rng_state()  # what its dropout draws from, replayed
+                # what its dropout draws from, replayed (`torch.get_rng_state`'s own call)
+                self._pre_rng = torch.default_generator.get_state()
         except Exception as exc:  # observing must never break the user's step
             self._error(exc)
 
