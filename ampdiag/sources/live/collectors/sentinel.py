@@ -205,6 +205,7 @@ class Sentinel(Collector):
         self._params: list[tuple[str, torch.nn.Parameter]] = []
         self._grad_params: list[torch.nn.Parameter] = []  # the same, without their names
         self._sharded = False  # a parameter is a DTensor (FSDP2): gradients read by shard
+        self._cpu = True  # every parameter on the CPU: the step's check reads value by value
         # This step's calls, the role that computed each forward token, the calls running
         # now, and the tensors seen by id. Keyword input tokens, read after their call:
         # token -> (tokens before the call started, call) -- where they belong in the order.
@@ -296,6 +297,7 @@ class Sentinel(Collector):
                 self._grad_params.append(p)
                 known.add(id(p))
                 self._sharded = self._sharded or is_dtensor(p)
+                self._cpu = self._cpu and p.device.type == "cpu"
 
     def stop(self, run: RunContext) -> None:
         """Removes every hook; reads what is still on its way to the host."""
@@ -694,7 +696,9 @@ class Sentinel(Collector):
         GradScaler's skip: the weights unchanged), at the step's end. The root's outputs, the
         gradients at them and the parameter gradients are summed here (inf/NaN propagate into
         a sum; the cheapest pass on a CPU, where a fused 2-norm measured slower) and read with
-        the losses in one transfer. When a sum is not finite (an inf/NaN, or a low-precision
+        the losses: on the CPU a float per value (in a training step, bench_sentinel's MLP,
+        that measured cheaper than stacking them and reading the stack once), on another
+        device in one transfer. When a sum is not finite (an inf/NaN, or a low-precision
         sum that overflowed) or every gradient is zero, each value is decided exactly
         (`finite_token`, `_grads_state`). The
         first non-finite forward (and backward) is then localized by `_localize`. Returns
@@ -713,8 +717,11 @@ class Sentinel(Collector):
         if not tensors and not losses:
             return False
         with internal_work():
-            # stacked in the widest dtype (float32 from the losses)
-            values: list[float] = _stacked([*[t.sum() for t in tensors], *losses]).tolist()
+            if self._cpu:  # a float per value: no stacked tensor made (it cost more in a step)
+                values = [float(t.sum()) for t in tensors]
+                values += map(float, losses)
+            else:  # one transfer (stacked in the widest dtype: float32 from the losses)
+                values = _stacked([*[t.sum() for t in tensors], *losses]).tolist()
         a, b, c = len(outs), len(outs) + len(ogs), len(tensors)
         # every value finite (a sum of finite float32 values is a finite float), one gradient
         # not zero: the step is clean (the usual case)
