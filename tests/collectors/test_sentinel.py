@@ -101,6 +101,30 @@ def test_a_disabled_scalers_loss_is_read_once_per_step_and_each_step_its_own(
     assert sec["loss_history"] == [[0, seen[0]], [1, seen[1]]]  # finite, up to the first NaN
 
 
+def test_the_loss_history_is_the_unscaled_loss_under_an_enabled_scaler(
+    quiet_diagnose: Callable[..., Any],
+) -> None:
+    # An enabled GradScaler (CPU, FP32): each step gives the loss to scale() and the scaled
+    # loss (x 1024) to backward; the history is the loss itself, read here with .item().
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    seen = []
+    with quiet_diagnose(model, opt, scaler, collectors=[Sentinel()]) as d:
+        for _ in range(3):
+            opt.zero_grad()
+            loss = model(torch.randn(3, 4)).square().mean()
+            seen.append(loss.item())
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    assert d.session is not None
+    history = d.session.section("sentinel")["loss_history"]
+    assert [s for s, _ in history] == [0, 1, 2]
+    assert [v for _, v in history] == pytest.approx(seen, rel=1e-6)
+
+
 @pytest.mark.slow
 def test_a_default_run_watches_every_step_profiled_ones_included(tmp_path: Path) -> None:
     out = tmp_path / "run"

@@ -159,6 +159,9 @@ class ReplayKeeper:
         ``calls``: the step's root forwards; ``finite``: the sentinel's own check of this step
         found it finite (not read again).
         """
+        if finite and calls and not self._checked and self._weights_start is not None:
+            self._checked, self._skips_in_row = True, 0  # a clean step: nothing to read
+            return
         self._calls = calls
         if not self._checked and self.watching and self._calls:
             self._checked = True

@@ -130,6 +130,12 @@ def _grads_state(grads: list[torch.Tensor], sums: list[float]) -> tuple[bool, bo
     return not math.isfinite(largest), largest == 0
 
 
+def _step_loss(values: list[float], scaled: list[bool]) -> float:
+    """The step's loss as `steps.StepLog` sums it: the losses given to GradScaler.scale."""
+    unscaled = [v for v, s in zip(values, scaled, strict=True) if s]
+    return sum(unscaled) if unscaled else sum(values)
+
+
 def _when_training(hook: Callable[..., None], idx: int, *args: Any) -> None:
     """``hook(idx, ...)`` on the forwards the module callbacks see (`global_hooks`)."""
     if global_hooks.training_forward():
@@ -177,11 +183,11 @@ class _Seen:
 
 def _autocast_now() -> list[tuple[str, torch.dtype]]:
     """The autocast states enabled now (device type, dtype): what a replay enters again."""
-    return [
-        (dev, torch.get_autocast_dtype(dev))
-        for dev in ("cpu", "cuda")
-        if torch.is_autocast_enabled(dev)
-    ]
+    states: list[tuple[str, torch.dtype]] = []
+    for dev in ("cpu", "cuda"):  # (a loop: no comprehension's frame on every forward)
+        if torch.is_autocast_enabled(dev):
+            states.append((dev, torch.get_autocast_dtype(dev)))
+    return states
 
 
 @COLLECTORS.register
@@ -197,7 +203,9 @@ class Sentinel(Collector):
         self._index: dict[int, int] = {}
         self._handles: list[Any] = []
         self._params: list[tuple[str, torch.nn.Parameter]] = []
+        self._grad_params: list[torch.nn.Parameter] = []  # the same, without their names
         self._sharded = False  # a parameter is a DTensor (FSDP2): gradients read by shard
+        self._cpu = True  # every parameter on the CPU: the step's check reads value by value
         # This step's calls, the role that computed each forward token, the calls running
         # now, and the tensors seen by id. Keyword input tokens, read after their call:
         # token -> (tokens before the call started, call) -- where they belong in the order.
@@ -211,8 +219,7 @@ class Sentinel(Collector):
         self._bwd: list[torch.Tensor] = []
         self._loss: list[torch.Tensor] = []
         self._loss_scaled: list[bool] = []  # each loss: given to GradScaler.scale (unscaled)
-        self._loss_of: torch.Tensor | None = None  # the latest loss, and its token
-        self._loss_token = torch.zeros(())
+        self._loss_of: torch.Tensor | None = None  # the latest loss given to GradScaler.scale
         self._pending: list[
             tuple[
                 int,
@@ -237,8 +244,8 @@ class Sentinel(Collector):
         # The finite step losses up to the first non-finite forward or loss: the first ones
         # and the last ones before it, so that the loss's trend into a divergence is known
         # where the session's steps are not those steps (a window's).
-        self._loss_head: list[tuple[int, float]] = []
-        self._loss_tail: deque[tuple[int, float]] = deque(maxlen=LOSS_TAIL)
+        self._loss_head: list[tuple[int, list[float], list[bool]]] = []
+        self._loss_tail: deque[tuple[int, list[float], list[bool]]] = deque(maxlen=LOSS_TAIL)
         self._errors: list[str] = []
         self._replay = ReplayKeeper()  # the first non-finite step, replayed
         # Every-step module hooks (``exact``: a model on a GPU, where the step's check is
@@ -287,8 +294,10 @@ class Sentinel(Collector):
         for name, p in inner.named_parameters():
             if p.requires_grad and id(p) not in known:
                 self._params.append((prefix + name, p))
+                self._grad_params.append(p)
                 known.add(id(p))
                 self._sharded = self._sharded or is_dtensor(p)
+                self._cpu = self._cpu and p.device.type == "cpu"
 
     def stop(self, run: RunContext) -> None:
         """Removes every hook; reads what is still on its way to the host."""
@@ -317,7 +326,8 @@ class Sentinel(Collector):
         try:
             self._pre_state = self._replay.state_now()
             if not self._exact:
-                self._pre_rng = torch.get_rng_state()  # what its dropout draws from, replayed
+                # what its dropout draws from, replayed (`torch.get_rng_state`'s own call)
+                self._pre_rng = torch.default_generator.get_state()
         except Exception as exc:  # observing must never break the user's step
             self._error(exc)
 
@@ -333,9 +343,9 @@ class Sentinel(Collector):
             if t is None or not t.is_floating_point():
                 return
             with internal_work():  # ours, not the model's ops (the precision audit skips them)
+                d = t.detach()
                 # a small output: reduced at the step's check with the rest (`_check`)
-                big = self._exact or t.numel() > DEFER_MAX
-                call.out.append(finite_token(t.detach()) if big else t.detach())
+                call.out.append(finite_token(d) if self._exact or d.numel() > DEFER_MAX else d)
             grad_fn = t.grad_fn
             if grad_fn is not None:  # the gradient at the output, as a tensor hook gets it
                 grad_fn.register_prehook(partial(self._root_grad, call, t.output_nr))
@@ -350,17 +360,23 @@ class Sentinel(Collector):
             grad = grads[index]  # the gradient at the root's output (its node's input ``index``)
             if grad is None:
                 return
-            n, run = grad.numel(), self._run
-            live = compat_scaler.scale_tensor(run.scaler) if run and run.scaler else None
-            with internal_work():  # ours, not the model's ops (the precision audit skips them)
-                if grad.requires_grad:  # a backward with create_graph: its graph is not kept
+            if grad.requires_grad:  # a backward with create_graph: its graph is not kept
+                with internal_work():
                     grad = grad.detach()
-                # the largest output gradient kept (fp32_replay's bound): bounded memory
-                if call.grad is None and n <= MAX_OUTPUT_VALUES:
-                    call.grad = grad  # a reference: nothing writes into it
-                    call.scale = live.detach().clone() if live is not None else None
-                # a small one: reduced at the step's check (`_check`)
-                call.grads.append(finite_token(grad) if self._exact or n > DEFER_MAX else grad)
+            n = grad.numel()
+            # the largest output gradient kept (fp32_replay's bound): bounded memory
+            if call.grad is None and n <= MAX_OUTPUT_VALUES:
+                call.grad = grad  # a reference: nothing writes into it
+                scaler = self._run.scaler if self._run is not None else None
+                live = compat_scaler.scale_tensor(scaler) if scaler is not None else None
+                if live is not None:  # updated in place by ``update()``: this step's value
+                    with internal_work():
+                        call.scale = live.detach().clone()
+            if self._exact or n > DEFER_MAX:
+                with internal_work():  # ours, not the model's ops (the audit skips them)
+                    call.grads.append(finite_token(grad))
+            else:  # a small one: reduced at the step's check (`_check`)
+                call.grads.append(grad)
         except Exception as exc:  # observing must never break the user's backward
             self._error(exc)
 
@@ -541,10 +557,13 @@ class Sentinel(Collector):
             self._seen = {}  # the forward is over: what it saw is not looked up again
         if not loss.is_floating_point():
             return
-        if self._loss_of is not loss:  # (a disabled GradScaler's scale() returns the loss)
-            t, self._loss_of = loss.detach(), loss
-            self._loss_token = _as_float32(t if t.dim() == 0 else t.reshape(()))
-        token = self._loss_token
+        if loss is self._loss_of and not from_scaler:
+            # a disabled GradScaler's scale() returned it, now given to backward: the value
+            # read is the unscaled one already kept (the step's loss, `_keep_loss`)
+            return
+        t = loss.detach()
+        token = _as_float32(t if t.dim() == 0 else t.reshape(()))
+        self._loss_of = loss if from_scaler else None
         self._loss.append(token)
         self._loss_scaled.append(from_scaler)
         if self._root_calls:  # the latest forward's loss, in the replay keeper's check
@@ -677,31 +696,42 @@ class Sentinel(Collector):
         GradScaler's skip: the weights unchanged), at the step's end. The root's outputs, the
         gradients at them and the parameter gradients are summed here (inf/NaN propagate into
         a sum; the cheapest pass on a CPU, where a fused 2-norm measured slower) and read with
-        the losses in one transfer. When a sum is not finite (an inf/NaN, or a low-precision
+        the losses: on the CPU a float per value (in a training step, bench_sentinel's MLP,
+        that measured cheaper than stacking them and reading the stack once), on another
+        device in one transfer. When a sum is not finite (an inf/NaN, or a low-precision
         sum that overflowed) or every gradient is zero, each value is decided exactly
         (`finite_token`, `_grads_state`). The
         first non-finite forward (and backward) is then localized by `_localize`. Returns
         whether every value was finite (the replay keeper then reads nothing again).
         """
         calls, losses, scaled = self._root_calls, self._loss, self._loss_scaled
-        with internal_work():
-            grads = [p.grad for _, p in self._params if p.grad is not None]
-            if self._sharded:  # DTensor gradients (FSDP2): this rank's shard
-                grads = [local_tensor(g) for g in grads]
+        grads = [g for p in self._grad_params if (g := p.grad) is not None]
+        if self._sharded:  # DTensor gradients (FSDP2): this rank's shard
+            grads = [local_tensor(g) for g in grads]
+        if len(calls) == 1:  # one forward (no micro-batches): its lists as they are
+            outs, ogs = calls[0].out, calls[0].grads
+        else:
             outs = [t for c in calls for t in c.out]
             ogs = [t for c in calls for t in c.grads]
-            tensors = [*outs, *ogs, *grads]
-            if not tensors and not losses:
-                return False
-            # stacked in the widest dtype (float32 from the losses)
-            values: list[float] = _stacked([*[t.sum() for t in tensors], *losses]).tolist()
+        tensors = [*outs, *ogs, *grads]
+        if not tensors and not losses:
+            return False
+        with internal_work():
+            if self._cpu:  # a float per value: no stacked tensor made (it cost more in a step)
+                values = [float(t.sum()) for t in tensors]
+                values += map(float, losses)
+            else:  # one transfer (stacked in the widest dtype: float32 from the losses)
+                values = _stacked([*[t.sum() for t in tensors], *losses]).tolist()
         a, b, c = len(outs), len(outs) + len(ogs), len(tensors)
-        if scaled and self._forward_origin is None:
-            self._keep_loss(step, values[c:], scaled)
-        # every value finite, one gradient not zero: the step is clean (the usual case)
-        if all(map(math.isfinite, values)) and (not grads or any(values[b:c])):
+        # every value finite (a sum of finite float32 values is a finite float), one gradient
+        # not zero: the step is clean (the usual case)
+        if math.isfinite(sum(values)) and (not grads or any(values[b:c])):
+            if scaled and self._forward_origin is None:
+                self._keep_loss(step, values[c:], scaled, finite=True)
             self._last_step, self._last_loss_bad = step, False  # `_record` of a clean step
             return True
+        if scaled and self._forward_origin is None:
+            self._keep_loss(step, values[c:], scaled)
         with internal_work():  # each value exactly, as tokens (what the replay keeper reads)
             for call in calls:
                 call.out = [finite_token(t) if t.dim() else t for t in call.out]
@@ -808,16 +838,19 @@ class Sentinel(Collector):
         bwd_ok = [math.isfinite(v) for v in bwd]
         return origin.backward(self._calls, self._bwd_idx, bwd_ok, self._names)
 
-    def _keep_loss(self, step: int, values: list[float], scaled: list[bool]) -> None:
-        """Keeps the step's loss (as `steps.StepLog` sums it) when it is finite."""
-        unscaled = [v for v, s in zip(values, scaled, strict=True) if s]
-        loss = sum(unscaled) if unscaled else sum(values)
-        if not math.isfinite(loss):
+    def _keep_loss(
+        self, step: int, values: list[float], scaled: list[bool], finite: bool = False
+    ) -> None:
+        """Keeps the step's losses when their sum is finite (``finite``: known to be).
+
+        As read: summed (`_step_loss`) only for the section, not on every step.
+        """
+        if not finite and not math.isfinite(_step_loss(values, scaled)):
             return
         if len(self._loss_head) < LOSS_HEAD:
-            self._loss_head.append((step, loss))
+            self._loss_head.append((step, values, scaled))
         else:
-            self._loss_tail.append((step, loss))
+            self._loss_tail.append((step, values, scaled))
 
     def _grad_owner(self) -> str:
         """The module of the first parameter whose gradient is non-finite now (or "?")."""
@@ -842,7 +875,9 @@ class Sentinel(Collector):
             "zero_grad_steps": self._zero_grads[:MAX_LISTED],
             "last_step": self._last_step,
             "last_loss_nonfinite": self._last_loss_bad,
-            "loss_history": [[s, v] for s, v in [*self._loss_head, *self._loss_tail]],
+            "loss_history": [
+                [s, _step_loss(v, k)] for s, v, k in [*self._loss_head, *self._loss_tail]
+            ],
             "errors": self._errors,
             "replay": self._replay.section(),
         }
