@@ -267,7 +267,7 @@ class ProfilerCollector(Collector):
         self._active = run.profile_active = 1
         run.warn(
             f"1 step recorded: {why}, each recorded step of many ops costing the exit seconds; "
-            f"profile_active={cfg.profile_active} asked, profile_long_step_s=0 records it)",
+            f"profile_active={cfg.profile_active} asked, profile_long_step_s=0 records them all)",
             user=True,
         )
 
