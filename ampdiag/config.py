@@ -28,8 +28,10 @@ class DiagnoseConfig:
             of CPU time"). A long step of small ops (an LBFGS step's 20 closure evaluations
             over an unrolled LSTM) is millions of profiler events, each recorded step tens of
             seconds of the user's exit (torch's own trace processing and export, then reading
-            it back). ``0`` turns it off; without a step before the window
-            (``profile_skip = profile_warmup = 0``) it never applies.
+            it back). So does a step of over 2,000 ATen ops where the precision audit counted
+            them (``precision_step`` is that step, as by default): "1 step recorded: step N
+            ran M ATen ops". ``0`` turns both off; without a step before the window
+            (``profile_skip = profile_warmup = 0``) they never apply.
         record_shapes: Record input shapes in the trace.
         profile_memory: Record allocator events in the trace.
         with_stack: Record Python stacks in the trace (costly).

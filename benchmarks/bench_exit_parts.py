@@ -3,12 +3,13 @@
 Each round is a fresh ``ampdiag run`` of the script (``benchmarks/realscripts/``) in a child
 process whose exit path is wrapped with ``time.perf_counter`` timers (``--cpu``: process CPU
 time, which a busy machine does not stretch): the hooks' removal (``stop``), each collector's
-``after_stop`` (the speed probe's precision A/B's observed, timed and per-module passes apart;
-the profiler's trace export and gzip apart), each collector's ``section`` (the trace's one read
-apart), the analysis, the session's save and each renderer; last, the script's ``BLOCK_END`` to
-the last ``atexit`` handler (all of ampdiag's exit, not the interpreter's teardown after it:
-see ``bench_realscripts``). Printed: the median of each part over the rounds, in milliseconds,
-largest parts first within their stage.
+``after_stop`` (the speed probe's precision A/B's observed, timed and per-module passes apart,
+each precision's within them, the observed passes' numerics apart; the profiler's trace export
+and gzip apart), each collector's ``section`` (the trace's one read apart), the analysis, the
+session's save and each renderer; last, the script's ``BLOCK_END`` to the last ``atexit``
+handler (all of ampdiag's exit, not the interpreter's teardown after it: see
+``bench_realscripts``), and the garbage collections within it by generation. Printed: the median
+of each part over the rounds, in milliseconds, largest parts first within their stage.
 
     flock /tmp/bench.lock python -m benchmarks.bench_exit_parts [--script nanogpt] [--rounds 3]
         [--cpu]
@@ -38,7 +39,7 @@ def timed(owner, name, label):
         try:
             return f(*a, **k)
         finally:
-            key = label(a) if callable(label) else label
+            key = label(a, k) if callable(label) else label
             parts[key] = parts.get(key, 0.0) + time.perf_counter() - t0
     setattr(owner, name, g)
 
@@ -69,6 +70,13 @@ timed(speed_probe, "compare", "2 after_stop: speed probe: A/B in all")
 timed(compare, "_observe_all", "2 after_stop: speed probe: A/B observed passes")
 timed(compare, "_time_all", "2 after_stop: speed probe: A/B timed rounds")
 timed(compare, "_module_costs", "2 after_stop: speed probe: A/B per-module passes")
+timed(compare, "_numerics", "2 after_stop: speed probe: A/B observed passes: numerics")
+timed(
+    compare._Runner,
+    "run",
+    lambda a, k: "2 after_stop: speed probe: A/B "
+    + (f"observed passes: {a[1]}" if k.get("observe") else f"timed rounds: {a[1]}"),
+)
 timed(tpp.profile, "export_chrome_trace", "2 after_stop: profiler: export_chrome_trace")
 timed(shutil, "copyfileobj", "2 after_stop: profiler: gzip")
 timed(profiler, "top_ops", "2 after_stop: profiler: top ops (CUDA)")
@@ -78,6 +86,18 @@ for cls in collectors.registered():
         timed(cls, "after_stop", f"2 after_stop: {cls.name}")
     if "section" in cls.__dict__:
         timed(cls, "section", f"3 session built: {cls.name}.section")
+
+import gc
+_gc = {}
+def gc_timer(phase, info):
+    if not end:
+        return
+    if phase == "start":
+        _gc["t"] = time.perf_counter()
+    elif "t" in _gc:
+        key = f"8 garbage collections (within the above): generation {info['generation']}"
+        parts[key] = parts.get(key, 0.0) + time.perf_counter() - _gc.pop("t")
+gc.callbacks.append(gc_timer)
 
 end = []
 _print = builtins.print

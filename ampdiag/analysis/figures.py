@@ -128,9 +128,8 @@ def _ab_speed(session: Session) -> SpeedVsFp32 | None:
     mine, base = rows.get(run or ""), rows.get("fp32")
     if run is None or run == "fp32" or mine is None or base is None:
         return None
-    timed = [r for r in (mine, base) if int(r.get("samples") or 0) >= 2]
-    a, b = pc.estimate(mine), pc.estimate(base)
-    if len(timed) < 2 or a is None or b is None or b.median <= 0 or b.low <= 0:
+    a, b = pc.estimate(mine), pc.estimate(base)  # an interval each (`pc.estimate`)
+    if a is None or b is None or min(a.samples, b.samples) < 2 or b.median <= 0 or b.low <= 0:
         return None
     return _speed(
         "precision A/B", run, (b.median, a.median), (b.spread, a.spread), timing.quotient(a, b)

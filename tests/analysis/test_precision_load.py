@@ -101,3 +101,28 @@ def test_a_gain_whose_size_moves_between_processes_keeps_its_severity() -> None:
         recs = [f for f in advise(session("cpu:bfloat16", rows), []) if f.id.startswith("prefer-")]
         seen.add(tuple((f.id, f.severity) for f in recs))
     assert seen == {(("prefer-fp32", "medium"),)}
+
+
+def test_a_precision_timed_in_one_round_at_2x_keeps_the_same_verdict() -> None:
+    # The diffusion UNet's emulated BF16 (about 3.7x FP32): its first timed pass already 2x
+    # FP32's least or more, so it is timed in that one round only (`compare.OUT_OF_RACE`).
+    # Its single pass, at 2x to 4x the truth of FP32 and up to 35% slower in a loaded process,
+    # with every stall placement on FP32's five passes: the verdict is the run's precision
+    # slower than FP32, a medium switch and a medium slowdown, the same every time, and the
+    # evidence says the precision was timed once.
+    from ampdiag.analysis.rules.autocast_speed import autocast_slower
+
+    seen: dict[tuple[str, ...], int] = {}
+    for true_ratio in (2.0, 3.7):
+        for inflation in (1.0, 1.35):
+            for stalled in STALLS:
+                once = {**row("bf16", 1.0, set(), 5), "samples": 1,
+                        "one_round": round(true_ratio * inflation, 3),
+                        "times_ms": [true_ratio * inflation]}  # fmt: skip
+                s = session("cpu:bfloat16", [row("fp32", 1.0, stalled, 0), once], bf16_native=False)
+                slower = list(autocast_slower(s))
+                recs = [f for f in advise(s, slower) if f.id.startswith("prefer-")]
+                key = tuple(x for f in [*slower, *recs] for x in (f.id, f.severity))
+                seen[key] = seen.get(key, 0) + 1
+                assert "BF16 one round" in recs[0].evidence["timing"]
+    assert seen == {("autocast-slower", "medium", "prefer-fp32", "medium"): 4 * len(STALLS)}

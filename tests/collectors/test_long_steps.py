@@ -1,10 +1,11 @@
-"""Steps longer than ``profile_long_step_s``: the profiler records one step, and says so.
+"""Long steps, or steps of many ops: the profiler records one step, and says so.
 
 A long step of many small ops is millions of profiler events, each recorded step tens of
 seconds of the user's exit. Truth: each step's CPU time in the training thread, measured by the
 test around the step itself (the step before the profiler's window decides; the machine's load
 does not stretch it), and the profiler steps counted in the trace file the run wrote (its
-``ProfilerStep#N`` events, read with ``json``).
+``ProfilerStep#N`` events, read with ``json``); a step's ATen ops, counted by a dispatch mode of
+the test's own on the same forward and backward.
 """
 
 from __future__ import annotations
@@ -88,3 +89,48 @@ def test_short_steps_record_the_configured_window(tmp_path: Path) -> None:
     assert sorted(profiler_steps(tmp_path / "short")) == [f"ProfilerStep#{i}" for i in (2, 3, 4)]
     assert d.session.section("profiler")["recorded_steps"] == [2, 3, 4]
     assert not [w for w in d.run.warnings if "step recorded" in w]
+
+
+def count_ops(model: nn.Module, x: torch.Tensor) -> int:
+    """ATen ops of one forward + backward, counted by a dispatch mode of the test's own."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        model(x).sum().backward()
+    model.zero_grad()
+    return Count.n
+
+
+def test_a_step_of_many_ops_records_one_step_and_says_how_many(tmp_path: Path) -> None:
+    # a deep stack of tiny layers: thousands of ops a step, each cheap (milliseconds of CPU
+    # time, far under the long-step limit), each a dozen profiler events the exit pays for
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(2, 2) for _ in range(300)])
+    x = torch.randn(4, 2)
+    ops = count_ops(model, x)
+    assert ops > 2500  # the premise: well over the 2,000 a step that records one
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    took: list[float] = []
+    d = ampdiag.diagnose(out=tmp_path / "heavy", report=False, tensorboard=False, console=False)
+    with pytest.warns(RuntimeWarning, match="1 step recorded"), d:
+        for _ in range(6):
+            t0 = time.thread_time()
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+            took.append(time.thread_time() - t0)
+    assert max(took[:2]) < 2.0  # not the long-step limit: the op count decided
+    assert list(profiler_steps(tmp_path / "heavy")) == ["ProfilerStep#2"]
+    assert d.session.section("profiler")["recorded_steps"] == [2]
+    (warning,) = [w for w in d.run.warnings if w.startswith("1 step recorded")]
+    shown = int(warning.split(" ran ")[1].split(" ATen ops")[0].replace(",", ""))
+    assert shown == pytest.approx(ops, rel=0.01)  # the ops the test counted in such a step

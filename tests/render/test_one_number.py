@@ -70,12 +70,16 @@ def finding(doc: dict[str, Any], fid: str) -> dict[str, Any] | None:
 
 
 def true_speed(doc: dict[str, Any]) -> tuple[float, str] | None:
-    """The run's time over FP32's, with where it was measured: the A/B where it timed both."""
+    """The run's time over FP32's, with where it was measured: the A/B where it timed both.
+
+    Timed: two passes or more, or one round (a precision 2x slower after its first pass).
+    """
     probe = doc.get("speed_probe") or {}
     run = {"float16": "fp16", "bfloat16": "bf16"}.get(str(probe.get("autocast")).split(":")[-1])
     rows = {r["precision"]: r for r in (probe.get("precisions") or {}).get("results") or []}
     a, b = rows.get(run or ""), rows.get("fp32")
-    if a and b and a.get("samples", 0) >= 2 and b.get("samples", 0) >= 2:
+    timed = [r for r in (a, b) if r and (r.get("samples", 0) >= 2 or r.get("one_round"))]
+    if len(timed) == 2 and a and b:  # a precision timed in one round: its one pass
         return a["time_ms"] / b["time_ms"], "precision A/B"
     if isinstance(probe.get("fp32_ms"), (int, float)):
         f, g = probe["fp32_ms_all"], probe["autocast_ms_all"]

@@ -405,7 +405,7 @@ def _measured_evidence(ab: pc.Measured, target: str) -> dict[str, Any]:
             if r.get("time_ms") is not None
         },
         "unsafe": ab.choice.unsafe,
-        "timing": pc.TIMING,
+        "timing": pc.timing_words(ab.rows),
         **(
             {"not_timed": {p: r["not_timed"] for p, r in ab.rows.items() if r.get("not_timed")}}
             if any(r.get("not_timed") for r in ab.rows.values())

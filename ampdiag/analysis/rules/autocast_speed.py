@@ -65,8 +65,13 @@ def autocast_slower(session: Session) -> Iterator[Finding]:
         "pairs": est.samples,
         "threshold": THRESHOLDS.slowdown_medium,
     }
+    run = str(speed.get("precision"))
+    once = pc.rows_of(probe.get("precisions")).get(run, {})
     measured = f"{probe.get('measured', 'forward + backward')}, " + (
-        f"the precision A/B's least times (each of at least {est.samples} interleaved passes)"
+        f"the precision A/B's least times ({pc.NAMES.get(run, run)} one round: its pass "
+        f"{float(once['one_round']):.1f}x the fastest's least, timed no more)"
+        if by_ab and once.get("one_round")
+        else f"the precision A/B's least times (each of at least {est.samples} interleaved passes)"
         if by_ab
         else f"median of {est.samples} interleaved pairs each (speed probe)"
     )

@@ -59,8 +59,11 @@ from ampdiag.sources.live.passes import class_forward, sqnr_db
 #: The loss scale of the FP16 measurement (a GradScaler's default ``init_scale``).
 FP16_LOSS_SCALE = 2.0**16
 DEFAULT_BUDGET_S = 20.0
-#: A precision whose fastest time is this many times the fastest one's slowest stops being timed.
-OUT_OF_RACE = 3.0
+#: A precision whose first timed pass is this many times the fastest one's least is timed no
+#: more (`_still_racing`): one round, its row saying so (``one_round``). See
+#: `precision_choice.ONE_ROUND`: timing it again only spends the exit (an emulated BF16 UNet
+#: pass: 150 ms against FP32's 40, twice more at every exit).
+OUT_OF_RACE = precision_choice.ONE_ROUND
 #: Halvings of the FP16 loss scale tried after an overflow (as a GradScaler backs off).
 MAX_BACKOFFS = 24
 #: Leaf modules kept per low precision in the per-module costs (the most slowed down first).
@@ -114,6 +117,8 @@ class PrecisionResult:
     modules: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
     not_timed: str | None = None
+    #: Timed in one round only (`OUT_OF_RACE`): its pass over the fastest precision's least.
+    one_round: float | None = None
 
 
 @dataclass
@@ -281,7 +286,7 @@ class _Runner:
 
         def finite(index: int) -> bool:
             got, took = backward(index)
-            ok = all(g is None or bool(g.isfinite().all()) for g in got)
+            ok = all(g is None or _finite(g) for g in got)
             if ok:
                 kept[:] = [(index, got, took)]
             return ok
@@ -740,7 +745,7 @@ def _numerics(
 ) -> None:
     loss, outputs, grads, saved = observed
     row.loss, row.saved_bytes = loss, saved
-    row.nonfinite = not math.isfinite(loss) or any(not bool(g.isfinite().all()) for g in grads)
+    row.nonfinite = not math.isfinite(loss) or not all(_finite(g) for g in grads)
     if ref is None or row.precision == "fp32":
         return
     ref_loss, ref_outputs, ref_grads, _ = ref
@@ -751,16 +756,33 @@ def _numerics(
         row.worst_output_module = min(out_sqnr, key=lambda n: out_sqnr[n])
         row.output_sqnr_db_min = out_sqnr[row.worst_output_module]
         row.output_sqnr_db_median = statistics.median(out_sqnr.values())
-    ref_nonzero = [r.ne(0) for r in ref_grads]
+    # counts, not masks: a bool mask per gradient and reduction was most of the numerics'
+    # time on a ResNet's 4.9M gradient values (`bench_exit_parts --script timm`)
+    ref_nonzero = [int(torch.count_nonzero(r)) for r in ref_grads]
     grad_sqnr = {n: sqnr_db(r, g) for n, r, g, z in zip(param_names, ref_grads, grads, ref_nonzero,
-                                                         strict=True) if bool(z.any())}  # fmt: skip
+                                                         strict=True) if z}  # fmt: skip
     if grad_sqnr:
         row.worst_grad_param = min(grad_sqnr, key=lambda n: grad_sqnr[n])
         row.grad_sqnr_db_min = grad_sqnr[row.worst_grad_param]
         row.grad_sqnr_db_median = statistics.median(grad_sqnr.values())
-    nonzero = sum(int(z.sum()) for z in ref_nonzero)
-    lost = sum(int((z & g.eq(0)).sum()) for z, g in zip(ref_nonzero, grads, strict=True))
+    nonzero = sum(ref_nonzero)
+    lost = sum(_lost(r, g) for r, g, z in zip(ref_grads, grads, ref_nonzero, strict=True) if z)
     row.grad_underflow = lost / nonzero if nonzero else 0.0
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """Whether every value is finite: its least and largest are (NaN propagates into both)."""
+    if not t.numel():
+        return True
+    low, high = torch.aminmax(t)
+    return math.isfinite(float(low)) and math.isfinite(float(high))
+
+
+def _lost(ref: torch.Tensor, other: torch.Tensor) -> int:
+    """Values zero in ``other`` but not in ``ref`` (underflow); none to find without a zero."""
+    if int(torch.count_nonzero(other)) == other.numel():
+        return 0
+    return int((ref.ne(0) & other.eq(0)).sum())
 
 
 def affordable(
@@ -810,13 +832,14 @@ def affordable(
 def _still_racing(racing: list[str], samples: dict[str, list[float]]) -> list[str]:
     """The precisions still worth timing: a clear loser leaves the rounds, keeping its samples.
 
-    A precision whose fastest sample is over `OUT_OF_RACE` times the slowest sample of the
-    fastest one (by median) cannot come back within any spread: timing it further only spends
-    the budget (FP16 on a CPU without native FP16 is many times slower, and would take all of it).
+    A precision whose first pass is at least `OUT_OF_RACE` times the fastest one's least pass
+    (from the first round on) is far beyond the 1.10x a speed claim needs: timing it further
+    only spends the exit (FP16 on a CPU without native FP16 is many times slower, and would
+    take all of the budget). Its first pass, not its least: the decision is then the same
+    whichever later pass load happened to slow.
     """
-    best = min(racing, key=lambda n: statistics.median(samples[n]))
-    limit = OUT_OF_RACE * max(samples[best])
-    return [n for n in racing if n == best or min(samples[n]) <= limit]
+    best = min(min(samples[n]) for n in racing)
+    return [n for n in racing if samples[n][0] < OUT_OF_RACE * best or min(samples[n]) == best]
 
 
 def _time_all(
@@ -856,23 +879,30 @@ def _time_all(
                 peak = torch.cuda.max_memory_allocated(runner.device) - base
                 peaks[name] = max(peaks.get(name, 0), peak)
         rounds += 1
-        if rounds >= 2:
-            racing = _still_racing(racing, samples)
+        # a clear loser leaves, unless the rounds end here anyway (then it is no one-round row)
+        left = _still_racing(racing, samples)
         # the two least passes within ``tolerance`` of each other (half the gap, the least's
         # spread, within half of it): two passes a busy spell slowed alike agree less often
-        tight = all(timing.tight(timing.least(samples[n]), tolerance / 2) for n in racing)
+        tight = all(timing.tight(timing.least(samples[n]), tolerance / 2) for n in left)
         if rounds >= min_samples and tight:
             break
         # every precision still racing gets MIN_ROUNDS samples unless fewer were asked for
-        need = time.perf_counter() - started + sum(walls[n] for n in racing) + after_s
+        need = time.perf_counter() - started + sum(walls[n] for n in left) + after_s
         if need > result.budget_s and rounds >= min(MIN_ROUNDS, min_samples):
             break
+        racing = left
     times = {n: [round(x * 1000, 4) for x in s] for n, s in samples.items()}
-    estimates = {n: timing.least(t) for n, t in times.items()}  # the figures of the rows' times
-    for name, est in estimates.items():
+    fastest = min(min(s) for s in samples.values() if s)
+    estimates: dict[str, timing.Estimate] = {}
+    for name, ms in times.items():
         row = rows[name]
-        row.samples = est.samples
-        row.times_ms = times[name]
+        if name not in racing and len(ms) == 1 and fastest > 0:
+            row.one_round = round(samples[name][0] / fastest, 3)
+        # the figures of the rows' times, as every reader of the row takes them
+        est = precision_choice.estimate({"times_ms": ms, "one_round": row.one_round})
+        estimates[name] = est = est or timing.least(ms)
+        row.samples = len(ms)
+        row.times_ms = ms
         row.time_ms = est.median
         row.time_spread_ms = est.spread if est.samples >= timing.MIN_SAMPLES else None
         row.peak_bytes = peaks.get(name)
@@ -990,4 +1020,7 @@ def _recommend(
         )
     parts += [f"{names.get(r.precision, r.precision)} {r.not_timed}" for r in result.results
               if r.not_timed]  # fmt: skip
+    parts += [f"{names.get(r.precision, r.precision)} timed in one round (its pass "
+              f"{r.one_round:.1f}x the fastest's least)" for r in result.results
+              if r.one_round]  # fmt: skip
     result.reason = "; ".join(parts)

@@ -77,6 +77,8 @@ class RunContext:
         warnings: What the session's report must say went unobserved or wrong (`warn`).
         profile_active: The steps the profiler records when its window was shortened
             (``DiagnoseConfig.profile_long_step_s``), else None: ``config.profile_active``.
+        audited_ops: The precision audit's step (run-wide) and the ATen ops it counted in it,
+            once that step's audit has ended: the profiler's window is decided from it.
         framework: The training framework whose loop called the model or the optimizer
             (`ampdiag.compat.frameworks.calling_framework`), once found; None before or where
             there is none.
@@ -102,6 +104,7 @@ class RunContext:
     thread: int = field(default_factory=threading.get_ident)
     warnings: list[str] = field(default_factory=list)
     profile_active: int | None = None
+    audited_ops: tuple[int, int] | None = None
     framework: dict[str, Any] | None = None
     found_in_forward: set[int] = field(default_factory=set)
     traces: dict[Path, Any] = field(default_factory=dict, repr=False)

@@ -104,8 +104,12 @@ class PrecisionCollector(Collector):
         finally:
             exclusive.release(exclusive.DISPATCH_MODE, self)
             self._wall_s = time.perf_counter() - self._t0
+            ops = list(audit.rows.values())
+            if self._run is not None and self._step is not None:
+                counted = sum(int(r["count"]) for r in ops) + int(audit.other["count"])
+                self._run.audited_ops = (self._step, counted)
             self._result = {
-                "ops": list(audit.rows.values()),
+                "ops": ops,
                 "autocast_dtypes": audit.autocast_dtypes,
                 "after_backward_ops": audit.other,
                 "reenabled_autocast_ops": sorted(audit.reenabled),

@@ -44,6 +44,13 @@ except ImportError:  # pragma: no cover (a platform without its wheel)
     import gzip as _gzip
 
 TOP_OPS = 25
+#: A step of more ATen ops than this (the precision audit's count, `RunContext.audited_ops`) is
+#: profiled one step, not ``profile_active``: the profiler records about a dozen events an op
+#: (the nested ops of a kernel, allocations, autograd links), and each event costs the exit its
+#: export, gzip and read back. A diffusion UNet under emulated BF16, 4,600 ops a step (two
+#: micro-batches): 54k events a step, three steps about 1 s of its exit (`bench_exit_parts`);
+#: timm's ResNet (540), nanoGPT (590) and run_clm's GPT-2 (940) are far below it.
+HEAVY_STEP_OPS = 2000
 
 
 def profiler_activities() -> list[ProfilerActivity]:
@@ -211,7 +218,7 @@ class ProfilerCollector(Collector):
         cfg = run.config
         first = cfg.profile_skip + cfg.profile_warmup
         if local + 1 == first:
-            self._shorten_for(run, _took(began, self._step_began))
+            self._shorten_for(run, _took(began, self._step_began), step)
         if run.is_profiled(step):
             self._recorded_steps.append(step)
         if self._active is not None and local + 1 >= first + self._active:
@@ -228,26 +235,39 @@ class ProfilerCollector(Collector):
             # where stepping an idle profiler cost every step a captured fd 2 and a temp file
             self._stop_profiler()
 
-    def _shorten_for(self, run: RunContext, step_s: float) -> None:
-        """Records one step when the step before the window took ``profile_long_step_s``.
+    def _shorten_for(self, run: RunContext, step_s: float, step: int) -> None:
+        """Records one step when the step before the window (``step``) was long or heavy.
 
         Every event a recorded step holds costs the user's exit (torch's processing of the
-        recorded events, its export, reading the trace back): a long step of small ops is
-        millions of them, tens of seconds each step. Decided from the step's own CPU time in
-        the thread that trains (``step_s``, `_took`), before any is recorded: wall time
-        decided it before, and identical runs recorded one step or three as the machine's
-        load stretched a 0.4 s step past 2 s. The other collectors see the shorter window
-        (`RunContext.is_profiled`).
+        recorded events, its export, reading the trace back). Decided before any is recorded,
+        from what identical runs measure alike: the step's own CPU time in the thread that
+        trains (``step_s``, `_took`) over ``profile_long_step_s`` (a long step of small ops is
+        millions of events, tens of seconds each step; wall time decided it before, and
+        identical runs recorded one step or three as the machine's load stretched a 0.4 s
+        step past 2 s), or the ATen ops the precision audit counted in that step over
+        `HEAVY_STEP_OPS`. ``profile_long_step_s=0`` turns both off. The other collectors see
+        the shorter window (`RunContext.is_profiled`).
         """
         cfg = run.config
-        if not 0 < cfg.profile_long_step_s <= step_s or cfg.profile_active <= 1:
+        if cfg.profile_long_step_s <= 0 or cfg.profile_active <= 1:
+            return
+        audited, ops = run.audited_ops or (None, 0)
+        if cfg.profile_long_step_s <= step_s:
+            why = (
+                f"steps take {step_s:.1f} s of CPU time (steps over profile_long_step_s="
+                f"{cfg.profile_long_step_s:g} s record one"
+            )
+        elif audited == step and ops > HEAVY_STEP_OPS:
+            why = (
+                f"step {step} ran {ops:,} ATen ops (the precision audit's count; steps of over "
+                f"{HEAVY_STEP_OPS:,} record one"
+            )
+        else:
             return
         self._active = run.profile_active = 1
         run.warn(
-            f"1 step recorded: steps take {step_s:.1f} s of CPU time "
-            f"(profile_active={cfg.profile_active} "
-            f"asked; steps over profile_long_step_s={cfg.profile_long_step_s:g} s record one, "
-            "each recorded step of many small ops costing the exit seconds)",
+            f"1 step recorded: {why}, each recorded step of many ops costing the exit seconds; "
+            f"profile_active={cfg.profile_active} asked, profile_long_step_s=0 records them all)",
             user=True,
         )
 
