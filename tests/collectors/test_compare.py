@@ -239,7 +239,12 @@ def test_an_ab_over_its_budget_runs_its_least_version_and_says_so(tmp_path: Path
     # two precisions timed, each three 40 ms forwards: over the budget all the same
     timed = {r["precision"]: r for r in ab["results"] if r.get("time_ms") is not None}
     assert {"fp32", "bf16"} <= set(timed)
-    assert all(r["samples"] == 3 for r in timed.values())
+    # three timed passes each, or one where that first one was already 2x the fastest's least
+    # (``one_round``: timed no more; load can put a 1 ms pass's first timing there)
+    assert all(
+        r["samples"] == 3 or (r["samples"] == 1 and (r.get("one_round") or 0) >= 2)
+        for r in timed.values()
+    ), timed
     # each pass in process CPU time: the 40 ms a forward waits (as a process waits for a core
     # another holds) is not the pass's time; a Linear(8, 4) pass computes in well under 20 ms
     assert all(max(r["times_ms"]) < 20 for r in timed.values()), timed
