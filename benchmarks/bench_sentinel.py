@@ -12,6 +12,12 @@ is the same steps outside a window of steps that never opens (``diagnose(steps=.
 every default collector): what a long run pays between its windows, the run-wide sentinel's
 block and the step watch. ``--model mlp``: bench_window's small MLP instead of TinyGPT.
 
+Two anchors say what part of the cost any sentinel pays: ``empty``, a ``diagnose()`` block with
+no collector (finding the steps, the loss and the optimizer's step), and ``floor``, that block
+with `Floor`, the least an every-step check can read to name the step a gradient first turns
+non-finite: the loss and one sum per parameter gradient, as floats, and nothing else (no
+origin, no replay). The sentinel's own cost is what it adds to ``floor``.
+
 ``--origins``: the corpus's NaN scenarios (``tests/scenarios/sc_nan_*``), each run under
 ampdiag and again under the anchor, with the step and module each names beside the truth the
 scenario measured itself. The anchor's step is the step whose backward raised; it names a
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import statistics
 import sys
 import tempfile
@@ -42,7 +49,36 @@ from torch.nn import functional as F
 
 import ampdiag
 from ampdiag.demo import GPTConfig, TinyGPT, synthetic_batches
+from ampdiag.sources.live.collectors.base import Collector, RunContext
 from ampdiag.sources.live.collectors.sentinel import Sentinel
+
+
+class Floor(Collector):
+    """The anchor ``floor``: the loss and one sum per gradient read on every step, nothing else.
+
+    A sum is the cheapest read of a gradient on a CPU that still catches any inf/NaN in it
+    (see the sentinel's `_check`); without it, a gradient non-finite in the backward alone
+    (a ``torch.where`` over a ``sqrt``) is seen only steps later, through the weights.
+    """
+
+    name = "floor"
+    run_wide = True
+
+    def __init__(self) -> None:
+        self.params: list[torch.nn.Parameter] = []
+        self.losses: list[torch.Tensor] = []
+
+    def on_model(self, run: RunContext, model: torch.nn.Module) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    def on_loss(self, run: RunContext, loss: torch.Tensor, from_scaler: bool) -> None:
+        self.losses.append(loss.detach())
+
+    def before_optimizer_step(self, run: RunContext, optimizer: torch.optim.Optimizer) -> None:
+        values = [float(g.sum()) for p in self.params if (g := p.grad) is not None]
+        values += map(float, self.losses)
+        self.losses = []
+        self.finite = math.isfinite(sum(values))
 
 
 def main() -> None:
@@ -68,7 +104,8 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="sentinel,window,anomaly",
-        help="what is timed against plain steps (comma-separated: sentinel, window, anomaly)",
+        help="what is timed against plain steps (comma-separated: sentinel, window, anomaly, "
+        "empty, floor)",
     )
     ap.add_argument("--origins", action="store_true", help="the origin table (see the doc)")
     args = ap.parse_args()
@@ -142,9 +179,10 @@ def main() -> None:
                         times[name].append(run(args.steps))
                     continue
                 out = Path(tmp) / f"{name}{b}"
+                watch = {"sentinel": [Sentinel()], "floor": [Floor()], "empty": []}.get(name)
                 block = (
-                    ampdiag.diagnose(out=out, collectors=[Sentinel()], **quiet)  # type: ignore[arg-type]
-                    if name == "sentinel"
+                    ampdiag.diagnose(out=out, collectors=watch, **quiet)  # type: ignore[arg-type]
+                    if watch is not None
                     else ampdiag.diagnose(out=out, steps=(10**9, 10**9 + 1), **quiet)  # type: ignore[arg-type]
                 )
                 with block:
@@ -164,6 +202,10 @@ def main() -> None:
                 f"ms/step ({(w - p) * 1e3:+.3f} ms): ratio {w / p:.3f}x (median of paired "
                 f"rounds {pair:.3f}x, IQR {q[0]:.3f}-{q[2]:.3f}x, n={args.blocks})"
             )
+    if "sentinel" in times and "floor" in times:  # what the sentinel adds to the least check
+        rounds = zip(times["sentinel"], times["floor"], strict=True)
+        over = statistics.median((a[1] - b[1]) / args.steps for a, b in rounds)
+        print(f"sentinel over floor: {over * 1e6:+.1f} us a step (CPU, paired median)")
 
 
 def origins() -> None:
