@@ -42,3 +42,13 @@ def register_global_forward_hook(
         hook, with_kwargs=with_kwargs, always_call=always_call
     )
     return GlobalForwardHookHandle(handle)
+
+
+def any_global_module_hook() -> bool:
+    """Whether any global module hook is registered (torch's private check, or its dicts)."""
+    check = getattr(nn_module, "_has_any_global_hook", None)
+    if callable(check):
+        return bool(check())
+    tables = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_hooks",
+              "_global_backward_pre_hooks")  # fmt: skip
+    return any(getattr(nn_module, name, None) for name in tables)

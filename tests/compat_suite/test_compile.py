@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+import ampdiag
 from tests.compat_suite.harness import CONFIGS, graph_breaks, reset_dynamo, same_under_diagnose
 
 params = pytest.mark.parametrize("settings", list(CONFIGS.values()), ids=list(CONFIGS))
@@ -108,3 +109,42 @@ def test_speed_probe_and_ab_measure_the_original_module(tmp_path: Path) -> None:
     assert probe["fp32_ms"] > 0 and probe["autocast_ms"] > 0
     assert "error" not in probe["precisions"], probe["precisions"]
     assert "original module" in " ".join(session["run"]["warnings"])
+
+
+def test_warnings_as_errors_do_not_stop_a_compiled_model(tmp_path: Path) -> None:
+    # Truth: the same loop under ``-W error`` runs plainly; the filters are compared entry by
+    # entry before and after. torch warns on every call of a compiled module while any global
+    # module hook is registered, and only ampdiag's were.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        before = list(warnings.filters)
+        session = same_under_diagnose(
+            lambda b: compiled_loop(b, "aot_eager", False, steps=3), {"profile": False}, tmp_path
+        )
+        assert len(warnings.filters) == len(before)
+        assert all(a is b for a, b in zip(warnings.filters, before, strict=True))
+    assert session["status"] == "ok"
+
+
+def test_a_users_own_global_module_hook_keeps_torchs_compile_warning(tmp_path: Path) -> None:
+    # The warning is theirs to see when a hook of theirs is registered: recorded as plainly.
+    import warnings
+
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    def count(name: str) -> int:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            block = ampdiag.diagnose(out=tmp_path / name, profile=False, speed_probe=False,
+                                     console=False, report=False, tensorboard=False)  # fmt: skip
+            compiled_loop(block, "aot_eager", False, steps=2)
+        return sum("global hooks" in str(w.message) for w in seen)
+
+    assert count("ours") == 0
+    handle = register_module_forward_pre_hook(lambda m, a: None)
+    try:
+        assert count("theirs") >= 2  # one per compiled call, as without ampdiag
+    finally:
+        handle.remove()

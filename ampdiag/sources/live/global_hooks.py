@@ -44,7 +44,8 @@ from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
 from ampdiag.compat.autocast import in_backward
-from ampdiag.compat.hooks import register_global_forward_hook
+from ampdiag.compat.hooks import any_global_module_hook, register_global_forward_hook
+from ampdiag.sources.live.shielding import hide_warning, unhide_warning
 
 MODULE_PRE, MODULE_POST, OPTIMIZER_PRE, OPTIMIZER_POST = (
     "module_pre",
@@ -183,6 +184,8 @@ class _Shared:
     def install(self) -> None:
         if self.handle is not None:
             return
+        if self.kind in (MODULE_PRE, MODULE_POST):
+            _hide_compile_warning()
         if self.kind == MODULE_PRE:
             self.handle = nn_module.register_module_forward_pre_hook(self.call_pre)
         elif self.kind == MODULE_POST:
@@ -206,6 +209,29 @@ class _Shared:
             self.pending = False
             self.handle.remove()
             self.handle = None
+            if _SHARED[MODULE_PRE].handle is None and _SHARED[MODULE_POST].handle is None:
+                _unhide_compile_warning()
+
+
+#: What torch says on every call of a ``torch.compile``d module while any global module hook
+#: is registered. ampdiag's callbacks take that module as the model and skip what runs in its
+#: compiled region (see the module doc), so while its hooks are the only ones the warning is
+#: about nothing the user did, and under ``-W error`` (a test suite's setting) it would stop
+#: their training: hidden while ampdiag's module hooks are registered, if the user had none.
+COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
+_HIDDEN: list[Any] = []  # the filter of ours in `warnings.filters` (at most one)
+
+
+def _hide_compile_warning() -> None:
+    if not _HIDDEN and not any_global_module_hook():
+        entry = hide_warning(COMPILE_WARNING, UserWarning)
+        if entry is not None:
+            _HIDDEN.append(entry)
+
+
+def _unhide_compile_warning() -> None:
+    while _HIDDEN:
+        unhide_warning(_HIDDEN.pop())
 
 
 def _release_pending() -> None:

@@ -12,6 +12,7 @@ the user's own handler). And the user's exception is described without trusting 
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import threading
@@ -138,6 +139,30 @@ class ImportFilters:
         category = entry[2] if isinstance(entry, tuple) and len(entry) > 2 else None
         module = getattr(category, "__module__", "builtins")
         return module not in self._modules
+
+
+def hide_warning(message: str, category: type[Warning]) -> Any:
+    """Adds an ``ignore`` filter of ampdiag's, first; returns it (None: an equal one is there).
+
+    For a warning that ampdiag's own doing makes the user's code raise; `unhide_warning`
+    removes exactly that entry, wherever the filters list has been copied meanwhile.
+    """
+    entry = ("ignore", re.compile(message, re.I), category, None, 0)
+    if entry in warnings.filters:  # the user's own (re.compile caches: equal patterns)
+        return None
+    current: list[Any] = warnings.filters  # type: ignore[assignment]
+    current.insert(0, entry)
+    clear_warning_caches()
+    return entry
+
+
+def unhide_warning(entry: Any) -> None:
+    """Removes a `hide_warning` filter by identity, also from lists ``catch_warnings`` saved."""
+    current: list[Any] = warnings.filters  # type: ignore[assignment]
+    for saved in [current, *_saved_filter_lists()]:
+        if any(f is entry for f in saved):
+            saved[:] = [f for f in saved if f is not entry]
+    clear_warning_caches()
 
 
 def _saved_filter_lists() -> list[list[Any]]:
