@@ -63,8 +63,8 @@ NAMES = {"fp32": "FP32", "tf32": "TF32", "bf16": "BF16", "fp16": "FP16"}
 
 #: The run's autocast dtype name -> precision name.
 def is_safe(row: Mapping[str, Any]) -> bool | None:
-    """Whether a measured precision meets `SAFETY` (None when it failed to run)."""
-    if row.get("error"):
+    """Whether a measured precision meets `SAFETY` (None when it failed or was not run)."""
+    if row.get("error") or row.get("not_run"):
         return None
     if row.get("nonfinite"):
         return False

@@ -159,9 +159,13 @@ def test_a_model_that_cannot_be_copied_is_skipped_with_the_reason() -> None:
 
 
 @pytest.mark.slow
-def test_a_diagnosed_run_reports_every_precision(tmp_path: Path) -> None:
+def test_a_diagnosed_run_reports_every_precision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import ampdiag
 
+    # a CPU that emulates FP16 (this one, stated): the BF16 run's A/B does not run FP16
+    monkeypatch.setattr(compare_module, "fp16_native", lambda device: False)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -183,8 +187,11 @@ def test_a_diagnosed_run_reports_every_precision(tmp_path: Path) -> None:
     assert rows["fp32"]["saved_bytes"] == 16 * (32 + 64) * 4
     assert ab["spent_s"] <= ab["budget_s"] + 5  # one observed pass each is not budgeted
     assert ab["recommended"] in rows
+    assert "emulates FP16" in rows["fp16"]["not_run"] and rows["fp16"]["loss"] is None
     page = (tmp_path / "report.html").read_text()
     assert "Which precision" in page and "BF16 autocast" in page
+    # the row says why, where users read it (its cell, not only the reason above the table)
+    assert "<td>FP16 autocast + loss scale</td><td>not run: this CPU emulates FP16" in page
 
 
 def test_a_forward_wrapped_in_autocast_is_measured_in_each_precision() -> None:
@@ -296,6 +303,8 @@ def test_an_untimed_precision_keeps_its_numerics_and_makes_no_speed_claim(
         return real(slowed, *args, **kwargs)
 
     monkeypatch.setattr(compare_module, "affordable", fp16_slowest)
+    # a device with native FP16 (on one that emulates it a droppable FP16 is not run at all)
+    monkeypatch.setattr(compare_module, "fp16_native", lambda device: True)
     model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
                           nn.Conv2d(32, 64, 3, padding=1), nn.Flatten())  # fmt: skip
     x = torch.randn(8, 3, 16, 16)
@@ -307,7 +316,10 @@ def test_an_untimed_precision_keeps_its_numerics_and_makes_no_speed_claim(
     result = compare(model, x, lambda out: out.float().mean(), budget_s=0.0,
                      droppable=("fp32", "fp16"))  # fmt: skip
     fp32, bf16, fp16 = (result.result(p) for p in ("fp32", "bf16", "fp16"))
-    assert fp32.samples >= 2  # FP32 is never dropped
+    # FP32 is never dropped: timed in rounds, or in one where its pass was already 2x the
+    # fastest's least (a CPU with native BF16 runs these convolutions faster in BF16)
+    assert fp32.not_timed is None and fp32.time_ms is not None
+    assert fp32.samples >= 2 or (fp32.samples == 1 and (fp32.one_round or 0) >= 2)
     # BF16 is timed too: in rounds, or in one where its pass was already 2x FP32's (emulated)
     assert bf16.samples >= 2 or (bf16.samples == 1 and bf16.times_ms[0] >= 2 * fp32.time_ms)
     assert fp16.samples == 0 and fp16.time_ms is None and fp16.speedup is None
@@ -526,3 +538,76 @@ def test_a_precision_2x_slower_after_one_round_is_timed_no_more(
     # the claim still stands on its one pass: FP32 recommended over the run's BF16
     assert result.recommended == "fp32" and bf16.speedup_high is not None
     assert bf16.speedup_high < 1 / 1.1 and "BF16 timed in one round" in result.reason
+
+
+#: What each forward of `_Recording` saw: whether CPU autocast was on, and its dtype. Module
+#: state, not the model's: the A/B runs a deep copy, whose own attributes the test cannot see.
+_FORWARDS: list[torch.dtype | None] = []
+
+
+class _Recording(nn.Module):
+    """A model that records the autocast each of its forwards runs under (`_FORWARDS`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        on = torch.is_autocast_enabled("cpu")
+        _FORWARDS.append(torch.get_autocast_dtype("cpu") if on else None)
+        return self.net(x)
+
+
+def _fp16_forwards() -> int:
+    return sum(1 for d in _FORWARDS if d == torch.float16)
+
+
+@pytest.mark.parametrize("run", ["bf16", "fp32"])
+def test_an_emulated_fp16_is_not_run_beside_another_precision_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, run: str
+) -> None:
+    """Truth counted by the model itself: no forward of the A/B ran under FP16 autocast.
+
+    A CPU without native FP16 (stated: the test must hold on one with AVX512_FP16 too), a run
+    in BF16 or FP32: FP16 is droppable (the speed probe's call), so it gets no observed pass,
+    no loss-scale search and no timing, and its row says why in words.
+    """
+    monkeypatch.setattr(compare_module, "fp16_native", lambda device: False)
+    _FORWARDS.clear()
+    result = compare(_Recording(), torch.randn(8, 16), budget_s=1.0, keep=run,
+                     droppable=[p for p in ("fp32", "bf16", "fp16") if p != run])  # fmt: skip
+    assert _FORWARDS and _fp16_forwards() == 0, _FORWARDS
+    fp16 = result.result("fp16")
+    assert fp16.not_run is not None and "emulates FP16" in fp16.not_run
+    assert f"your run is in {run.upper()}" in fp16.not_run
+    assert fp16.loss is None and fp16.samples == 0 and fp16.time_ms is None
+    assert fp16.safe is None and fp16.unsafe_reasons == []  # not measured: neither safe nor not
+    assert "FP16 not run: this CPU emulates FP16" in result.reason
+    assert result.result("fp32").samples >= 1 and result.result("bf16").loss is not None
+
+
+def test_an_fp16_run_keeps_its_fp16_row_on_a_cpu_that_emulates_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run's own precision is measured whatever the device: the FP16 forwards counted."""
+    monkeypatch.setattr(compare_module, "fp16_native", lambda device: False)
+    _FORWARDS.clear()
+    result = compare(_Recording(), torch.randn(8, 16), budget_s=1.0, keep="fp16",
+                     droppable=["fp32", "bf16"])  # fmt: skip
+    fp16 = result.result("fp16")
+    # one observed pass (its loss-scale search runs backwards only) and a timed one at least
+    assert _fp16_forwards() >= 2 and fp16.samples >= 1, _FORWARDS
+    assert fp16.not_run is None and fp16.loss is not None and fp16.loss_scale is not None
+
+
+def test_a_cpu_runs_fp16_natively_only_with_avx512_fp16_or_amx_fp16(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ampdiag.sources.live import environment
+
+    cpu = torch.device("cpu")
+    for flags, native in ((["avx2", "avx512f", "avx512_bf16"], False), (["avx512_fp16"], True),
+                          (["amx_tile", "amx_fp16"], True), ([], False)):  # fmt: skip
+        monkeypatch.setattr(environment, "cpu_flags", lambda flags=flags: flags)
+        assert environment.fp16_native(cpu) is native, flags
+    assert environment.fp16_native(torch.device("cuda")) is True  # any GPU: no flag to read

@@ -158,9 +158,16 @@ def test_trainer_bf16(tmp_path: Path, kind: str) -> None:
     # The speed probe compared FP32 with bf16: its FP32 passes really ran without autocast.
     probe = session.sections["speed_probe"]
     assert probe["skipped"] is None and probe["autocast"] == "cpu:bfloat16"
-    # (as many timed FP32 passes as bf16 ones; bf16, measured slower here, also runs its
-    # per-module forwards, which FP32's timing does not need)
-    assert 0 < probed.count(None) <= probed.count("cpu:bfloat16")
+    # Each precision's forwards, as the recorder saw them, are its observed pass, its timed
+    # passes (FP32 more than bf16's one when bf16's first was already 2x FP32's least:
+    # `one_round`) and, where bf16 was not measured faster, the per-module forwards: one in
+    # FP32, two in bf16. An FP16 the CPU emulates is not run: no forward under FP16 autocast.
+    rows = {r["precision"]: r for r in probe["precisions"]["results"]}
+    per_module = rows["bf16"]["faster"] is not True
+    assert probed.count(None) == 1 + len(rows["fp32"]["times_ms"]) + per_module > 1
+    assert probed.count("cpu:bfloat16") == 1 + len(rows["bf16"]["times_ms"]) + 2 * per_module
+    if rows["fp16"]["not_run"]:
+        assert "cpu:float16" not in probed
     # The audit saw the matmuls run in bf16 with autocast active.
     assert session.sections["precision"]["autocast_dtypes"] == {"cpu": "bfloat16"}
     ids = {f.id for f in session.findings}

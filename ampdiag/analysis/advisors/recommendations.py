@@ -386,6 +386,8 @@ def _vs(ab: pc.Measured, precision: str) -> str:
         parts.append(f"{pc.NAMES.get(name, name)} {ratio['median']:.2f}x its time")
     parts += [f"{pc.NAMES.get(n, n)} not timed (over the A/B's budget)"
               for n, r in ab.rows.items() if r.get("not_timed")]  # fmt: skip
+    parts += [f"{pc.NAMES.get(n, n)} {r['not_run']}"
+              for n, r in ab.rows.items() if r.get("not_run")]  # fmt: skip
     return ", ".join(parts) or "nothing else was timed"
 
 
@@ -406,11 +408,11 @@ def _measured_evidence(ab: pc.Measured, target: str) -> dict[str, Any]:
         },
         "unsafe": ab.choice.unsafe,
         "timing": pc.timing_words(ab.rows),
-        **(
-            {"not_timed": {p: r["not_timed"] for p, r in ab.rows.items() if r.get("not_timed")}}
-            if any(r.get("not_timed") for r in ab.rows.values())
-            else {}
-        ),
+        **{
+            key: {p: r[key] for p, r in ab.rows.items() if r.get(key)}
+            for key in ("not_timed", "not_run")
+            if any(r.get(key) for r in ab.rows.values())
+        },
     }
 
 

@@ -90,14 +90,19 @@ def _modules(rows: list[Mapping[str, Any]]) -> Markup:
     return Markup("<p>Modules slower than in FP32 (one forward each):</p>") + _table(head, body)
 
 
+def _untimed(row: Mapping[str, Any]) -> str:
+    """Why a row has no time: not run (and why), not timed (the budget), or failed."""
+    if row.get("not_run"):
+        return str(row["not_run"])
+    return "not timed" if row.get("not_timed") else "failed"
+
+
 def _cells(row: Mapping[str, Any]) -> list[str]:
     spread = row.get("time_spread_ms")
     time = units.micros((row.get("time_ms") or 0) * 1000) if row.get("time_ms") else None
     return [
         NAMES.get(str(row.get("precision")), str(row.get("precision"))),
-        f"{time} ± {units.micros(spread * 1000)}"
-        if time and spread
-        else (time or ("not timed" if row.get("not_timed") else "failed")),
+        f"{time} ± {units.micros(spread * 1000)}" if time and spread else (time or _untimed(row)),
         _speed(row),
         units.nbytes(row.get("saved_bytes")),
         units.percent(row.get("loss_rel_diff")) if row.get("precision") != "fp32" else "—",

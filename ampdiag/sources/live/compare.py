@@ -53,7 +53,7 @@ from ampdiag.analysis import precision_choice
 from ampdiag.compat.autocast import dispatch_mode_class
 from ampdiag.compat.dispatch import op_name
 from ampdiag.sources.live.collectors.base import graph_nodes, tensors_in
-from ampdiag.sources.live.environment import bf16_native
+from ampdiag.sources.live.environment import bf16_native, fp16_native
 from ampdiag.sources.live.passes import class_forward, sqnr_db
 
 #: The loss scale of the FP16 measurement (a GradScaler's default ``init_scale``).
@@ -117,6 +117,8 @@ class PrecisionResult:
     modules: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
     not_timed: str | None = None
+    #: Not run at all, and why (`emulated_fp16`): no numerics, no time.
+    not_run: str | None = None
     #: Timed in one round only (`OUT_OF_RACE`): its pass over the fastest precision's least.
     one_round: float | None = None
 
@@ -242,6 +244,9 @@ class _Runner:
         self.low_peak = 0.0
         #: Wall time of the last observed run's backed-off backwards (not part of a pass).
         self.backoff_s = 0.0
+        #: Whether FP16 is measured: only then does BF16's observed backward record
+        #: ``low_peak`` (a hook on every node of its graph) for FP16's loss-scale search.
+        self.fp16 = True
 
     def _grads(self, loss: torch.Tensor, scale: float, retry: bool) -> tuple[Any, ...]:
         """Gradients of ``loss * scale``; with ``retry``, backing the scale off as a GradScaler.
@@ -350,7 +355,7 @@ class _Runner:
                     loss = self.loss_fn(self.model(*self.args, **self.kwargs)).float()
                 scale = self.fp16_scale if precision == "fp16" else 1.0
                 peaks: list[torch.Tensor] = []
-                if observe and precision == "bf16":
+                if observe and precision == "bf16" and self.fp16:
                     handles += _low_peaks(loss.grad_fn, torch.bfloat16, peaks)
                 grads = self._grads(loss, scale, retry=observe and precision == "fp16")
                 if peaks:
@@ -569,8 +574,10 @@ def compare(
         droppable: Precisions left untimed when their observed pass predicts that timing them
             would overrun ``budget_s`` (`affordable`); their row keeps its numerics and says
             why in ``not_timed``. FP32 is always timed. The speed probe passes every precision
-            but FP32 and the run's own (its figures): another may be far slower than those
-            (FP16 on a CPU without native FP16).
+            but FP32 and the run's own (its figures): another may be far slower than those.
+            A droppable FP16 on a device that emulates it (`fp16_native`: a CPU without
+            AVX512_FP16/AMX_FP16) is not run at all: no observed pass, no loss-scale search,
+            no timing; its row says why in ``not_run`` (`emulated_fp16`).
         fp8_recipe: With ``"fp8"`` among ``precisions``: the scaling recipe of the FP8
             readiness (``tensorwise``, ``rowwise``, ``delayed``; see `sources.live.fp8`). It
             runs after the observed passes, inside the same budget, and is skipped with the
@@ -612,6 +619,10 @@ def compare(
         names = ["fp32", *names]
     rows = {n: PrecisionResult(n) for n in names}
     result.results = list(rows.values())
+    if "fp16" in droppable and "fp16" in names and not fp16_native(device):
+        rows["fp16"].not_run = emulated_fp16(keep)
+        names = [n for n in names if n != "fp16"]
+    runner.fp16 = "fp16" in names
     observed_s = _observe_all(runner, names, rows)
     ok = [n for n in names if rows[n].error is None]
     if want_fp8:
@@ -639,6 +650,22 @@ def compare(
     _recommend(result, keep, () if bf16_native(device) else ("bf16",))
     result.spent_s = time.perf_counter() - started
     return result
+
+
+def emulated_fp16(run: str) -> str:
+    """Why FP16 was not run on a CPU that emulates it, for a run in ``run``, in a user's words.
+
+    Such a CPU (no AVX512_FP16/AMX_FP16) converts every FP16 op to FP32 and back: FP16 is
+    many times slower than FP32 there, so it can never be the recommendation, and its
+    observed pass with the loss-scale search (several emulated backwards: on timm's ResNet
+    350 ms of a 1.9 s exit) would only lengthen the exit. Its numerics are not measured
+    either: the run is not in FP16, and no advice here would move it there.
+    """
+    name = precision_choice.NAMES.get(run, run)
+    return (
+        "not run: this CPU emulates FP16 (no AVX512_FP16 or AMX_FP16), many times slower "
+        f"than FP32, so it is never the faster choice here; your run is in {name}"
+    )
 
 
 def _secs(seconds: float) -> str:
@@ -1018,8 +1045,8 @@ def _recommend(
             "not numerically safe: "
             + "; ".join(f"{names.get(p, p)} ({', '.join(why)})" for p, why in choice.unsafe.items())
         )
-    parts += [f"{names.get(r.precision, r.precision)} {r.not_timed}" for r in result.results
-              if r.not_timed]  # fmt: skip
+    parts += [f"{names.get(r.precision, r.precision)} {r.not_timed or r.not_run}"
+              for r in result.results if r.not_timed or r.not_run]  # fmt: skip
     parts += [f"{names.get(r.precision, r.precision)} timed in one round (its pass "
               f"{r.one_round:.1f}x the fastest's least)" for r in result.results
               if r.one_round]  # fmt: skip

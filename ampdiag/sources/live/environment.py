@@ -44,6 +44,20 @@ def bf16_native(device: torch.device) -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def fp16_native(device: torch.device) -> bool:
+    """Whether ``device`` runs FP16 kernels natively (CPU: AVX512_FP16/AMX_FP16; any GPU).
+
+    A CPU without them converts and emulates FP16: many times slower than FP32 (an emulated
+    FP16 backward costs several FP32 ones), so FP16 is never the fast choice there, and the
+    precision A/B does not spend the exit measuring it unless the run itself is in FP16
+    (`compare.compare`'s ``droppable``).
+    """
+    if device.type != "cpu":
+        return True
+    flags = cpu_flags()
+    return "avx512_fp16" in flags or "amx_fp16" in flags
+
+
 def distributed_info() -> dict[str, int]:
     """Rank and world size when torch.distributed is initialized, else rank 0 of 1."""
     dist = torch.distributed
