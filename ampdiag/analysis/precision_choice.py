@@ -382,20 +382,23 @@ def derived_choice(session: Session) -> PrecisionChoice:
     return {"run": run, "choice": doc, "why_not": why}  # type: ignore[typeddict-item]
 
 
-def fp32_fast_here(session: Session, device: str) -> bool:
-    """Whether FP32 is the fast precision of this run: a CPU that emulates BF16 and FP16.
+def fp32_fast_here(session: Session, device: str) -> str | None:
+    """Why FP32 is the fast precision of this run, in words (None: it is not known to be).
 
-    A CPU without AVX512_BF16/AMX converts and emulates both, slower than FP32 (nanoGPT's
-    ``train.py`` about 4x), so advice that trades FP16's range for BF16's would cost the run
-    its speed where FP32 keeps the range too; unless the A/B measured a low precision faster
-    on this very run.
+    A CPU without AVX512_BF16/AMX converts and emulates BF16 and FP16, slower than FP32
+    (nanoGPT's ``train.py`` about 4x), so advice that trades FP16's range for BF16's would cost
+    the run its speed where FP32 keeps the range too; unless the A/B measured a low precision
+    faster on this very run. Elsewhere (a CPU with native BF16: the demo's TinyGPT there), the
+    A/B's own choice of FP32 says it: advice that names BF16 beside it would contradict it.
     """
     chosen = measured(session).choice
-    return (
-        device == "cpu"
-        and session.environment.get("bf16_native") is False
-        and (chosen is None or chosen.precision == "fp32")
-    )
+    if chosen is not None and chosen.precision != "fp32":
+        return None
+    if device == "cpu" and session.environment.get("bf16_native") is False:
+        return "this CPU emulates BF16 and FP16, no AVX512_BF16/AMX"
+    if chosen is not None:
+        return "the precision A/B measured it faster than BF16 and FP16 on this run"
+    return None
 
 
 def bf16_runs_natively(environment: Mapping[str, Any], device: str) -> bool:

@@ -68,17 +68,17 @@ def _wide_range(session: Session, device: str) -> str | None:
     BF16; FP32 on a CPU that emulates BF16 (slower than FP32 there: `pc.fp32_fast_here`);
     None where BF16 is not advisable (a GPU below compute capability 8.0).
     """
-    if pc.fp32_fast_here(session, device):
+    if pc.fp32_fast_here(session, device) is not None:
         return "fp32"
     return "bf16" if advisable(session.environment, "bf16") else None
 
 
-#: The alternative, in a sentence, for each precision `_wide_range` names; then its setting.
-_INSTEAD = {
-    "bf16": "train in bfloat16 (same exponent range as float32)",
-    "fp32": "train in FP32 (this CPU emulates BF16 and FP16, no AVX512_BF16/AMX: FP32 is its "
-    "fast precision, with no GradScaler)",
-}
+def _instead_words(session: Session, device: str, wide: str) -> str:
+    """The alternative `_wide_range` names, in a sentence (its setting follows it)."""
+    if wide == "bf16":
+        return "train in bfloat16 (same exponent range as float32)"
+    why = pc.fp32_fast_here(session, device)
+    return f"train in FP32 ({why}: FP32 is the fast precision here, with no GradScaler)"
 
 
 def _instead(session: Session, device: str) -> str | None:
@@ -88,7 +88,7 @@ def _instead(session: Session, device: str) -> str | None:
         return None
     code = f"torch.autocast('{device}', dtype=torch.bfloat16)" if wide == "bf16" else ""
     setting = terms.precision_setting(session, wide) or code
-    return _INSTEAD[wide] + (f": {setting}" if setting else "")
+    return _instead_words(session, device, wide) + (f": {setting}" if setting else "")
 
 
 @rule("fp16-grad-underflow")
@@ -121,9 +121,10 @@ def fp16_grad_underflow(session: Session) -> Iterator[Finding]:
             "modules whose gradients fall out of range in FP32:\n" + terms.fp32_module(dev)
         )
     elif wide is not None and u["scale_reaches_target"] is False:
+        instead = _instead_words(session, dev, wide)
         fix = (
             "No loss scale keeps FP16's underflow under 1% without overflowing other "
-            f"gradients: they span more than FP16's range. T{_INSTEAD[wide][1:]}:\n"
+            f"gradients: they span more than FP16's range. T{instead[1:]}:\n"
             + terms.precision_fix(session, wide, terms.training_step(wide, dev))
         )
     else:

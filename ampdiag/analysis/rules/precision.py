@@ -180,23 +180,20 @@ def low_precision_inactive(session: Session) -> Iterator[Finding]:
         title = f"{why} ({1 - mm['autocast_share']:.0%} of the matmul FLOPs ran without autocast)."
     # the FP32 the run fell back to is the fast precision on such a CPU (nanoGPT's train.py
     # on a CPU keeps a CUDA GradScaler): a low-precision fix would cost it several times
-    emulated = pc.fp32_fast_here(session, device)
-    if emulated:
-        title = (
-            title.rstrip(".") + "; on this CPU, with no native BF16 or FP16 (no AVX512_BF16/AMX),"
-            " FP32 is the fast precision."
+    fast = pc.fp32_fast_here(session, device)
+    emulated = fast is not None
+    if fast is not None:
+        title = title.rstrip(".") + f"; FP32 is the fast precision here ({fast})."
+        fix = f"# Keep FP32 here ({fast}). Say so:\n" + terms.precision_fix(
+            session, "fp32", terms.training_step("fp32", device)
         )
-        fix = (
-            "# Keep FP32 on this CPU: it emulates BF16 and FP16, slower than FP32. Say so:\n"
-            + terms.precision_fix(session, "fp32", terms.training_step("fp32", device))
-            + "\n# Mixed precision pays on a CPU with AVX512_BF16/AMX, or on a GPU"
-            + (
+        if session.environment.get("bf16_native") is False:  # where it would pay
+            fix += "\n# Mixed precision pays on a CPU with AVX512_BF16/AMX, or on a GPU" + (
                 ": on a CPU, torch.autocast(device_type='cpu', dtype=torch.bfloat16), not "
                 "torch.cuda.amp.autocast()"
                 if terms.cuda_amp_on_cpu(session)
                 else "."
             )
-        )
     # a run that diverges whatever its precision: its divergence is the fix to make first
     later = unfixed_by_precision(session)
     if later:
