@@ -397,7 +397,7 @@ def fp32_fast_here(session: Session, device: str) -> str | None:
     if device == "cpu" and session.environment.get("bf16_native") is False:
         return "this CPU emulates BF16 and FP16, no AVX512_BF16/AMX"
     if chosen is not None:
-        return "the precision A/B measured it faster than BF16 and FP16 on this run"
+        return "the precision A/B chose it on this model and batch"
     return None
 
 
