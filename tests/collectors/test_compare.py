@@ -253,8 +253,10 @@ def test_an_ab_over_its_budget_runs_its_least_version_and_says_so(tmp_path: Path
         for r in timed.values()
     ), timed
     # each pass in process CPU time: the 40 ms a forward waits (as a process waits for a core
-    # another holds) is not the pass's time; a Linear(8, 4) pass computes in well under 20 ms
-    assert all(max(r["times_ms"]) < 20 for r in timed.values()), timed
+    # another holds) is not the pass's time; a Linear(8, 4) pass computes in well under 20 ms.
+    # Its least: one pass can take a collection of the test process's garbage with it (a
+    # CPU cost, 20+ ms after a thousand tests, in one CI run), never the sleep
+    assert all(min(r["times_ms"]) < 20 for r in timed.values()), timed
     assert ab["spent_s"] >= 2 * 3 * 0.04 > ab["budget_s"]
     assert "over its budget" in ab["budget_note"] and "ran all the same" in ab["budget_note"]
 
