@@ -17,9 +17,10 @@ How it measures, observing and never changing:
   removed its hooks, it deep-copies the model and runs the precision A/B on the copy
   (`ampdiag.compare`): FP32, the run's precision and every other the device runs, in
   interleaved rounds, forward and a backward of a surrogate loss (the sum of the floating
-  outputs) with ``torch.autograd.grad``, which touches no ``.grad``. FP32 and the run's own
-  precision are timed three times at least whatever the budget (while still racing), so that
-  every figure has a spread;
+  outputs) with ``torch.autograd.grad``, which touches no ``.grad``. FP32, the run's own
+  precision and every precision the device runs natively are timed three times at least
+  whatever the budget (while still racing), so that every figure has a spread, and up to six
+  while a speed claim between two of them rests on the 1.10x bar (`compare.NEAR_BAR`);
   ``speed_probe_repeats`` rounds at least and more until each median is known to within 5%,
   as long as the A/B's budget allows (``precision_ab_budget_s``, at most 5% of the block's
   wall time). The probe's figures are the A/B's two rows: one timing of each precision, stated
@@ -196,7 +197,7 @@ class SpeedProbe(Collector):
         block: its least version (per precision one observed pass, `compare.MIN_ROUNDS` timed
         rounds and the per-module forwards) runs whatever the budget; the budget
         (``precision_ab_budget_s``, at most 5% of the block) bounds only the rounds beyond it
-        and the timing of a precision other than FP32 and the run's own. FP8 asked for
+        and the timing of an emulated precision other than the run's own. FP8 asked for
         explicitly (``fp8=True``) runs whatever the budget. What the budget decided is stated
         (``budget_note``), and every surface shows it beside the verdict.
         """
