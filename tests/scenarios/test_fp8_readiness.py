@@ -314,7 +314,10 @@ def test_an_explicit_fp8_request_runs_whatever_the_budget(tmp_path: Path) -> Non
     with (
         one_thread(),
         ampdiag.diagnose(
-            out=tmp_path, console=False, tensorboard=False, fp8=True,
+            out=tmp_path,
+            console=False,
+            tensorboard=False,
+            fp8=True,
             precision_ab_budget_s=0.001,
         ) as d,
     ):
