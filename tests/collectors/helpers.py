@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
+from torch import nn
 
 from ampdiag.sources.live import global_hooks
 from ampdiag.sources.live.collectors._exponents import (
@@ -39,3 +41,24 @@ def module_callbacks(module: torch.nn.Module) -> int:
         + len(shared.with_kwargs.get(key, ()))
         for shared in hooks
     )
+
+
+class Spin(nn.Module):
+    """A model whose forward spins a set CPU time of its thread: ``fp32_ms`` outside BF16
+    autocast, ``bf16_ms`` inside it, so that two precisions' speed ratio is known beforehand.
+    Run it with one intra-op thread: an idle OpenMP worker's spin-wait is process CPU time
+    too, the A/B's clock."""
+
+    def __init__(self, fp32_ms: float, bf16_ms: float) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.fp32_ms, self.bf16_ms = fp32_ms, bf16_ms
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bf16 = torch.is_autocast_enabled("cpu") and (
+            torch.get_autocast_dtype("cpu") == torch.bfloat16
+        )
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < (self.bf16_ms if bf16 else self.fp32_ms) / 1e3:
+            pass
+        return self.lin(x)

@@ -18,6 +18,7 @@ from torch import nn
 from ampdiag.sources.live import compare as compare_module
 from ampdiag.sources.live.compare import FP16_LOSS_SCALE, compare
 from ampdiag.sources.live.passes import EXACT_SQNR_DB, sqnr_db
+from tests.collectors.helpers import Spin
 from tests.scenarios.harness import one_thread
 
 
@@ -658,29 +659,12 @@ def test_a_speed_claim_on_the_bar_is_timed_past_the_least_version() -> None:
     must clear, one pass that load slowed decides the choice (a native BF16 tied with FP32
     came out "FP32 clearly faster" in 1 run of 10 beside a busy core): the A/B times more
     rounds than its least version of three, even with no budget. Far from the bar, three.
-    Truth: forwards that spin a set CPU time of their thread (one intra-op thread: an idle
-    OpenMP worker's spin-wait is process CPU time too), 2.0 ms in FP32 and 2.3 ms (on the bar)
-    or 3.2 ms (1.6x: clear) under BF16 autocast."""
-
-    class Spin(nn.Module):
-        def __init__(self, bf16_ms: float) -> None:
-            super().__init__()
-            self.lin = nn.Linear(4, 4)
-            self.bf16_ms = bf16_ms
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            bf16 = torch.is_autocast_enabled("cpu") and (
-                torch.get_autocast_dtype("cpu") == torch.bfloat16
-            )
-            t0 = time.thread_time()
-            while time.thread_time() - t0 < (self.bf16_ms if bf16 else 2.0) / 1e3:
-                pass
-            return self.lin(x)
-
+    Truth: forwards that spin a set CPU time of their thread (`helpers.Spin`), 2.0 ms in FP32
+    and 2.3 ms (on the bar) or 3.2 ms (1.6x: clear) under BF16 autocast."""
     x = torch.randn(2, 4)
     for bf16_ms, on_the_bar in ((2.3, True), (3.2, False)):
         with one_thread():
-            result = compare(Spin(bf16_ms), x, budget_s=0.0, precisions=["fp32", "bf16"])
+            result = compare(Spin(2.0, bf16_ms), x, budget_s=0.0, precisions=["fp32", "bf16"])
         rounds = {p: result.result(p).samples for p in ("fp32", "bf16")}
         if on_the_bar:
             assert min(rounds.values()) > 3, rounds

@@ -19,6 +19,7 @@ from ampdiag.analysis.rules.autocast_speed import THRESHOLDS
 from ampdiag.session import Finding, Session
 from ampdiag.sources.live.collectors.speed_probe import probe_figures
 from ampdiag.sources.live.compare import compare
+from tests.collectors.helpers import Spin
 from tests.scenarios.harness import one_thread
 
 QUIET = {"profile": False, "report": False, "tensorboard": False, "console": False}
@@ -257,7 +258,8 @@ def test_probe_autocast_passes_run_in_the_low_dtype(one_thread) -> None:
     with _LinearDtypes() as seen:
         out = _probe(model, x, torch.bfloat16, min_samples=3, tolerance=math.inf)
     timed = {"fp32": len(out["fp32_ms_all"]), "bf16": len(out["autocast_ms_all"])}
-    assert timed["fp32"] == 3 and timed["bf16"] in (1, 2, 3), timed
+    # three, or up to six where the two rest on the 1.10x bar (`compare.NEAR_BAR`)
+    assert 3 <= timed["fp32"] <= 6 and 1 <= timed["bf16"] <= 6, timed
     faster = out["ratio_high"] <= 1  # BF16 measured faster: its whole interval at most 1x
     assert seen.dtypes.count(torch.bfloat16) == 4 * (1 + timed["bf16"] + (0 if faster else 2))
     assert seen.dtypes.count(torch.float32) == 4 * (1 + timed["fp32"] + (0 if faster else 1))
@@ -317,8 +319,10 @@ def test_probe_ratio_agrees_with_the_tests_own_clock(one_thread) -> None:
     assert min(own) / 2.5 < out["ratio"] < max(own) * 2.5, (out["ratio"], own)
 
 
-def test_probe_repeats_until_tight_within_its_budgets() -> None:
-    model, x = nn.Linear(8, 8), torch.randn(4, 8)
+def test_probe_repeats_until_tight_within_its_budgets(one_thread: None) -> None:
+    # BF16 1.6x slower than FP32, known beforehand and far from the 1.10x bar, where more
+    # rounds than asked for are taken (`test_compare`)
+    model, x = Spin(1.0, 1.7), torch.randn(4, 4)
 
     def rounds(**kw: Any) -> int:
         # FP32's rounds: a precision 2x slower after a round leaves the rounds (`compare`)

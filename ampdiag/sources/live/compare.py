@@ -77,14 +77,19 @@ OBSERVED_PASSES = 1.5
 MIN_ROUNDS = 3
 #: A speed claim whose lower end lies within this factor of `precision_choice.SWITCH_SPEEDUP`
 #: (either side: 0.88x-1.37x) rests on the bar, where the few passes of the least version move
-#: it across: the rounds go on, whatever the budget, up to `MAX_ROUNDS` (`_on_the_bar`). A
-#: native BF16 tied with FP32 on the corpus's CNN (0.96-0.98x, the least of 30 warm passes
-#: each, 60 copies) had one of the two clearly faster (a lower end of 1.10x or more) in 3 of
-#: 150 A/Bs of three rounds beside a busy core, in 1 of 150 of six; the scenario itself, 1 in
-#: 40 at three (1.34x: three BF16 passes slowed while FP32's were not), none in 40 since.
+#: it across: the rounds go on, up to `MAX_ROUNDS` (`_on_the_bar`), past the budget while a
+#: round costs under `BAR_ROUND_S`. A native BF16 tied with FP32 on the corpus's CNN
+#: (0.96-0.98x, the least of 30 warm passes each, 60 copies) had one of the two clearly
+#: faster (a lower end of 1.10x or more) in 3 of 150 A/Bs of three rounds beside a busy core,
+#: in 1 of 150 of six; the scenario itself, 1 in 40 at three (1.34x: three BF16 passes slowed
+#: while FP32's were not), none in 40 since.
 NEAR_BAR = 1.25
 #: The rounds a claim on the bar may take, at most: twice the least version.
 MAX_ROUNDS = 2 * MIN_ROUNDS
+#: A round on the bar past the budget only while it takes less wall time than this: the
+#: millisecond passes whose least one time slice moves most cost nothing to repeat; a 200 ms
+#: pass's round (which load moves proportionally less) waits for the budget.
+BAR_ROUND_S = 0.05
 #: A timed pass's clock on a CPU: process CPU time, which another process holding the core
 #: does not stretch (a 3 ms GRU pass measured 7-14 ms of wall time at load 4). GPU: wall time.
 CLOCK = time.process_time
@@ -932,7 +937,8 @@ def _time_all(
     A round starts only while it fits the budget with ``after_s`` (the per-module forwards
     still to come) beside it, predicted from the last round's wall times; the least version's
     rounds run whatever the budget, and so do rounds up to `MAX_ROUNDS` while a speed claim
-    rests on the bar (`_on_the_bar`). A pass on a CPU is timed in process CPU time (`CLOCK`).
+    rests on the bar (`_on_the_bar`) and a round is cheap (`BAR_ROUND_S`). A pass on a CPU is
+    timed in process CPU time (`CLOCK`).
     """
     samples: dict[str, list[float]] = {n: [] for n in names}
     walls: dict[str, float] = {}
@@ -965,7 +971,8 @@ def _time_all(
         done = (rounds >= min_samples and tight) or (
             need > result.budget_s and rounds >= min(MIN_ROUNDS, min_samples)
         )
-        if done and not (min_samples >= MIN_ROUNDS and rounds < MAX_ROUNDS
+        cheap = need <= result.budget_s or sum(walls[n] for n in left) < BAR_ROUND_S
+        if done and not (min_samples >= MIN_ROUNDS and rounds < MAX_ROUNDS and cheap
                          and _on_the_bar(samples, left)):  # fmt: skip
             break
         racing = left
