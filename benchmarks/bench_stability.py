@@ -1,7 +1,8 @@
 """Does the verdict hold still? N identical runs per workload, with another process on one core.
 
-Three workloads, each run N times in a fresh process (one intra-op thread) while a CPU-bound
-process of this benchmark keeps one core busy the whole time:
+Three workloads, each run N times in a fresh process (one intra-op thread; ``--threads 0``:
+torch's default, as a user runs) while a CPU-bound process of this benchmark keeps one core
+busy the whole time:
 
 - ``demo``: ``ampdiag demo`` (TinyGPT, FP16 autocast without a GradScaler, 100 steps): the
   lead must be the gradients lost to underflow, every run;
@@ -21,8 +22,9 @@ precision, the precision the top precision advice's fix names) it saw, and each 
 count; the figure the issue holds is 1 per workload.
 
 Usage: ``python -m benchmarks.bench_stability [--runs 8] [--only demo,bf16,diffusion]
-[--scenario activation-near-fp16-max] [--keep DIR]`` (``--only ''`` runs the scenarios alone;
-``--keep`` keeps every run's session, its A/B's samples included, to replay a decision on).
+[--scenario activation-near-fp16-max] [--keep DIR] [--threads N]`` (``--only ''`` runs the
+scenarios alone; ``--keep`` keeps every run's session, its A/B's samples included, to replay a
+decision on).
 About 2 minutes per round of the three on a shared 2-core machine.
 """
 
@@ -93,11 +95,17 @@ def _diffusion(out: str) -> None:
                     pe.lerp_(pm, 0.005)
 
 
+#: The child's intra-op threads (``--threads``; 0: torch's default, as a user runs).
+THREADS = "AMPDIAG_BENCH_THREADS"
+
+
 def one_run(workload: str, out: str) -> None:
     """One run of a workload, in this process, writing its session to ``out``."""
     import torch
 
-    torch.set_num_threads(1)
+    threads = int(os.environ.get(THREADS, "1"))
+    if threads > 0:
+        torch.set_num_threads(threads)
     if workload.startswith(SCENARIO):
         from tests.scenarios.harness import all_scenarios
 
@@ -150,15 +158,21 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(WORKLOADS))
     parser.add_argument("--scenario", action="append", default=[], metavar="NAME")
     parser.add_argument("--keep", metavar="DIR", help="keep each run's session under DIR")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="intra-op threads per run (0: torch's default)"
+    )
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         one_run(*args.one)
         return
     workloads = [w for w in args.only.split(",") if w] + [SCENARIO + n for n in args.scenario]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, THREADS: str(args.threads)}
+    if args.threads > 0:
+        env["OMP_NUM_THREADS"] = str(args.threads)
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    print(f"one core kept busy by pid {busy.pid}; {args.runs} runs per workload, 1 thread each")
+    each = f"{args.threads} thread(s)" if args.threads > 0 else "torch's default threads"
+    print(f"one core kept busy by pid {busy.pid}; {args.runs} runs per workload, {each} each")
     seen: dict[str, Counter[Outcome]] = {w: Counter() for w in workloads}
     took: dict[str, list[float]] = {w: [] for w in workloads}
     try:
