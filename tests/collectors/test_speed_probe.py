@@ -320,9 +320,10 @@ def test_probe_ratio_agrees_with_the_tests_own_clock(one_thread) -> None:
 
 
 def test_probe_repeats_until_tight_within_its_budgets(one_thread: None) -> None:
-    # BF16 1.6x slower than FP32, known beforehand and far from the 1.10x bar, where more
-    # rounds than asked for are taken (`test_compare`)
-    model, x = Spin(1.0, 1.7), torch.randn(4, 4)
+    # BF16 1.7x slower than FP32, known beforehand: as far from the 1.37x where a claim rests
+    # on the bar (more rounds than asked for, `test_compare`) as from the 2x that puts one out
+    # of the race, in a ratio: 20% of load on either time moves neither
+    model, x = Spin(4.0, 6.8), torch.randn(4, 4)
 
     def rounds(**kw: Any) -> int:
         # FP32's rounds: a precision 2x slower after a round leaves the rounds (`compare`)

@@ -87,9 +87,11 @@ MIN_ROUNDS = 3
 NEAR_BAR = 1.25
 #: The rounds a claim on the bar may take, at most: twice the least version.
 MAX_ROUNDS = 2 * MIN_ROUNDS
-#: A round on the bar past the budget only while it takes less wall time than this: the
-#: millisecond passes whose least one time slice moves most cost nothing to repeat; a 200 ms
-#: pass's round (which load moves proportionally less) waits for the budget.
+#: A round on the bar past the budget only while its passes' least times add up to less than
+#: this: the millisecond passes whose least one time slice moves most cost nothing to repeat;
+#: a 200 ms pass's round (which load moves proportionally less) waits for the budget. The
+#: least, not the wall time: a round's wall grows with the load, and the choice to go on
+#: would then move with it.
 BAR_ROUND_S = 0.05
 #: A timed pass's clock on a CPU: process CPU time, which another process holding the core
 #: does not stretch (a 3 ms GRU pass measured 7-14 ms of wall time at load 4). GPU: wall time.
@@ -991,7 +993,8 @@ def _time_all(
         done = (rounds >= min_samples and tight) or (
             need > result.budget_s and rounds >= min(MIN_ROUNDS, min_samples)
         )
-        cheap = need <= result.budget_s or sum(walls[n] for n in left) < BAR_ROUND_S
+        # a round's least time, not its wall: whether to go on must not move with the load
+        cheap = need <= result.budget_s or sum(min(samples[n]) for n in left) < BAR_ROUND_S
         if done and not (min_samples >= MIN_ROUNDS and rounds < MAX_ROUNDS and cheap
                          and _on_the_bar(samples, left)):  # fmt: skip
             break
