@@ -208,15 +208,14 @@ def test_a_forward_wrapped_in_autocast_is_measured_in_each_precision() -> None:
 
 
 class _Slow(nn.Module):
-    """A model whose forward takes 60 ms whatever the precision: the A/B cannot be cheap (a
-    round of two, 120 ms, is over what a round on the bar may take past the budget)."""
+    """A model whose forward takes 40 ms whatever the precision: the A/B cannot be cheap."""
 
     def __init__(self) -> None:
         super().__init__()
         self.fc = nn.Linear(8, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(0.06)
+        time.sleep(0.04)
         return self.fc(x)
 
 
@@ -225,8 +224,9 @@ def test_an_ab_over_its_budget_runs_its_least_version_and_says_so(tmp_path: Path
 
     Whether the A/B runs must not hang on a noisy run's wall time (identical runs would get
     different verdicts), so its least version (one observed and three timed passes per precision)
-    runs whatever the budget, with no extra rounds, and the budget's decision is stated. Truth:
-    every forward sleeps 60 ms whatever the precision, measured by the test's own clock.
+    runs whatever the budget, with no extra rounds but those on the 1.10x bar, and the budget's
+    decision is stated. Truth: every forward sleeps 40 ms whatever the precision, measured by
+    the test's own clock.
     """
     import ampdiag
 
@@ -245,21 +245,23 @@ def test_an_ab_over_its_budget_runs_its_least_version_and_says_so(tmp_path: Path
     assert d.session is not None
     ab = d.session.section("speed_probe")["precisions"]
     assert ab["budget_s"] <= 0.1 * (block_s + 5)  # the block as ampdiag saw it, setup included
-    # two precisions timed, each three 60 ms forwards: over the budget all the same
+    # two precisions timed, each three 40 ms forwards: over the budget all the same
     timed = {r["precision"]: r for r in ab["results"] if r.get("time_ms") is not None}
     assert {"fp32", "bf16"} <= set(timed)
-    # three timed passes each, or one where that first one was already 2x the fastest's least
-    # (``one_round``: timed no more; load can put a 1 ms pass's first timing there)
+    # three timed passes each (up to six where the two rest on the 1.10x bar: the CPU time of
+    # a round, not its sleep, decides whether that is cheap), or one where that first one was
+    # already 2x the fastest's least (``one_round``: timed no more; load can put a 1 ms pass's
+    # first timing there)
     assert all(
-        r["samples"] == 3 or (r["samples"] == 1 and (r.get("one_round") or 0) >= 2)
+        3 <= r["samples"] <= 6 or (r["samples"] == 1 and (r.get("one_round") or 0) >= 2)
         for r in timed.values()
     ), timed
-    # each pass in process CPU time: the 60 ms a forward waits (as a process waits for a core
+    # each pass in process CPU time: the 40 ms a forward waits (as a process waits for a core
     # another holds) is not the pass's time; a Linear(8, 4) pass computes in well under 20 ms.
     # Its least: one pass can take a collection of the test process's garbage with it (a
     # CPU cost, 20+ ms after a thousand tests, in one CI run), never the sleep
     assert all(min(r["times_ms"]) < 20 for r in timed.values()), timed
-    assert ab["spent_s"] >= 2 * 3 * 0.06 > ab["budget_s"]
+    assert ab["spent_s"] >= 2 * 3 * 0.04 > ab["budget_s"]
     assert "over its budget" in ab["budget_note"] and "ran all the same" in ab["budget_note"]
 
 
